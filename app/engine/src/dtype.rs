@@ -1,0 +1,193 @@
+//! Element types of safetensors files and conversion of raw bytes to and from f32.
+
+use half::slice::HalfFloatSliceExt as _;
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+/// A safetensors element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// 16-bit IEEE float.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 64-bit float.
+    F64,
+    /// A non-float type (integers, bool, fp8): copied byte for byte, never merged.
+    Other {
+        /// Bytes per element.
+        size: usize,
+        /// Index into [`OTHER_NAMES`].
+        code: u8,
+    },
+}
+
+/// Names of the non-float dtypes mergescope copies through.
+pub const OTHER_NAMES: [&str; 12] =
+    ["I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0"];
+const OTHER_SIZES: [usize; 12] = [8, 4, 2, 1, 8, 4, 2, 1, 1, 1, 1, 1];
+
+impl DType {
+    /// Parses the safetensors name (`"BF16"`).
+    pub fn parse(name: &str) -> Option<DType> {
+        match name {
+            "F32" => Some(DType::F32),
+            "F16" => Some(DType::F16),
+            "BF16" => Some(DType::BF16),
+            "F64" => Some(DType::F64),
+            other => OTHER_NAMES
+                .iter()
+                .position(|n| *n == other)
+                .map(|i| DType::Other { size: OTHER_SIZES[i], code: i as u8 }),
+        }
+    }
+
+    /// The safetensors name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::F64 => "F64",
+            DType::Other { code, .. } => OTHER_NAMES.get(code as usize).copied().unwrap_or("?"),
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::F64 => 8,
+            DType::Other { size, .. } => size,
+        }
+    }
+
+    /// Whether mergescope merges tensors of this type (computing in f32).
+    pub fn is_float(self) -> bool {
+        !matches!(self, DType::Other { .. })
+    }
+}
+
+/// Output dtype a user can choose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutDType {
+    /// f32
+    F32,
+    /// f16
+    F16,
+    /// bf16
+    Bf16,
+}
+
+impl OutDType {
+    /// Parses `f32`, `f16`, `bf16` (any case).
+    pub fn parse(s: &str) -> Option<OutDType> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Some(OutDType::F32),
+            "f16" | "float16" | "fp16" => Some(OutDType::F16),
+            "bf16" | "bfloat16" => Some(OutDType::Bf16),
+            _ => None,
+        }
+    }
+
+    /// The matching storage dtype.
+    pub fn dtype(self) -> DType {
+        match self {
+            OutDType::F32 => DType::F32,
+            OutDType::F16 => DType::F16,
+            OutDType::Bf16 => DType::BF16,
+        }
+    }
+}
+
+/// Decodes little-endian float bytes of `dtype` into `out` (which must have the right length).
+pub fn decode_f32(dtype: DType, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        DType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        DType::F16 => {
+            let tmp: Vec<f16> = bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect();
+            tmp.convert_to_f32_slice(out);
+        }
+        DType::BF16 => {
+            let tmp: Vec<bf16> = bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect();
+            tmp.convert_to_f32_slice(out);
+        }
+        DType::F64 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                *o = f64::from_le_bytes(b) as f32;
+            }
+        }
+        DType::Other { .. } => out.fill(0.0),
+    }
+}
+
+/// Encodes f32 values as little-endian bytes of `dtype` (round to nearest even).
+pub fn encode_f32(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(values.len() * dtype.size());
+    match dtype {
+        DType::F32 | DType::Other { .. } => {
+            for v in values {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            let mut tmp = vec![f16::ZERO; values.len()];
+            tmp.convert_from_f32_slice(values);
+            for v in tmp {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        DType::BF16 => {
+            let mut tmp = vec![bf16::ZERO; values.len()];
+            tmp.convert_from_f32_slice(values);
+            for v in tmp {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        DType::F64 => {
+            for v in values {
+                out.extend_from_slice(&f64::from(*v).to_le_bytes());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_round_trip_and_rounding() {
+        let vals = [1.0f32, -2.5, 0.1, 3.0e-3];
+        let mut bytes = Vec::new();
+        encode_f32(DType::BF16, &vals, &mut bytes);
+        assert_eq!(bytes.len(), 8);
+        let mut back = [0f32; 4];
+        decode_f32(DType::BF16, &bytes, &mut back);
+        assert_eq!(back[0], 1.0);
+        assert_eq!(back[1], -2.5);
+        // bf16 keeps 8 significant bits: 0.1 becomes 0.10009765625.
+        assert_eq!(back[2], 0.100_097_656_25);
+        assert!((back[3] - 3.0e-3).abs() < 2e-5);
+    }
+
+    #[test]
+    fn parse_names() {
+        assert_eq!(DType::parse("BF16"), Some(DType::BF16));
+        assert_eq!(DType::parse("I64").map(DType::size), Some(8));
+        assert!(!DType::parse("BOOL").is_some_and(DType::is_float));
+        assert_eq!(DType::parse("Q4"), None);
+        assert_eq!(OutDType::parse("BF16"), Some(OutDType::Bf16));
+    }
+}

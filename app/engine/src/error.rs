@@ -1,0 +1,74 @@
+//! Errors of the engine. Every message says what went wrong, where (file, tensor, parameter)
+//! and how to fix it, so the CLI and the GUI can show it as is.
+
+use std::path::PathBuf;
+
+/// An engine failure, with a user-facing message.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A file could not be read or written.
+    #[error("{action} '{path}': {source}")]
+    Io {
+        /// What was being done ("cannot open", "cannot write").
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A checkpoint file is not valid safetensors, or is truncated or corrupt.
+    #[error("'{path}' is not a valid safetensors checkpoint: {reason}")]
+    BadCheckpoint {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The inputs do not fit together (missing tensors, shape or dtype mismatches).
+    #[error("the input checkpoints are incompatible:\n{0}")]
+    Incompatible(String),
+    /// A parameter is unknown, of the wrong type, or out of range.
+    #[error("{0}")]
+    Param(String),
+    /// The plugin failed or returned a bad result.
+    #[error("merge method '{plugin}' failed on tensor '{tensor}': {message}")]
+    Plugin {
+        /// Plugin id.
+        plugin: String,
+        /// Tensor name, or a step such as "create".
+        tensor: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A tensor operation of the host failed.
+    #[error("tensor operation failed: {0}")]
+    Tensor(String),
+    /// The user cancelled the job; nothing was written.
+    #[error("cancelled by the user; no output was written")]
+    Cancelled,
+    /// Any other invalid request (output path, options).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl EngineError {
+    /// An I/O error on `path`.
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        EngineError::Io { action, path: path.into(), source }
+    }
+
+    /// A bad-checkpoint error on `path`.
+    pub fn bad(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        EngineError::BadCheckpoint { path: path.into(), reason: reason.into() }
+    }
+}
+
+impl From<candle_core::Error> for EngineError {
+    fn from(e: candle_core::Error) -> Self {
+        EngineError::Tensor(e.to_string())
+    }
+}
+
+/// Result type of the engine.
+pub type Result<T> = std::result::Result<T, EngineError>;

@@ -1,0 +1,373 @@
+//! The streaming executor: runs a per-tensor plugin over a model tensor by tensor (or chunk by
+//! chunk for elementwise methods), on several worker threads, inside a memory budget. Inputs
+//! come from a [`Source`] and results go to a [`Sink`], so the same loop serves file merges and
+//! in-memory merges (tests, GUI previews).
+
+use crate::error::{EngineError, Result};
+use crate::plugin::host_api::to_f32_vec;
+use crate::plugin::instance::{CallEnv, Instance, TensorCall};
+use candle_core::{Device, Tensor};
+use mergescope_plugin_api::abi;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+/// How a merge runs.
+#[derive(Clone, Debug)]
+pub struct ExecOptions {
+    /// Device the tensor operations run on.
+    pub device: Device,
+    /// Largest chunk (elements) handed to an elementwise method at once.
+    pub chunk_elems: usize,
+    /// Worker threads (0: one per available core).
+    pub threads: usize,
+    /// Memory the workers' in-flight tensors may use, in bytes (a tensor larger than the
+    /// budget still runs, alone).
+    pub memory_budget_bytes: u64,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions { device: Device::Cpu, chunk_elems: 1 << 22, threads: 0, memory_budget_bytes: 2 << 30 }
+    }
+}
+
+/// Phase of a merge, for progress reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Statistics pass `n` (methods with model-wide statistics).
+    Statistics(u32),
+    /// The merge pass.
+    Merge,
+}
+
+/// A progress report.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    /// Current phase.
+    pub phase: Phase,
+    /// Elements done in this phase.
+    pub done: u64,
+    /// Elements in this phase.
+    pub total: u64,
+    /// Tensor just finished.
+    pub tensor: String,
+}
+
+/// Callbacks of a running merge (called from worker threads).
+#[derive(Clone, Copy)]
+pub struct Observer<'a> {
+    /// Progress reports.
+    pub progress: &'a (dyn Fn(&Progress) + Sync),
+    /// Log lines of the plugin: (level, message).
+    pub log: &'a (dyn Fn(abi::LogLevel, &str) + Sync),
+}
+
+fn ignore_progress(_: &Progress) {}
+fn ignore_log(_: abi::LogLevel, _: &str) {}
+
+impl Observer<'static> {
+    /// An observer that ignores everything.
+    pub fn silent() -> Observer<'static> {
+        Observer { progress: &ignore_progress, log: &ignore_log }
+    }
+}
+
+/// Role of a tensor from its name and shape.
+pub fn role_of(name: &str, shape: &[usize]) -> abi::TensorRole {
+    let lower = name.to_ascii_lowercase();
+    let is_norm = ["norm", "ln_", ".ln", "layernorm", "bn."].iter().any(|k| lower.contains(k));
+    match shape.len() {
+        0 => abi::ROLE_OTHER,
+        1 if is_norm => abi::ROLE_NORM,
+        1 => abi::ROLE_VECTOR,
+        2 if lower.contains("embed") || lower.contains("wte") || lower.contains("wpe") => abi::ROLE_EMBEDDING,
+        2 => abi::ROLE_MATRIX,
+        _ => abi::ROLE_CONV,
+    }
+}
+
+/// One tensor to merge.
+#[derive(Clone, Debug)]
+pub struct PlanItem {
+    /// Name.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+impl PlanItem {
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Where input tensors come from. Model 0 is the base when there is one, then the experts.
+pub trait Source: Sync {
+    /// Reads elements `[from, from + out.len())` of tensor `name` of input `model` as f32.
+    fn read(&self, model: usize, name: &str, from: usize, out: &mut [f32]) -> Result<()>;
+    /// Says the range will not be read again (lets a file source drop mapped pages).
+    fn release(&self, _model: usize, _name: &str, _from: usize, _len: usize) {}
+}
+
+/// Where merged values go.
+pub trait Sink: Sync {
+    /// Stores elements `[from, from + values.len())` of tensor `name`.
+    fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<()>;
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A counting semaphore over bytes.
+struct Budget {
+    limit: u64,
+    used: Mutex<u64>,
+    freed: Condvar,
+}
+
+impl Budget {
+    fn acquire(&self, n: u64) {
+        let mut used = lock(&self.used);
+        while *used > 0 && *used + n > self.limit {
+            used = self.freed.wait(used).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *used += n;
+    }
+
+    fn release(&self, n: u64) {
+        let mut used = lock(&self.used);
+        *used = used.saturating_sub(n);
+        self.freed.notify_all();
+    }
+}
+
+struct Unit {
+    item: usize,
+    from: usize,
+    len: usize,
+}
+
+/// Everything one merge run needs.
+pub struct Run<'a> {
+    /// The plugin instance.
+    pub instance: &'a Instance<'a>,
+    /// Plugin id, for messages.
+    pub plugin_id: &'a str,
+    /// Tensors to merge, in order.
+    pub items: &'a [PlanItem],
+    /// Inputs.
+    pub source: &'a dyn Source,
+    /// Outputs.
+    pub sink: &'a dyn Sink,
+    /// Whether input 0 is a base model.
+    pub has_base: bool,
+    /// Number of experts.
+    pub n_experts: usize,
+    /// Options.
+    pub opts: &'a ExecOptions,
+    /// Callbacks.
+    pub observer: Observer<'a>,
+    /// Cancel flag.
+    pub cancel: &'a AtomicBool,
+}
+
+impl Run<'_> {
+    fn env(&self) -> CallEnv<'_> {
+        CallEnv { device: &self.opts.device, cancel: self.cancel, log: self.observer.log }
+    }
+
+    fn load(&self, item: &PlanItem, from: usize, len: usize, shape: &[usize]) -> Result<(Option<Tensor>, Vec<Tensor>)> {
+        let n_inputs = self.n_experts + usize::from(self.has_base);
+        let mut tensors = Vec::with_capacity(n_inputs);
+        for m in 0..n_inputs {
+            let mut v = vec![0f32; len];
+            self.source.read(m, &item.name, from, &mut v)?;
+            tensors.push(Tensor::from_vec(v, shape, &self.opts.device)?);
+        }
+        let base = if self.has_base { Some(tensors.remove(0)) } else { None };
+        Ok((base, tensors))
+    }
+
+    fn call<'c>(&self, index: usize, item: &'c PlanItem, from: usize) -> TensorCall<'c> {
+        TensorCall {
+            name: &item.name,
+            role: role_of(&item.name, &item.shape),
+            index,
+            count: self.items.len(),
+            offset: from as u64,
+            full_shape: &item.shape,
+        }
+    }
+
+    /// Runs the statistics passes, then the merge pass.
+    pub fn execute(&self) -> Result<()> {
+        for pass in 0..self.instance.passes {
+            self.statistics_pass(pass)?;
+        }
+        self.merge_pass()
+    }
+
+    fn statistics_pass(&self, pass: u32) -> Result<()> {
+        let total: u64 = self.items.iter().map(|i| i.numel() as u64).sum();
+        let mut done = 0u64;
+        for (i, item) in self.items.iter().enumerate() {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(EngineError::Cancelled);
+            }
+            let n = item.numel();
+            let (base, experts) = self.load(item, 0, n, &item.shape)?;
+            self.instance.prepare_tensor(self.env(), pass, &self.call(i, item, 0), base, experts)?;
+            done += n as u64;
+            (self.observer.progress)(&Progress { phase: Phase::Statistics(pass), done, total, tensor: item.name.clone() });
+        }
+        self.instance.finish_pass(self.env(), pass)
+    }
+
+    fn units(&self) -> Vec<Unit> {
+        let chunked = self.instance.capabilities & abi::CAP_ELEMENTWISE != 0;
+        let chunk = self.opts.chunk_elems.max(1);
+        let mut units = Vec::new();
+        for (i, item) in self.items.iter().enumerate() {
+            let n = item.numel();
+            if chunked && n > chunk {
+                let mut from = 0;
+                while from < n {
+                    let len = chunk.min(n - from);
+                    units.push(Unit { item: i, from, len });
+                    from += len;
+                }
+            } else {
+                units.push(Unit { item: i, from: 0, len: n });
+            }
+        }
+        units
+    }
+
+    fn run_unit(&self, unit: &Unit, instance_lock: Option<&Mutex<()>>) -> Result<()> {
+        let item = &self.items[unit.item];
+        let whole = unit.len == item.numel();
+        let shape: Vec<usize> = if whole { item.shape.clone() } else { vec![unit.len] };
+        let (base, experts) = self.load(item, unit.from, unit.len, &shape)?;
+        let call = self.call(unit.item, item, unit.from);
+        let result = {
+            let _guard = instance_lock.map(lock);
+            self.instance.merge_tensor(self.env(), &call, base, experts)?
+        };
+        let plugin_err = |message: String| EngineError::Plugin {
+            plugin: self.plugin_id.to_owned(),
+            tensor: item.name.clone(),
+            message,
+        };
+        if result.dims() != shape.as_slice() {
+            return Err(plugin_err(format!(
+                "it returned a tensor of shape {:?} where shape {shape:?} was expected",
+                result.dims()
+            )));
+        }
+        let values = to_f32_vec(&result)?;
+        if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
+            return Err(plugin_err(format!(
+                "it produced a non-finite value ({}) at element {}; check the parameters (a division by a zero \
+                 norm, an overflow) or report the bug to the plugin's author",
+                values[bad],
+                unit.from + bad
+            )));
+        }
+        self.sink.write(&item.name, unit.from, &values)?;
+        let n_inputs = self.n_experts + usize::from(self.has_base);
+        for m in 0..n_inputs {
+            self.source.release(m, &item.name, unit.from, unit.len);
+        }
+        Ok(())
+    }
+
+    fn merge_pass(&self) -> Result<()> {
+        let units = self.units();
+        let total: u64 = units.iter().map(|u| u.len as u64).sum();
+        let threads = match self.opts.threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            t => t,
+        }
+        .clamp(1, units.len().max(1));
+        let n_inputs = (self.n_experts + usize::from(self.has_base)) as u64;
+        let budget = Budget { limit: self.opts.memory_budget_bytes, used: Mutex::new(0), freed: Condvar::new() };
+        let instance_lock =
+            (self.instance.capabilities & abi::CAP_THREAD_SAFE == 0).then(|| Mutex::new(()));
+        let next = AtomicUsize::new(0);
+        let done = AtomicU64::new(0);
+        let failed = AtomicBool::new(false);
+        let first_error: Mutex<Option<EngineError>> = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    loop {
+                        if failed.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        if self.cancel.load(Ordering::Relaxed) {
+                            failed.store(true, Ordering::Relaxed);
+                            lock(&first_error).get_or_insert(EngineError::Cancelled);
+                            return;
+                        }
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(unit) = units.get(i) else { return };
+                        // Inputs, the output, and about two temporaries per input, in f32.
+                        let cost = unit.len as u64 * 4 * (2 * n_inputs + 2);
+                        budget.acquire(cost);
+                        let r = self.run_unit(unit, instance_lock.as_ref());
+                        budget.release(cost);
+                        match r {
+                            Ok(()) => {
+                                let d = done.fetch_add(unit.len as u64, Ordering::Relaxed) + unit.len as u64;
+                                (self.observer.progress)(&Progress {
+                                    phase: Phase::Merge,
+                                    done: d,
+                                    total,
+                                    tensor: self.items[unit.item].name.clone(),
+                                });
+                            }
+                            Err(e) => {
+                                failed.store(true, Ordering::Relaxed);
+                                let mut slot = lock(&first_error);
+                                if slot.is_none() {
+                                    *slot = Some(e);
+                                }
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        match first_error.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_from_names() {
+        assert_eq!(role_of("model.layers.0.mlp.up_proj.weight", &[8, 4]), abi::ROLE_MATRIX);
+        assert_eq!(role_of("model.embed_tokens.weight", &[100, 4]), abi::ROLE_EMBEDDING);
+        assert_eq!(role_of("model.layers.0.input_layernorm.weight", &[4]), abi::ROLE_NORM);
+        assert_eq!(role_of("fc.bias", &[4]), abi::ROLE_VECTOR);
+        assert_eq!(role_of("conv1.weight", &[8, 3, 3, 3]), abi::ROLE_CONV);
+        assert_eq!(role_of("scale", &[]), abi::ROLE_OTHER);
+    }
+
+    #[test]
+    fn budget_lets_one_oversized_request_through() {
+        let b = Budget { limit: 10, used: Mutex::new(0), freed: Condvar::new() };
+        b.acquire(100);
+        b.release(100);
+        b.acquire(4);
+        b.acquire(6);
+        assert_eq!(*lock(&b.used), 10);
+    }
+}

@@ -1,0 +1,24 @@
+//! mergescope's engine: everything but the UI.
+//!
+//! - [`checkpoint`]: safetensors files and sharded folders, read through memory maps.
+//! - [`plugin`]: discovery, approval, loading and validation of method plugins, and the host
+//!   tensor table (over candle) they call back into.
+//! - [`merge`] / [`executor`]: validated merge requests streamed tensor by tensor on worker
+//!   threads inside a memory budget, written atomically by [`writer`].
+//! - [`recipe`]: the TOML recipe that the GUI saves and the CLI runs.
+//! - [`bench`]: synthetic LLM-shaped checkpoints for the throughput benchmark.
+
+pub mod bench;
+pub mod checkpoint;
+pub mod compat;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod executor;
+pub mod merge;
+pub mod plugin;
+pub mod recipe;
+pub mod rng;
+pub mod writer;
+
+pub use error::{EngineError, Result};

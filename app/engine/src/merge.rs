@@ -1,0 +1,425 @@
+//! Merges: validate the request, check the inputs fit together, create the plugin instance,
+//! stream the tensors through it, and write the output atomically with everything needed to
+//! replay it in the header metadata.
+
+use crate::checkpoint::{Checkpoint, TensorEntry};
+use crate::compat::{self, MissingPolicy, ModelDesc, TensorFate};
+use crate::dtype::{DType, OutDType, decode_f32, encode_f32};
+use crate::error::{EngineError, Result};
+pub use crate::executor::{ExecOptions, Observer, Phase, Progress};
+use crate::executor::{PlanItem, Run, Sink, Source};
+use crate::plugin::instance::{CallEnv, Instance};
+use crate::plugin::schema::{ResolvedParams, resolve_params};
+use crate::plugin::Plugin;
+use crate::writer::{OutputTensor, OutputWriter};
+use mergescope_plugin_api::abi;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+/// A tensor held in memory (f32, row-major).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemTensor {
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Values.
+    pub data: Vec<f32>,
+}
+
+impl MemTensor {
+    /// A tensor from a shape and values.
+    pub fn new(shape: impl Into<Vec<usize>>, data: impl Into<Vec<f32>>) -> MemTensor {
+        MemTensor { shape: shape.into(), data: data.into() }
+    }
+}
+
+/// A model held in memory: tensors by name.
+pub type MemModel = BTreeMap<String, MemTensor>;
+
+fn instance_for<'p>(
+    plugin: &'p Plugin,
+    params: &Value,
+    seed: u64,
+    has_base: bool,
+    n_experts: usize,
+    env: CallEnv<'_>,
+) -> Result<(Instance<'p>, ResolvedParams)> {
+    if plugin.info.kind != "per-tensor" {
+        return Err(EngineError::Invalid(format!(
+            "method '{}' is a {} method; this version of mergescope runs per-tensor methods only",
+            plugin.id(),
+            plugin.info.kind
+        )));
+    }
+    if n_experts == 0 {
+        return Err(EngineError::Invalid("a merge needs at least one expert checkpoint (--expert PATH)".into()));
+    }
+    if plugin.has_capability(abi::CAP_NEEDS_BASE) && !has_base {
+        return Err(EngineError::Invalid(format!(
+            "method '{}' works on task vectors (expert − base) and needs the base model: pass --base PATH",
+            plugin.id()
+        )));
+    }
+    let empty = serde_json::Map::new();
+    let user = match params {
+        Value::Object(m) => m,
+        Value::Null => &empty,
+        other => return Err(EngineError::Param(format!("parameters must be a table of name = value, got {other}"))),
+    };
+    let resolved = resolve_params(plugin.id(), plugin.schema(), user, n_experts).map_err(EngineError::Param)?;
+    let instance = Instance::create(plugin, &resolved, n_experts, seed, env)?;
+    Ok((instance, resolved))
+}
+
+struct MemSource<'a> {
+    models: Vec<&'a MemModel>,
+}
+
+impl Source for MemSource<'_> {
+    fn read(&self, model: usize, name: &str, from: usize, out: &mut [f32]) -> Result<()> {
+        let t = self.models.get(model).and_then(|m| m.get(name)).ok_or_else(|| {
+            EngineError::Invalid(format!("internal: tensor '{name}' of input {model} is not in memory"))
+        })?;
+        out.copy_from_slice(&t.data[from..from + out.len()]);
+        Ok(())
+    }
+}
+
+struct MemSink {
+    out: Mutex<BTreeMap<String, Vec<f32>>>,
+}
+
+impl Sink for MemSink {
+    fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<()> {
+        let mut out = self.out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let v = out
+            .get_mut(name)
+            .ok_or_else(|| EngineError::Invalid(format!("internal: tensor '{name}' has no output buffer")))?;
+        v[from..from + values.len()].copy_from_slice(values);
+        Ok(())
+    }
+}
+
+fn mem_desc(m: &MemModel) -> Result<ModelDesc> {
+    m.iter()
+        .map(|(k, t)| {
+            if t.shape.iter().product::<usize>() != t.data.len() {
+                return Err(EngineError::Invalid(format!(
+                    "tensor '{k}': shape {:?} does not hold {} values",
+                    t.shape,
+                    t.data.len()
+                )));
+            }
+            Ok((k.clone(), (DType::F32, t.shape.clone())))
+        })
+        .collect()
+}
+
+/// Merges models held in memory with default options. `params` is a JSON object of user
+/// values (validated against the plugin's schema; missing ones take their defaults).
+pub fn merge_in_memory(
+    plugin: &Plugin,
+    params: &Value,
+    seed: u64,
+    base: Option<&MemModel>,
+    experts: &[MemModel],
+) -> Result<MemModel> {
+    merge_in_memory_with(plugin, params, seed, base, experts, &ExecOptions::default())
+}
+
+/// [`merge_in_memory`] with explicit execution options.
+pub fn merge_in_memory_with(
+    plugin: &Plugin,
+    params: &Value,
+    seed: u64,
+    base: Option<&MemModel>,
+    experts: &[MemModel],
+    opts: &ExecOptions,
+) -> Result<MemModel> {
+    let cancel = AtomicBool::new(false);
+    let observer = Observer::silent();
+    let env = CallEnv { device: &opts.device, cancel: &cancel, log: observer.log };
+    let (instance, _) = instance_for(plugin, params, seed, base.is_some(), experts.len(), env)?;
+    let mut models: Vec<&MemModel> = Vec::new();
+    models.extend(base);
+    models.extend(experts.iter());
+    let descs: Vec<ModelDesc> = models.iter().map(|m| mem_desc(m)).collect::<Result<_>>()?;
+    let labels: Vec<String> = (0..models.len())
+        .map(|i| match (base.is_some(), i) {
+            (true, 0) => "the base".to_owned(),
+            (true, i) => format!("expert {i}"),
+            (false, i) => format!("expert {}", i + 1),
+        })
+        .collect();
+    let others: Vec<&ModelDesc> = descs[1..].iter().collect();
+    compat::check(&labels, &descs[0], &others, MissingPolicy::Error).map_err(EngineError::Incompatible)?;
+    let items: Vec<PlanItem> =
+        models[0].iter().map(|(name, t)| PlanItem { name: name.clone(), shape: t.shape.clone() }).collect();
+    let sink = MemSink {
+        out: Mutex::new(models[0].iter().map(|(k, t)| (k.clone(), vec![0f32; t.data.len()])).collect()),
+    };
+    let run = Run {
+        instance: &instance,
+        plugin_id: plugin.id(),
+        items: &items,
+        source: &MemSource { models: models.clone() },
+        sink: &sink,
+        has_base: base.is_some(),
+        n_experts: experts.len(),
+        opts,
+        observer,
+        cancel: &cancel,
+    };
+    run.execute()?;
+    let out = sink.out.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    Ok(out
+        .into_iter()
+        .map(|(k, data)| {
+            let shape = models[0].get(&k).map(|t| t.shape.clone()).unwrap_or_default();
+            (k, MemTensor { shape, data })
+        })
+        .collect())
+}
+
+/// A merge of checkpoint files, as the CLI, the GUI and recipes describe it.
+#[derive(Clone, Debug)]
+pub struct MergeRequest {
+    /// Parameters as given by the user (JSON object).
+    pub params: Value,
+    /// Seed recorded in the output and given to the plugin.
+    pub seed: u64,
+    /// Base checkpoint.
+    pub base: Option<PathBuf>,
+    /// Expert checkpoints.
+    pub experts: Vec<PathBuf>,
+    /// Output file (or folder for shards).
+    pub out: PathBuf,
+    /// Output dtype of merged tensors (default: the input's).
+    pub out_dtype: Option<OutDType>,
+    /// Largest shard in bytes (None: as the reference input; Some(0): one file).
+    pub shard_bytes: Option<u64>,
+    /// What to do with tensors not every input has.
+    pub on_missing: MissingPolicy,
+    /// Replace an existing output.
+    pub overwrite: bool,
+}
+
+/// What a finished merge did.
+#[derive(Clone, Debug)]
+pub struct MergeReport {
+    /// Files written.
+    pub files: Vec<PathBuf>,
+    /// Tensors merged by the method.
+    pub merged: usize,
+    /// Tensors copied unchanged.
+    pub copied: usize,
+    /// Tensors left out.
+    pub skipped: usize,
+    /// Notes (conversions, copies).
+    pub notes: Vec<String>,
+    /// Bytes of input files.
+    pub input_bytes: u64,
+    /// Wall time in seconds.
+    pub seconds: f64,
+    /// Parameters as resolved (defaults filled in).
+    pub params: Value,
+}
+
+struct FileSource<'a> {
+    models: Vec<&'a Checkpoint>,
+}
+
+impl FileSource<'_> {
+    fn entry(&self, model: usize, name: &str) -> Result<(&Checkpoint, &TensorEntry)> {
+        let c = self.models.get(model).ok_or_else(|| EngineError::Invalid(format!("internal: no input {model}")))?;
+        let t = c
+            .tensors
+            .get(name)
+            .ok_or_else(|| EngineError::Invalid(format!("internal: '{name}' missing from '{}'", c.path.display())))?;
+        Ok((c, t))
+    }
+}
+
+impl Source for FileSource<'_> {
+    fn read(&self, model: usize, name: &str, from: usize, out: &mut [f32]) -> Result<()> {
+        let (c, t) = self.entry(model, name)?;
+        c.read_f32_range(t, from, out);
+        Ok(())
+    }
+
+    fn release(&self, model: usize, name: &str, from: usize, len: usize) {
+        if let Ok((c, t)) = self.entry(model, name) {
+            c.release_range(t, from, len);
+        }
+    }
+}
+
+struct FileSink<'a> {
+    writer: &'a OutputWriter,
+}
+
+impl Sink for FileSink<'_> {
+    fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<()> {
+        let dtype = self
+            .writer
+            .dtype(name)
+            .ok_or_else(|| EngineError::Invalid(format!("internal: '{name}' is not in the output")))?;
+        let mut bytes = Vec::new();
+        encode_f32(dtype, values, &mut bytes);
+        self.writer.write(name, (from * dtype.size()) as u64, &bytes)
+    }
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()> {
+    for c in inputs {
+        let hit = same_file(out, &c.path) || c.files.iter().any(|f| same_file(out, &f.path));
+        if hit {
+            return Err(EngineError::Invalid(format!(
+                "the output '{}' is one of the inputs; mergescope never writes over an input: choose another --out",
+                out.display()
+            )));
+        }
+        if out.is_dir() && c.files.iter().any(|f| f.path.parent().is_some_and(|p| same_file(p, out))) {
+            return Err(EngineError::Invalid(format!(
+                "the output folder '{}' holds input '{}'; choose another --out",
+                out.display(),
+                c.path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn file_desc(c: &Checkpoint) -> ModelDesc {
+    c.tensors.iter().map(|(k, t)| (k.clone(), (t.dtype, t.shape.clone()))).collect()
+}
+
+fn file_label(p: &Path) -> String {
+    format!("'{}'", p.display())
+}
+
+/// Merges checkpoint files with `plugin`, streaming tensor by tensor.
+pub fn merge_files(
+    plugin: &Plugin,
+    req: &MergeRequest,
+    opts: &ExecOptions,
+    observer: Observer<'_>,
+    cancel: &AtomicBool,
+) -> Result<MergeReport> {
+    let started = Instant::now();
+    let base = req.base.as_deref().map(Checkpoint::open).transpose()?;
+    let experts: Vec<Checkpoint> = req.experts.iter().map(|p| Checkpoint::open(p)).collect::<Result<_>>()?;
+    let mut models: Vec<&Checkpoint> = Vec::new();
+    models.extend(base.as_ref());
+    models.extend(experts.iter());
+    check_output_path(&req.out, &models)?;
+    let env = CallEnv { device: &opts.device, cancel, log: observer.log };
+    let (instance, resolved) = instance_for(plugin, &req.params, req.seed, base.is_some(), experts.len(), env)?;
+
+    let descs: Vec<ModelDesc> = models.iter().map(|c| file_desc(c)).collect();
+    let labels: Vec<String> = models.iter().map(|c| file_label(&c.path)).collect();
+    let others: Vec<&ModelDesc> = descs[1..].iter().collect();
+    let report = compat::check(&labels, &descs[0], &others, req.on_missing).map_err(EngineError::Incompatible)?;
+    let reference = models[0];
+
+    let mut items = Vec::new();
+    let mut outputs = Vec::new();
+    let mut copies = Vec::new();
+    let mut skipped = 0;
+    for (name, fate) in &report.fates {
+        let t = &reference.tensors[name];
+        match fate {
+            TensorFate::Merge => {
+                items.push(PlanItem { name: name.clone(), shape: t.shape.clone() });
+                let dtype = req.out_dtype.map_or(t.dtype, OutDType::dtype);
+                outputs.push(OutputTensor { name: name.clone(), dtype, shape: t.shape.clone() });
+            }
+            TensorFate::Copy(_) => {
+                let dtype = match req.out_dtype {
+                    Some(d) if t.dtype.is_float() => d.dtype(),
+                    _ => t.dtype,
+                };
+                outputs.push(OutputTensor { name: name.clone(), dtype, shape: t.shape.clone() });
+                copies.push(t.clone());
+            }
+            TensorFate::Skip(_) => skipped += 1,
+        }
+    }
+
+    let inputs: Vec<Value> = models
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let role = if base.is_some() && i == 0 { "base" } else { "expert" };
+            let name = c.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            serde_json::json!({"role": role, "name": name, "bytes": c.total_bytes()})
+        })
+        .collect();
+    let params_json = resolved.to_json();
+    let mut metadata = BTreeMap::new();
+    metadata.insert("format".to_owned(), "pt".to_owned());
+    metadata.insert("mergescope.version".to_owned(), env!("CARGO_PKG_VERSION").to_owned());
+    metadata.insert("mergescope.method".to_owned(), plugin.id().to_owned());
+    metadata.insert("mergescope.plugin_version".to_owned(), plugin.version().to_owned());
+    metadata.insert("mergescope.params".to_owned(), params_json.to_string());
+    metadata.insert("mergescope.seed".to_owned(), req.seed.to_string());
+    metadata.insert("mergescope.inputs".to_owned(), Value::from(inputs).to_string());
+    if !report.notes.is_empty() {
+        metadata.insert("mergescope.notes".to_owned(), Value::from(report.notes.clone()).to_string());
+    }
+
+    let shard_bytes = match req.shard_bytes {
+        Some(0) => None,
+        Some(b) => Some(b),
+        None if reference.files.len() > 1 => reference.files.iter().map(|f| f.size).max(),
+        None => None,
+    };
+    let writer = OutputWriter::create(&req.out, &outputs, &metadata, shard_bytes, req.overwrite)?;
+    for t in &copies {
+        let out_dtype = writer.dtype(&t.name).unwrap_or(t.dtype);
+        if out_dtype == t.dtype {
+            writer.write(&t.name, 0, reference.raw_bytes(t))?;
+        } else {
+            let mut v = vec![0f32; t.numel()];
+            decode_f32(t.dtype, reference.raw_bytes(t), &mut v);
+            let mut bytes = Vec::new();
+            encode_f32(out_dtype, &v, &mut bytes);
+            writer.write(&t.name, 0, &bytes)?;
+        }
+    }
+    let run = Run {
+        instance: &instance,
+        plugin_id: plugin.id(),
+        items: &items,
+        source: &FileSource { models: models.clone() },
+        sink: &FileSink { writer: &writer },
+        has_base: base.is_some(),
+        n_experts: experts.len(),
+        opts,
+        observer,
+        cancel,
+    };
+    run.execute()?;
+    drop(instance);
+    let files = writer.commit()?;
+    Ok(MergeReport {
+        files,
+        merged: items.len(),
+        copied: copies.len(),
+        skipped,
+        notes: report.notes,
+        input_bytes: models.iter().map(|c| c.total_bytes()).sum(),
+        seconds: started.elapsed().as_secs_f64(),
+        params: params_json,
+    })
+}

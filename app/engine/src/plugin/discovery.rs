@@ -1,0 +1,265 @@
+//! Finding plugins: next to the executable (trusted), in the user's plugin folder and in
+//! folders the user names. Loading a library runs its code, so a library from outside the
+//! app's own folder is only loaded once the user approved that exact file (by SHA-256).
+
+use super::loader::{Plugin, PluginOrigin, load_plugin_as};
+use super::schema::did_you_mean;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Whether a file name is a mergescope plugin library (`libmergescope_plugin_*.so`,
+/// `mergescope_plugin_*.dll`, `libmergescope_plugin_*.dylib`).
+pub fn is_plugin_file(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return false };
+    let stem = name.strip_prefix("lib").unwrap_or(name);
+    stem.starts_with("mergescope_plugin_") && name.ends_with(std::env::consts::DLL_SUFFIX)
+}
+
+fn home() -> Option<PathBuf> {
+    std::env::var_os("HOME").or_else(|| std::env::var_os("USERPROFILE")).map(PathBuf::from)
+}
+
+/// The user's configuration folder: `$MERGESCOPE_CONFIG_DIR`, else `$XDG_CONFIG_HOME/mergescope`,
+/// else `~/.config/mergescope`.
+pub fn config_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("MERGESCOPE_CONFIG_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CONFIG_HOME").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d).join("mergescope"));
+    }
+    home().map(|h| h.join(".config").join("mergescope"))
+}
+
+/// The user's plugin folder: `$MERGESCOPE_PLUGIN_HOME`, else `$XDG_DATA_HOME/mergescope/plugins`,
+/// else `~/.local/share/mergescope/plugins`.
+pub fn user_plugin_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("MERGESCOPE_PLUGIN_HOME") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d).join("mergescope").join("plugins"));
+    }
+    home().map(|h| h.join(".local").join("share").join("mergescope").join("plugins"))
+}
+
+/// SHA-256 of a file, hex.
+pub fn file_sha256(path: &Path) -> std::io::Result<String> {
+    let bytes = std::fs::read(path)?;
+    let digest = Sha256::digest(&bytes);
+    Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// One approved library.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    /// Absolute path.
+    pub path: PathBuf,
+    /// SHA-256 of the file when approved; a changed file needs approval again.
+    pub sha256: String,
+}
+
+/// The list of approved plugin files, kept in `approved-plugins.json` in the config folder.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Approvals {
+    /// Approved files.
+    pub approved: Vec<Approval>,
+    #[serde(skip)]
+    file: Option<PathBuf>,
+}
+
+impl Approvals {
+    /// Loads the user's approvals (empty when there are none yet).
+    pub fn load() -> Result<Approvals, String> {
+        let Some(dir) = config_dir() else { return Ok(Approvals::default()) };
+        let file = dir.join("approved-plugins.json");
+        let mut a: Approvals = match std::fs::read_to_string(&file) {
+            Ok(text) => serde_json::from_str(&text).map_err(|e| {
+                format!("'{}' is corrupt ({e}); delete it and approve your plugins again", file.display())
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Approvals::default(),
+            Err(e) => return Err(format!("cannot read '{}': {e}", file.display())),
+        };
+        a.file = Some(file);
+        Ok(a)
+    }
+
+    /// Whether this exact file (path and content) was approved.
+    pub fn is_approved(&self, path: &Path, sha256: &str) -> bool {
+        self.approved.iter().any(|a| a.path == path && a.sha256 == sha256)
+    }
+
+    /// Approves a library file and saves the list atomically.
+    pub fn approve(&mut self, path: &Path) -> Result<Approval, String> {
+        let abs = std::fs::canonicalize(path).map_err(|e| format!("cannot approve '{}': {e}", path.display()))?;
+        let sha256 = file_sha256(&abs).map_err(|e| format!("cannot read '{}': {e}", abs.display()))?;
+        self.approved.retain(|a| a.path != abs);
+        let a = Approval { path: abs, sha256 };
+        self.approved.push(a.clone());
+        let file = self.file.clone().ok_or("no configuration folder: set MERGESCOPE_CONFIG_DIR or HOME")?;
+        if let Some(dir) = file.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create '{}': {e}", dir.display()))?;
+        }
+        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        let tmp = file.with_extension("json.tmp");
+        std::fs::write(&tmp, text).map_err(|e| format!("cannot write '{}': {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &file).map_err(|e| format!("cannot write '{}': {e}", file.display()))?;
+        Ok(a)
+    }
+}
+
+/// The folders to search.
+#[derive(Clone, Debug, Default)]
+pub struct PluginDirs {
+    /// The executable's folder (bundled, trusted plugins).
+    pub exe_dir: Option<PathBuf>,
+    /// The user's plugin folder.
+    pub user_dir: Option<PathBuf>,
+    /// Folders given with `--plugin-dir`.
+    pub extra: Vec<PathBuf>,
+}
+
+impl PluginDirs {
+    /// The executable's folder, the user's folder, and `extra`.
+    pub fn standard(extra: Vec<PathBuf>) -> PluginDirs {
+        let exe_dir = std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf));
+        PluginDirs { exe_dir, user_dir: user_plugin_dir(), extra }
+    }
+}
+
+/// A library that was found but not loaded because it needs the user's approval.
+#[derive(Clone, Debug, Serialize)]
+pub struct Pending {
+    /// Library path.
+    pub path: PathBuf,
+    /// Where it was found.
+    pub origin: PluginOrigin,
+}
+
+/// A library that failed to load, with the reason.
+#[derive(Clone, Debug, Serialize)]
+pub struct Failure {
+    /// Library path.
+    pub path: PathBuf,
+    /// User-facing reason.
+    pub error: String,
+}
+
+/// Every plugin found.
+#[derive(Debug, Default)]
+pub struct Registry {
+    /// Loaded plugins, sorted by id.
+    pub plugins: Vec<Arc<Plugin>>,
+    /// Libraries waiting for approval.
+    pub pending: Vec<Pending>,
+    /// Libraries that failed to load.
+    pub failures: Vec<Failure>,
+}
+
+fn list_dir(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| is_plugin_file(p)).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+impl Registry {
+    /// Searches the folders and loads every plugin it may.
+    pub fn discover(dirs: &PluginDirs, approvals: &Approvals) -> Registry {
+        let mut reg = Registry::default();
+        let mut sources: Vec<(PathBuf, PluginOrigin)> = Vec::new();
+        if let Some(d) = &dirs.exe_dir {
+            sources.extend(list_dir(d).into_iter().map(|p| (p, PluginOrigin::Bundled)));
+        }
+        if let Some(d) = &dirs.user_dir {
+            sources.extend(list_dir(d).into_iter().map(|p| (p, PluginOrigin::UserFolder)));
+        }
+        for d in &dirs.extra {
+            if !d.is_dir() {
+                reg.failures.push(Failure { path: d.clone(), error: "plugin folder does not exist".into() });
+                continue;
+            }
+            sources.extend(list_dir(d).into_iter().map(|p| (p, PluginOrigin::Extra)));
+        }
+        for (path, origin) in sources {
+            let abs = std::fs::canonicalize(&path).unwrap_or(path);
+            if reg.plugins.iter().any(|p| p.path == abs) {
+                continue;
+            }
+            if origin != PluginOrigin::Bundled {
+                let approved = file_sha256(&abs).is_ok_and(|h| approvals.is_approved(&abs, &h));
+                if !approved {
+                    reg.pending.push(Pending { path: abs, origin });
+                    continue;
+                }
+            }
+            reg.add(&abs, origin);
+        }
+        reg.plugins.sort_by(|a, b| a.id().cmp(b.id()));
+        reg
+    }
+
+    fn add(&mut self, path: &Path, origin: PluginOrigin) {
+        match load_plugin_as(path, origin) {
+            Ok(p) => {
+                if let Some(other) = self.plugins.iter().find(|q| q.id() == p.id()) {
+                    self.failures.push(Failure {
+                        path: path.to_path_buf(),
+                        error: format!(
+                            "id '{}' is already provided by '{}'; the first one found is used",
+                            p.id(),
+                            other.path.display()
+                        ),
+                    });
+                } else {
+                    self.plugins.push(Arc::new(p));
+                }
+            }
+            Err(e) => self.failures.push(Failure { path: path.to_path_buf(), error: e.to_string() }),
+        }
+    }
+
+    /// The plugin with this id, or an error listing the known ids with a did-you-mean.
+    pub fn find(&self, id: &str) -> Result<Arc<Plugin>, String> {
+        if let Some(p) = self.plugins.iter().find(|p| p.id() == id) {
+            return Ok(p.clone());
+        }
+        let known: Vec<&str> = self.plugins.iter().map(|p| p.id()).collect();
+        let hint = did_you_mean(id, known.iter().copied()).map(|c| format!(" Did you mean '{c}'?")).unwrap_or_default();
+        let mut msg = format!(
+            "unknown merge method '{id}'.{hint} Known methods: {}.",
+            if known.is_empty() { "none (no plugins were found)".to_owned() } else { known.join(", ") }
+        );
+        if let Some(p) = self.pending.iter().find(|p| p.path.to_string_lossy().contains(&id.replace('-', "_"))) {
+            msg.push_str(&format!(
+                " A plugin that may provide it needs approval first: mergescope plugins approve '{}'",
+                p.path.display()
+            ));
+        }
+        Err(msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_file_names() {
+        let so = std::env::consts::DLL_SUFFIX;
+        assert!(is_plugin_file(Path::new(&format!("/x/libmergescope_plugin_ties{so}"))));
+        assert!(is_plugin_file(Path::new(&format!("mergescope_plugin_ties{so}"))));
+        assert!(!is_plugin_file(Path::new(&format!("/x/libmstest_wrong_magic{so}"))));
+        assert!(!is_plugin_file(Path::new("/x/libmergescope_plugin_ties.rlib")));
+    }
+
+    #[test]
+    fn unknown_method_lists_known_ones() {
+        let reg = Registry::default();
+        let e = reg.find("tiez").unwrap_err();
+        assert!(e.contains("unknown merge method 'tiez'") && e.contains("no plugins"), "{e}");
+    }
+}

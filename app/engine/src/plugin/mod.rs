@@ -1,0 +1,12 @@
+//! The plugin host: discovery and approval, loading and validation, the host tensor table
+//! plugins call back into, parameter schemas, and plugin instances.
+
+pub mod discovery;
+pub mod host_api;
+pub mod instance;
+pub mod loader;
+pub mod schema;
+
+pub use discovery::{Approvals, PluginDirs, Registry};
+pub use loader::{Plugin, PluginError, PluginInfo, PluginOrigin, load_plugin};
+pub use schema::{ParamSchema, ResolvedParams, resolve_params};

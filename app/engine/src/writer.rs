@@ -1,0 +1,333 @@
+//! Writing safetensors outputs atomically: the header is known up front (shapes and dtypes of
+//! every output tensor), so files are pre-sized and workers write their tensors at fixed
+//! offsets, in any order. Everything goes to a temporary path next to the destination that is
+//! renamed into place only when complete; a failed or cancelled merge leaves nothing behind.
+
+use crate::dtype::DType;
+use crate::error::{EngineError, Result};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// One tensor of the output.
+#[derive(Clone, Debug)]
+pub struct OutputTensor {
+    /// Name.
+    pub name: String,
+    /// Stored dtype.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+impl OutputTensor {
+    fn bytes(&self) -> u64 {
+        self.shape.iter().product::<usize>() as u64 * self.dtype.size() as u64
+    }
+}
+
+#[derive(Debug)]
+struct Shard {
+    file_name: String,
+    header: Vec<u8>,
+    data_len: u64,
+}
+
+/// Where each output tensor goes: (shard index, absolute byte offset, dtype).
+type Locations = BTreeMap<String, (usize, u64, DType)>;
+
+fn build_shards(
+    tensors: &[OutputTensor],
+    metadata: &BTreeMap<String, String>,
+    shard_bytes: Option<u64>,
+) -> Result<(Vec<Shard>, Locations)> {
+    // Group tensors (in name order) into shards of at most `shard_bytes` data bytes.
+    let mut sorted: Vec<&OutputTensor> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut groups: Vec<Vec<&OutputTensor>> = vec![Vec::new()];
+    let mut current = 0u64;
+    for t in sorted {
+        let b = t.bytes();
+        if let Some(limit) = shard_bytes {
+            if current > 0 && current + b > limit {
+                groups.push(Vec::new());
+                current = 0;
+            }
+        }
+        current += b;
+        if let Some(g) = groups.last_mut() {
+            g.push(t);
+        }
+    }
+    let n = groups.len();
+    let mut shards = Vec::new();
+    let mut locations = Locations::new();
+    for (si, g) in groups.iter().enumerate() {
+        let mut header = serde_json::Map::new();
+        if !metadata.is_empty() {
+            header.insert(
+                "__metadata__".into(),
+                serde_json::Value::Object(metadata.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect()),
+            );
+        }
+        let mut offset = 0u64;
+        let mut rel = Vec::new();
+        for t in g {
+            let b = t.bytes();
+            header.insert(
+                t.name.clone(),
+                serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, offset + b]}),
+            );
+            rel.push((t.name.clone(), offset, t.dtype));
+            offset += b;
+        }
+        let mut json = serde_json::to_vec(&serde_json::Value::Object(header))
+            .map_err(|e| EngineError::Invalid(format!("cannot encode the output header: {e}")))?;
+        // Pad with spaces so the data starts 8-byte aligned, as the reference writer does.
+        while (json.len() + 8) % 8 != 0 {
+            json.push(b' ');
+        }
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&json);
+        let data_start = bytes.len() as u64;
+        for (name, off, dtype) in rel {
+            locations.insert(name, (si, data_start + off, dtype));
+        }
+        let file_name = if n == 1 {
+            "model.safetensors".to_owned()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", si + 1, n)
+        };
+        shards.push(Shard { file_name, header: bytes, data_len: offset });
+    }
+    Ok((shards, locations))
+}
+
+/// An output being written. Dropping it without [`OutputWriter::commit`] removes the
+/// temporary files.
+#[derive(Debug)]
+pub struct OutputWriter {
+    final_path: PathBuf,
+    tmp_path: PathBuf,
+    sharded: bool,
+    files: Vec<File>,
+    file_paths: Vec<PathBuf>,
+    locations: Locations,
+    overwrite: bool,
+    committed: bool,
+}
+
+fn tmp_sibling(path: &Path, tag: &str) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "output".into());
+    path.with_file_name(format!(".{name}.{tag}-{}", std::process::id()))
+}
+
+impl OutputWriter {
+    /// Prepares an output at `out`: a single file, or (when `shard_bytes` splits it) a folder of
+    /// shards with `model.safetensors.index.json`. Fails if `out` exists and `overwrite` is false.
+    pub fn create(
+        out: &Path,
+        tensors: &[OutputTensor],
+        metadata: &BTreeMap<String, String>,
+        shard_bytes: Option<u64>,
+        overwrite: bool,
+    ) -> Result<OutputWriter> {
+        let (shards, locations) = build_shards(tensors, metadata, shard_bytes)?;
+        let sharded = shards.len() > 1;
+        if out.exists() && !overwrite {
+            return Err(EngineError::Invalid(format!(
+                "'{}' already exists; mergescope never replaces a file silently: choose another --out or pass --overwrite",
+                out.display()
+            )));
+        }
+        if out.is_dir() && !sharded {
+            return Err(EngineError::Invalid(format!(
+                "'{}' is a folder but the output is a single file; give a file path such as {}/merged.safetensors",
+                out.display(),
+                out.display()
+            )));
+        }
+        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            if !parent.is_dir() {
+                return Err(EngineError::Invalid(format!(
+                    "the output folder '{}' does not exist; create it first",
+                    parent.display()
+                )));
+            }
+        }
+        let tmp_path = tmp_sibling(out, "partial");
+        let mut files = Vec::new();
+        let mut file_paths = Vec::new();
+        let mut writer = OutputWriter {
+            final_path: out.to_path_buf(),
+            tmp_path: tmp_path.clone(),
+            sharded,
+            files: Vec::new(),
+            file_paths: Vec::new(),
+            locations,
+            overwrite,
+            committed: false,
+        };
+        if sharded {
+            std::fs::create_dir(&tmp_path).map_err(|e| EngineError::io("cannot create folder", &tmp_path, e))?;
+        }
+        for s in &shards {
+            let p = if sharded { tmp_path.join(&s.file_name) } else { tmp_path.clone() };
+            let f = File::create(&p).map_err(|e| EngineError::io("cannot create", &p, e))?;
+            write_all_at(&f, &s.header, 0, &p)?;
+            f.set_len(s.header.len() as u64 + s.data_len).map_err(|e| EngineError::io("cannot size", &p, e))?;
+            files.push(f);
+            file_paths.push(p);
+        }
+        if sharded {
+            let total: u64 = shards.iter().map(|s| s.data_len).sum();
+            let weight_map: BTreeMap<&String, &String> =
+                writer.locations.iter().map(|(name, (si, _, _))| (name, &shards[*si].file_name)).collect();
+            let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+            let p = tmp_path.join("model.safetensors.index.json");
+            let text = serde_json::to_string_pretty(&index)
+                .map_err(|e| EngineError::Invalid(format!("cannot encode the shard index: {e}")))?;
+            std::fs::write(&p, text).map_err(|e| EngineError::io("cannot write", &p, e))?;
+        }
+        writer.files = files;
+        writer.file_paths = file_paths;
+        Ok(writer)
+    }
+
+    /// Writes encoded bytes of tensor `name` starting at element byte offset `byte_from`.
+    pub fn write(&self, name: &str, byte_from: u64, bytes: &[u8]) -> Result<()> {
+        let (si, off, _) = self
+            .locations
+            .get(name)
+            .ok_or_else(|| EngineError::Invalid(format!("internal: tensor '{name}' is not in the output plan")))?;
+        write_all_at(&self.files[*si], bytes, off + byte_from, &self.file_paths[*si])
+    }
+
+    /// Stored dtype of an output tensor.
+    pub fn dtype(&self, name: &str) -> Option<DType> {
+        self.locations.get(name).map(|l| l.2)
+    }
+
+    /// Flushes and moves the output into place; returns the written files.
+    pub fn commit(mut self) -> Result<Vec<PathBuf>> {
+        for (f, p) in self.files.iter().zip(&self.file_paths) {
+            f.sync_all().map_err(|e| EngineError::io("cannot flush", p, e))?;
+        }
+        let old = tmp_sibling(&self.final_path, "old");
+        let replacing_dir = self.final_path.is_dir();
+        if replacing_dir {
+            if !self.overwrite {
+                return Err(EngineError::Invalid(format!("'{}' appeared during the merge", self.final_path.display())));
+            }
+            std::fs::rename(&self.final_path, &old).map_err(|e| EngineError::io("cannot move aside", &self.final_path, e))?;
+        }
+        std::fs::rename(&self.tmp_path, &self.final_path)
+            .map_err(|e| EngineError::io("cannot move the finished output to", &self.final_path, e))?;
+        self.committed = true;
+        if replacing_dir {
+            std::fs::remove_dir_all(&old).map_err(|e| EngineError::io("cannot remove the replaced output", &old, e))?;
+        }
+        let names: Vec<PathBuf> = if self.sharded {
+            let mut v: Vec<PathBuf> = self
+                .file_paths
+                .iter()
+                .filter_map(|p| p.file_name().map(|n| self.final_path.join(n)))
+                .collect();
+            v.push(self.final_path.join("model.safetensors.index.json"));
+            v
+        } else {
+            vec![self.final_path.clone()]
+        };
+        Ok(names)
+    }
+}
+
+impl Drop for OutputWriter {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ignored = if self.sharded {
+                std::fs::remove_dir_all(&self.tmp_path)
+            } else {
+                std::fs::remove_file(&self.tmp_path)
+            };
+        }
+    }
+}
+
+#[cfg(unix)]
+fn write_all_at(f: &File, bytes: &[u8], offset: u64, path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    f.write_all_at(bytes, offset).map_err(|e| EngineError::io("cannot write", path, e))
+}
+
+#[cfg(windows)]
+fn write_all_at(f: &File, mut bytes: &[u8], mut offset: u64, path: &Path) -> Result<()> {
+    use std::os::windows::fs::FileExt as _;
+    while !bytes.is_empty() {
+        let n = f.seek_write(bytes, offset).map_err(|e| EngineError::io("cannot write", path, e))?;
+        bytes = &bytes[n..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::Checkpoint;
+    use crate::dtype::encode_f32;
+
+    fn tensors() -> Vec<OutputTensor> {
+        vec![
+            OutputTensor { name: "b".into(), dtype: DType::F32, shape: vec![2] },
+            OutputTensor { name: "a".into(), dtype: DType::BF16, shape: vec![2, 2] },
+        ]
+    }
+
+    fn fill(w: &OutputWriter) {
+        let mut bytes = Vec::new();
+        encode_f32(DType::BF16, &[1.0, 2.0, 3.0, 4.0], &mut bytes);
+        w.write("a", 0, &bytes).unwrap();
+        encode_f32(DType::F32, &[5.0], &mut bytes);
+        w.write("b", 4, &bytes).unwrap();
+        encode_f32(DType::F32, &[6.0], &mut bytes);
+        w.write("b", 0, &bytes).unwrap();
+    }
+
+    #[test]
+    fn single_file_round_trip_with_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m.safetensors");
+        let meta: BTreeMap<String, String> = [("mergescope.method".to_owned(), "x".to_owned())].into();
+        let w = OutputWriter::create(&out, &tensors(), &meta, None, false).unwrap();
+        assert!(!out.exists(), "nothing at the destination before commit");
+        fill(&w);
+        w.commit().unwrap();
+        let c = Checkpoint::open(&out).unwrap();
+        assert_eq!(c.read_f32(&c.tensors["a"]), vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(c.read_f32(&c.tensors["b"]), vec![6.0, 5.0]);
+        assert_eq!(c.metadata()["mergescope.method"], "x");
+        let e = OutputWriter::create(&out, &tensors(), &meta, None, false).unwrap_err().to_string();
+        assert!(e.contains("already exists"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary files left");
+    }
+
+    #[test]
+    fn shards_with_index_and_cleanup_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("merged");
+        let w = OutputWriter::create(&out, &tensors(), &BTreeMap::new(), Some(8), false).unwrap();
+        fill(&w);
+        let files = w.commit().unwrap();
+        assert_eq!(files.len(), 3);
+        let c = Checkpoint::open(&out).unwrap();
+        assert_eq!(c.files.len(), 2);
+        assert_eq!(c.read_f32(&c.tensors["b"]), vec![6.0, 5.0]);
+
+        let out2 = dir.path().join("dropped.safetensors");
+        let w = OutputWriter::create(&out2, &tensors(), &BTreeMap::new(), None, false).unwrap();
+        drop(w);
+        assert!(!out2.exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "temporary file removed");
+    }
+}

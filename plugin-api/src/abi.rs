@@ -1,0 +1,515 @@
+//! The raw C ABI, version 1. Every type here is `#[repr(C)]` and mirrored one to one in
+//! `include/mergescope_plugin.h`; a test keeps the two in sync.
+//!
+//! Compatibility rules (CLAP-style): tables start with `struct_size` and only ever grow at the
+//! end; optional functions are nullable; a new major version renames the entry symbol, so an old
+//! host can never call a new layout.
+
+use core::ffi::c_void;
+
+/// Eight bytes every plugin's header starts with.
+pub const MAGIC: [u8; 8] = *b"MRGSCOPE";
+/// Major ABI version: a host only loads plugins of exactly this major.
+pub const ABI_MAJOR: u32 = 1;
+/// Minor ABI version: a host loads plugins whose minor is at most its own.
+pub const ABI_MINOR: u32 = 0;
+
+/// Name of the exported static [`PluginHeader`].
+pub const HEADER_SYMBOL: &str = "mergescope_plugin_header";
+/// Name of the exported entry function of ABI major 1 ([`EntryV1`]).
+pub const ENTRY_SYMBOL_V1: &str = "mergescope_plugin_entry_v1";
+
+/// Status codes returned by every fallible function on both sides of the ABI.
+pub type Status = i32;
+/// Success.
+pub const STATUS_OK: Status = 0;
+/// A failure described by the text set with `HostApiV1::set_error`.
+pub const STATUS_ERROR: Status = 1;
+/// The plugin panicked; the SDK caught it and set the error text.
+pub const STATUS_PANIC: Status = 2;
+/// The user cancelled the job (`HostApiV1::is_cancelled` returned true).
+pub const STATUS_CANCELLED: Status = 3;
+/// The function or operation code is not supported by this side.
+pub const STATUS_UNSUPPORTED: Status = 4;
+/// An argument was invalid (unknown handle, wrong length, null pointer).
+pub const STATUS_INVALID_ARGUMENT: Status = 5;
+
+/// Opaque tensor handle owned by the host; `0` is never a valid handle.
+pub type TensorHandle = u64;
+
+/// A borrowed UTF-8 string: pointer plus length, not NUL-terminated.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Str {
+    /// First byte; may be null when `len` is 0.
+    pub ptr: *const u8,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl Str {
+    /// The empty string.
+    pub const EMPTY: Str = Str { ptr: core::ptr::null(), len: 0 };
+
+    /// Borrows a Rust string (the caller keeps it alive for as long as the `Str` is used).
+    pub const fn new(s: &str) -> Str {
+        Str { ptr: s.as_ptr(), len: s.len() }
+    }
+
+    /// Reads the string back.
+    ///
+    /// # Safety
+    /// `ptr` must point to `len` readable bytes that stay alive for `'a`.
+    pub unsafe fn as_str<'a>(&self) -> Result<&'a str, core::str::Utf8Error> {
+        if self.ptr.is_null() || self.len == 0 {
+            return Ok("");
+        }
+        // SAFETY: guaranteed by the caller.
+        let bytes = unsafe { core::slice::from_raw_parts(self.ptr, self.len) };
+        core::str::from_utf8(bytes)
+    }
+}
+
+/// The static header every plugin exports under [`HEADER_SYMBOL`]; read before anything else.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PluginHeader {
+    /// Must equal [`MAGIC`].
+    pub magic: [u8; 8],
+    /// ABI major the plugin was built against.
+    pub abi_major: u32,
+    /// ABI minor the plugin was built against.
+    pub abi_minor: u32,
+}
+
+/// What kind of merge method a plugin implements.
+pub type PluginKind = u32;
+/// Per-tensor method: the host streams the model and calls `merge_tensor` per tensor.
+pub const KIND_PER_TENSOR: PluginKind = 1;
+/// Model-level method (data-driven or iterative). Reserved: its session table is appended in a
+/// later minor version, looked up through `get_extension`.
+pub const KIND_MODEL_LEVEL: PluginKind = 2;
+
+/// Capability bit: one instance may be called from several threads at once.
+pub const CAP_THREAD_SAFE: u64 = 1 << 0;
+/// Capability bit: the result of every element depends only on that element's inputs (and on
+/// state fixed before the merge pass), so the host may split large tensors into chunks and call
+/// `merge_tensor` once per chunk. `TensorInfo::offset` then tells where the chunk starts.
+pub const CAP_ELEMENTWISE: u64 = 1 << 1;
+/// Capability bit: the method needs a base model (task vectors are taken against it).
+pub const CAP_NEEDS_BASE: u64 = 1 << 2;
+
+/// Role of a tensor in the model, so methods can treat matrices and vectors differently.
+pub type TensorRole = u32;
+/// A 2-D weight matrix (linear layers, attention projections).
+pub const ROLE_MATRIX: TensorRole = 0;
+/// A 1-D vector that is not a norm (biases, class tokens).
+pub const ROLE_VECTOR: TensorRole = 1;
+/// A normalisation weight or bias (LayerNorm, RMSNorm, BatchNorm).
+pub const ROLE_NORM: TensorRole = 2;
+/// A token or position embedding table.
+pub const ROLE_EMBEDDING: TensorRole = 3;
+/// A convolution kernel (rank 3 or more).
+pub const ROLE_CONV: TensorRole = 4;
+/// A scalar (rank 0) or any other tensor.
+pub const ROLE_OTHER: TensorRole = 5;
+
+/// Parameter value kinds, as passed to `create`.
+pub type ParamKind = u32;
+/// `number` holds the value.
+pub const PARAM_FLOAT: ParamKind = 0;
+/// `integer` holds the value.
+pub const PARAM_INT: ParamKind = 1;
+/// `integer` is 0 or 1.
+pub const PARAM_BOOL: ParamKind = 2;
+/// `text` holds one of the schema's choices.
+pub const PARAM_CHOICE: ParamKind = 3;
+/// `list`/`list_len` hold the values (per-task parameters: one value per expert).
+pub const PARAM_FLOAT_LIST: ParamKind = 4;
+
+/// One validated parameter value, with the schema's default filled in where the user gave none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ParamValue {
+    /// Parameter name as in the schema.
+    pub name: Str,
+    /// One of the `PARAM_*` kinds.
+    pub kind: ParamKind,
+    /// Value of a float parameter.
+    pub number: f64,
+    /// Value of an int or bool parameter.
+    pub integer: i64,
+    /// Value of a choice parameter.
+    pub text: Str,
+    /// Values of a float-list parameter.
+    pub list: *const f64,
+    /// Number of values in `list`.
+    pub list_len: usize,
+}
+
+/// Facts about the tensor (or chunk of a tensor) handed to `merge_tensor`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TensorInfo {
+    /// `size_of::<TensorInfo>()` as the host knows it.
+    pub struct_size: usize,
+    /// Tensor name in the checkpoint.
+    pub name: Str,
+    /// One of the `ROLE_*` values.
+    pub role: TensorRole,
+    /// Index of this tensor in the host's (sorted) order, 0-based.
+    pub index: usize,
+    /// Number of tensors the host will merge.
+    pub count: usize,
+    /// Offset of this chunk's first element in the flattened full tensor (0 when unchunked).
+    pub offset: u64,
+    /// Number of elements of the full tensor.
+    pub full_numel: u64,
+    /// Shape of the full tensor.
+    pub full_shape: *const usize,
+    /// Rank of the full tensor.
+    pub full_rank: usize,
+}
+
+/// Log levels for `HostApiV1::log`.
+pub type LogLevel = u32;
+/// Error.
+pub const LOG_ERROR: LogLevel = 0;
+/// Warning.
+pub const LOG_WARN: LogLevel = 1;
+/// Information.
+pub const LOG_INFO: LogLevel = 2;
+/// Debugging detail.
+pub const LOG_DEBUG: LogLevel = 3;
+
+/// Operation codes for `HostApiV1::binary` (same shape, or one side a one-element tensor).
+pub type BinaryOp = u32;
+/// a + b
+pub const BINARY_ADD: BinaryOp = 0;
+/// a − b
+pub const BINARY_SUB: BinaryOp = 1;
+/// a · b
+pub const BINARY_MUL: BinaryOp = 2;
+/// a / b
+pub const BINARY_DIV: BinaryOp = 3;
+/// max(a, b)
+pub const BINARY_MAXIMUM: BinaryOp = 4;
+/// min(a, b)
+pub const BINARY_MINIMUM: BinaryOp = 5;
+/// 1.0 where a > b, else 0.0
+pub const BINARY_GT: BinaryOp = 6;
+/// 1.0 where a ≥ b, else 0.0
+pub const BINARY_GE: BinaryOp = 7;
+/// 1.0 where a < b, else 0.0
+pub const BINARY_LT: BinaryOp = 8;
+/// 1.0 where a ≤ b, else 0.0
+pub const BINARY_LE: BinaryOp = 9;
+/// 1.0 where a = b, else 0.0
+pub const BINARY_EQ: BinaryOp = 10;
+
+/// Operation codes for `HostApiV1::unary`.
+pub type UnaryOp = u32;
+/// −a
+pub const UNARY_NEG: UnaryOp = 0;
+/// |a|
+pub const UNARY_ABS: UnaryOp = 1;
+/// sign(a) ∈ {−1, 0, 1}
+pub const UNARY_SIGN: UnaryOp = 2;
+/// √a
+pub const UNARY_SQRT: UnaryOp = 3;
+/// a²
+pub const UNARY_SQUARE: UnaryOp = 4;
+/// exp(a)
+pub const UNARY_EXP: UnaryOp = 5;
+/// ln(a)
+pub const UNARY_LOG: UnaryOp = 6;
+
+/// Operation codes for `HostApiV1::reduce` (whole tensor to one f64).
+pub type ReduceOp = u32;
+/// Σ a
+pub const REDUCE_SUM: ReduceOp = 0;
+/// Σ a²
+pub const REDUCE_SUM_SQUARES: ReduceOp = 1;
+/// Σ |a|
+pub const REDUCE_SUM_ABS: ReduceOp = 2;
+/// max |a|
+pub const REDUCE_MAX_ABS: ReduceOp = 3;
+/// number of elements ≠ 0
+pub const REDUCE_COUNT_NONZERO: ReduceOp = 4;
+/// mean of a
+pub const REDUCE_MEAN: ReduceOp = 5;
+/// min of a
+pub const REDUCE_MIN: ReduceOp = 6;
+/// max of a
+pub const REDUCE_MAX: ReduceOp = 7;
+
+/// Operation codes for `HostApiV1::reduce_stack` (elementwise over n same-shape tensors).
+pub type StackOp = u32;
+/// Σ_i t_i
+pub const STACK_SUM: StackOp = 0;
+/// mean_i t_i
+pub const STACK_MEAN: StackOp = 1;
+/// max_i t_i
+pub const STACK_MAX: StackOp = 2;
+/// min_i t_i
+pub const STACK_MIN: StackOp = 3;
+
+/// The table of host services and tensor operations a plugin calls back into.
+///
+/// Threading: every function may only be called on the thread that is inside the host's call
+/// into the plugin (`create`, `prepare_tensor`, `merge_tensor`), with the `HostApiV1` pointer
+/// that call received. Handles created during one call live until that call returns, except
+/// the one the plugin returns through `out`; input handles live for the call too.
+/// No function unwinds: failures return a status and the host keeps the message.
+#[repr(C)]
+pub struct HostApiV1 {
+    /// `size_of::<HostApiV1>()` as the host knows it.
+    pub struct_size: usize,
+    /// ABI major of the host.
+    pub abi_major: u32,
+    /// ABI minor of the host.
+    pub abi_minor: u32,
+    /// Host state for this call; pass it back as the first argument of every function.
+    pub ctx: *mut c_void,
+
+    /// Writes a line to the host's log, attributed to the plugin.
+    pub log: unsafe extern "C" fn(ctx: *mut c_void, level: LogLevel, message: Str),
+    /// Reports progress inside a long call, as a fraction in [0, 1].
+    pub report_progress: unsafe extern "C" fn(ctx: *mut c_void, fraction: f64),
+    /// Non-zero when the user cancelled the job: return `STATUS_CANCELLED` soon.
+    pub is_cancelled: unsafe extern "C" fn(ctx: *mut c_void) -> i32,
+    /// Records the error text of the failure the plugin is about to return (copied by the host).
+    pub set_error: unsafe extern "C" fn(ctx: *mut c_void, message: Str),
+    /// Looks up an optional host extension by id; null when the host has none.
+    pub get_extension: unsafe extern "C" fn(ctx: *mut c_void, id: Str) -> *const c_void,
+
+    /// Writes the rank to `rank` and up to `max_rank` dimensions to `dims`.
+    pub shape: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        t: TensorHandle,
+        dims: *mut usize,
+        max_rank: usize,
+        rank: *mut usize,
+    ) -> Status,
+    /// Number of elements.
+    pub numel: unsafe extern "C" fn(ctx: *mut c_void, t: TensorHandle, out: *mut usize) -> Status,
+    /// Copies `len` f32 values (the whole tensor, row-major) into `dst`.
+    pub read_f32:
+        unsafe extern "C" fn(ctx: *mut c_void, t: TensorHandle, dst: *mut f32, len: usize) -> Status,
+    /// Creates a tensor from `len` row-major f32 values with the given shape.
+    pub from_f32: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        data: *const f32,
+        len: usize,
+        dims: *const usize,
+        rank: usize,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Creates a tensor of `like`'s shape filled with `value`.
+    pub full_like: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        like: TensorHandle,
+        value: f64,
+        out: *mut TensorHandle,
+    ) -> Status,
+
+    /// Elementwise binary operation (`BINARY_*`); comparisons give 0.0/1.0 masks.
+    pub binary: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        op: BinaryOp,
+        a: TensorHandle,
+        b: TensorHandle,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Elementwise unary operation (`UNARY_*`).
+    pub unary: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        op: UnaryOp,
+        a: TensorHandle,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// `a · mul + add`, elementwise.
+    pub affine: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        a: TensorHandle,
+        mul: f64,
+        add: f64,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Elementwise comparison with a scalar (`BINARY_GT`…`BINARY_EQ`), giving a 0/1 mask.
+    pub compare_scalar: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        op: BinaryOp,
+        a: TensorHandle,
+        scalar: f64,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// `mask ≠ 0 ? on_true : on_false`, elementwise.
+    pub select: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        mask: TensorHandle,
+        on_true: TensorHandle,
+        on_false: TensorHandle,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Whole-tensor reduction (`REDUCE_*`) to one f64, accumulated in f64.
+    pub reduce:
+        unsafe extern "C" fn(ctx: *mut c_void, op: ReduceOp, a: TensorHandle, out: *mut f64) -> Status,
+    /// Σ a·b over all elements, accumulated in f64.
+    pub dot: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        a: TensorHandle,
+        b: TensorHandle,
+        out: *mut f64,
+    ) -> Status,
+    /// The k-th largest |a| (k is 1-based, k ≤ numel), by linear-time selection, not a sort.
+    pub kth_largest_abs:
+        unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, k: usize, out: *mut f64) -> Status,
+    /// `Σ_i weights[i] · ts[i]` over n same-shape tensors in one pass; `weights` may be null
+    /// (all ones).
+    pub weighted_sum: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        ts: *const TensorHandle,
+        weights: *const f64,
+        n: usize,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Elementwise reduction over n same-shape tensors (`STACK_*`).
+    pub reduce_stack: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        op: StackOp,
+        ts: *const TensorHandle,
+        n: usize,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// A 0/1 mask of `like`'s shape with P(1) = `keep_probability`, from a counter-based
+    /// generator: element j of the full tensor gets the same draw for the same `seed` whatever
+    /// the device or chunking (`offset` is the chunk's first element, as in `TensorInfo`).
+    pub bernoulli_mask: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        like: TensorHandle,
+        keep_probability: f64,
+        seed: u64,
+        offset: u64,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Matrix product of 2-D tensors.
+    pub matmul: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        a: TensorHandle,
+        b: TensorHandle,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Transpose of a 2-D tensor.
+    pub transpose:
+        unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, out: *mut TensorHandle) -> Status,
+    /// Same data, new shape (same element count).
+    pub reshape: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        a: TensorHandle,
+        dims: *const usize,
+        rank: usize,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Truncated SVD of a 2-D tensor (m×n): U (m×k), S (k), Vᵀ (k×n), computed in f64;
+    /// k is clamped to min(m, n). Any of the outputs may be null when not wanted.
+    pub svd: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        a: TensorHandle,
+        k: usize,
+        out_u: *mut TensorHandle,
+        out_s: *mut TensorHandle,
+        out_vt: *mut TensorHandle,
+    ) -> Status,
+    /// Best rank-k approximation U_k diag(S_k) V_kᵀ of a 2-D tensor (Eckart–Young).
+    pub low_rank: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        a: TensorHandle,
+        k: usize,
+        out: *mut TensorHandle,
+    ) -> Status,
+}
+
+/// The plugin's table, returned by the entry function. Static for the life of the process.
+#[repr(C)]
+pub struct PluginApiV1 {
+    /// `size_of::<PluginApiV1>()` as the plugin knows it.
+    pub struct_size: usize,
+    /// Stable id, lowercase with dashes (`task-arithmetic`); what users type after `--method`.
+    pub id: Str,
+    /// Display name.
+    pub name: Str,
+    /// Plugin version (semver), recorded in every output.
+    pub version: Str,
+    /// One-line description.
+    pub description: Str,
+    /// Help text: the algorithm, its parameters, and the choices made where references differ.
+    pub help: Str,
+    /// `KIND_PER_TENSOR` or `KIND_MODEL_LEVEL`.
+    pub kind: PluginKind,
+    /// `CAP_*` bits.
+    pub capabilities: u64,
+    /// JSON array describing the parameters (see the README for the format).
+    pub params_schema_json: Str,
+
+    /// Creates an instance for one merge of `n_experts` experts. `params` holds every schema
+    /// parameter, validated, defaults filled. Writes the instance to `out`.
+    pub create: unsafe extern "C" fn(
+        host: *const HostApiV1,
+        params: *const ParamValue,
+        n_params: usize,
+        n_experts: usize,
+        seed: u64,
+        out: *mut *mut c_void,
+    ) -> Status,
+    /// Frees an instance made by `create`.
+    pub destroy: unsafe extern "C" fn(instance: *mut c_void),
+    /// Optional: number of statistics passes over the model the instance needs before merging
+    /// (0 when null). Methods with model-wide statistics (global TIES trimming) use it.
+    pub prepare_passes: Option<unsafe extern "C" fn(instance: *mut c_void) -> u32>,
+    /// Optional: one tensor of statistics pass `pass` (0-based). Handles as in `merge_tensor`.
+    pub prepare_tensor: Option<
+        unsafe extern "C" fn(
+            instance: *mut c_void,
+            host: *const HostApiV1,
+            pass: u32,
+            info: *const TensorInfo,
+            base: TensorHandle,
+            experts: *const TensorHandle,
+            n_experts: usize,
+        ) -> Status,
+    >,
+    /// Optional: called after every tensor of pass `pass` was seen.
+    pub finish_pass: Option<
+        unsafe extern "C" fn(instance: *mut c_void, host: *const HostApiV1, pass: u32) -> Status,
+    >,
+    /// Merges one tensor (or chunk, see `CAP_ELEMENTWISE`); writes the result to `out`, which
+    /// must have the shape of `base`. `base` is 0 when the method runs without a base.
+    pub merge_tensor: unsafe extern "C" fn(
+        instance: *mut c_void,
+        host: *const HostApiV1,
+        info: *const TensorInfo,
+        base: TensorHandle,
+        experts: *const TensorHandle,
+        n_experts: usize,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Optional: looks up a plugin extension by id (model-level session tables, later features).
+    pub get_extension: Option<unsafe extern "C" fn(id: Str) -> *const c_void>,
+    /// Optional: capabilities of this instance when they depend on its parameters (for example
+    /// `CAP_ELEMENTWISE` only for some settings); the static `capabilities` when null.
+    pub instance_capabilities: Option<unsafe extern "C" fn(instance: *mut c_void) -> u64>,
+}
+
+/// Signature of the entry function exported as [`ENTRY_SYMBOL_V1`].
+pub type EntryV1 = unsafe extern "C" fn() -> *const PluginApiV1;
+
+/// Byte size of the v1.0 prefix of [`PluginApiV1`]: the smallest table a host accepts.
+pub const PLUGIN_API_V1_MIN_SIZE: usize = core::mem::size_of::<PluginApiV1>();
+
+// SAFETY: the tables hold pointers to 'static data and functions only; they are immutable.
+unsafe impl Sync for PluginApiV1 {}
+// SAFETY: as above.
+unsafe impl Send for PluginApiV1 {}
+// SAFETY: the header holds plain data.
+unsafe impl Sync for PluginHeader {}

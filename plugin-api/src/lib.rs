@@ -1,0 +1,14 @@
+//! mergescope's plugin interface.
+//!
+//! - [`abi`]: the stable C ABI v1 (`#[repr(C)]` tables, constants, symbol names), mirrored in
+//!   `include/mergescope_plugin.h`. No dependencies, so any language with a C FFI can implement
+//!   or host it.
+//! - [`sdk`]: a safe Rust layer for plugin authors: implement [`sdk::MergeMethod`] and call
+//!   [`export_plugin!`]. Panics never cross the boundary.
+//!
+//! See `plugin-api/README.md` for a step-by-step guide in Rust and in C.
+
+pub mod abi;
+pub mod sdk;
+
+pub use sdk::{CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta};

@@ -1,0 +1,491 @@
+//! Golden tests of the `ties` plugin, loaded from its built library.
+//! References: seeds-002-004.md §4.2 (the implementations), §4.6 (golden vectors: original /
+//! FusionBench semantics, mergekit semantics, the cancellation edge case) and §4.7 (the
+//! differences the plugin's choices select between).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
+
+use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory, merge_in_memory_with};
+use mergescope_engine::plugin::{Plugin, load_plugin};
+use mergescope_tests::plugin_path;
+use serde_json::{Value, json};
+
+const TOL: f64 = 1e-5;
+
+/// The three task vectors of seeds-002-004 §4.6.
+const TAU: [[f32; 10]; 3] = [
+    [0.5, -0.2, 0.1, 0.0, 0.9, -0.7, 0.05, 0.3, -0.4, 0.6],
+    [-0.6, 0.25, 0.1, 0.2, -0.8, 0.7, -0.05, 0.35, 0.45, -0.1],
+    [0.4, -0.3, -0.15, -0.2, 0.1, 0.2, 0.0, -0.3, 0.5, 0.55],
+];
+
+fn plugin() -> Plugin {
+    let path = plugin_path("mergescope_plugin_ties");
+    load_plugin(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
+    tensors.iter().map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec()))).collect()
+}
+
+fn assert_close(model: &MemModel, name: &str, expected: &[f64], context: &str) {
+    let t = model.get(name).unwrap_or_else(|| panic!("{context}: output has no tensor '{name}'"));
+    assert_eq!(t.data.len(), expected.len(), "{context}: tensor '{name}': length");
+    for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
+        assert!(
+            (f64::from(*a) - e).abs() <= TOL,
+            "{context}: tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}\nexpected: {expected:?}",
+            t.data
+        );
+    }
+}
+
+/// Base θ0 = 0 and experts θ_t = τ_t on one tensor, so τ is exact in f32 and exact
+/// cancellations (index 5 of §4.6) stay exact.
+fn zero_base(name: &str, taus: &[&[f32]]) -> (MemModel, Vec<MemModel>) {
+    let n = taus[0].len();
+    let base = model(&[(name, &[n], &vec![0.0; n])]);
+    let experts = taus.iter().map(|t| model(&[(name, &[n], t)])).collect();
+    (base, experts)
+}
+
+fn golden_inputs() -> (MemModel, Vec<MemModel>) {
+    zero_base("layer.bias", &[&TAU[0], &TAU[1], &TAU[2]])
+}
+
+fn merge(params: &Value, base: &MemModel, experts: &[MemModel]) -> MemModel {
+    merge_in_memory(&plugin(), params, 0, Some(base), experts).unwrap_or_else(|e| panic!("merge with {params}: {e}"))
+}
+
+#[test]
+fn plugin_describes_itself() {
+    let p = plugin();
+    assert_eq!(p.id(), "ties");
+    let names: Vec<&str> = p.schema().iter().map(|s| s.name.as_str()).collect();
+    for n in ["density", "lambda", "aggregation", "trim_scope", "count_rule", "election", "zero_sign"] {
+        assert!(names.contains(&n), "schema lacks '{n}': {names:?}");
+    }
+}
+
+/// §4.6, original/FusionBench semantics: threshold 20 keeps int(10·0.2)+1 = 3 entries per row
+/// (τ1 → 0.9, −0.7, 0.6; τ2 → −0.6, −0.8, 0.7; τ3 → 0.4, 0.5, 0.55); elected signs
+/// [−,0,0,0,+,0,0,0,+,+] with the zeros replaced by the global majority sign(−1+1+1+1) = +.
+#[test]
+fn reference_semantics_golden_vectors() {
+    let (base, experts) = golden_inputs();
+    let cases: [(&str, [f64; 10]); 3] = [
+        ("dis-mean", [-0.6, 0.0, 0.0, 0.0, 0.9, 0.7, 0.0, 0.0, 0.5, 0.575]),
+        ("dis-sum", [-0.6, 0.0, 0.0, 0.0, 0.9, 0.7, 0.0, 0.0, 0.5, 1.15]),
+        ("dis-max", [-0.6, 0.0, 0.0, 0.0, 0.9, 0.7, 0.0, 0.0, 0.5, 0.6]),
+    ];
+    for scope in ["global", "tensor"] {
+        for (aggregation, expected) in &cases {
+            let params = json!({"density": 0.2, "count_rule": "reference", "zero_sign": "reference",
+                                "aggregation": aggregation, "trim_scope": scope, "lambda": 1.0});
+            let out = merge(&params, &base, &experts);
+            assert_close(&out, "layer.bias", expected, &params.to_string());
+        }
+    }
+}
+
+/// The final model is θ0 + λ·τ_m: λ = 0.3 with dis-sum (AdaMerging/FusionBench setting) on a
+/// non-zero dyadic base (so that τ = θ_t − θ0 stays exact).
+#[test]
+fn lambda_and_base_are_applied() {
+    let b: Vec<f32> = (0..10).map(|j| j as f32 - 4.0).collect();
+    let base = model(&[("layer.bias", &[10], &b)]);
+    let experts: Vec<MemModel> = TAU
+        .iter()
+        .map(|tau| {
+            let d: Vec<f32> = b.iter().zip(tau).map(|(x, t)| x + t).collect();
+            model(&[("layer.bias", &[10], &d)])
+        })
+        .collect();
+    // With |θ| ≤ 5 the f32 task vectors are off by up to ~5e-7, so the exact cancellation at
+    // index 5 may become ±ε; both land on + here (ε > 0 directly, ε = 0 via the majority), but a
+    // −ε would give −0.7: accept either at that index and check the rest exactly.
+    let params = json!({"density": 0.2, "count_rule": "reference", "zero_sign": "reference",
+                        "aggregation": "dis-sum", "lambda": 0.3});
+    let out = merge(&params, &base, &experts);
+    let tm = [-0.6, 0.0, 0.0, 0.0, 0.9, 0.7, 0.0, 0.0, 0.5, 1.15];
+    let got = &out["layer.bias"].data;
+    for j in 0..10 {
+        let expected = f64::from(b[j]) + 0.3 * tm[j];
+        let alt = f64::from(b[j]) - 0.3 * tm[j];
+        let ok = (f64::from(got[j]) - expected).abs() <= TOL || (j == 5 && (f64::from(got[j]) - alt).abs() <= TOL);
+        assert!(ok, "index {j}: got {}, expected {expected}; full {got:?}", got[j]);
+    }
+}
+
+/// §4.6, mergekit semantics (per tensor, density 0.2 → exactly 2 kept, ties go to +, disjoint
+/// mean): [0, 0, 0, 0, 0.9, 0.7, 0, 0, 0.5, 0.55].
+#[test]
+fn mergekit_semantics_golden_vector() {
+    let (base, experts) = golden_inputs();
+    let params = json!({"density": 0.2, "trim_scope": "tensor", "count_rule": "exact", "zero_sign": "positive"});
+    let out = merge(&params, &base, &experts);
+    assert_close(&out, "layer.bias", &[0.0, 0.0, 0.0, 0.0, 0.9, 0.7, 0.0, 0.0, 0.5, 0.55], "mergekit");
+}
+
+/// The defaults (paper: global trim, exact k = round(0.2·10) = 2, mass election, elected sign 0
+/// keeps nothing, dis-mean, λ = 1), by hand: τ1 keeps 0.9, −0.7; τ2 keeps −0.8, 0.7; τ3 keeps
+/// 0.55, 0.5. Σ = [0,0,0,0,0.1,0,0,0,0.5,0.55]: index 5 cancels exactly, so it gets 0 (where
+/// mergekit's "ties go to +" keeps 0.7).
+#[test]
+fn default_semantics_by_hand() {
+    let (base, experts) = golden_inputs();
+    let expected = [0.0, 0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 0.5, 0.55];
+    assert_close(&merge(&json!({}), &base, &experts), "layer.bias", &expected, "defaults");
+    let explicit = json!({"density": 0.2, "lambda": 1.0, "aggregation": "dis-mean", "trim_scope": "global",
+                          "count_rule": "exact", "election": "mass", "zero_sign": "none"});
+    assert_close(&merge(&explicit, &base, &experts), "layer.bias", &expected, "explicit defaults");
+}
+
+/// §4.6 edge case: τ1 = [1, −1], τ2 = [−1, 1], no trimming (density 1). Every coordinate
+/// cancels: none (paper literal, MergeLM) → [0, 0]; reference (global majority 0, negatives
+/// kept) → [−1, −1]; positive (mergekit) → [1, 1].
+#[test]
+fn cancellation_everywhere() {
+    let (base, experts) = zero_base("layer.bias", &[&[1.0, -1.0], &[-1.0, 1.0]]);
+    for (zero_sign, expected) in [("none", [0.0, 0.0]), ("reference", [-1.0, -1.0]), ("positive", [1.0, 1.0])] {
+        for scope in ["global", "tensor"] {
+            let params = json!({"density": 1.0, "zero_sign": zero_sign, "trim_scope": scope});
+            assert_close(&merge(&params, &base, &experts), "layer.bias", &expected, &params.to_string());
+        }
+    }
+    // The original code's dis-max multiplies by the elected sign, which stays 0: [0, 0]; its
+    // dis-sum keeps the negatives like dis-mean.
+    let params = json!({"density": 1.0, "zero_sign": "reference", "aggregation": "dis-max"});
+    assert_close(&merge(&params, &base, &experts), "layer.bias", &[0.0, 0.0], "reference dis-max");
+    let params = json!({"density": 1.0, "zero_sign": "reference", "aggregation": "dis-sum"});
+    assert_close(&merge(&params, &base, &experts), "layer.bias", &[-1.0, -1.0], "reference dis-sum");
+}
+
+/// Mass against count election: τ = (3, −1, −1), no trim. Mass: Σ = 1 → + → 3. Count: one
+/// positive, two negatives → − → mean(−1, −1) = −1.
+#[test]
+fn mass_against_count_election() {
+    let (base, experts) = zero_base("layer.bias", &[&[3.0], &[-1.0], &[-1.0]]);
+    let mass = merge(&json!({"density": 1.0, "election": "mass"}), &base, &experts);
+    assert_close(&mass, "layer.bias", &[3.0], "mass");
+    let count = merge(&json!({"density": 1.0, "election": "count"}), &base, &experts);
+    assert_close(&count, "layer.bias", &[-1.0], "count");
+}
+
+/// Two tensors, two experts, density 0.5, count_rule exact, dis-mean, λ = 1.
+/// τ1: a = [4, −3], b = [1, 0.5]; τ2: a = [−1, 2], b = [3, −0.25]; θ0: a = [10, 20], b = [30, 40].
+///
+/// global (n = 4, k = 2 per expert): τ1 keeps 4, −3 (a) → a = [4, −3], b = [0, 0];
+///   τ2 keeps 3 (b), 2 (a) → a = [0, 2], b = [3, 0]. Σ: a = [4, −1] → [+, −]; b = [3, 0] → [+, 0].
+///   merged: a = [4, −3], b = [3, 0] (b1 elects 0: nothing kept).
+/// tensor (n = 2, k = 1 per tensor and expert): τ1 → a = [4, 0], b = [1, 0]; τ2 → a = [0, 2],
+///   b = [3, 0]. Σ: a = [4, 2] → [+, +]; b = [4, 0]. merged: a = [4, 2], b = [mean(1, 3) = 2, 0].
+/// global with count_rule reference: int(4·0.5)+1 = 3 kept: τ1 → a = [4, −3], b = [1, 0];
+///   τ2 → a = [−1, 2], b = [3, 0]. Σ: a = [3, −1] → [+, −]; b = [4, 0]. merged: a = [4, −3],
+///   b = [2, 0].
+#[test]
+fn global_against_tensor_scope() {
+    let base = model(&[("a.bias", &[2], &[10.0, 20.0]), ("b.bias", &[2], &[30.0, 40.0])]);
+    let experts = vec![
+        model(&[("a.bias", &[2], &[14.0, 17.0]), ("b.bias", &[2], &[31.0, 40.5])]),
+        model(&[("a.bias", &[2], &[9.0, 22.0]), ("b.bias", &[2], &[33.0, 39.75])]),
+    ];
+    let global = merge(&json!({"density": 0.5, "trim_scope": "global"}), &base, &experts);
+    assert_close(&global, "a.bias", &[14.0, 17.0], "global");
+    assert_close(&global, "b.bias", &[33.0, 40.0], "global");
+    let tensor = merge(&json!({"density": 0.5, "trim_scope": "tensor"}), &base, &experts);
+    assert_close(&tensor, "a.bias", &[14.0, 22.0], "tensor");
+    assert_close(&tensor, "b.bias", &[32.0, 40.0], "tensor");
+    let reference = merge(&json!({"density": 0.5, "count_rule": "reference"}), &base, &experts);
+    assert_close(&reference, "a.bias", &[14.0, 17.0], "global, reference count");
+    assert_close(&reference, "b.bias", &[32.0, 40.0], "global, reference count");
+}
+
+/// zero_sign = reference: the majority is model-wide with trim_scope = global and per tensor with
+/// trim_scope = tensor. No trim (density 1), θ0 = 0, dis-mean.
+/// a: τ1 = [1, 1, −3], τ2 = [2, −1, 3] → Σ = [3, 0, 0], signs [+, 0, 0] (sum +1);
+/// b: τ1 = [−1, −1, −2], τ2 = [−1, −3, 2] → Σ = [−2, −4, 0], signs [−, −, 0] (sum −2).
+/// global majority sign(1 − 2) = −: a → [1.5, −1, −3], b → [−1, −2, −2].
+/// per tensor: a's majority + → a = [1.5, 1, 3]; b's − → b = [−1, −2, −2].
+#[test]
+fn reference_zero_sign_majority_scope() {
+    let base = model(&[("a.bias", &[3], &[0.0; 3]), ("b.bias", &[3], &[0.0; 3])]);
+    let experts = vec![
+        model(&[("a.bias", &[3], &[1.0, 1.0, -3.0]), ("b.bias", &[3], &[-1.0, -1.0, -2.0])]),
+        model(&[("a.bias", &[3], &[2.0, -1.0, 3.0]), ("b.bias", &[3], &[-1.0, -3.0, 2.0])]),
+    ];
+    let global = merge(&json!({"density": 1.0, "zero_sign": "reference", "trim_scope": "global"}), &base, &experts);
+    assert_close(&global, "a.bias", &[1.5, -1.0, -3.0], "global majority");
+    assert_close(&global, "b.bias", &[-1.0, -2.0, -2.0], "global majority");
+    let tensor = merge(&json!({"density": 1.0, "zero_sign": "reference", "trim_scope": "tensor"}), &base, &experts);
+    assert_close(&tensor, "a.bias", &[1.5, 1.0, 3.0], "per-tensor majority");
+    assert_close(&tensor, "b.bias", &[-1.0, -2.0, -2.0], "per-tensor majority");
+}
+
+/// density 0 keeps nothing under the exact rule (θ = θ0) and the maximum under the reference
+/// rule (int(0)+1 = 1, §4.2 "K = 0 keeps the maximum-magnitude element(s)").
+#[test]
+fn density_zero() {
+    let (base, experts) = golden_inputs();
+    let exact = merge(&json!({"density": 0.0}), &base, &experts);
+    assert_close(&exact, "layer.bias", &[0.0; 10], "exact");
+    let reference = merge(&json!({"density": 0.0, "count_rule": "reference"}), &base, &experts);
+    // τ1 keeps 0.9, τ2 −0.8, τ3 0.55: index 4 elects + (0.1) → 0.9; index 9 → 0.55.
+    assert_close(&reference, "layer.bias", &[0.0, 0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 0.0, 0.55], "reference");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Randomised cross-check against a direct restatement of the semantics (sorting is fine here).
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Task-vector entries with exact zeros, exact magnitude ties, a cluster of values that share
+    /// the top 16 bits of their f32 pattern (so the second radix pass matters), and a wide spread.
+    fn entry(&mut self) -> f32 {
+        let sign = if self.next() % 2 == 0 { 1.0 } else { -1.0 };
+        match self.next() % 8 {
+            0 => 0.0,
+            1 => 0.5 * sign,
+            2 => (0.3 + (self.next() % 50) as f32 * 1e-6) * sign,
+            _ => ((self.unit() * 2.0 - 1.0) * 2f64.powi((self.next() % 7) as i32 - 4)) as f32,
+        }
+    }
+}
+
+const SHAPES: [(&str, &[usize]); 4] =
+    [("a.weight", &[7, 9]), ("b.bias", &[13]), ("c.weight", &[4, 5]), ("d.norm.weight", &[6])];
+
+fn random_inputs(seed: u64, n_experts: usize) -> (MemModel, Vec<MemModel>) {
+    let mut rng = Rng(seed);
+    let mut base = MemModel::new();
+    let mut experts = vec![MemModel::new(); n_experts];
+    for (name, shape) in SHAPES {
+        let n: usize = shape.iter().product();
+        // Dyadic base values in [−2, 2].
+        let b: Vec<f32> = (0..n).map(|_| (rng.next() % 17) as f32 * 0.25 - 2.0).collect();
+        for e in &mut experts {
+            let d: Vec<f32> = b.iter().map(|x| x + rng.entry()).collect();
+            e.insert(name.to_string(), MemTensor::new(shape.to_vec(), d));
+        }
+        base.insert(name.to_string(), MemTensor::new(shape.to_vec(), b));
+    }
+    (base, experts)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Options<'a> {
+    density: f64,
+    lambda: f64,
+    aggregation: &'a str,
+    scope: &'a str,
+    count_rule: &'a str,
+    election: &'a str,
+    zero_sign: &'a str,
+}
+
+impl Options<'_> {
+    fn json(&self) -> Value {
+        json!({"density": self.density, "lambda": self.lambda, "aggregation": self.aggregation,
+               "trim_scope": self.scope, "count_rule": self.count_rule, "election": self.election,
+               "zero_sign": self.zero_sign})
+    }
+}
+
+fn kept(n: usize, density: f64, rule: &str) -> usize {
+    let k = if rule == "exact" { (n as f64 * density).round() } else { (n as f64 * density).floor() + 1.0 };
+    (k.max(0.0) as usize).min(n)
+}
+
+/// k-th largest |x| by sorting (None when k = 0).
+fn threshold(values: &[f32], k: usize) -> Option<f32> {
+    if k == 0 {
+        return None;
+    }
+    let mut mags: Vec<f32> = values.iter().map(|v| v.abs()).collect();
+    mags.sort_by(|a, b| b.total_cmp(a));
+    Some(mags[k - 1])
+}
+
+fn sign(x: f64) -> f64 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
+/// TIES restated directly from seeds-002-004 §4.2 with the plugin's documented choices.
+fn reference_ties(base: &MemModel, experts: &[MemModel], o: &Options<'_>) -> MemModel {
+    let names: Vec<&String> = base.keys().collect();
+    // τ in f32, as the host computes it.
+    let taus: Vec<Vec<Vec<f32>>> = experts
+        .iter()
+        .map(|e| names.iter().map(|n| e[*n].data.iter().zip(&base[*n].data).map(|(x, b)| x - b).collect()).collect())
+        .collect();
+    // thresholds[t][tensor]
+    let thresholds: Vec<Vec<Option<f32>>> = taus
+        .iter()
+        .map(|per_tensor| {
+            if o.scope == "global" {
+                let all: Vec<f32> = per_tensor.iter().flatten().copied().collect();
+                vec![threshold(&all, kept(all.len(), o.density, o.count_rule)); per_tensor.len()]
+            } else {
+                per_tensor.iter().map(|v| threshold(v, kept(v.len(), o.density, o.count_rule))).collect()
+            }
+        })
+        .collect();
+    let trimmed = |t: usize, i: usize, j: usize| -> f32 {
+        let v = taus[t][i][j];
+        match thresholds[t][i] {
+            Some(thr) if v.abs() >= thr => v,
+            _ => 0.0,
+        }
+    };
+    // The elected total, summed in f32 in expert order exactly like the host's weighted sum.
+    let total = |i: usize, j: usize| -> f64 {
+        let mut s = 0f32;
+        for t in 0..experts.len() {
+            let v = trimmed(t, i, j);
+            s += if o.election == "mass" { v } else { sign(f64::from(v)) as f32 };
+        }
+        f64::from(s)
+    };
+    let raw_sign_sums: Vec<f64> =
+        (0..names.len()).map(|i| (0..taus[0][i].len()).map(|j| sign(total(i, j))).sum()).collect();
+    let model_majority = sign(raw_sign_sums.iter().sum());
+    let mut out = MemModel::new();
+    for (i, name) in names.iter().enumerate() {
+        let b = &base[*name];
+        let majority = if o.scope == "global" { model_majority } else { sign(raw_sign_sums[i]) };
+        let data: Vec<f32> = (0..b.data.len())
+            .map(|j| {
+                let tot = total(i, j);
+                let (multiply, select) = match o.zero_sign {
+                    "none" => (sign(tot), sign(tot)),
+                    "positive" => {
+                        let s = if tot >= 0.0 { 1.0 } else { -1.0 };
+                        (s, s)
+                    }
+                    _ => {
+                        let s = if sign(tot) == 0.0 { majority } else { sign(tot) };
+                        (s, if s == 0.0 { -1.0 } else { s })
+                    }
+                };
+                let selected: Vec<f64> = (0..experts.len())
+                    .map(|t| f64::from(trimmed(t, i, j)))
+                    .filter(|v| *v != 0.0 && sign(*v) == select)
+                    .collect();
+                let merged = match o.aggregation {
+                    "dis-sum" => selected.iter().sum(),
+                    "dis-max" => selected.iter().map(|v| v.abs()).fold(0.0, f64::max) * multiply,
+                    _ => selected.iter().sum::<f64>() / (selected.len().max(1) as f64),
+                };
+                (f64::from(b.data[j]) + o.lambda * merged) as f32
+            })
+            .collect();
+        out.insert(name.to_string(), MemTensor::new(b.shape.clone(), data));
+    }
+    out
+}
+
+fn check_against_reference(o: &Options<'_>, base: &MemModel, experts: &[MemModel]) {
+    let expected = reference_ties(base, experts, o);
+    let got = merge(&o.json(), base, experts);
+    for (name, t) in &expected {
+        let e: Vec<f64> = t.data.iter().map(|v| f64::from(*v)).collect();
+        assert_close(&got, name, &e, &format!("{o:?}"));
+    }
+}
+
+/// Every combination of the choices on a random 4-tensor model with magnitude ties, against the
+/// restatement above. This exercises the exact global threshold of the two radix passes.
+#[test]
+fn all_options_match_a_direct_restatement() {
+    let (base, experts) = random_inputs(7, 3);
+    for scope in ["global", "tensor"] {
+        for count_rule in ["exact", "reference"] {
+            for election in ["mass", "count"] {
+                for zero_sign in ["none", "reference", "positive"] {
+                    for aggregation in ["dis-mean", "dis-sum", "dis-max"] {
+                        let o = Options {
+                            density: 0.45,
+                            lambda: 0.7,
+                            aggregation,
+                            scope,
+                            count_rule,
+                            election,
+                            zero_sign,
+                        };
+                        check_against_reference(&o, &base, &experts);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn densities_match_a_direct_restatement() {
+    for (seed, n_experts) in [(1u64, 2usize), (2, 4), (3, 1)] {
+        let (base, experts) = random_inputs(seed, n_experts);
+        for density in [0.0, 0.01, 0.1, 0.2, 0.38, 0.45, 0.5, 0.9, 1.0] {
+            for scope in ["global", "tensor"] {
+                for count_rule in ["exact", "reference"] {
+                    let o = Options {
+                        density,
+                        lambda: 1.0,
+                        aggregation: "dis-mean",
+                        scope,
+                        count_rule,
+                        election: "mass",
+                        zero_sign: "reference",
+                    };
+                    check_against_reference(&o, &base, &experts);
+                }
+            }
+        }
+    }
+}
+
+/// With global thresholds fixed by the statistics passes the merge is elementwise: chunks of 3
+/// elements give the same model.
+#[test]
+fn global_scope_chunked_equals_unchunked() {
+    let (base, experts) = random_inputs(11, 3);
+    let params = json!({"density": 0.3, "zero_sign": "reference", "aggregation": "dis-max"});
+    let whole = merge(&params, &base, &experts);
+    let opts = ExecOptions { chunk_elems: 3, ..Default::default() };
+    let chunked = merge_in_memory_with(&plugin(), &params, 0, Some(&base), &experts, &opts).expect("chunked merge");
+    for (name, t) in &whole {
+        let e: Vec<f64> = t.data.iter().map(|v| f64::from(*v)).collect();
+        assert_close(&chunked, name, &e, "chunked");
+    }
+}
+
+#[test]
+fn bad_choices_and_missing_base_are_errors() {
+    let (base, experts) = golden_inputs();
+    let err = merge_in_memory(&plugin(), &json!({"aggregation": "dis-median"}), 0, Some(&base), &experts)
+        .expect_err("unknown aggregation must fail");
+    assert!(err.to_string().contains("aggregation"), "{err}");
+    let err = merge_in_memory(&plugin(), &json!({"density": 1.5}), 0, Some(&base), &experts)
+        .expect_err("density out of range must fail");
+    assert!(err.to_string().contains("density"), "{err}");
+    let err = merge_in_memory(&plugin(), &json!({}), 0, None, &experts).expect_err("no base must fail");
+    assert!(err.to_string().to_lowercase().contains("base"), "{err}");
+}
