@@ -49,11 +49,17 @@ pub struct Str {
 
 impl Str {
     /// The empty string.
-    pub const EMPTY: Str = Str { ptr: core::ptr::null(), len: 0 };
+    pub const EMPTY: Str = Str {
+        ptr: core::ptr::null(),
+        len: 0,
+    };
 
     /// Borrows a Rust string (the caller keeps it alive for as long as the `Str` is used).
     pub const fn new(s: &str) -> Str {
-        Str { ptr: s.as_ptr(), len: s.len() }
+        Str {
+            ptr: s.as_ptr(),
+            len: s.len(),
+        }
     }
 
     /// Reads the string back.
@@ -294,8 +300,7 @@ pub struct HostApiV1 {
     /// Number of elements.
     pub numel: unsafe extern "C" fn(ctx: *mut c_void, t: TensorHandle, out: *mut usize) -> Status,
     /// Copies `len` f32 values (the whole tensor, row-major) into `dst`.
-    pub read_f32:
-        unsafe extern "C" fn(ctx: *mut c_void, t: TensorHandle, dst: *mut f32, len: usize) -> Status,
+    pub read_f32: unsafe extern "C" fn(ctx: *mut c_void, t: TensorHandle, dst: *mut f32, len: usize) -> Status,
     /// Creates a tensor from `len` row-major f32 values with the given shape.
     pub from_f32: unsafe extern "C" fn(
         ctx: *mut c_void,
@@ -306,12 +311,8 @@ pub struct HostApiV1 {
         out: *mut TensorHandle,
     ) -> Status,
     /// Creates a tensor of `like`'s shape filled with `value`.
-    pub full_like: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        like: TensorHandle,
-        value: f64,
-        out: *mut TensorHandle,
-    ) -> Status,
+    pub full_like:
+        unsafe extern "C" fn(ctx: *mut c_void, like: TensorHandle, value: f64, out: *mut TensorHandle) -> Status,
 
     /// Elementwise binary operation (`BINARY_*`); comparisons give 0.0/1.0 masks.
     pub binary: unsafe extern "C" fn(
@@ -322,20 +323,10 @@ pub struct HostApiV1 {
         out: *mut TensorHandle,
     ) -> Status,
     /// Elementwise unary operation (`UNARY_*`).
-    pub unary: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        op: UnaryOp,
-        a: TensorHandle,
-        out: *mut TensorHandle,
-    ) -> Status,
+    pub unary: unsafe extern "C" fn(ctx: *mut c_void, op: UnaryOp, a: TensorHandle, out: *mut TensorHandle) -> Status,
     /// `a · mul + add`, elementwise.
-    pub affine: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        a: TensorHandle,
-        mul: f64,
-        add: f64,
-        out: *mut TensorHandle,
-    ) -> Status,
+    pub affine:
+        unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, mul: f64, add: f64, out: *mut TensorHandle) -> Status,
     /// Elementwise comparison with a scalar (`BINARY_GT`…`BINARY_EQ`), giving a 0/1 mask.
     pub compare_scalar: unsafe extern "C" fn(
         ctx: *mut c_void,
@@ -353,18 +344,11 @@ pub struct HostApiV1 {
         out: *mut TensorHandle,
     ) -> Status,
     /// Whole-tensor reduction (`REDUCE_*`) to one f64, accumulated in f64.
-    pub reduce:
-        unsafe extern "C" fn(ctx: *mut c_void, op: ReduceOp, a: TensorHandle, out: *mut f64) -> Status,
+    pub reduce: unsafe extern "C" fn(ctx: *mut c_void, op: ReduceOp, a: TensorHandle, out: *mut f64) -> Status,
     /// Σ a·b over all elements, accumulated in f64.
-    pub dot: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        a: TensorHandle,
-        b: TensorHandle,
-        out: *mut f64,
-    ) -> Status,
+    pub dot: unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, b: TensorHandle, out: *mut f64) -> Status,
     /// The k-th largest |a| (k is 1-based, k ≤ numel), by linear-time selection, not a sort.
-    pub kth_largest_abs:
-        unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, k: usize, out: *mut f64) -> Status,
+    pub kth_largest_abs: unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, k: usize, out: *mut f64) -> Status,
     /// `Σ_i weights[i] · ts[i]` over n same-shape tensors in one pass; `weights` may be null
     /// (all ones).
     pub weighted_sum: unsafe extern "C" fn(
@@ -394,15 +378,10 @@ pub struct HostApiV1 {
         out: *mut TensorHandle,
     ) -> Status,
     /// Matrix product of 2-D tensors.
-    pub matmul: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        a: TensorHandle,
-        b: TensorHandle,
-        out: *mut TensorHandle,
-    ) -> Status,
+    pub matmul:
+        unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, b: TensorHandle, out: *mut TensorHandle) -> Status,
     /// Transpose of a 2-D tensor.
-    pub transpose:
-        unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, out: *mut TensorHandle) -> Status,
+    pub transpose: unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, out: *mut TensorHandle) -> Status,
     /// Same data, new shape (same element count).
     pub reshape: unsafe extern "C" fn(
         ctx: *mut c_void,
@@ -422,12 +401,7 @@ pub struct HostApiV1 {
         out_vt: *mut TensorHandle,
     ) -> Status,
     /// Best rank-k approximation U_k diag(S_k) V_kᵀ of a 2-D tensor (Eckart–Young).
-    pub low_rank: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        a: TensorHandle,
-        k: usize,
-        out: *mut TensorHandle,
-    ) -> Status,
+    pub low_rank: unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, k: usize, out: *mut TensorHandle) -> Status,
 }
 
 /// The plugin's table, returned by the entry function. Static for the life of the process.
@@ -480,9 +454,7 @@ pub struct PluginApiV1 {
         ) -> Status,
     >,
     /// Optional: called after every tensor of pass `pass` was seen.
-    pub finish_pass: Option<
-        unsafe extern "C" fn(instance: *mut c_void, host: *const HostApiV1, pass: u32) -> Status,
-    >,
+    pub finish_pass: Option<unsafe extern "C" fn(instance: *mut c_void, host: *const HostApiV1, pass: u32) -> Status>,
     /// Merges one tensor (or chunk, see `CAP_ELEMENTWISE`); writes the result to `out`, which
     /// must have the shape of `base`. `base` is 0 when the method runs without a base.
     pub merge_tensor: unsafe extern "C" fn(
@@ -504,8 +476,11 @@ pub struct PluginApiV1 {
 /// Signature of the entry function exported as [`ENTRY_SYMBOL_V1`].
 pub type EntryV1 = unsafe extern "C" fn() -> *const PluginApiV1;
 
-/// Byte size of the v1.0 prefix of [`PluginApiV1`]: the smallest table a host accepts.
-pub const PLUGIN_API_V1_MIN_SIZE: usize = core::mem::size_of::<PluginApiV1>();
+/// Byte size of the v1.0 prefix of [`PluginApiV1`] (through `instance_capabilities`): the
+/// smallest table a host accepts. Pinned to the 1.0 layout, so fields appended in later minor
+/// versions do not make 1.0 plugins look too short.
+pub const PLUGIN_API_V1_MIN_SIZE: usize =
+    core::mem::offset_of!(PluginApiV1, instance_capabilities) + core::mem::size_of::<usize>();
 
 // SAFETY: the tables hold pointers to 'static data and functions only; they are immutable.
 unsafe impl Sync for PluginApiV1 {}

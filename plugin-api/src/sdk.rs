@@ -126,7 +126,9 @@ impl<'a> Host<'a> {
         // SAFETY: valid table; `dims` has room for 8 entries.
         check(unsafe { (self.api.shape)(self.api.ctx, t.0, dims.as_mut_ptr(), dims.len(), &mut rank) })?;
         if rank > dims.len() {
-            return Err(Error::Message(format!("tensor rank {rank} exceeds the SDK's limit of 8")));
+            return Err(Error::Message(format!(
+                "tensor rank {rank} exceeds the SDK's limit of 8"
+            )));
         }
         Ok(dims[..rank].to_vec())
     }
@@ -244,14 +246,14 @@ impl<'a> Host<'a> {
 
     /// Σ_i w_i · t_i in one pass (`weights` None = all ones).
     pub fn weighted_sum(&self, ts: &[Tensor], weights: Option<&[f64]>) -> Result<Tensor> {
-        if let Some(w) = weights {
-            if w.len() != ts.len() {
-                return Err(Error::Message(format!(
-                    "weighted_sum: {} weights for {} tensors",
-                    w.len(),
-                    ts.len()
-                )));
-            }
+        if let Some(w) = weights
+            && w.len() != ts.len()
+        {
+            return Err(Error::Message(format!(
+                "weighted_sum: {} weights for {} tensors",
+                w.len(),
+                ts.len()
+            )));
         }
         let handles: Vec<TensorHandle> = ts.iter().map(|t| t.0).collect();
         let wp = weights.map_or(std::ptr::null(), <[f64]>::as_ptr);
@@ -349,22 +351,53 @@ pub struct ParamSpec {
 impl ParamSpec {
     /// A shared float parameter.
     pub fn float(name: &'static str, default: f64, help: &'static str) -> Self {
-        ParamSpec { name, ty: ParamType::Float { default, min: None, max: None }, help, per_task: false }
+        ParamSpec {
+            name,
+            ty: ParamType::Float {
+                default,
+                min: None,
+                max: None,
+            },
+            help,
+            per_task: false,
+        }
     }
 
     /// An integer parameter.
     pub fn int(name: &'static str, default: i64, help: &'static str) -> Self {
-        ParamSpec { name, ty: ParamType::Int { default, min: None, max: None }, help, per_task: false }
+        ParamSpec {
+            name,
+            ty: ParamType::Int {
+                default,
+                min: None,
+                max: None,
+            },
+            help,
+            per_task: false,
+        }
     }
 
     /// A bool parameter.
     pub fn bool(name: &'static str, default: bool, help: &'static str) -> Self {
-        ParamSpec { name, ty: ParamType::Bool { default }, help, per_task: false }
+        ParamSpec {
+            name,
+            ty: ParamType::Bool { default },
+            help,
+            per_task: false,
+        }
     }
 
     /// A choice parameter.
     pub fn choice(name: &'static str, choices: &[&'static str], default: &'static str, help: &'static str) -> Self {
-        ParamSpec { name, ty: ParamType::Choice { choices: choices.to_vec(), default }, help, per_task: false }
+        ParamSpec {
+            name,
+            ty: ParamType::Choice {
+                choices: choices.to_vec(),
+                default,
+            },
+            help,
+            per_task: false,
+        }
     }
 
     /// Inclusive range for float and int parameters.
@@ -416,7 +449,11 @@ fn json_escape(s: &str, out: &mut String) {
 }
 
 fn json_number(v: f64) -> String {
-    if v.is_finite() { format!("{v:?}") } else { "null".to_owned() }
+    if v.is_finite() {
+        format!("{v:?}")
+    } else {
+        "null".to_owned()
+    }
 }
 
 /// Serialises a schema to the JSON the host reads (see plugin-api/README.md).
@@ -506,7 +543,10 @@ impl<'a> Params<'a> {
         if p.kind == kind {
             Ok(())
         } else {
-            Err(Error::Message(format!("parameter '{name}' is not {what} (kind {})", p.kind)))
+            Err(Error::Message(format!(
+                "parameter '{name}' is not {what} (kind {})",
+                p.kind
+            )))
         }
     }
 
@@ -692,7 +732,10 @@ fn install_panic_hook() {
             } else {
                 "unknown panic payload".to_owned()
             };
-            let loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            let loc = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
             LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{msg}{loc}")));
         }));
     });
@@ -709,7 +752,9 @@ pub fn guard(host: Option<Host<'_>>, f: impl FnOnce() -> Result<()>) -> Status {
         Ok(Err(Error::Cancelled)) => (abi::STATUS_CANCELLED, None),
         Ok(Err(Error::Message(m))) => (abi::STATUS_ERROR, Some(m)),
         Err(_) => {
-            let m = LAST_PANIC.with(|p| p.borrow_mut().take()).unwrap_or_else(|| "unknown panic".into());
+            let m = LAST_PANIC
+                .with(|p| p.borrow_mut().take())
+                .unwrap_or_else(|| "unknown panic".into());
             (abi::STATUS_PANIC, Some(format!("plugin panicked: {m}")))
         }
     };
@@ -770,7 +815,7 @@ pub fn build_table<M: MergeMethod>(version: &'static str) -> StaticTable {
     StaticTable { api, _strings: strings }
 }
 
-unsafe fn experts_slice<'a>(experts: *const TensorHandle, n: usize) -> Result<Vec<Tensor>> {
+unsafe fn experts_slice(experts: *const TensorHandle, n: usize) -> Result<Vec<Tensor>> {
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -778,7 +823,10 @@ unsafe fn experts_slice<'a>(experts: *const TensorHandle, n: usize) -> Result<Ve
         return Err(Error::Message("null experts array".into()));
     }
     // SAFETY: the host passes `n` handles.
-    Ok(unsafe { std::slice::from_raw_parts(experts, n) }.iter().map(|h| Tensor(*h)).collect())
+    Ok(unsafe { std::slice::from_raw_parts(experts, n) }
+        .iter()
+        .map(|h| Tensor(*h))
+        .collect())
 }
 
 fn base_opt(base: TensorHandle) -> Option<Tensor> {
@@ -794,7 +842,9 @@ unsafe extern "C" fn create_impl<M: MergeMethod>(
     out: *mut *mut c_void,
 ) -> Status {
     // SAFETY: the host passes its table for this call.
-    let Some(h) = (unsafe { Host::from_raw(host) }) else { return abi::STATUS_INVALID_ARGUMENT };
+    let Some(h) = (unsafe { Host::from_raw(host) }) else {
+        return abi::STATUS_INVALID_ARGUMENT;
+    };
     if out.is_null() {
         return abi::STATUS_INVALID_ARGUMENT;
     }
@@ -855,17 +905,27 @@ unsafe extern "C" fn prepare_tensor_impl<M: MergeMethod>(
     n_experts: usize,
 ) -> Status {
     // SAFETY: the host passes its table for this call.
-    let Some(h) = (unsafe { Host::from_raw(host) }) else { return abi::STATUS_INVALID_ARGUMENT };
+    let Some(h) = (unsafe { Host::from_raw(host) }) else {
+        return abi::STATUS_INVALID_ARGUMENT;
+    };
     guard(Some(h), || {
         // SAFETY: pointers from the host, valid for this call.
-        let (m, meta, ex) = unsafe { (instance::<M>(inst)?, TensorMeta::from_raw(info)?, experts_slice(experts, n_experts)?) };
+        let (m, meta, ex) = unsafe {
+            (
+                instance::<M>(inst)?,
+                TensorMeta::from_raw(info)?,
+                experts_slice(experts, n_experts)?,
+            )
+        };
         m.prepare_tensor(&h, pass, &meta, base_opt(base), &ex)
     })
 }
 
 unsafe extern "C" fn finish_pass_impl<M: MergeMethod>(inst: *mut c_void, host: *const HostApiV1, pass: u32) -> Status {
     // SAFETY: the host passes its table for this call.
-    let Some(h) = (unsafe { Host::from_raw(host) }) else { return abi::STATUS_INVALID_ARGUMENT };
+    let Some(h) = (unsafe { Host::from_raw(host) }) else {
+        return abi::STATUS_INVALID_ARGUMENT;
+    };
     guard(Some(h), || {
         // SAFETY: see `instance`.
         unsafe { instance::<M>(inst) }?.finish_pass(&h, pass)
@@ -882,13 +942,21 @@ unsafe extern "C" fn merge_tensor_impl<M: MergeMethod>(
     out: *mut TensorHandle,
 ) -> Status {
     // SAFETY: the host passes its table for this call.
-    let Some(h) = (unsafe { Host::from_raw(host) }) else { return abi::STATUS_INVALID_ARGUMENT };
+    let Some(h) = (unsafe { Host::from_raw(host) }) else {
+        return abi::STATUS_INVALID_ARGUMENT;
+    };
     if out.is_null() {
         return abi::STATUS_INVALID_ARGUMENT;
     }
     guard(Some(h), || {
         // SAFETY: pointers from the host, valid for this call.
-        let (m, meta, ex) = unsafe { (instance::<M>(inst)?, TensorMeta::from_raw(info)?, experts_slice(experts, n_experts)?) };
+        let (m, meta, ex) = unsafe {
+            (
+                instance::<M>(inst)?,
+                TensorMeta::from_raw(info)?,
+                experts_slice(experts, n_experts)?,
+            )
+        };
         let t = m.merge_tensor(&h, &meta, base_opt(base), &ex)?;
         // SAFETY: `out` was checked for null.
         unsafe { *out = t.0 };

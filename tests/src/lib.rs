@@ -10,6 +10,10 @@ pub fn plugin_build_dir() -> PathBuf {
 
 /// Path of the plugin library `lib<name>.so` (or the platform's equivalent) built for this run.
 pub fn plugin_path(lib_name: &str) -> PathBuf {
-    let file = format!("{}{lib_name}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    let file = format!(
+        "{}{lib_name}{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
     plugin_build_dir().join(file)
 }

@@ -8,7 +8,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use mergescope_engine::merge::{MemModel, MemTensor, merge_in_memory};
+use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory, merge_in_memory_with};
 use mergescope_engine::plugin::{Plugin, load_plugin};
 use mergescope_plugin_api::abi;
 use mergescope_tests::plugin_path;
@@ -31,7 +31,10 @@ fn refusal(lib: &str) -> String {
         Ok(p) => panic!("{lib} loaded as '{}' but must be refused", p.id()),
         Err(e) => {
             let msg = e.to_string();
-            assert!(msg.contains(&path.display().to_string()), "the message should name the file: {msg}");
+            assert!(
+                msg.contains(&path.display().to_string()),
+                "the message should name the file: {msg}"
+            );
             msg
         }
     }
@@ -44,17 +47,32 @@ fn assert_contains(msg: &str, parts: &[&str]) {
 }
 
 fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors.iter().map(|(name, shape, data)| ((*name).to_owned(), MemTensor::new(*shape, *data))).collect()
+    tensors
+        .iter()
+        .map(|(name, shape, data)| ((*name).to_owned(), MemTensor::new(*shape, *data)))
+        .collect()
 }
 
 /// Three experts and a base with a matrix and a bias; hand-made so the weighted averages are
 /// exact in f32.
 fn inputs() -> (MemModel, Vec<MemModel>) {
-    let base = model(&[("layer.bias", &[3], &[9.0, 9.0, 9.0]), ("layer.weight", &[2, 3], &[7.0; 6])]);
+    let base = model(&[
+        ("layer.bias", &[3], &[9.0, 9.0, 9.0]),
+        ("layer.weight", &[2, 3], &[7.0; 6]),
+    ]);
     let experts = vec![
-        model(&[("layer.bias", &[3], &[0.5, 1.0, -1.0]), ("layer.weight", &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])]),
-        model(&[("layer.bias", &[3], &[0.5, 0.0, 1.0]), ("layer.weight", &[2, 3], &[3.0, -1.0, 0.0, 2.0, 1.0, -2.0])]),
-        model(&[("layer.bias", &[3], &[2.5, -2.0, 3.0]), ("layer.weight", &[2, 3], &[-1.0, 0.0, 5.0, 2.0, 3.0, 10.0])]),
+        model(&[
+            ("layer.bias", &[3], &[0.5, 1.0, -1.0]),
+            ("layer.weight", &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        ]),
+        model(&[
+            ("layer.bias", &[3], &[0.5, 0.0, 1.0]),
+            ("layer.weight", &[2, 3], &[3.0, -1.0, 0.0, 2.0, 1.0, -2.0]),
+        ]),
+        model(&[
+            ("layer.bias", &[3], &[2.5, -2.0, 3.0]),
+            ("layer.weight", &[2, 3], &[-1.0, 0.0, 5.0, 2.0, 3.0, 10.0]),
+        ]),
     ];
     (base, experts)
 }
@@ -64,7 +82,11 @@ fn assert_close(got: &MemModel, name: &str, shape: &[usize], want: &[f32]) {
     assert_eq!(t.shape, shape, "{name}: shape");
     assert_eq!(t.data.len(), want.len(), "{name}: length");
     for (i, (g, w)) in t.data.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= 1e-6, "{name}[{i}]: got {g}, want {w} (all: {:?})", t.data);
+        assert!(
+            (g - w).abs() <= 1e-6,
+            "{name}[{i}]: got {g}, want {w} (all: {:?})",
+            t.data
+        );
     }
 }
 
@@ -129,16 +151,24 @@ fn short_table_is_refused() {
 fn missing_file_names_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("libmergescope_plugin_does_not_exist.so");
-    let msg = load_plugin(&path).map(|p| p.id().to_owned()).expect_err("a missing file must not load").to_string();
+    let msg = load_plugin(&path)
+        .map(|p| p.id().to_owned())
+        .expect_err("a missing file must not load")
+        .to_string();
     assert_contains(&msg, &[&path.display().to_string()]);
 }
 
 #[test]
 fn a_file_that_is_not_a_library_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(format!("libmergescope_plugin_text{}", std::env::consts::DLL_SUFFIX));
+    let path = dir
+        .path()
+        .join(format!("libmergescope_plugin_text{}", std::env::consts::DLL_SUFFIX));
     std::fs::write(&path, "this is not a shared library\n").unwrap();
-    let msg = load_plugin(&path).map(|p| p.id().to_owned()).expect_err("a text file must not load").to_string();
+    let msg = load_plugin(&path)
+        .map(|p| p.id().to_owned())
+        .expect_err("a text file must not load")
+        .to_string();
     assert_contains(&msg, &[&path.display().to_string()]);
 }
 
@@ -169,7 +199,10 @@ fn nan_output_is_refused_naming_the_tensor() {
         .expect_err("NaN output must fail the merge")
         .to_string();
     assert_contains(&err, &["non-finite"]);
-    assert!(err.contains("layer.bias") || err.contains("layer.weight"), "the message should name the tensor: {err}");
+    assert!(
+        err.contains("layer.bias") || err.contains("layer.weight"),
+        "the message should name the tensor: {err}"
+    );
 }
 
 #[test]
@@ -180,7 +213,10 @@ fn wrong_shape_is_refused_naming_the_tensor() {
         .expect_err("a wrong shape must fail the merge")
         .to_string();
     assert_contains(&err, &["shape"]);
-    assert!(err.contains("layer.bias") || err.contains("layer.weight"), "the message should name the tensor: {err}");
+    assert!(
+        err.contains("layer.bias") || err.contains("layer.weight"),
+        "the message should name the tensor: {err}"
+    );
 }
 
 // ---- the plain-C plugin ---------------------------------------------------------------------------
@@ -198,7 +234,10 @@ fn c_example_describes_itself() {
     let wa = load(WEIGHT_AVERAGE);
     assert_eq!(c.schema(), wa.schema());
     let w = &c.schema()[0];
-    assert_eq!((w.name.as_str(), w.per_task, &w.default), ("weights", true, &json!(1.0)));
+    assert_eq!(
+        (w.name.as_str(), w.per_task, &w.default),
+        ("weights", true, &json!(1.0))
+    );
 }
 
 #[test]
@@ -212,19 +251,45 @@ fn c_example_golden_weighted_average() {
     assert_close(&out, "layer.bias", &[3], &[1.0, -0.25, 1.0]);
     // Default weights: the plain average; no base needed.
     let out = merge_in_memory(&c, &json!({}), 0, None, &experts).expect("merge without base");
-    assert_close(&out, "layer.weight", &[2, 3], &[1.0, 1.0 / 3.0, 8.0 / 3.0, 8.0 / 3.0, 3.0, 14.0 / 3.0]);
+    assert_close(
+        &out,
+        "layer.weight",
+        &[2, 3],
+        &[1.0, 1.0 / 3.0, 8.0 / 3.0, 8.0 / 3.0, 3.0, 14.0 / 3.0],
+    );
 }
 
 #[test]
 fn c_example_matches_the_rust_weight_average() {
     let (base, experts) = inputs();
     let (c, wa) = (load(C_EXAMPLE), load(WEIGHT_AVERAGE));
-    for params in [json!({}), json!({"weights": [1.0, 2.0, 1.0]}), json!({"weights": [0.3, -0.7, 2.5]}), json!({"weights": 4})]
-    {
+    for params in [
+        json!({}),
+        json!({"weights": [1.0, 2.0, 1.0]}),
+        json!({"weights": [0.3, -0.7, 2.5]}),
+        json!({"weights": 4}),
+    ] {
         let from_c = merge_in_memory(&c, &params, 7, Some(&base), &experts).expect("c-example");
         let from_rust = merge_in_memory(&wa, &params, 7, Some(&base), &experts).expect("weight-average");
         assert_eq!(from_c, from_rust, "params {params}");
     }
+}
+
+#[test]
+fn c_example_chunked_on_several_threads_gives_the_same_result() {
+    // CAP_ELEMENTWISE | CAP_THREAD_SAFE: the host may cut tensors into chunks and call one
+    // instance from several threads at once.
+    let (base, experts) = inputs();
+    let c = load(C_EXAMPLE);
+    let params = json!({"weights": [1.0, 2.0, 1.0]});
+    let whole = merge_in_memory(&c, &params, 0, Some(&base), &experts).expect("unchunked");
+    let opts = ExecOptions {
+        chunk_elems: 2,
+        threads: 2,
+        ..ExecOptions::default()
+    };
+    let chunked = merge_in_memory_with(&c, &params, 0, Some(&base), &experts, &opts).expect("chunked");
+    assert_eq!(whole, chunked);
 }
 
 #[test]
@@ -248,5 +313,7 @@ fn fixtures_are_invisible_to_discovery() {
             path.display()
         );
     }
-    assert!(mergescope_engine::plugin::discovery::is_plugin_file(&plugin_path(C_EXAMPLE)));
+    assert!(mergescope_engine::plugin::discovery::is_plugin_file(&plugin_path(
+        C_EXAMPLE
+    )));
 }

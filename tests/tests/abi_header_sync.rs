@@ -250,9 +250,12 @@ fn rust_facts() -> BTreeMap<String, Value> {
         create: unsafe extern "C" fn(*const HostApiV1, *const ParamValue, usize, usize, u64, *mut Ctx) -> Status,
         destroy: unsafe extern "C" fn(Ctx),
         prepare_passes: Option<unsafe extern "C" fn(Ctx) -> u32>,
-        prepare_tensor: Option<unsafe extern "C" fn(Ctx, *const HostApiV1, u32, *const TensorInfo, H, *const H, usize) -> Status>,
+        prepare_tensor: Option<
+            unsafe extern "C" fn(Ctx, *const HostApiV1, u32, *const TensorInfo, H, *const H, usize) -> Status,
+        >,
         finish_pass: Option<unsafe extern "C" fn(Ctx, *const HostApiV1, u32) -> Status>,
-        merge_tensor: unsafe extern "C" fn(Ctx, *const HostApiV1, *const TensorInfo, H, *const H, usize, *mut H) -> Status,
+        merge_tensor:
+            unsafe extern "C" fn(Ctx, *const HostApiV1, *const TensorInfo, H, *const H, usize, *mut H) -> Status,
         get_extension: Option<unsafe extern "C" fn(Str) -> *const c_void>,
         instance_capabilities: Option<unsafe extern "C" fn(Ctx) -> u64>,
     });
@@ -412,10 +415,10 @@ fn every_header_item_is_covered() {
     // `typedef struct ms_x {` and `typedef uint32_t ms_x;`
     let mut types: Vec<&str> = declared(HEADER, "typedef struct ");
     for rest in HEADER.lines().filter_map(|l| l.strip_prefix("typedef ")) {
-        if let Some(name) = rest.strip_suffix(';').and_then(|r| r.split_whitespace().nth(1)) {
-            if rest.split_whitespace().count() == 2 {
-                types.push(name);
-            }
+        if let Some(name) = rest.strip_suffix(';').and_then(|r| r.split_whitespace().nth(1))
+            && rest.split_whitespace().count() == 2
+        {
+            types.push(name);
         }
     }
     if HEADER.contains("(*ms_entry_v1_fn)") {
@@ -449,6 +452,10 @@ fn header_helpers_agree() {
         sizes,
         size_of::<TensorInfo>() + size_of::<HostApiV1>() + size_of::<PluginApiV1>()
     );
-    // The v1.0 prefix is the whole v1.0 table.
-    assert_eq!(PLUGIN_API_V1_MIN_SIZE, size_of::<PluginApiV1>());
+    // The minimum table is the ABI 1.0 layout, which ends with `instance_capabilities`; it must
+    // not grow when later minors append fields.
+    assert_eq!(
+        PLUGIN_API_V1_MIN_SIZE,
+        offset_of!(PluginApiV1, instance_capabilities) + size_of::<usize>()
+    );
 }

@@ -23,11 +23,16 @@ fn plugin() -> Plugin {
 }
 
 fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors.iter().map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec()))).collect()
+    tensors
+        .iter()
+        .map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec())))
+        .collect()
 }
 
 fn assert_close(model: &MemModel, name: &str, expected: &[f64], context: &str) {
-    let t = model.get(name).unwrap_or_else(|| panic!("{context}: output has no tensor '{name}'"));
+    let t = model
+        .get(name)
+        .unwrap_or_else(|| panic!("{context}: output has no tensor '{name}'"));
     assert_eq!(t.data.len(), expected.len(), "{context}: tensor '{name}': length");
     for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
         assert!(
@@ -44,7 +49,9 @@ fn merge(params: &Value, seed: u64, base: &MemModel, experts: &[MemModel]) -> Me
 
 /// The mask the plugin draws for expert `t` on tensor `name` (true = kept).
 fn mask(seed: u64, name: &str, t: usize, n: usize, drop_rate: f64) -> Vec<bool> {
-    (0..n as u64).map(|j| bernoulli_keep(expert_seed(seed, name, t), j, 1.0 - drop_rate)).collect()
+    (0..n as u64)
+        .map(|j| bernoulli_keep(expert_seed(seed, name, t), j, 1.0 - drop_rate))
+        .collect()
 }
 
 /// Three experts on a 4×5 matrix and a 7-vector, with a non-zero base.
@@ -56,8 +63,11 @@ fn inputs() -> (MemModel, Vec<MemModel>) {
         let n: usize = shape.iter().product();
         let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.61).cos()).collect();
         for (t, e) in experts.iter_mut().enumerate() {
-            let d: Vec<f32> =
-                b.iter().enumerate().map(|(i, x)| x + ((i * 3 + t * 5) % 11) as f32 * 0.05 - 0.25).collect();
+            let d: Vec<f32> = b
+                .iter()
+                .enumerate()
+                .map(|(i, x)| x + ((i * 3 + t * 5) % 11) as f32 * 0.05 - 0.25)
+                .collect();
             e.insert(name.to_string(), MemTensor::new(shape.to_vec(), d));
         }
         base.insert(name.to_string(), MemTensor::new(shape.to_vec(), b));
@@ -67,7 +77,12 @@ fn inputs() -> (MemModel, Vec<MemModel>) {
 
 /// τ_t of tensor `name` in f64, from the f32 inputs (as the host computes it in f32).
 fn tau(base: &MemModel, expert: &MemModel, name: &str) -> Vec<f64> {
-    expert[name].data.iter().zip(&base[name].data).map(|(x, b)| f64::from(x - b)).collect()
+    expert[name]
+        .data
+        .iter()
+        .zip(&base[name].data)
+        .map(|(x, b)| f64::from(x - b))
+        .collect()
 }
 
 /// Expected DARE + task arithmetic: θ0 + λ·Σ_t r_t·(m_t ⊙ τ_t).
@@ -107,6 +122,15 @@ fn plugin_describes_itself() {
     assert_eq!(p.id(), "dare");
     let names: Vec<&str> = p.schema().iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["drop_rate", "rescale", "combine", "lambda"]);
+    // The help states every parameter; the description is one line.
+    for spec in p.schema() {
+        assert!(
+            p.info.help.contains(spec.name.as_str()),
+            "help does not explain '{}'",
+            spec.name
+        );
+    }
+    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
 }
 
 /// The seed derivation is part of the recorded-merge contract: pin it.
@@ -130,13 +154,20 @@ fn golden_vectors_with_the_section_4_6_mask() {
     let base = model(&[("layer.bias", &[10], &[0.0; 10])]);
     let experts = vec![model(&[("layer.bias", &[10], &TAU1)])];
 
-    let out = merge(&json!({"drop_rate": 0.5, "rescale": "inverse", "lambda": 1.0}), seed, &base, &experts);
+    let out = merge(
+        &json!({"drop_rate": 0.5, "rescale": "inverse", "lambda": 1.0}),
+        seed,
+        &base,
+        &experts,
+    );
     let inverse = [1.0, 0.0, 0.2, 0.0, 1.8, 0.0, 0.1, 0.0, -0.8, 0.0];
     assert_close(&out, "layer.bias", &inverse, "1/(1-p) rescale");
 
     // mergekit L1 rescale: factor ‖τ‖₁/‖m⊙τ‖₁ = 3.75/1.95 = 1.923077.
     let out = merge(&json!({"drop_rate": 0.5, "rescale": "l1"}), seed, &base, &experts);
-    let l1 = [0.961538, 0.0, 0.192308, 0.0, 1.730769, 0.0, 0.096154, 0.0, -0.769231, 0.0];
+    let l1 = [
+        0.961538, 0.0, 0.192308, 0.0, 1.730769, 0.0, 0.096154, 0.0, -0.769231, 0.0,
+    ];
     assert_close(&out, "layer.bias", &l1, "L1 rescale");
 
     let out = merge(&json!({"drop_rate": 0.5, "rescale": "none"}), seed, &base, &experts);
@@ -177,16 +208,33 @@ fn combine_ties_against_rebuilt_masks() {
             .map(|(t, e)| {
                 let m = mask(seed, name, t, n, p);
                 let tau32: Vec<f32> = e[name].data.iter().zip(&base[name].data).map(|(x, b)| x - b).collect();
-                tau32.iter().zip(&m).map(|(v, k)| if *k { v * r } else { 0.0 }).collect()
+                tau32
+                    .iter()
+                    .zip(&m)
+                    .map(|(v, k)| if *k { v * r } else { 0.0 })
+                    .collect()
             })
             .collect();
         let expected: Vec<f64> = (0..n)
             .map(|j| {
                 let total = dropped.iter().fold(0f32, |acc, d| acc + d[j]);
-                let s = if total > 0.0 { 1.0 } else if total < 0.0 { -1.0 } else { 0.0 };
-                let agree: Vec<f64> =
-                    dropped.iter().map(|d| f64::from(d[j])).filter(|v| *v != 0.0 && v.signum() == s).collect();
-                let mean = if agree.is_empty() { 0.0 } else { agree.iter().sum::<f64>() / agree.len() as f64 };
+                let s = if total > 0.0 {
+                    1.0
+                } else if total < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                };
+                let agree: Vec<f64> = dropped
+                    .iter()
+                    .map(|d| f64::from(d[j]))
+                    .filter(|v| *v != 0.0 && v.signum() == s)
+                    .collect();
+                let mean = if agree.is_empty() {
+                    0.0
+                } else {
+                    agree.iter().sum::<f64>() / agree.len() as f64
+                };
                 f64::from(base[name].data[j]) + lambda * mean
             })
             .collect();
@@ -200,7 +248,12 @@ fn drop_rate_zero_is_the_identity() {
     let (base, experts) = inputs();
     for rescale in ["inverse", "l1", "none"] {
         for seed in [0, 7] {
-            let out = merge(&json!({"drop_rate": 0.0, "rescale": rescale, "lambda": 0.5}), seed, &base, &experts);
+            let out = merge(
+                &json!({"drop_rate": 0.0, "rescale": rescale, "lambda": 0.5}),
+                seed,
+                &base,
+                &experts,
+            );
             for name in ["layer.weight", "layer.bias"] {
                 let mut expected: Vec<f64> = base[name].data.iter().map(|v| f64::from(*v)).collect();
                 for e in &experts {
@@ -238,9 +291,15 @@ fn same_seed_same_merge_other_seed_other_merge() {
     let b = merge(&params, 2024, &base, &experts);
     let c = merge(&params, 2025, &base, &experts);
     for name in ["layer.weight", "layer.bias"] {
-        assert_eq!(a[name].data, b[name].data, "same seed must give identical output ({name})");
+        assert_eq!(
+            a[name].data, b[name].data,
+            "same seed must give identical output ({name})"
+        );
     }
-    assert_ne!(a["layer.weight"].data, c["layer.weight"].data, "another seed must give another mask");
+    assert_ne!(
+        a["layer.weight"].data, c["layer.weight"].data,
+        "another seed must give another mask"
+    );
 }
 
 /// The drop rate is honoured statistically on a large tensor.
@@ -259,7 +318,10 @@ fn drop_fraction_matches_the_rate() {
 #[test]
 fn chunked_equals_unchunked() {
     let (base, experts) = inputs();
-    let opts = ExecOptions { chunk_elems: 3, ..Default::default() };
+    let opts = ExecOptions {
+        chunk_elems: 3,
+        ..Default::default()
+    };
     for params in [
         json!({"drop_rate": 0.3}),
         json!({"drop_rate": 0.3, "combine": "ties"}),

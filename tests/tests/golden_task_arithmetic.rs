@@ -24,14 +24,23 @@ fn plugin() -> Plugin {
 }
 
 fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors.iter().map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec()))).collect()
+    tensors
+        .iter()
+        .map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec())))
+        .collect()
 }
 
 fn assert_close(model: &MemModel, name: &str, expected: &[f64]) {
-    let t = model.get(name).unwrap_or_else(|| panic!("output has no tensor '{name}'"));
+    let t = model
+        .get(name)
+        .unwrap_or_else(|| panic!("output has no tensor '{name}'"));
     assert_eq!(t.data.len(), expected.len(), "tensor '{name}': length");
     for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
-        assert!((f64::from(*a) - e).abs() <= TOL, "tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}", t.data);
+        assert!(
+            (f64::from(*a) - e).abs() <= TOL,
+            "tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}",
+            t.data
+        );
     }
 }
 
@@ -55,6 +64,15 @@ fn plugin_describes_itself() {
     assert_eq!(p.id(), "task-arithmetic");
     let names: Vec<&str> = p.schema().iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["lambda", "task_weights", "normalize"]);
+    // The help states every parameter; the description is one line.
+    for spec in p.schema() {
+        assert!(
+            p.info.help.contains(spec.name.as_str()),
+            "help does not explain '{}'",
+            spec.name
+        );
+    }
+    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
 }
 
 /// §4.6: λ = 0.3 gives λ·Στ = [0.09, -0.075, 0.015, 0, 0.06, 0.06, 0, 0.105, 0.165, 0.315].
@@ -78,8 +96,14 @@ fn task_weights_and_normalize() {
     let w = [1.0, 0.5, 2.0];
     let mixed: Vec<f64> = (0..10).map(|j| (0..3).map(|t| w[t] * TAU[t][j]).sum()).collect();
     let expected: Vec<f64> = base.iter().zip(&mixed).map(|(b, m)| b + 0.5 * m).collect();
-    let out = merge_in_memory(&plugin(), &json!({"lambda": 0.5, "task_weights": w}), 0, Some(&base_model), &experts)
-        .expect("merge");
+    let out = merge_in_memory(
+        &plugin(),
+        &json!({"lambda": 0.5, "task_weights": w}),
+        0,
+        Some(&base_model),
+        &experts,
+    )
+    .expect("merge");
     assert_close(&out, "layer.bias", &expected);
 
     let expected: Vec<f64> = base.iter().zip(&mixed).map(|(b, m)| b + 0.5 * m / 3.5).collect();
@@ -120,7 +144,10 @@ fn normalize_with_weights_summing_to_zero_is_an_error() {
     let (_, base_model, experts) = golden_inputs();
     let params = json!({"task_weights": [1.0, -1.0, 0.0], "normalize": true});
     let err = merge_in_memory(&plugin(), &params, 0, Some(&base_model), &experts).expect_err("must fail");
-    assert!(err.to_string().contains("task_weights"), "message does not name the parameter: {err}");
+    assert!(
+        err.to_string().contains("task_weights"),
+        "message does not name the parameter: {err}"
+    );
 }
 
 #[test]
@@ -128,14 +155,20 @@ fn wrong_number_of_task_weights_names_the_parameter() {
     let (_, base_model, experts) = golden_inputs();
     let params = json!({"task_weights": [1.0, 2.0]});
     let err = merge_in_memory(&plugin(), &params, 0, Some(&base_model), &experts).expect_err("must fail");
-    assert!(err.to_string().contains("task_weights"), "message does not name the parameter: {err}");
+    assert!(
+        err.to_string().contains("task_weights"),
+        "message does not name the parameter: {err}"
+    );
 }
 
 #[test]
 fn missing_base_is_an_error() {
     let (_, _, experts) = golden_inputs();
     let err = merge_in_memory(&plugin(), &json!({}), 0, None, &experts).expect_err("must fail without a base");
-    assert!(err.to_string().to_lowercase().contains("base"), "message does not mention the base: {err}");
+    assert!(
+        err.to_string().to_lowercase().contains("base"),
+        "message does not mention the base: {err}"
+    );
 }
 
 #[test]
@@ -144,14 +177,21 @@ fn chunked_equals_unchunked() {
     let base: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
     let experts: Vec<MemModel> = (0..3)
         .map(|t| {
-            let d: Vec<f32> = base.iter().enumerate().map(|(i, b)| b + ((i * 5 + t * 3) % 7) as f32 * 0.1 - 0.3).collect();
+            let d: Vec<f32> = base
+                .iter()
+                .enumerate()
+                .map(|(i, b)| b + ((i * 5 + t * 3) % 7) as f32 * 0.1 - 0.3)
+                .collect();
             model(&[("big.weight", &[n], &d)])
         })
         .collect();
     let base_model = model(&[("big.weight", &[n], &base)]);
     let params = json!({"lambda": 0.7, "task_weights": [1.0, -0.5, 2.0]});
     let whole = merge_in_memory(&plugin(), &params, 0, Some(&base_model), &experts).expect("merge");
-    let opts = ExecOptions { chunk_elems: 3, ..Default::default() };
+    let opts = ExecOptions {
+        chunk_elems: 3,
+        ..Default::default()
+    };
     let chunked = merge_in_memory_with(&plugin(), &params, 0, Some(&base_model), &experts, &opts).expect("merge");
     let expected: Vec<f64> = whole["big.weight"].data.iter().map(|v| f64::from(*v)).collect();
     assert_close(&chunked, "big.weight", &expected);
@@ -159,7 +199,10 @@ fn chunked_equals_unchunked() {
         .map(|i| {
             let b = f64::from(base[i]);
             let w = [1.0, -0.5, 2.0];
-            b + 0.7 * (0..3).map(|t| w[t] * (f64::from(experts[t]["big.weight"].data[i]) - b)).sum::<f64>()
+            b + 0.7
+                * (0..3)
+                    .map(|t| w[t] * (f64::from(experts[t]["big.weight"].data[i]) - b))
+                    .sum::<f64>()
         })
         .collect();
     assert_close(&whole, "big.weight", &by_hand);

@@ -25,11 +25,16 @@ fn plugin() -> Plugin {
 }
 
 fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors.iter().map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec()))).collect()
+    tensors
+        .iter()
+        .map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec())))
+        .collect()
 }
 
 fn assert_close(model: &MemModel, name: &str, expected: &[f64], context: &str) {
-    let t = model.get(name).unwrap_or_else(|| panic!("{context}: output has no tensor '{name}'"));
+    let t = model
+        .get(name)
+        .unwrap_or_else(|| panic!("{context}: output has no tensor '{name}'"));
     assert_eq!(t.data.len(), expected.len(), "{context}: tensor '{name}': length");
     for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
         assert!(
@@ -62,9 +67,26 @@ fn plugin_describes_itself() {
     let p = plugin();
     assert_eq!(p.id(), "ties");
     let names: Vec<&str> = p.schema().iter().map(|s| s.name.as_str()).collect();
-    for n in ["density", "lambda", "aggregation", "trim_scope", "count_rule", "election", "zero_sign"] {
+    for n in [
+        "density",
+        "lambda",
+        "aggregation",
+        "trim_scope",
+        "count_rule",
+        "election",
+        "zero_sign",
+    ] {
         assert!(names.contains(&n), "schema lacks '{n}': {names:?}");
     }
+    // The help states every parameter; the description is one line.
+    for spec in p.schema() {
+        assert!(
+            p.info.help.contains(spec.name.as_str()),
+            "help does not explain '{}'",
+            spec.name
+        );
+    }
+    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
 }
 
 /// §4.6, original/FusionBench semantics: threshold 20 keeps int(10·0.2)+1 = 3 entries per row
@@ -124,7 +146,12 @@ fn mergekit_semantics_golden_vector() {
     let (base, experts) = golden_inputs();
     let params = json!({"density": 0.2, "trim_scope": "tensor", "count_rule": "exact", "zero_sign": "positive"});
     let out = merge(&params, &base, &experts);
-    assert_close(&out, "layer.bias", &[0.0, 0.0, 0.0, 0.0, 0.9, 0.7, 0.0, 0.0, 0.5, 0.55], "mergekit");
+    assert_close(
+        &out,
+        "layer.bias",
+        &[0.0, 0.0, 0.0, 0.0, 0.9, 0.7, 0.0, 0.0, 0.5, 0.55],
+        "mergekit",
+    );
 }
 
 /// The defaults (paper: global trim, exact k = round(0.2·10) = 2, mass election, elected sign 0
@@ -138,7 +165,12 @@ fn default_semantics_by_hand() {
     assert_close(&merge(&json!({}), &base, &experts), "layer.bias", &expected, "defaults");
     let explicit = json!({"density": 0.2, "lambda": 1.0, "aggregation": "dis-mean", "trim_scope": "global",
                           "count_rule": "exact", "election": "mass", "zero_sign": "none"});
-    assert_close(&merge(&explicit, &base, &experts), "layer.bias", &expected, "explicit defaults");
+    assert_close(
+        &merge(&explicit, &base, &experts),
+        "layer.bias",
+        &expected,
+        "explicit defaults",
+    );
 }
 
 /// §4.6 edge case: τ1 = [1, −1], τ2 = [−1, 1], no trimming (density 1). Every coordinate
@@ -147,18 +179,37 @@ fn default_semantics_by_hand() {
 #[test]
 fn cancellation_everywhere() {
     let (base, experts) = zero_base("layer.bias", &[&[1.0, -1.0], &[-1.0, 1.0]]);
-    for (zero_sign, expected) in [("none", [0.0, 0.0]), ("reference", [-1.0, -1.0]), ("positive", [1.0, 1.0])] {
+    for (zero_sign, expected) in [
+        ("none", [0.0, 0.0]),
+        ("reference", [-1.0, -1.0]),
+        ("positive", [1.0, 1.0]),
+    ] {
         for scope in ["global", "tensor"] {
             let params = json!({"density": 1.0, "zero_sign": zero_sign, "trim_scope": scope});
-            assert_close(&merge(&params, &base, &experts), "layer.bias", &expected, &params.to_string());
+            assert_close(
+                &merge(&params, &base, &experts),
+                "layer.bias",
+                &expected,
+                &params.to_string(),
+            );
         }
     }
     // The original code's dis-max multiplies by the elected sign, which stays 0: [0, 0]; its
     // dis-sum keeps the negatives like dis-mean.
     let params = json!({"density": 1.0, "zero_sign": "reference", "aggregation": "dis-max"});
-    assert_close(&merge(&params, &base, &experts), "layer.bias", &[0.0, 0.0], "reference dis-max");
+    assert_close(
+        &merge(&params, &base, &experts),
+        "layer.bias",
+        &[0.0, 0.0],
+        "reference dis-max",
+    );
     let params = json!({"density": 1.0, "zero_sign": "reference", "aggregation": "dis-sum"});
-    assert_close(&merge(&params, &base, &experts), "layer.bias", &[-1.0, -1.0], "reference dis-sum");
+    assert_close(
+        &merge(&params, &base, &experts),
+        "layer.bias",
+        &[-1.0, -1.0],
+        "reference dis-sum",
+    );
 }
 
 /// Mass against count election: τ = (3, −1, −1), no trim. Mass: Σ = 1 → + → 3. Count: one
@@ -211,13 +262,27 @@ fn global_against_tensor_scope() {
 fn reference_zero_sign_majority_scope() {
     let base = model(&[("a.bias", &[3], &[0.0; 3]), ("b.bias", &[3], &[0.0; 3])]);
     let experts = vec![
-        model(&[("a.bias", &[3], &[1.0, 1.0, -3.0]), ("b.bias", &[3], &[-1.0, -1.0, -2.0])]),
-        model(&[("a.bias", &[3], &[2.0, -1.0, 3.0]), ("b.bias", &[3], &[-1.0, -3.0, 2.0])]),
+        model(&[
+            ("a.bias", &[3], &[1.0, 1.0, -3.0]),
+            ("b.bias", &[3], &[-1.0, -1.0, -2.0]),
+        ]),
+        model(&[
+            ("a.bias", &[3], &[2.0, -1.0, 3.0]),
+            ("b.bias", &[3], &[-1.0, -3.0, 2.0]),
+        ]),
     ];
-    let global = merge(&json!({"density": 1.0, "zero_sign": "reference", "trim_scope": "global"}), &base, &experts);
+    let global = merge(
+        &json!({"density": 1.0, "zero_sign": "reference", "trim_scope": "global"}),
+        &base,
+        &experts,
+    );
     assert_close(&global, "a.bias", &[1.5, -1.0, -3.0], "global majority");
     assert_close(&global, "b.bias", &[-1.0, -2.0, -2.0], "global majority");
-    let tensor = merge(&json!({"density": 1.0, "zero_sign": "reference", "trim_scope": "tensor"}), &base, &experts);
+    let tensor = merge(
+        &json!({"density": 1.0, "zero_sign": "reference", "trim_scope": "tensor"}),
+        &base,
+        &experts,
+    );
     assert_close(&tensor, "a.bias", &[1.5, 1.0, 3.0], "per-tensor majority");
     assert_close(&tensor, "b.bias", &[-1.0, -2.0, -2.0], "per-tensor majority");
 }
@@ -231,7 +296,12 @@ fn density_zero() {
     assert_close(&exact, "layer.bias", &[0.0; 10], "exact");
     let reference = merge(&json!({"density": 0.0, "count_rule": "reference"}), &base, &experts);
     // τ1 keeps 0.9, τ2 −0.8, τ3 0.55: index 4 elects + (0.1) → 0.9; index 9 → 0.55.
-    assert_close(&reference, "layer.bias", &[0.0, 0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 0.0, 0.55], "reference");
+    assert_close(
+        &reference,
+        "layer.bias",
+        &[0.0, 0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 0.0, 0.55],
+        "reference",
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -255,7 +325,7 @@ impl Rng {
     /// Task-vector entries with exact zeros, exact magnitude ties, a cluster of values that share
     /// the top 16 bits of their f32 pattern (so the second radix pass matters), and a wide spread.
     fn entry(&mut self) -> f32 {
-        let sign = if self.next() % 2 == 0 { 1.0 } else { -1.0 };
+        let sign = if self.next().is_multiple_of(2) { 1.0 } else { -1.0 };
         match self.next() % 8 {
             0 => 0.0,
             1 => 0.5 * sign,
@@ -265,8 +335,12 @@ impl Rng {
     }
 }
 
-const SHAPES: [(&str, &[usize]); 4] =
-    [("a.weight", &[7, 9]), ("b.bias", &[13]), ("c.weight", &[4, 5]), ("d.norm.weight", &[6])];
+const SHAPES: [(&str, &[usize]); 4] = [
+    ("a.weight", &[7, 9]),
+    ("b.bias", &[13]),
+    ("c.weight", &[4, 5]),
+    ("d.norm.weight", &[6]),
+];
 
 fn random_inputs(seed: u64, n_experts: usize) -> (MemModel, Vec<MemModel>) {
     let mut rng = Rng(seed);
@@ -305,7 +379,11 @@ impl Options<'_> {
 }
 
 fn kept(n: usize, density: f64, rule: &str) -> usize {
-    let k = if rule == "exact" { (n as f64 * density).round() } else { (n as f64 * density).floor() + 1.0 };
+    let k = if rule == "exact" {
+        (n as f64 * density).round()
+    } else {
+        (n as f64 * density).floor() + 1.0
+    };
     (k.max(0.0) as usize).min(n)
 }
 
@@ -335,7 +413,12 @@ fn reference_ties(base: &MemModel, experts: &[MemModel], o: &Options<'_>) -> Mem
     // τ in f32, as the host computes it.
     let taus: Vec<Vec<Vec<f32>>> = experts
         .iter()
-        .map(|e| names.iter().map(|n| e[*n].data.iter().zip(&base[*n].data).map(|(x, b)| x - b).collect()).collect())
+        .map(|e| {
+            names
+                .iter()
+                .map(|n| e[*n].data.iter().zip(&base[*n].data).map(|(x, b)| x - b).collect())
+                .collect()
+        })
         .collect();
     // thresholds[t][tensor]
     let thresholds: Vec<Vec<Option<f32>>> = taus
@@ -345,7 +428,10 @@ fn reference_ties(base: &MemModel, experts: &[MemModel], o: &Options<'_>) -> Mem
                 let all: Vec<f32> = per_tensor.iter().flatten().copied().collect();
                 vec![threshold(&all, kept(all.len(), o.density, o.count_rule)); per_tensor.len()]
             } else {
-                per_tensor.iter().map(|v| threshold(v, kept(v.len(), o.density, o.count_rule))).collect()
+                per_tensor
+                    .iter()
+                    .map(|v| threshold(v, kept(v.len(), o.density, o.count_rule)))
+                    .collect()
             }
         })
         .collect();
@@ -361,17 +447,26 @@ fn reference_ties(base: &MemModel, experts: &[MemModel], o: &Options<'_>) -> Mem
         let mut s = 0f32;
         for t in 0..experts.len() {
             let v = trimmed(t, i, j);
-            s += if o.election == "mass" { v } else { sign(f64::from(v)) as f32 };
+            s += if o.election == "mass" {
+                v
+            } else {
+                sign(f64::from(v)) as f32
+            };
         }
         f64::from(s)
     };
-    let raw_sign_sums: Vec<f64> =
-        (0..names.len()).map(|i| (0..taus[0][i].len()).map(|j| sign(total(i, j))).sum()).collect();
+    let raw_sign_sums: Vec<f64> = (0..names.len())
+        .map(|i| (0..taus[0][i].len()).map(|j| sign(total(i, j))).sum())
+        .collect();
     let model_majority = sign(raw_sign_sums.iter().sum());
     let mut out = MemModel::new();
     for (i, name) in names.iter().enumerate() {
         let b = &base[*name];
-        let majority = if o.scope == "global" { model_majority } else { sign(raw_sign_sums[i]) };
+        let majority = if o.scope == "global" {
+            model_majority
+        } else {
+            sign(raw_sign_sums[i])
+        };
         let data: Vec<f32> = (0..b.data.len())
             .map(|j| {
                 let tot = total(i, j);
@@ -469,7 +564,10 @@ fn global_scope_chunked_equals_unchunked() {
     let (base, experts) = random_inputs(11, 3);
     let params = json!({"density": 0.3, "zero_sign": "reference", "aggregation": "dis-max"});
     let whole = merge(&params, &base, &experts);
-    let opts = ExecOptions { chunk_elems: 3, ..Default::default() };
+    let opts = ExecOptions {
+        chunk_elems: 3,
+        ..Default::default()
+    };
     let chunked = merge_in_memory_with(&plugin(), &params, 0, Some(&base), &experts, &opts).expect("chunked merge");
     for (name, t) in &whole {
         let e: Vec<f64> = t.data.iter().map(|v| f64::from(*v)).collect();
@@ -480,8 +578,14 @@ fn global_scope_chunked_equals_unchunked() {
 #[test]
 fn bad_choices_and_missing_base_are_errors() {
     let (base, experts) = golden_inputs();
-    let err = merge_in_memory(&plugin(), &json!({"aggregation": "dis-median"}), 0, Some(&base), &experts)
-        .expect_err("unknown aggregation must fail");
+    let err = merge_in_memory(
+        &plugin(),
+        &json!({"aggregation": "dis-median"}),
+        0,
+        Some(&base),
+        &experts,
+    )
+    .expect_err("unknown aggregation must fail");
     assert!(err.to_string().contains("aggregation"), "{err}");
     let err = merge_in_memory(&plugin(), &json!({"density": 1.5}), 0, Some(&base), &experts)
         .expect_err("density out of range must fail");

@@ -16,22 +16,40 @@ fn plugin() -> Plugin {
 }
 
 fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors.iter().map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec()))).collect()
+    tensors
+        .iter()
+        .map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec())))
+        .collect()
 }
 
 fn assert_close(model: &MemModel, name: &str, expected: &[f64]) {
-    let t = model.get(name).unwrap_or_else(|| panic!("output has no tensor '{name}'"));
+    let t = model
+        .get(name)
+        .unwrap_or_else(|| panic!("output has no tensor '{name}'"));
     assert_eq!(t.data.len(), expected.len(), "tensor '{name}': length");
     for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
-        assert!((f64::from(*a) - e).abs() <= TOL, "tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}", t.data);
+        assert!(
+            (f64::from(*a) - e).abs() <= TOL,
+            "tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}",
+            t.data
+        );
     }
 }
 
 fn experts() -> Vec<MemModel> {
     vec![
-        model(&[("layer.weight", &[2, 2], &[3.0, 2.0, 1.0, 0.0]), ("layer.bias", &[2], &[1.0, 0.0])]),
-        model(&[("layer.weight", &[2, 2], &[-2.0, -3.0, 1.0, 0.0]), ("layer.bias", &[2], &[0.0, 3.0])]),
-        model(&[("layer.weight", &[2, 2], &[2.0, 1.0, -2.0, 3.0]), ("layer.bias", &[2], &[2.0, 0.0])]),
+        model(&[
+            ("layer.weight", &[2, 2], &[3.0, 2.0, 1.0, 0.0]),
+            ("layer.bias", &[2], &[1.0, 0.0]),
+        ]),
+        model(&[
+            ("layer.weight", &[2, 2], &[-2.0, -3.0, 1.0, 0.0]),
+            ("layer.bias", &[2], &[0.0, 3.0]),
+        ]),
+        model(&[
+            ("layer.weight", &[2, 2], &[2.0, 1.0, -2.0, 3.0]),
+            ("layer.bias", &[2], &[2.0, 0.0]),
+        ]),
     ]
 }
 
@@ -41,6 +59,15 @@ fn plugin_describes_itself() {
     assert_eq!(p.id(), "weight-average");
     assert!(!p.version().is_empty());
     assert!(p.schema().iter().any(|s| s.name == "weights"));
+    // The help states every parameter; the description is one line.
+    for spec in p.schema() {
+        assert!(
+            p.info.help.contains(spec.name.as_str()),
+            "help does not explain '{}'",
+            spec.name
+        );
+    }
+    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
 }
 
 /// G-C1 (seeds-000-001 §6): the three experts average to θ_avg = I, biases to (1, 1).
@@ -63,7 +90,10 @@ fn weights_1_2_1() {
 /// The base model, when given, plays no part.
 #[test]
 fn base_is_ignored() {
-    let base = model(&[("layer.weight", &[2, 2], &[9.0, 9.0, 9.0, 9.0]), ("layer.bias", &[2], &[9.0, 9.0])]);
+    let base = model(&[
+        ("layer.weight", &[2, 2], &[9.0, 9.0, 9.0, 9.0]),
+        ("layer.bias", &[2], &[9.0, 9.0]),
+    ]);
     let with_base = merge_in_memory(&plugin(), &json!({}), 0, Some(&base), &experts()).expect("merge");
     assert_close(&with_base, "layer.weight", &[1.0, 0.0, 0.0, 1.0]);
 }
@@ -73,23 +103,34 @@ fn weights_summing_to_zero_are_an_error() {
     let err = merge_in_memory(&plugin(), &json!({"weights": [1.0, -2.0, 1.0]}), 0, None, &experts())
         .expect_err("weights summing to 0 must fail");
     let msg = err.to_string();
-    assert!(msg.contains("weights") && msg.contains("sum"), "unhelpful message: {msg}");
+    assert!(
+        msg.contains("weights") && msg.contains("sum"),
+        "unhelpful message: {msg}"
+    );
 }
 
 #[test]
 fn wrong_number_of_weights_names_the_parameter() {
     let err = merge_in_memory(&plugin(), &json!({"weights": [1.0, 2.0]}), 0, None, &experts())
         .expect_err("2 weights for 3 experts must fail");
-    assert!(err.to_string().contains("weights"), "message does not name the parameter: {err}");
+    assert!(
+        err.to_string().contains("weights"),
+        "message does not name the parameter: {err}"
+    );
 }
 
 #[test]
 fn chunked_equals_unchunked() {
-    let data: Vec<Vec<f32>> = (0..3).map(|t| (0..37).map(|i| ((i * 7 + t * 13) % 11) as f32 * 0.1 - 0.5).collect()).collect();
+    let data: Vec<Vec<f32>> = (0..3)
+        .map(|t| (0..37).map(|i| ((i * 7 + t * 13) % 11) as f32 * 0.1 - 0.5).collect())
+        .collect();
     let experts: Vec<MemModel> = data.iter().map(|d| model(&[("big.weight", &[37], d)])).collect();
     let params = json!({"weights": [0.5, 1.0, 2.5]});
     let whole = merge_in_memory(&plugin(), &params, 0, None, &experts).expect("merge");
-    let opts = ExecOptions { chunk_elems: 3, ..Default::default() };
+    let opts = ExecOptions {
+        chunk_elems: 3,
+        ..Default::default()
+    };
     let chunked = merge_in_memory_with(&plugin(), &params, 0, None, &experts, &opts).expect("chunked merge");
     let expected: Vec<f64> = (0..37)
         .map(|i| (0.5 * f64::from(data[0][i]) + f64::from(data[1][i]) + 2.5 * f64::from(data[2][i])) / 4.0)

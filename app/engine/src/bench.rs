@@ -80,7 +80,11 @@ impl SyntheticConfig {
 
     /// Parameters of one model.
     pub fn param_count(&self) -> Result<u64> {
-        Ok(self.tensors()?.iter().map(|t| t.shape.iter().product::<usize>() as u64).sum())
+        Ok(self
+            .tensors()?
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>() as u64)
+            .sum())
     }
 }
 
@@ -96,9 +100,15 @@ fn value(name_hash: u64, j: u64, model: usize, noise: f32) -> f32 {
 }
 
 fn write_model(dir: &Path, cfg: &SyntheticConfig, model: usize, tensors: &[OutputTensor]) -> Result<()> {
-    let total: u64 = tensors.iter().map(|t| t.shape.iter().product::<usize>() as u64 * t.dtype.size() as u64).sum();
+    let total: u64 = tensors
+        .iter()
+        .map(|t| t.shape.iter().product::<usize>() as u64 * t.dtype.size() as u64)
+        .sum();
     // A limit of total/shards plus the largest tensor gives at most `shards` shards, greedily.
-    let largest = tensors.iter().map(|t| t.shape.iter().product::<usize>() as u64 * t.dtype.size() as u64).max();
+    let largest = tensors
+        .iter()
+        .map(|t| t.shape.iter().product::<usize>() as u64 * t.dtype.size() as u64)
+        .max();
     let shard = (cfg.shards > 1).then(|| total / cfg.shards as u64 + largest.unwrap_or(0));
     let meta: BTreeMap<String, String> = [("format".to_owned(), "pt".to_owned())].into();
     let writer = OutputWriter::create(dir, tensors, &meta, shard.or(Some(u64::MAX)), false)?;
@@ -118,7 +128,9 @@ fn write_model(dir: &Path, cfg: &SyntheticConfig, model: usize, tensors: &[Outpu
                     let mut from = 0;
                     while from < n {
                         let len = CHUNK.min(n - from);
-                        let vals: Vec<f32> = (from..from + len).map(|j| value(h, j as u64, model, cfg.noise)).collect();
+                        let vals: Vec<f32> = (from..from + len)
+                            .map(|j| value(h, j as u64, model, cfg.noise))
+                            .collect();
                         encode_f32(t.dtype, &vals, &mut bytes);
                         if let Err(e) = writer.write(&t.name, (from * t.dtype.size()) as u64, &bytes) {
                             if let Ok(mut v) = errors.lock() {
@@ -145,8 +157,15 @@ pub fn generate(dir: &Path, cfg: &SyntheticConfig, progress: &dyn Fn(usize, usiz
     let tensors = cfg.tensors()?;
     let marker = dir.join("config.json");
     let cfg_json = serde_json::to_string_pretty(cfg).map_err(|e| EngineError::Invalid(e.to_string()))?;
-    let names: Vec<PathBuf> =
-        (0..=cfg.experts).map(|m| dir.join(if m == 0 { "base".to_owned() } else { format!("expert{m}") })).collect();
+    let names: Vec<PathBuf> = (0..=cfg.experts)
+        .map(|m| {
+            dir.join(if m == 0 {
+                "base".to_owned()
+            } else {
+                format!("expert{m}")
+            })
+        })
+        .collect();
     if std::fs::read_to_string(&marker).is_ok_and(|t| t == cfg_json) && names.iter().all(|p| p.is_dir()) {
         progress(names.len(), names.len());
         return Ok(names);
@@ -177,7 +196,15 @@ mod tests {
     #[test]
     fn tiny_models_are_sharded_and_close_to_the_base() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = SyntheticConfig { hidden: 8, intermediate: 16, kv_dim: 4, layers: 2, vocab: 10, experts: 2, ..Default::default() };
+        let cfg = SyntheticConfig {
+            hidden: 8,
+            intermediate: 16,
+            kv_dim: 4,
+            layers: 2,
+            vocab: 10,
+            experts: 2,
+            ..Default::default()
+        };
         let paths = generate(&dir.path().join("m"), &cfg, &|_, _| {}).unwrap();
         assert_eq!(paths.len(), 3);
         let base = Checkpoint::open(&paths[0]).unwrap();

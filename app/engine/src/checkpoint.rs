@@ -61,7 +61,10 @@ pub struct Checkpoint {
 
 fn open_map(path: &Path) -> Result<(Mmap, u64)> {
     let file = File::open(path).map_err(|e| EngineError::io("cannot open", path, e))?;
-    let size = file.metadata().map_err(|e| EngineError::io("cannot stat", path, e))?.len();
+    let size = file
+        .metadata()
+        .map_err(|e| EngineError::io("cannot stat", path, e))?
+        .len();
     // SAFETY: the map is read-only; mergescope never writes to its inputs, and the docs warn
     // that an input must not be modified by another program during a merge.
     let map = unsafe { Mmap::map(&file) }.map_err(|e| EngineError::io("cannot memory-map", path, e))?;
@@ -78,7 +81,9 @@ fn parse_header(
     if size < 8 {
         return Err(EngineError::bad(
             path,
-            format!("the file has {size} bytes, fewer than the 8-byte header length; it is truncated or not safetensors"),
+            format!(
+                "the file has {size} bytes, fewer than the 8-byte header length; it is truncated or not safetensors"
+            ),
         ));
     }
     let mut len_bytes = [0u8; 8];
@@ -87,7 +92,9 @@ fn parse_header(
     if header_len > MAX_HEADER_BYTES {
         return Err(EngineError::bad(
             path,
-            format!("the header claims {header_len} bytes (limit {MAX_HEADER_BYTES}); the file is not safetensors or is corrupt"),
+            format!(
+                "the header claims {header_len} bytes (limit {MAX_HEADER_BYTES}); the file is not safetensors or is corrupt"
+            ),
         ));
     }
     if 8 + header_len > size {
@@ -97,8 +104,12 @@ fn parse_header(
         ));
     }
     let header = &map[8..8 + header_len as usize];
-    let json: serde_json::Value = serde_json::from_slice(header)
-        .map_err(|e| EngineError::bad(path, format!("the JSON header is corrupt ({e}); the file is damaged or not safetensors")))?;
+    let json: serde_json::Value = serde_json::from_slice(header).map_err(|e| {
+        EngineError::bad(
+            path,
+            format!("the JSON header is corrupt ({e}); the file is damaged or not safetensors"),
+        )
+    })?;
     let obj = json
         .as_object()
         .ok_or_else(|| EngineError::bad(path, "the JSON header is not an object; the file is not safetensors"))?;
@@ -116,9 +127,14 @@ fn parse_header(
             continue;
         }
         let bad = |what: &str| EngineError::bad(path, format!("tensor '{name}': {what}"));
-        let dtype_name = v.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| bad("missing dtype"))?;
+        let dtype_name = v
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| bad("missing dtype"))?;
         let dtype = DType::parse(dtype_name).ok_or_else(|| {
-            bad(&format!("unsupported dtype {dtype_name}; mergescope reads F32, F16, BF16, F64 and copies integer types"))
+            bad(&format!(
+                "unsupported dtype {dtype_name}; mergescope reads F32, F16, BF16, F64 and copies integer types"
+            ))
         })?;
         let shape: Vec<usize> = v
             .get("shape")
@@ -152,7 +168,14 @@ fn parse_header(
         }
         tensors.insert(
             name.clone(),
-            TensorEntry { name: name.clone(), dtype, shape, file: file_index, start: data_start + s, len: e - s },
+            TensorEntry {
+                name: name.clone(),
+                dtype,
+                shape,
+                file: file_index,
+                start: data_start + s,
+                len: e - s,
+            },
         );
     }
     Ok((tensors, metadata))
@@ -198,8 +221,8 @@ impl Checkpoint {
 
     fn open_index(dir: &Path, index: &Path) -> Result<Checkpoint> {
         let text = std::fs::read_to_string(index).map_err(|e| EngineError::io("cannot read", index, e))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| EngineError::bad(index, format!("the index is not valid JSON: {e}")))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| EngineError::bad(index, format!("the index is not valid JSON: {e}")))?;
         let map = json
             .get("weight_map")
             .and_then(|m| m.as_object())
@@ -247,9 +270,18 @@ impl Checkpoint {
                     ));
                 }
             }
-            files.push(ShardFile { path: p.clone(), size, metadata, map });
+            files.push(ShardFile {
+                path: p.clone(),
+                size,
+                metadata,
+                map,
+            });
         }
-        Ok(Checkpoint { path: path.to_path_buf(), files, tensors })
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            files,
+            tensors,
+        })
     }
 
     /// Total size of the shard files in bytes.
@@ -335,7 +367,10 @@ mod tests {
         let data: Vec<u8> = [1.0f32, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         write(
             &p,
-            &file_with_header(r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"__metadata__":{"k":"v"}}"#, &data),
+            &file_with_header(
+                r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"__metadata__":{"k":"v"}}"#,
+                &data,
+            ),
         );
         let c = Checkpoint::open(&p).unwrap();
         let t = &c.tensors["w"];
@@ -357,7 +392,10 @@ mod tests {
         let e = Checkpoint::open(&p).unwrap_err().to_string();
         assert!(e.contains("corrupt"), "{e}");
         let data = [0u8; 8];
-        write(&p, &file_with_header(r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}"#, &data));
+        write(
+            &p,
+            &file_with_header(r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}"#, &data),
+        );
         let e = Checkpoint::open(&p).unwrap_err().to_string();
         assert!(e.contains("'w'") && e.contains("truncated"), "{e}");
         let mut huge = u64::MAX.to_le_bytes().to_vec();
@@ -365,7 +403,9 @@ mod tests {
         write(&p, &huge);
         let e = Checkpoint::open(&p).unwrap_err().to_string();
         assert!(e.contains("not safetensors"), "{e}");
-        let e = Checkpoint::open(&dir.path().join("missing.safetensors")).unwrap_err().to_string();
+        let e = Checkpoint::open(&dir.path().join("missing.safetensors"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("does not exist"), "{e}");
     }
 }

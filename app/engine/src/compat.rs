@@ -55,7 +55,12 @@ pub struct CompatReport {
 
 fn list(items: &[String]) -> String {
     const SHOWN: usize = 20;
-    let mut s = items.iter().take(SHOWN).map(|i| format!("  - {i}")).collect::<Vec<_>>().join("\n");
+    let mut s = items
+        .iter()
+        .take(SHOWN)
+        .map(|i| format!("  - {i}"))
+        .collect::<Vec<_>>()
+        .join("\n");
     if items.len() > SHOWN {
         s.push_str(&format!("\n  … and {} more", items.len() - SHOWN));
     }
@@ -63,7 +68,12 @@ fn list(items: &[String]) -> String {
 }
 
 /// Checks `others` against `reference` (labels name the inputs in messages, reference first).
-pub fn check(labels: &[String], reference: &ModelDesc, others: &[&ModelDesc], missing: MissingPolicy) -> Result<CompatReport, String> {
+pub fn check(
+    labels: &[String],
+    reference: &ModelDesc,
+    others: &[&ModelDesc],
+    missing: MissingPolicy,
+) -> Result<CompatReport, String> {
     let mut problems: Vec<String> = Vec::new();
     let mut partial: Vec<String> = Vec::new();
     let mut report = CompatReport::default();
@@ -79,7 +89,11 @@ pub fn check(labels: &[String], reference: &ModelDesc, others: &[&ModelDesc], mi
         let mut fate = if dtype.is_float() {
             TensorFate::Merge
         } else {
-            TensorFate::Copy(format!("'{name}' has non-float dtype {}: copied from {}", dtype.name(), label(0)))
+            TensorFate::Copy(format!(
+                "'{name}' has non-float dtype {}: copied from {}",
+                dtype.name(),
+                label(0)
+            ))
         };
         for (i, o) in others.iter().enumerate() {
             match o.get(name) {
@@ -112,7 +126,9 @@ pub fn check(labels: &[String], reference: &ModelDesc, others: &[&ModelDesc], mi
         if others.iter().any(|o| !o.contains_key(name)) {
             fate = match missing {
                 MissingPolicy::Error => fate,
-                MissingPolicy::UseReference => TensorFate::Copy(format!("'{name}' is not in every input: copied from {}", label(0))),
+                MissingPolicy::UseReference => {
+                    TensorFate::Copy(format!("'{name}' is not in every input: copied from {}", label(0)))
+                }
                 MissingPolicy::Skip => TensorFate::Skip(format!("'{name}' is not in every input: left out")),
             };
         }
@@ -132,7 +148,9 @@ pub fn check(labels: &[String], reference: &ModelDesc, others: &[&ModelDesc], mi
         return Err(format!("{n} problem(s):\n{}{hint}", list(&problems)));
     }
     if converted > 0 {
-        report.notes.push(format!("{converted} tensor(s) have a different float dtype in some inputs; all are computed in f32"));
+        report.notes.push(format!(
+            "{converted} tensor(s) have a different float dtype in some inputs; all are computed in f32"
+        ));
     }
     for fate in report.fates.values() {
         match fate {
@@ -148,24 +166,45 @@ mod tests {
     use super::*;
 
     fn desc(items: &[(&str, DType, &[usize])]) -> ModelDesc {
-        items.iter().map(|(n, d, s)| ((*n).to_owned(), (*d, s.to_vec()))).collect()
+        items
+            .iter()
+            .map(|(n, d, s)| ((*n).to_owned(), (*d, s.to_vec())))
+            .collect()
     }
 
     #[test]
     fn names_every_problem() {
-        let base = desc(&[("a", DType::F32, &[2, 2]), ("b", DType::F32, &[3]), ("c", DType::F32, &[1])]);
-        let e1 = desc(&[("a", DType::F32, &[2, 3]), ("b", DType::F32, &[3]), ("x", DType::F32, &[1])]);
+        let base = desc(&[
+            ("a", DType::F32, &[2, 2]),
+            ("b", DType::F32, &[3]),
+            ("c", DType::F32, &[1]),
+        ]);
+        let e1 = desc(&[
+            ("a", DType::F32, &[2, 3]),
+            ("b", DType::F32, &[3]),
+            ("x", DType::F32, &[1]),
+        ]);
         let labels = vec!["base.safetensors".to_owned(), "e1.safetensors".to_owned()];
         let err = check(&labels, &base, &[&e1], MissingPolicy::Error).unwrap_err();
-        assert!(err.contains("'a' has shape [2, 3] in e1.safetensors but [2, 2] in base.safetensors"), "{err}");
-        assert!(err.contains("'x' is in e1.safetensors but not in base.safetensors"), "{err}");
+        assert!(
+            err.contains("'a' has shape [2, 3] in e1.safetensors but [2, 2] in base.safetensors"),
+            "{err}"
+        );
+        assert!(
+            err.contains("'x' is in e1.safetensors but not in base.safetensors"),
+            "{err}"
+        );
         assert!(err.contains("'c' is missing from e1.safetensors"), "{err}");
         assert!(err.starts_with("3 problem(s)"), "{err}");
     }
 
     #[test]
     fn missing_policies_and_int_buffers() {
-        let base = desc(&[("a", DType::F32, &[2]), ("steps", DType::parse("I64").unwrap(), &[]), ("c", DType::BF16, &[1])]);
+        let base = desc(&[
+            ("a", DType::F32, &[2]),
+            ("steps", DType::parse("I64").unwrap(), &[]),
+            ("c", DType::BF16, &[1]),
+        ]);
         let e1 = desc(&[("a", DType::F16, &[2]), ("steps", DType::parse("I64").unwrap(), &[])]);
         let labels = vec!["base".to_owned(), "e1".to_owned()];
         let r = check(&labels, &base, &[&e1], MissingPolicy::UseReference).unwrap();

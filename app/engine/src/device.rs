@@ -42,7 +42,10 @@ pub fn open_device(choice: DeviceChoice) -> (Device, Option<String>) {
             }
             match Device::new_cuda(0) {
                 Ok(d) => (d, None),
-                Err(e) => (Device::Cpu, Some(format!("no usable CUDA device ({e}); running on the CPU"))),
+                Err(e) => (
+                    Device::Cpu,
+                    Some(format!("no usable CUDA device ({e}); running on the CPU")),
+                ),
             }
         }
         DeviceChoice::Metal => {
@@ -54,7 +57,10 @@ pub fn open_device(choice: DeviceChoice) -> (Device, Option<String>) {
             }
             match Device::new_metal(0) {
                 Ok(d) => (d, None),
-                Err(e) => (Device::Cpu, Some(format!("no usable Metal device ({e}); running on the CPU"))),
+                Err(e) => (
+                    Device::Cpu,
+                    Some(format!("no usable Metal device ({e}); running on the CPU")),
+                ),
             }
         }
     }

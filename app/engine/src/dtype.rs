@@ -25,8 +25,9 @@ pub enum DType {
 }
 
 /// Names of the non-float dtypes mergescope copies through.
-pub const OTHER_NAMES: [&str; 12] =
-    ["I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0"];
+pub const OTHER_NAMES: [&str; 12] = [
+    "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0",
+];
 const OTHER_SIZES: [usize; 12] = [8, 4, 2, 1, 8, 4, 2, 1, 1, 1, 1, 1];
 
 impl DType {
@@ -37,10 +38,10 @@ impl DType {
             "F16" => Some(DType::F16),
             "BF16" => Some(DType::BF16),
             "F64" => Some(DType::F64),
-            other => OTHER_NAMES
-                .iter()
-                .position(|n| *n == other)
-                .map(|i| DType::Other { size: OTHER_SIZES[i], code: i as u8 }),
+            other => OTHER_NAMES.iter().position(|n| *n == other).map(|i| DType::Other {
+                size: OTHER_SIZES[i],
+                code: i as u8,
+            }),
         }
     }
 
@@ -113,12 +114,17 @@ pub fn decode_f32(dtype: DType, bytes: &[u8], out: &mut [f32]) {
             }
         }
         DType::F16 => {
-            let tmp: Vec<f16> = bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect();
+            let tmp: Vec<f16> = bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]))
+                .collect();
             tmp.convert_to_f32_slice(out);
         }
         DType::BF16 => {
-            let tmp: Vec<bf16> = bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect();
-            tmp.convert_to_f32_slice(out);
+            // bf16 is the top half of an f32: widening is a shift (exact).
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+            }
         }
         DType::F64 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
@@ -149,10 +155,8 @@ pub fn encode_f32(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
             }
         }
         DType::BF16 => {
-            let mut tmp = vec![bf16::ZERO; values.len()];
-            tmp.convert_from_f32_slice(values);
-            for v in tmp {
-                out.extend_from_slice(&v.to_le_bytes());
+            for v in values {
+                out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes());
             }
         }
         DType::F64 => {
@@ -177,8 +181,8 @@ mod tests {
         decode_f32(DType::BF16, &bytes, &mut back);
         assert_eq!(back[0], 1.0);
         assert_eq!(back[1], -2.5);
-        // bf16 keeps 8 significant bits: 0.1 becomes 0.10009765625.
-        assert_eq!(back[2], 0.100_097_656_25);
+        // bf16 keeps 8 significant bits: 0.1 (0x3DCCCCCD) rounds to 0x3DCD, i.e. 0.10009765625.
+        assert_eq!(back[2].to_bits(), 0x3DCD_0000);
         assert!((back[3] - 3.0e-3).abs() < 2e-5);
     }
 

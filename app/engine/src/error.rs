@@ -55,12 +55,19 @@ pub enum EngineError {
 impl EngineError {
     /// An I/O error on `path`.
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        EngineError::Io { action, path: path.into(), source }
+        EngineError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
     }
 
     /// A bad-checkpoint error on `path`.
     pub fn bad(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
-        EngineError::BadCheckpoint { path: path.into(), reason: reason.into() }
+        EngineError::BadCheckpoint {
+            path: path.into(),
+            reason: reason.into(),
+        }
     }
 }
 

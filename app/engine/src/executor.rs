@@ -4,7 +4,7 @@
 //! in-memory merges (tests, GUI previews).
 
 use crate::error::{EngineError, Result};
-use crate::plugin::host_api::to_f32_vec;
+use crate::plugin::host_api::{to_f32_vec, with_cpu_f32};
 use crate::plugin::instance::{CallEnv, Instance, TensorCall};
 use candle_core::{Device, Tensor};
 use mergescope_plugin_api::abi;
@@ -27,7 +27,12 @@ pub struct ExecOptions {
 
 impl Default for ExecOptions {
     fn default() -> Self {
-        ExecOptions { device: Device::Cpu, chunk_elems: 1 << 22, threads: 0, memory_budget_bytes: 2 << 30 }
+        ExecOptions {
+            device: Device::Cpu,
+            chunk_elems: 1 << 22,
+            threads: 0,
+            memory_budget_bytes: 2 << 30,
+        }
     }
 }
 
@@ -68,14 +73,19 @@ fn ignore_log(_: abi::LogLevel, _: &str) {}
 impl Observer<'static> {
     /// An observer that ignores everything.
     pub fn silent() -> Observer<'static> {
-        Observer { progress: &ignore_progress, log: &ignore_log }
+        Observer {
+            progress: &ignore_progress,
+            log: &ignore_log,
+        }
     }
 }
 
 /// Role of a tensor from its name and shape.
 pub fn role_of(name: &str, shape: &[usize]) -> abi::TensorRole {
     let lower = name.to_ascii_lowercase();
-    let is_norm = ["norm", "ln_", ".ln", "layernorm", "bn."].iter().any(|k| lower.contains(k));
+    let is_norm = lower
+        .split('.')
+        .any(|seg| seg.contains("norm") || seg == "ln" || seg.starts_with("ln_") || seg.starts_with("bn"));
     match shape.len() {
         0 => abi::ROLE_OTHER,
         1 if is_norm => abi::ROLE_NORM,
@@ -174,7 +184,11 @@ pub struct Run<'a> {
 
 impl Run<'_> {
     fn env(&self) -> CallEnv<'_> {
-        CallEnv { device: &self.opts.device, cancel: self.cancel, log: self.observer.log }
+        CallEnv {
+            device: &self.opts.device,
+            cancel: self.cancel,
+            log: self.observer.log,
+        }
     }
 
     fn load(&self, item: &PlanItem, from: usize, len: usize, shape: &[usize]) -> Result<(Option<Tensor>, Vec<Tensor>)> {
@@ -217,9 +231,15 @@ impl Run<'_> {
             }
             let n = item.numel();
             let (base, experts) = self.load(item, 0, n, &item.shape)?;
-            self.instance.prepare_tensor(self.env(), pass, &self.call(i, item, 0), base, experts)?;
+            self.instance
+                .prepare_tensor(self.env(), pass, &self.call(i, item, 0), base, experts)?;
             done += n as u64;
-            (self.observer.progress)(&Progress { phase: Phase::Statistics(pass), done, total, tensor: item.name.clone() });
+            (self.observer.progress)(&Progress {
+                phase: Phase::Statistics(pass),
+                done,
+                total,
+                tensor: item.name.clone(),
+            });
         }
         self.instance.finish_pass(self.env(), pass)
     }
@@ -238,7 +258,11 @@ impl Run<'_> {
                     from += len;
                 }
             } else {
-                units.push(Unit { item: i, from: 0, len: n });
+                units.push(Unit {
+                    item: i,
+                    from: 0,
+                    len: n,
+                });
             }
         }
         units
@@ -265,16 +289,21 @@ impl Run<'_> {
                 result.dims()
             )));
         }
-        let values = to_f32_vec(&result)?;
-        if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
-            return Err(plugin_err(format!(
-                "it produced a non-finite value ({}) at element {}; check the parameters (a division by a zero \
-                 norm, an overflow) or report the bug to the plugin's author",
-                values[bad],
-                unit.from + bad
-            )));
+        let store = |values: &[f32]| -> Result<()> {
+            if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
+                return Err(plugin_err(format!(
+                    "it produced a non-finite value ({}) at element {}; check the parameters (a division by a zero \
+                     norm, an overflow) or report the bug to the plugin's author",
+                    values[bad],
+                    unit.from + bad
+                )));
+            }
+            self.sink.write(&item.name, unit.from, values)
+        };
+        match with_cpu_f32(&result, store) {
+            Some(r) => r?,
+            None => store(&to_f32_vec(&result)?)?,
         }
-        self.sink.write(&item.name, unit.from, &values)?;
         let n_inputs = self.n_experts + usize::from(self.has_base);
         for m in 0..n_inputs {
             self.source.release(m, &item.name, unit.from, unit.len);
@@ -291,9 +320,12 @@ impl Run<'_> {
         }
         .clamp(1, units.len().max(1));
         let n_inputs = (self.n_experts + usize::from(self.has_base)) as u64;
-        let budget = Budget { limit: self.opts.memory_budget_bytes, used: Mutex::new(0), freed: Condvar::new() };
-        let instance_lock =
-            (self.instance.capabilities & abi::CAP_THREAD_SAFE == 0).then(|| Mutex::new(()));
+        let budget = Budget {
+            limit: self.opts.memory_budget_bytes,
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        };
+        let instance_lock = (self.instance.capabilities & abi::CAP_THREAD_SAFE == 0).then(|| Mutex::new(()));
         let next = AtomicUsize::new(0);
         let done = AtomicU64::new(0);
         let failed = AtomicBool::new(false);
@@ -340,7 +372,10 @@ impl Run<'_> {
                 });
             }
         });
-        match first_error.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        match first_error
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -357,13 +392,19 @@ mod tests {
         assert_eq!(role_of("model.embed_tokens.weight", &[100, 4]), abi::ROLE_EMBEDDING);
         assert_eq!(role_of("model.layers.0.input_layernorm.weight", &[4]), abi::ROLE_NORM);
         assert_eq!(role_of("fc.bias", &[4]), abi::ROLE_VECTOR);
+        assert_eq!(role_of("blocks.0.ln.weight", &[4]), abi::ROLE_NORM);
+        assert_eq!(role_of("transformer.ln_f.bias", &[4]), abi::ROLE_NORM);
         assert_eq!(role_of("conv1.weight", &[8, 3, 3, 3]), abi::ROLE_CONV);
         assert_eq!(role_of("scale", &[]), abi::ROLE_OTHER);
     }
 
     #[test]
     fn budget_lets_one_oversized_request_through() {
-        let b = Budget { limit: 10, used: Mutex::new(0), freed: Condvar::new() };
+        let b = Budget {
+            limit: 10,
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        };
         b.acquire(100);
         b.release(100);
         b.acquire(4);

@@ -8,9 +8,9 @@ use crate::dtype::{DType, OutDType, decode_f32, encode_f32};
 use crate::error::{EngineError, Result};
 pub use crate::executor::{ExecOptions, Observer, Phase, Progress};
 use crate::executor::{PlanItem, Run, Sink, Source};
+use crate::plugin::Plugin;
 use crate::plugin::instance::{CallEnv, Instance};
 use crate::plugin::schema::{ResolvedParams, resolve_params};
-use crate::plugin::Plugin;
 use crate::writer::{OutputTensor, OutputWriter};
 use mergescope_plugin_api::abi;
 use serde_json::Value;
@@ -32,7 +32,10 @@ pub struct MemTensor {
 impl MemTensor {
     /// A tensor from a shape and values.
     pub fn new(shape: impl Into<Vec<usize>>, data: impl Into<Vec<f32>>) -> MemTensor {
-        MemTensor { shape: shape.into(), data: data.into() }
+        MemTensor {
+            shape: shape.into(),
+            data: data.into(),
+        }
     }
 }
 
@@ -55,7 +58,9 @@ fn instance_for<'p>(
         )));
     }
     if n_experts == 0 {
-        return Err(EngineError::Invalid("a merge needs at least one expert checkpoint (--expert PATH)".into()));
+        return Err(EngineError::Invalid(
+            "a merge needs at least one expert checkpoint (--expert PATH)".into(),
+        ));
     }
     if plugin.has_capability(abi::CAP_NEEDS_BASE) && !has_base {
         return Err(EngineError::Invalid(format!(
@@ -67,7 +72,11 @@ fn instance_for<'p>(
     let user = match params {
         Value::Object(m) => m,
         Value::Null => &empty,
-        other => return Err(EngineError::Param(format!("parameters must be a table of name = value, got {other}"))),
+        other => {
+            return Err(EngineError::Param(format!(
+                "parameters must be a table of name = value, got {other}"
+            )));
+        }
     };
     let resolved = resolve_params(plugin.id(), plugin.schema(), user, n_experts).map_err(EngineError::Param)?;
     let instance = Instance::create(plugin, &resolved, n_experts, seed, env)?;
@@ -141,7 +150,11 @@ pub fn merge_in_memory_with(
 ) -> Result<MemModel> {
     let cancel = AtomicBool::new(false);
     let observer = Observer::silent();
-    let env = CallEnv { device: &opts.device, cancel: &cancel, log: observer.log };
+    let env = CallEnv {
+        device: &opts.device,
+        cancel: &cancel,
+        log: observer.log,
+    };
     let (instance, _) = instance_for(plugin, params, seed, base.is_some(), experts.len(), env)?;
     let mut models: Vec<&MemModel> = Vec::new();
     models.extend(base);
@@ -156,10 +169,20 @@ pub fn merge_in_memory_with(
         .collect();
     let others: Vec<&ModelDesc> = descs[1..].iter().collect();
     compat::check(&labels, &descs[0], &others, MissingPolicy::Error).map_err(EngineError::Incompatible)?;
-    let items: Vec<PlanItem> =
-        models[0].iter().map(|(name, t)| PlanItem { name: name.clone(), shape: t.shape.clone() }).collect();
+    let items: Vec<PlanItem> = models[0]
+        .iter()
+        .map(|(name, t)| PlanItem {
+            name: name.clone(),
+            shape: t.shape.clone(),
+        })
+        .collect();
     let sink = MemSink {
-        out: Mutex::new(models[0].iter().map(|(k, t)| (k.clone(), vec![0f32; t.data.len()])).collect()),
+        out: Mutex::new(
+            models[0]
+                .iter()
+                .map(|(k, t)| (k.clone(), vec![0f32; t.data.len()]))
+                .collect(),
+        ),
     };
     let run = Run {
         instance: &instance,
@@ -234,7 +257,10 @@ struct FileSource<'a> {
 
 impl FileSource<'_> {
     fn entry(&self, model: usize, name: &str) -> Result<(&Checkpoint, &TensorEntry)> {
-        let c = self.models.get(model).ok_or_else(|| EngineError::Invalid(format!("internal: no input {model}")))?;
+        let c = self
+            .models
+            .get(model)
+            .ok_or_else(|| EngineError::Invalid(format!("internal: no input {model}")))?;
         let t = c
             .tensors
             .get(name)
@@ -289,7 +315,11 @@ fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()> {
                 out.display()
             )));
         }
-        if out.is_dir() && c.files.iter().any(|f| f.path.parent().is_some_and(|p| same_file(p, out))) {
+        if out.is_dir()
+            && c.files
+                .iter()
+                .any(|f| f.path.parent().is_some_and(|p| same_file(p, out)))
+        {
             return Err(EngineError::Invalid(format!(
                 "the output folder '{}' holds input '{}'; choose another --out",
                 out.display(),
@@ -301,7 +331,10 @@ fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()> {
 }
 
 fn file_desc(c: &Checkpoint) -> ModelDesc {
-    c.tensors.iter().map(|(k, t)| (k.clone(), (t.dtype, t.shape.clone()))).collect()
+    c.tensors
+        .iter()
+        .map(|(k, t)| (k.clone(), (t.dtype, t.shape.clone())))
+        .collect()
 }
 
 fn file_label(p: &Path) -> String {
@@ -323,7 +356,11 @@ pub fn merge_files(
     models.extend(base.as_ref());
     models.extend(experts.iter());
     check_output_path(&req.out, &models)?;
-    let env = CallEnv { device: &opts.device, cancel, log: observer.log };
+    let env = CallEnv {
+        device: &opts.device,
+        cancel,
+        log: observer.log,
+    };
     let (instance, resolved) = instance_for(plugin, &req.params, req.seed, base.is_some(), experts.len(), env)?;
 
     let descs: Vec<ModelDesc> = models.iter().map(|c| file_desc(c)).collect();
@@ -340,16 +377,27 @@ pub fn merge_files(
         let t = &reference.tensors[name];
         match fate {
             TensorFate::Merge => {
-                items.push(PlanItem { name: name.clone(), shape: t.shape.clone() });
+                items.push(PlanItem {
+                    name: name.clone(),
+                    shape: t.shape.clone(),
+                });
                 let dtype = req.out_dtype.map_or(t.dtype, OutDType::dtype);
-                outputs.push(OutputTensor { name: name.clone(), dtype, shape: t.shape.clone() });
+                outputs.push(OutputTensor {
+                    name: name.clone(),
+                    dtype,
+                    shape: t.shape.clone(),
+                });
             }
             TensorFate::Copy(_) => {
                 let dtype = match req.out_dtype {
                     Some(d) if t.dtype.is_float() => d.dtype(),
                     _ => t.dtype,
                 };
-                outputs.push(OutputTensor { name: name.clone(), dtype, shape: t.shape.clone() });
+                outputs.push(OutputTensor {
+                    name: name.clone(),
+                    dtype,
+                    shape: t.shape.clone(),
+                });
                 copies.push(t.clone());
             }
             TensorFate::Skip(_) => skipped += 1,
@@ -361,7 +409,11 @@ pub fn merge_files(
         .enumerate()
         .map(|(i, c)| {
             let role = if base.is_some() && i == 0 { "base" } else { "expert" };
-            let name = c.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = c
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             serde_json::json!({"role": role, "name": name, "bytes": c.total_bytes()})
         })
         .collect();
@@ -375,7 +427,10 @@ pub fn merge_files(
     metadata.insert("mergescope.seed".to_owned(), req.seed.to_string());
     metadata.insert("mergescope.inputs".to_owned(), Value::from(inputs).to_string());
     if !report.notes.is_empty() {
-        metadata.insert("mergescope.notes".to_owned(), Value::from(report.notes.clone()).to_string());
+        metadata.insert(
+            "mergescope.notes".to_owned(),
+            Value::from(report.notes.clone()).to_string(),
+        );
     }
 
     let shard_bytes = match req.shard_bytes {

@@ -86,7 +86,11 @@ fn toml_to_json(v: &toml::Value) -> serde_json::Value {
         toml::Value::Boolean(b) => (*b).into(),
         toml::Value::Datetime(d) => d.to_string().into(),
         toml::Value::Array(a) => a.iter().map(toml_to_json).collect::<Vec<_>>().into(),
-        toml::Value::Table(t) => t.iter().map(|(k, v)| (k.clone(), toml_to_json(v))).collect::<serde_json::Map<_, _>>().into(),
+        toml::Value::Table(t) => t
+            .iter()
+            .map(|(k, v)| (k.clone(), toml_to_json(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
     }
 }
 
@@ -120,7 +124,9 @@ impl Recipe {
         let shard_bytes = match &self.shard_size {
             None => None,
             Some(s) => Some(parse_size(s).ok_or_else(|| {
-                EngineError::Invalid(format!("shard_size '{s}' is not a size; write e.g. \"2GB\" or \"500MiB\""))
+                EngineError::Invalid(format!(
+                    "shard_size '{s}' is not a size; write e.g. \"2GB\" or \"500MiB\""
+                ))
             })?),
         };
         Ok(MergeRequest {

@@ -22,7 +22,9 @@ pub fn bernoulli_keep(seed: u64, index: u64, keep_probability: f64) -> bool {
 
 /// FNV-1a hash of a string, for deriving per-tensor seeds.
 pub fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
+    })
 }
 
 #[cfg(test)]

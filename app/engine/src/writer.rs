@@ -48,11 +48,12 @@ fn build_shards(
     let mut current = 0u64;
     for t in sorted {
         let b = t.bytes();
-        if let Some(limit) = shard_bytes {
-            if current > 0 && current + b > limit {
-                groups.push(Vec::new());
-                current = 0;
-            }
+        if let Some(limit) = shard_bytes
+            && current > 0
+            && current + b > limit
+        {
+            groups.push(Vec::new());
+            current = 0;
         }
         current += b;
         if let Some(g) = groups.last_mut() {
@@ -98,7 +99,11 @@ fn build_shards(
         } else {
             format!("model-{:05}-of-{:05}.safetensors", si + 1, n)
         };
-        shards.push(Shard { file_name, header: bytes, data_len: offset });
+        shards.push(Shard {
+            file_name,
+            header: bytes,
+            data_len: offset,
+        });
     }
     Ok((shards, locations))
 }
@@ -118,7 +123,10 @@ pub struct OutputWriter {
 }
 
 fn tmp_sibling(path: &Path, tag: &str) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "output".into());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "output".into());
     path.with_file_name(format!(".{name}.{tag}-{}", std::process::id()))
 }
 
@@ -147,13 +155,13 @@ impl OutputWriter {
                 out.display()
             )));
         }
-        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-            if !parent.is_dir() {
-                return Err(EngineError::Invalid(format!(
-                    "the output folder '{}' does not exist; create it first",
-                    parent.display()
-                )));
-            }
+        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty())
+            && !parent.is_dir()
+        {
+            return Err(EngineError::Invalid(format!(
+                "the output folder '{}' does not exist; create it first",
+                parent.display()
+            )));
         }
         let tmp_path = tmp_sibling(out, "partial");
         let mut files = Vec::new();
@@ -172,17 +180,25 @@ impl OutputWriter {
             std::fs::create_dir(&tmp_path).map_err(|e| EngineError::io("cannot create folder", &tmp_path, e))?;
         }
         for s in &shards {
-            let p = if sharded { tmp_path.join(&s.file_name) } else { tmp_path.clone() };
+            let p = if sharded {
+                tmp_path.join(&s.file_name)
+            } else {
+                tmp_path.clone()
+            };
             let f = File::create(&p).map_err(|e| EngineError::io("cannot create", &p, e))?;
             write_all_at(&f, &s.header, 0, &p)?;
-            f.set_len(s.header.len() as u64 + s.data_len).map_err(|e| EngineError::io("cannot size", &p, e))?;
+            f.set_len(s.header.len() as u64 + s.data_len)
+                .map_err(|e| EngineError::io("cannot size", &p, e))?;
             files.push(f);
             file_paths.push(p);
         }
         if sharded {
             let total: u64 = shards.iter().map(|s| s.data_len).sum();
-            let weight_map: BTreeMap<&String, &String> =
-                writer.locations.iter().map(|(name, (si, _, _))| (name, &shards[*si].file_name)).collect();
+            let weight_map: BTreeMap<&String, &String> = writer
+                .locations
+                .iter()
+                .map(|(name, (si, _, _))| (name, &shards[*si].file_name))
+                .collect();
             let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
             let p = tmp_path.join("model.safetensors.index.json");
             let text = serde_json::to_string_pretty(&index)
@@ -217,9 +233,13 @@ impl OutputWriter {
         let replacing_dir = self.final_path.is_dir();
         if replacing_dir {
             if !self.overwrite {
-                return Err(EngineError::Invalid(format!("'{}' appeared during the merge", self.final_path.display())));
+                return Err(EngineError::Invalid(format!(
+                    "'{}' appeared during the merge",
+                    self.final_path.display()
+                )));
             }
-            std::fs::rename(&self.final_path, &old).map_err(|e| EngineError::io("cannot move aside", &self.final_path, e))?;
+            std::fs::rename(&self.final_path, &old)
+                .map_err(|e| EngineError::io("cannot move aside", &self.final_path, e))?;
         }
         std::fs::rename(&self.tmp_path, &self.final_path)
             .map_err(|e| EngineError::io("cannot move the finished output to", &self.final_path, e))?;
@@ -257,14 +277,17 @@ impl Drop for OutputWriter {
 #[cfg(unix)]
 fn write_all_at(f: &File, bytes: &[u8], offset: u64, path: &Path) -> Result<()> {
     use std::os::unix::fs::FileExt as _;
-    f.write_all_at(bytes, offset).map_err(|e| EngineError::io("cannot write", path, e))
+    f.write_all_at(bytes, offset)
+        .map_err(|e| EngineError::io("cannot write", path, e))
 }
 
 #[cfg(windows)]
 fn write_all_at(f: &File, mut bytes: &[u8], mut offset: u64, path: &Path) -> Result<()> {
     use std::os::windows::fs::FileExt as _;
     while !bytes.is_empty() {
-        let n = f.seek_write(bytes, offset).map_err(|e| EngineError::io("cannot write", path, e))?;
+        let n = f
+            .seek_write(bytes, offset)
+            .map_err(|e| EngineError::io("cannot write", path, e))?;
         bytes = &bytes[n..];
         offset += n as u64;
     }
@@ -279,8 +302,16 @@ mod tests {
 
     fn tensors() -> Vec<OutputTensor> {
         vec![
-            OutputTensor { name: "b".into(), dtype: DType::F32, shape: vec![2] },
-            OutputTensor { name: "a".into(), dtype: DType::BF16, shape: vec![2, 2] },
+            OutputTensor {
+                name: "b".into(),
+                dtype: DType::F32,
+                shape: vec![2],
+            },
+            OutputTensor {
+                name: "a".into(),
+                dtype: DType::BF16,
+                shape: vec![2, 2],
+            },
         ]
     }
 
@@ -307,9 +338,15 @@ mod tests {
         assert_eq!(c.read_f32(&c.tensors["a"]), vec![1.0, 2.0, 3.0, 4.0]);
         assert_eq!(c.read_f32(&c.tensors["b"]), vec![6.0, 5.0]);
         assert_eq!(c.metadata()["mergescope.method"], "x");
-        let e = OutputWriter::create(&out, &tensors(), &meta, None, false).unwrap_err().to_string();
+        let e = OutputWriter::create(&out, &tensors(), &meta, None, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("already exists"), "{e}");
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary files left");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary files left"
+        );
     }
 
     #[test]
@@ -328,6 +365,10 @@ mod tests {
         let w = OutputWriter::create(&out2, &tensors(), &BTreeMap::new(), None, false).unwrap();
         drop(w);
         assert!(!out2.exists());
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "temporary file removed");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "temporary file removed"
+        );
     }
 }

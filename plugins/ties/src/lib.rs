@@ -29,8 +29,8 @@ negative entries (count);\n\
 Parameters (defaults follow the paper and its original code; the alternatives reproduce other \
 implementations, see seeds-002-004 §4.2 and §4.7):\n\
 - density (default 0.2, in [0, 1]): fraction kept by the trim (the paper's top-20%).\n\
-- lambda (default 1.0): the paper recommends 1 without validation data (AdaMerging and FusionBench use \
-0.3 with dis-sum).\n\
+- lambda (default 1.0): the paper tunes λ on validation data over 0.8..2.5; 1 is the usual choice \
+without validation data (MIMA, CART's baselines). AdaMerging and FusionBench use 0.3 with dis-sum.\n\
 - aggregation: dis-mean (default, the paper's), dis-sum (AdaMerging, FusionBench), dis-max.\n\
 - trim_scope: global (default; the paper's and the original code's: the magnitude threshold of each \
 expert is taken over the whole model, computed exactly in statistics passes with bounded memory) | \

@@ -1,7 +1,9 @@
 //! `weight-average`: θ = Σ_t w_t θ_t / Σ_t w_t (uniform weights by default).
 
 use mergescope_plugin_api::abi::{CAP_ELEMENTWISE, CAP_THREAD_SAFE};
-use mergescope_plugin_api::{CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta};
+use mergescope_plugin_api::{
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+};
 
 const HELP: &str = "Weight averaging (model soup): θ = Σ_t w_t·θ_t / Σ_t w_t over the experts. \
 The base model, if given, is not used. With the default weights (all 1) this is the plain \
@@ -22,14 +24,20 @@ impl MergeMethod for WeightAverage {
             description: "Average of the expert models, optionally weighted per model.",
             help: HELP,
             capabilities: CAP_ELEMENTWISE | CAP_THREAD_SAFE,
-            params: vec![ParamSpec::float("weights", 1.0, "Weight of each expert (normalised to sum to 1).").per_task()],
+            params: vec![
+                ParamSpec::float("weights", 1.0, "Weight of each expert (normalised to sum to 1).").per_task(),
+            ],
         }
     }
 
     fn create(_host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<Self> {
         let w = params.list("weights")?;
         if w.len() != ctx.n_experts {
-            return Err(Error::Message(format!("weights: expected {} values, got {}", ctx.n_experts, w.len())));
+            return Err(Error::Message(format!(
+                "weights: expected {} values, got {}",
+                ctx.n_experts,
+                w.len()
+            )));
         }
         let total: f64 = w.iter().sum();
         if total.abs() < 1e-12 {
@@ -37,7 +45,9 @@ impl MergeMethod for WeightAverage {
                 "weights sum to {total}; the average is undefined. Give weights whose sum is not 0."
             )));
         }
-        Ok(WeightAverage { coefficients: w.iter().map(|x| x / total).collect() })
+        Ok(WeightAverage {
+            coefficients: w.iter().map(|x| x / total).collect(),
+        })
     }
 
     fn merge_tensor(

@@ -12,13 +12,17 @@ use std::sync::Arc;
 /// Whether a file name is a mergescope plugin library (`libmergescope_plugin_*.so`,
 /// `mergescope_plugin_*.dll`, `libmergescope_plugin_*.dylib`).
 pub fn is_plugin_file(path: &Path) -> bool {
-    let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return false };
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
     let stem = name.strip_prefix("lib").unwrap_or(name);
     stem.starts_with("mergescope_plugin_") && name.ends_with(std::env::consts::DLL_SUFFIX)
 }
 
 fn home() -> Option<PathBuf> {
-    std::env::var_os("HOME").or_else(|| std::env::var_os("USERPROFILE")).map(PathBuf::from)
+    std::env::var_os("HOME")
+        .or_else(|| std::env::var_os("USERPROFILE"))
+        .map(PathBuf::from)
 }
 
 /// The user's configuration folder: `$MERGESCOPE_CONFIG_DIR`, else `$XDG_CONFIG_HOME/mergescope`,
@@ -73,11 +77,16 @@ pub struct Approvals {
 impl Approvals {
     /// Loads the user's approvals (empty when there are none yet).
     pub fn load() -> Result<Approvals, String> {
-        let Some(dir) = config_dir() else { return Ok(Approvals::default()) };
+        let Some(dir) = config_dir() else {
+            return Ok(Approvals::default());
+        };
         let file = dir.join("approved-plugins.json");
         let mut a: Approvals = match std::fs::read_to_string(&file) {
             Ok(text) => serde_json::from_str(&text).map_err(|e| {
-                format!("'{}' is corrupt ({e}); delete it and approve your plugins again", file.display())
+                format!(
+                    "'{}' is corrupt ({e}); delete it and approve your plugins again",
+                    file.display()
+                )
             })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Approvals::default(),
             Err(e) => return Err(format!("cannot read '{}': {e}", file.display())),
@@ -98,7 +107,10 @@ impl Approvals {
         self.approved.retain(|a| a.path != abs);
         let a = Approval { path: abs, sha256 };
         self.approved.push(a.clone());
-        let file = self.file.clone().ok_or("no configuration folder: set MERGESCOPE_CONFIG_DIR or HOME")?;
+        let file = self
+            .file
+            .clone()
+            .ok_or("no configuration folder: set MERGESCOPE_CONFIG_DIR or HOME")?;
         if let Some(dir) = file.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("cannot create '{}': {e}", dir.display()))?;
         }
@@ -122,10 +134,21 @@ pub struct PluginDirs {
 }
 
 impl PluginDirs {
-    /// The executable's folder, the user's folder, and `extra`.
+    /// The executable's folder (or `$MERGESCOPE_BUNDLED_DIR`, used by tests and packagers that
+    /// keep the bundled plugins elsewhere), the user's folder, and `extra`.
     pub fn standard(extra: Vec<PathBuf>) -> PluginDirs {
-        let exe_dir = std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf));
-        PluginDirs { exe_dir, user_dir: user_plugin_dir(), extra }
+        let exe_dir = std::env::var_os("MERGESCOPE_BUNDLED_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|p| p.parent().map(Path::to_path_buf))
+            });
+        PluginDirs {
+            exe_dir,
+            user_dir: user_plugin_dir(),
+            extra,
+        }
     }
 }
 
@@ -160,7 +183,11 @@ pub struct Registry {
 
 fn list_dir(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| is_plugin_file(p)).collect())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| is_plugin_file(p))
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -179,7 +206,10 @@ impl Registry {
         }
         for d in &dirs.extra {
             if !d.is_dir() {
-                reg.failures.push(Failure { path: d.clone(), error: "plugin folder does not exist".into() });
+                reg.failures.push(Failure {
+                    path: d.clone(),
+                    error: "plugin folder does not exist".into(),
+                });
                 continue;
             }
             sources.extend(list_dir(d).into_iter().map(|p| (p, PluginOrigin::Extra)));
@@ -218,7 +248,10 @@ impl Registry {
                     self.plugins.push(Arc::new(p));
                 }
             }
-            Err(e) => self.failures.push(Failure { path: path.to_path_buf(), error: e.to_string() }),
+            Err(e) => self.failures.push(Failure {
+                path: path.to_path_buf(),
+                error: e.to_string(),
+            }),
         }
     }
 
@@ -228,12 +261,22 @@ impl Registry {
             return Ok(p.clone());
         }
         let known: Vec<&str> = self.plugins.iter().map(|p| p.id()).collect();
-        let hint = did_you_mean(id, known.iter().copied()).map(|c| format!(" Did you mean '{c}'?")).unwrap_or_default();
+        let hint = did_you_mean(id, known.iter().copied())
+            .map(|c| format!(" Did you mean '{c}'?"))
+            .unwrap_or_default();
         let mut msg = format!(
             "unknown merge method '{id}'.{hint} Known methods: {}.",
-            if known.is_empty() { "none (no plugins were found)".to_owned() } else { known.join(", ") }
+            if known.is_empty() {
+                "none (no plugins were found)".to_owned()
+            } else {
+                known.join(", ")
+            }
         );
-        if let Some(p) = self.pending.iter().find(|p| p.path.to_string_lossy().contains(&id.replace('-', "_"))) {
+        if let Some(p) = self
+            .pending
+            .iter()
+            .find(|p| p.path.to_string_lossy().contains(&id.replace('-', "_")))
+        {
             msg.push_str(&format!(
                 " A plugin that may provide it needs approval first: mergescope plugins approve '{}'",
                 p.path.display()
@@ -260,6 +303,9 @@ mod tests {
     fn unknown_method_lists_known_ones() {
         let reg = Registry::default();
         let e = reg.find("tiez").unwrap_err();
-        assert!(e.contains("unknown merge method 'tiez'") && e.contains("no plugins"), "{e}");
+        assert!(
+            e.contains("unknown merge method 'tiez'") && e.contains("no plugins"),
+            "{e}"
+        );
     }
 }

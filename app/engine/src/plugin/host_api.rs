@@ -42,7 +42,14 @@ type HResult<T> = Result<T, HostError>;
 impl<'a> CallCtx<'a> {
     /// A fresh context for one call.
     pub fn new(device: &'a Device, cancel: &'a AtomicBool, log: LogSink<'a>) -> Self {
-        CallCtx { device, tensors: Vec::new(), error: None, cancel, log, progress: 0.0 }
+        CallCtx {
+            device,
+            tensors: Vec::new(),
+            error: None,
+            cancel,
+            log,
+            progress: 0.0,
+        }
     }
 
     /// Registers a tensor and returns its handle.
@@ -58,7 +65,9 @@ impl<'a> CallCtx<'a> {
 
     fn tensor(&self, h: TensorHandle) -> HResult<&Tensor> {
         self.get(h).ok_or_else(|| {
-            HostError::Invalid(format!("unknown tensor handle {h} (handles are valid only during the call that made them)"))
+            HostError::Invalid(format!(
+                "unknown tensor handle {h} (handles are valid only during the call that made them)"
+            ))
         })
     }
 
@@ -250,7 +259,10 @@ unsafe extern "C" fn h_read_f32(ctx: *mut c_void, t: TensorHandle, dst: *mut f32
     with_ctx(ctx, |c| {
         let t = c.tensor(t)?;
         if len != t.elem_count() {
-            return Err(HostError::Invalid(format!("read_f32: buffer of {len} for a tensor of {}", t.elem_count())));
+            return Err(HostError::Invalid(format!(
+                "read_f32: buffer of {len} for a tensor of {}",
+                t.elem_count()
+            )));
         }
         if dst.is_null() && len > 0 {
             return Err(HostError::Invalid("read_f32: null destination".into()));
@@ -274,7 +286,9 @@ unsafe extern "C" fn h_from_f32(
         let data = slice_arg(data, len, "data")?;
         let dims = slice_arg(dims, rank, "dims")?.to_vec();
         if dims.iter().product::<usize>() != len {
-            return Err(HostError::Invalid(format!("from_f32: shape {dims:?} does not hold {len} values")));
+            return Err(HostError::Invalid(format!(
+                "from_f32: shape {dims:?} does not hold {len} values"
+            )));
         }
         let t = Tensor::from_slice(data, dims, c.device)?;
         c.put(t, out)
@@ -357,7 +371,11 @@ unsafe extern "C" fn h_compare_scalar(
             abi::BINARY_LT => a.lt(s)?,
             abi::BINARY_LE => a.le(s)?,
             abi::BINARY_EQ => a.eq(s)?,
-            other => return Err(HostError::Unsupported(format!("compare_scalar: {other} is not a comparison"))),
+            other => {
+                return Err(HostError::Unsupported(format!(
+                    "compare_scalar: {other} is not a comparison"
+                )));
+            }
         };
         let t = m.to_dtype(DType::F32)?;
         c.put(t, out)
@@ -431,7 +449,11 @@ unsafe extern "C" fn h_dot(ctx: *mut c_void, a: TensorHandle, b: TensorHandle, o
     with_ctx(ctx, |c| {
         let (a, b) = (c.tensor(a)?, c.tensor(b)?);
         if a.elem_count() != b.elem_count() {
-            return Err(HostError::Invalid(format!("dot: {} vs {} elements", a.elem_count(), b.elem_count())));
+            return Err(HostError::Invalid(format!(
+                "dot: {} vs {} elements",
+                a.elem_count(),
+                b.elem_count()
+            )));
         }
         let (va, vb) = (to_f32_vec(a)?, to_f32_vec(b)?);
         let d: f64 = va.iter().zip(&vb).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
@@ -493,16 +515,42 @@ unsafe extern "C" fn h_weighted_sum(
             return Err(HostError::Invalid("weighted_sum of no tensors".into()));
         }
         let handles = slice_arg(ts, n, "tensor array")?;
-        let w: Vec<f64> = if weights.is_null() { vec![1.0; n] } else { slice_arg(weights, n, "weights")?.to_vec() };
+        let w: Vec<f64> = if weights.is_null() {
+            vec![1.0; n]
+        } else {
+            slice_arg(weights, n, "weights")?.to_vec()
+        };
         let tensors: Vec<&Tensor> = handles.iter().map(|h| c.tensor(*h)).collect::<HResult<_>>()?;
         let shape = tensors[0].shape().clone();
         if let Some(bad) = tensors.iter().find(|t| t.shape() != &shape) {
-            return Err(HostError::Invalid(format!("weighted_sum: shapes differ ({shape:?} vs {:?})", bad.shape())));
+            return Err(HostError::Invalid(format!(
+                "weighted_sum: shapes differ ({shape:?} vs {:?})",
+                bad.shape()
+            )));
         }
         let result = if c.device.is_cpu() {
-            let vecs: Vec<Vec<f32>> = tensors.iter().map(|t| to_f32_vec(t)).collect::<candle_core::Result<_>>()?;
-            let slices: Vec<&[f32]> = vecs.iter().map(Vec::as_slice).collect();
-            Tensor::from_vec(weighted_sum_cpu(&slices, &w), shape, c.device)?
+            // Borrow every input's storage without copying when it is contiguous f32 on the CPU.
+            let guards: Vec<_> = tensors.iter().map(|t| t.storage_and_layout()).collect();
+            let borrowed: Option<Vec<&[f32]>> = guards
+                .iter()
+                .map(|(s, l)| match &**s {
+                    Storage::Cpu(CpuStorage::F32(v)) => l.contiguous_offsets().map(|(a, b)| &v[a..b]),
+                    _ => None,
+                })
+                .collect();
+            let summed = match borrowed {
+                Some(slices) => weighted_sum_cpu(&slices, &w),
+                None => {
+                    let vecs: Vec<Vec<f32>> = tensors
+                        .iter()
+                        .map(|t| to_f32_vec(t))
+                        .collect::<candle_core::Result<_>>()?;
+                    let slices: Vec<&[f32]> = vecs.iter().map(Vec::as_slice).collect();
+                    weighted_sum_cpu(&slices, &w)
+                }
+            };
+            drop(guards);
+            Tensor::from_vec(summed, shape, c.device)?
         } else {
             let mut acc = tensors[0].affine(w[0], 0.0)?;
             for (t, wi) in tensors.iter().zip(&w).skip(1) {
@@ -549,7 +597,9 @@ unsafe extern "C" fn h_bernoulli_mask(
 ) -> Status {
     with_ctx(ctx, |c| {
         if !(0.0..=1.0).contains(&keep_probability) {
-            return Err(HostError::Invalid(format!("bernoulli_mask: probability {keep_probability} not in [0, 1]")));
+            return Err(HostError::Invalid(format!(
+                "bernoulli_mask: probability {keep_probability} not in [0, 1]"
+            )));
         }
         let like = c.tensor(like)?;
         let shape = like.shape().clone();
@@ -572,7 +622,10 @@ unsafe extern "C" fn h_transpose(ctx: *mut c_void, a: TensorHandle, out: *mut Te
     with_ctx(ctx, |c| {
         let a = c.tensor(a)?;
         if a.rank() != 2 {
-            return Err(HostError::Invalid(format!("transpose needs a 2-D tensor, got shape {:?}", a.dims())));
+            return Err(HostError::Invalid(format!(
+                "transpose needs a 2-D tensor, got shape {:?}",
+                a.dims()
+            )));
         }
         let t = a.t()?.contiguous()?;
         c.put(t, out)
@@ -593,8 +646,11 @@ unsafe extern "C" fn h_reshape(
     })
 }
 
-/// Thin SVD of a row-major m×n matrix in f64, truncated to k: (U m×k, S k, Vᵀ k×n).
-pub fn truncated_svd(data: &[f32], m: usize, n: usize, k: usize) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>), String> {
+/// Row-major factors of a truncated SVD: (U m×k, S k, Vᵀ k×n).
+pub type SvdFactors = (Vec<f64>, Vec<f64>, Vec<f64>);
+
+/// Thin SVD of a row-major m×n matrix in f64, truncated to k.
+pub fn truncated_svd(data: &[f32], m: usize, n: usize, k: usize) -> Result<SvdFactors, String> {
     let k = k.min(m.min(n));
     let a = faer::Mat::<f64>::from_fn(m, n, |i, j| f64::from(data[i * n + j]));
     let svd = a.thin_svd().map_err(|e| format!("SVD did not converge: {e:?}"))?;
@@ -618,7 +674,10 @@ pub fn truncated_svd(data: &[f32], m: usize, n: usize, k: usize) -> Result<(Vec<
 fn matrix_arg(c: &CallCtx<'_>, a: TensorHandle, what: &str) -> HResult<(Vec<f32>, usize, usize)> {
     let t = c.tensor(a)?;
     let &[m, n] = t.dims() else {
-        return Err(HostError::Invalid(format!("{what} needs a 2-D tensor, got shape {:?}", t.dims())));
+        return Err(HostError::Invalid(format!(
+            "{what} needs a 2-D tensor, got shape {:?}",
+            t.dims()
+        )));
     };
     Ok((to_f32_vec(t)?, m, n))
 }

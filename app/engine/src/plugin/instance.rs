@@ -35,12 +35,24 @@ impl ParamBlock {
         let texts: Vec<String> = params
             .values
             .iter()
-            .map(|(_, v)| if let ParamValue::Choice(s) = v { s.clone() } else { String::new() })
+            .map(|(_, v)| {
+                if let ParamValue::Choice(s) = v {
+                    s.clone()
+                } else {
+                    String::new()
+                }
+            })
             .collect();
         let lists: Vec<Vec<f64>> = params
             .values
             .iter()
-            .map(|(_, v)| if let ParamValue::List(l) = v { l.clone() } else { Vec::new() })
+            .map(|(_, v)| {
+                if let ParamValue::List(l) = v {
+                    l.clone()
+                } else {
+                    Vec::new()
+                }
+            })
             .collect();
         let values = params
             .values
@@ -65,7 +77,12 @@ impl ParamBlock {
                 }
             })
             .collect();
-        ParamBlock { _names: names, _texts: texts, _lists: lists, values }
+        ParamBlock {
+            _names: names,
+            _texts: texts,
+            _lists: lists,
+            values,
+        }
     }
 }
 
@@ -111,7 +128,11 @@ fn call_error(plugin: &Plugin, what: &str, status: Status, msg: Option<String>) 
         abi::STATUS_INVALID_ARGUMENT => "the plugin passed an invalid argument to the host".to_owned(),
         s => format!("the plugin failed with status {s} and gave no message"),
     });
-    EngineError::Plugin { plugin: plugin.id().to_owned(), tensor: what.to_owned(), message }
+    EngineError::Plugin {
+        plugin: plugin.id().to_owned(),
+        tensor: what.to_owned(),
+        message,
+    }
 }
 
 impl<'p> Instance<'p> {
@@ -129,13 +150,28 @@ impl<'p> Instance<'p> {
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: a validated v1 table; the parameter block and host table outlive the call.
         let status = unsafe {
-            (plugin.api.create)(&table, block.values.as_ptr(), block.values.len(), n_experts, seed, &mut ptr)
+            (plugin.api.create)(
+                &table,
+                block.values.as_ptr(),
+                block.values.len(),
+                n_experts,
+                seed,
+                &mut ptr,
+            )
         };
         if status != abi::STATUS_OK || ptr.is_null() {
-            let msg = ctx.error.take().or_else(|| (status == abi::STATUS_OK).then(|| "create returned no instance".into()));
+            let msg = ctx
+                .error
+                .take()
+                .or_else(|| (status == abi::STATUS_OK).then(|| "create returned no instance".into()));
             return Err(call_error(plugin, "(create)", status.max(abi::STATUS_ERROR), msg));
         }
-        let mut inst = Instance { plugin, ptr, capabilities: plugin.info.capabilities, passes: 0 };
+        let mut inst = Instance {
+            plugin,
+            ptr,
+            capabilities: plugin.info.capabilities,
+            passes: 0,
+        };
         if let Some(f) = plugin.api.instance_capabilities {
             // SAFETY: a live instance of this plugin.
             inst.capabilities = unsafe { f(ptr) };
@@ -187,7 +223,9 @@ impl<'p> Instance<'p> {
         base: Option<Tensor>,
         experts: Vec<Tensor>,
     ) -> Result<()> {
-        let Some(f) = self.plugin.api.prepare_tensor else { return Ok(()) };
+        let Some(f) = self.plugin.api.prepare_tensor else {
+            return Ok(());
+        };
         let info = Self::info(call, call.name);
         let (status, msg, ()) = self.with_inputs(
             env,
@@ -197,12 +235,18 @@ impl<'p> Instance<'p> {
             |table, b, ex| unsafe { f(self.ptr, table, pass, &info, b, ex.as_ptr(), ex.len()) },
             |_| (),
         );
-        if status == abi::STATUS_OK { Ok(()) } else { Err(call_error(self.plugin, call.name, status, msg)) }
+        if status == abi::STATUS_OK {
+            Ok(())
+        } else {
+            Err(call_error(self.plugin, call.name, status, msg))
+        }
     }
 
     /// End of statistics pass `pass`.
     pub fn finish_pass(&self, env: CallEnv<'_>, pass: u32) -> Result<()> {
-        let Some(f) = self.plugin.api.finish_pass else { return Ok(()) };
+        let Some(f) = self.plugin.api.finish_pass else {
+            return Ok(());
+        };
         let mut ctx = CallCtx::new(env.device, env.cancel, env.log);
         let table = ctx.table();
         // SAFETY: live instance and host table.
@@ -210,7 +254,12 @@ impl<'p> Instance<'p> {
         if status == abi::STATUS_OK {
             Ok(())
         } else {
-            Err(call_error(self.plugin, &format!("(end of statistics pass {pass})"), status, ctx.error.take()))
+            Err(call_error(
+                self.plugin,
+                &format!("(end of statistics pass {pass})"),
+                status,
+                ctx.error.take(),
+            ))
         }
     }
 
@@ -231,7 +280,8 @@ impl<'p> Instance<'p> {
             |table, b, ex| {
                 let mut h: TensorHandle = 0;
                 // SAFETY: live instance, host table and handles valid for the call.
-                let s = unsafe { (self.plugin.api.merge_tensor)(self.ptr, table, &info, b, ex.as_ptr(), ex.len(), &mut h) };
+                let s =
+                    unsafe { (self.plugin.api.merge_tensor)(self.ptr, table, &info, b, ex.as_ptr(), ex.len(), &mut h) };
                 out.set(h);
                 s
             },

@@ -93,7 +93,11 @@ pub struct Plugin {
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plugin").field("path", &self.path).field("origin", &self.origin).field("info", &self.info).finish()
+        f.debug_struct("Plugin")
+            .field("path", &self.path)
+            .field("origin", &self.origin)
+            .field("info", &self.info)
+            .finish()
     }
 }
 
@@ -133,10 +137,12 @@ fn loader_message(e: &libloading::Error) -> String {
 fn static_str(path: &Path, field: &str, s: abi::Str) -> Result<String, PluginError> {
     // SAFETY: the plugin's table points at its own static strings, valid while it is loaded,
     // and plugins are never unloaded.
-    unsafe { s.as_str() }.map(str::to_owned).map_err(|_| PluginError::Malformed {
-        path: path.to_path_buf(),
-        reason: format!("its {field} is not valid UTF-8"),
-    })
+    unsafe { s.as_str() }
+        .map(str::to_owned)
+        .map_err(|_| PluginError::Malformed {
+            path: path.to_path_buf(),
+            reason: format!("its {field} is not valid UTF-8"),
+        })
 }
 
 /// Loads and validates the plugin library at `path` (explicitly chosen: no approval check).
@@ -148,12 +154,17 @@ pub fn load_plugin(path: &Path) -> Result<Plugin, PluginError> {
 pub fn load_plugin_as(path: &Path, origin: PluginOrigin) -> Result<Plugin, PluginError> {
     let p = path.to_path_buf();
     if !path.is_file() {
-        return Err(PluginError::Open { path: p, reason: "no such file".into() });
+        return Err(PluginError::Open {
+            path: p,
+            reason: "no such file".into(),
+        });
     }
     // SAFETY: loading a library runs its initialisers. Only libraries next to the executable,
     // explicitly named ones, and user-approved ones get here (see `discovery`).
-    let lib = unsafe { libloading::Library::new(path) }
-        .map_err(|e| PluginError::Open { path: p.clone(), reason: loader_message(&e) })?;
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| PluginError::Open {
+        path: p.clone(),
+        reason: loader_message(&e),
+    })?;
     // Never unload: leak the handle so the code stays mapped for the life of the process.
     let lib: &'static libloading::Library = Box::leak(Box::new(lib));
 
@@ -169,7 +180,10 @@ pub fn load_plugin_as(path: &Path, origin: PluginOrigin) -> Result<Plugin, Plugi
     // happens to export the name is caught by the magic check (we read 16 bytes).
     let header = unsafe { header_ptr.as_ref() }
         .copied()
-        .ok_or_else(|| PluginError::NotAPlugin { path: p.clone(), reason: "its header symbol is null".into() })?;
+        .ok_or_else(|| PluginError::NotAPlugin {
+            path: p.clone(),
+            reason: "its header symbol is null".into(),
+        })?;
     if header.magic != abi::MAGIC {
         return Err(PluginError::NotAPlugin {
             path: p,
@@ -205,22 +219,24 @@ pub fn load_plugin_as(path: &Path, origin: PluginOrigin) -> Result<Plugin, Plugi
         });
     }
     // SAFETY: the header promised ABI 1, whose entry symbol has type EntryV1.
-    let entry = unsafe { lib.get::<abi::EntryV1>(abi::ENTRY_SYMBOL_V1.as_bytes()) }.map_err(|_| {
-        PluginError::Malformed {
+    let entry =
+        unsafe { lib.get::<abi::EntryV1>(abi::ENTRY_SYMBOL_V1.as_bytes()) }.map_err(|_| PluginError::Malformed {
             path: p.clone(),
             reason: format!(
                 "its header says ABI {maj}.{min} but it is missing the entry symbol '{}'",
                 abi::ENTRY_SYMBOL_V1
             ),
-        }
-    })?;
+        })?;
     // SAFETY: calling the plugin's entry; the SDK guards it against panics. A plugin written
     // without the SDK that panics here aborts the process: the ABI forbids it.
     let api_ptr = unsafe { entry() };
     // SAFETY: a non-null pointer from the entry points to a static table.
     let api: &'static PluginApiV1 = unsafe { api_ptr.as_ref() }.ok_or_else(|| PluginError::Malformed {
         path: p.clone(),
-        reason: format!("its entry '{}' returned null (the plugin failed to initialise)", abi::ENTRY_SYMBOL_V1),
+        reason: format!(
+            "its entry '{}' returned null (the plugin failed to initialise)",
+            abi::ENTRY_SYMBOL_V1
+        ),
     })?;
     if api.struct_size < abi::PLUGIN_API_V1_MIN_SIZE {
         return Err(PluginError::Malformed {
@@ -234,7 +250,11 @@ pub fn load_plugin_as(path: &Path, origin: PluginOrigin) -> Result<Plugin, Plugi
         });
     }
     let id = static_str(&p, "id", api.id)?;
-    if id.is_empty() || !id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_') {
+    if id.is_empty()
+        || !id
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+    {
         return Err(PluginError::Malformed {
             path: p,
             reason: format!("its id '{id}' must be non-empty lowercase letters, digits, '-' or '_'"),
@@ -244,11 +264,17 @@ pub fn load_plugin_as(path: &Path, origin: PluginOrigin) -> Result<Plugin, Plugi
         abi::KIND_PER_TENSOR => "per-tensor",
         abi::KIND_MODEL_LEVEL => "model-level",
         k => {
-            return Err(PluginError::Malformed { path: p, reason: format!("it declares unknown kind {k}") });
+            return Err(PluginError::Malformed {
+                path: p,
+                reason: format!("it declares unknown kind {k}"),
+            });
         }
     };
     let schema_text = static_str(&p, "parameter schema", api.params_schema_json)?;
-    let params = parse_schema(&schema_text).map_err(|reason| PluginError::Malformed { path: p.clone(), reason })?;
+    let params = parse_schema(&schema_text).map_err(|reason| PluginError::Malformed {
+        path: p.clone(),
+        reason,
+    })?;
     let info = PluginInfo {
         id,
         name: static_str(&p, "name", api.name)?,
@@ -260,5 +286,10 @@ pub fn load_plugin_as(path: &Path, origin: PluginOrigin) -> Result<Plugin, Plugi
         abi: format!("{maj}.{min}"),
         params,
     };
-    Ok(Plugin { path: p, origin, info, api })
+    Ok(Plugin {
+        path: p,
+        origin,
+        info,
+        api,
+    })
 }

@@ -85,7 +85,12 @@ pub struct ResolvedParams {
 impl ResolvedParams {
     /// The parameters as a JSON object (recorded in output metadata).
     pub fn to_json(&self) -> Value {
-        Value::Object(self.values.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>())
+        Value::Object(
+            self.values
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_json()))
+                .collect::<Map<_, _>>(),
+        )
     }
 }
 
@@ -107,8 +112,14 @@ pub fn parse_schema(json: &str) -> Result<Vec<ParamSchema>, String> {
         let fnum = |k: &str| p.get(k).and_then(Value::as_f64);
         let inum = |k: &str| p.get(k).and_then(Value::as_i64);
         let ty = match ty_name {
-            "float" => ParamType::Float { min: fnum("min"), max: fnum("max") },
-            "int" => ParamType::Int { min: inum("min"), max: inum("max") },
+            "float" => ParamType::Float {
+                min: fnum("min"),
+                max: fnum("max"),
+            },
+            "int" => ParamType::Int {
+                min: inum("min"),
+                max: inum("max"),
+            },
             "bool" => ParamType::Bool,
             "choice" => {
                 let choices: Vec<String> = p
@@ -129,7 +140,13 @@ pub fn parse_schema(json: &str) -> Result<Vec<ParamSchema>, String> {
         }
         let default = p.get("default").cloned().unwrap_or(Value::Null);
         let help = p.get("help").and_then(Value::as_str).unwrap_or("").to_owned();
-        let schema = ParamSchema { name, ty, default, help, per_task };
+        let schema = ParamSchema {
+            name,
+            ty,
+            default,
+            help,
+            per_task,
+        };
         // The default must itself be valid (checked for one expert).
         check_value(&schema, &schema.default, 1).map_err(|e| format!("the schema's default is invalid: {e}"))?;
         out.push(schema);
@@ -163,7 +180,9 @@ pub fn did_you_mean<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str
 
 fn parse_f64(name: &str, v: &Value) -> Result<f64, String> {
     match v {
-        Value::Number(n) => n.as_f64().ok_or_else(|| format!("parameter '{name}': {n} is not a number")),
+        Value::Number(n) => n
+            .as_f64()
+            .ok_or_else(|| format!("parameter '{name}': {n} is not a number")),
         Value::String(s) => s
             .trim()
             .parse::<f64>()
@@ -179,7 +198,9 @@ fn check_range_f(name: &str, x: f64, min: Option<f64>, max: Option<f64>) -> Resu
     let lo = min.map_or(String::from("-inf"), |m| m.to_string());
     let hi = max.map_or(String::from("inf"), |m| m.to_string());
     if min.is_some_and(|m| x < m) || max.is_some_and(|m| x > m) {
-        return Err(format!("parameter '{name}' = {x} is out of range; allowed: {lo} ≤ {name} ≤ {hi}"));
+        return Err(format!(
+            "parameter '{name}' = {x} is out of range; allowed: {lo} ≤ {name} ≤ {hi}"
+        ));
     }
     Ok(())
 }
@@ -236,14 +257,19 @@ fn check_value(p: &ParamSchema, v: &Value, n_experts: usize) -> Result<ParamValu
             other => Err(format!("parameter '{name}': expected true or false, got {other}")),
         },
         ParamType::Choice { choices } => {
-            let s = v.as_str().ok_or_else(|| format!("parameter '{name}': expected one of {}", choices.join(", ")))?;
+            let s = v
+                .as_str()
+                .ok_or_else(|| format!("parameter '{name}': expected one of {}", choices.join(", ")))?;
             if choices.iter().any(|c| c == s) {
                 Ok(ParamValue::Choice(s.to_owned()))
             } else {
                 let hint = did_you_mean(s, choices.iter().map(String::as_str))
                     .map(|c| format!(" Did you mean '{c}'?"))
                     .unwrap_or_default();
-                Err(format!("parameter '{name}': '{s}' is not one of {}.{hint}", choices.join(", ")))
+                Err(format!(
+                    "parameter '{name}': '{s}' is not one of {}.{hint}",
+                    choices.join(", ")
+                ))
             }
         }
     }
@@ -263,8 +289,14 @@ pub fn resolve_params(
             let hint = did_you_mean(key, known.iter().copied())
                 .map(|c| format!(" Did you mean '{c}'?"))
                 .unwrap_or_default();
-            let list = if known.is_empty() { "none".to_owned() } else { known.join(", ") };
-            return Err(format!("method '{method}' has no parameter '{key}'.{hint} Its parameters: {list}."));
+            let list = if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            };
+            return Err(format!(
+                "method '{method}' has no parameter '{key}'.{hint} Its parameters: {list}."
+            ));
         }
     }
     let mut values = Vec::new();

@@ -1,0 +1,254 @@
+//! `mergescope merge`: from flags or from a TOML recipe, with a progress bar on stderr.
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use mergescope_engine::compat::MissingPolicy;
+use mergescope_engine::device::{DeviceChoice, device_name, open_device};
+use mergescope_engine::dtype::OutDType;
+use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress, merge_files};
+use mergescope_engine::recipe::{Recipe, parse_size};
+use mergescope_plugin_api::abi;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+
+#[derive(Args, Debug)]
+pub struct MergeArgs {
+    /// A TOML recipe to run instead of the flags below (flags given too override it).
+    #[arg(value_name = "RECIPE.toml")]
+    pub recipe: Option<PathBuf>,
+    /// Method id (see `mergescope plugins list`).
+    #[arg(long)]
+    pub method: Option<String>,
+    /// Base checkpoint (.safetensors file or folder of shards).
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+    /// Expert checkpoint (repeat for each expert, in order).
+    #[arg(long = "expert", value_name = "PATH")]
+    pub experts: Vec<PathBuf>,
+    /// Method parameter `name=value` (repeatable; per-task lists as `name=0.3,0.5,0.2`).
+    #[arg(long = "param", value_name = "NAME=VALUE")]
+    pub params: Vec<String>,
+    /// Seed given to the method and recorded in the output.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Output dtype of merged tensors: f32, f16 or bf16 (default: as the inputs).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Compute device: cpu, cuda or metal.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Output file (or folder, when the output is sharded).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Split the output into shards of at most this size (e.g. 2GB); 0 for one file.
+    #[arg(long, value_name = "SIZE")]
+    pub shard_size: Option<String>,
+    /// Tensors not every input has: error, use-reference or skip.
+    #[arg(long, value_name = "POLICY")]
+    pub on_missing: Option<String>,
+    /// Replace the output if it exists (never an input).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Worker threads (default: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Memory budget for in-flight tensors (e.g. 1GB).
+    #[arg(long, value_name = "SIZE")]
+    pub memory_budget: Option<String>,
+    /// Print a JSON report on stdout (time, peak memory, files).
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+fn parse_params(items: &[String]) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let mut map = serde_json::Map::new();
+    for item in items {
+        let Some((k, v)) = item.split_once('=') else {
+            bail!("--param '{item}' must look like name=value, e.g. --param lambda=0.3");
+        };
+        map.insert(k.trim().to_owned(), serde_json::Value::String(v.trim().to_owned()));
+    }
+    Ok(map)
+}
+
+/// Peak resident memory of this process in bytes (Linux), for reports.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn build(args: &MergeArgs) -> anyhow::Result<(String, MergeRequest, DeviceChoice)> {
+    let mut recipe = match &args.recipe {
+        Some(p) => Some(Recipe::load(p)?),
+        None => None,
+    };
+    let method = args
+        .method
+        .clone()
+        .or_else(|| recipe.as_ref().map(|r| r.method.clone()))
+        .context("no method: pass --method ID (see `mergescope plugins list`) or a recipe")?;
+    let mut req = match recipe.take() {
+        Some(r) => r.to_request(args.overwrite)?,
+        None => MergeRequest {
+            params: serde_json::Value::Object(serde_json::Map::new()),
+            seed: 0,
+            base: None,
+            experts: Vec::new(),
+            out: args.out.clone().context("no output: pass --out PATH")?,
+            out_dtype: None,
+            shard_bytes: None,
+            on_missing: MissingPolicy::Error,
+            overwrite: args.overwrite,
+        },
+    };
+    let device = match (&args.device, &args.recipe) {
+        (Some(d), _) => DeviceChoice::parse(d).with_context(|| format!("--device '{d}': use cpu, cuda or metal"))?,
+        (None, Some(p)) => Recipe::load(p)?.device,
+        (None, None) => DeviceChoice::Cpu,
+    };
+    if let Some(b) = &args.base {
+        req.base = Some(b.clone());
+    }
+    if !args.experts.is_empty() {
+        req.experts = args.experts.clone();
+    }
+    if let Some(o) = &args.out {
+        req.out = o.clone();
+    }
+    if let Some(s) = args.seed {
+        req.seed = s;
+    }
+    if let Some(d) = &args.dtype {
+        req.out_dtype = Some(OutDType::parse(d).with_context(|| format!("--dtype '{d}': use f32, f16 or bf16"))?);
+    }
+    if let Some(s) = &args.shard_size {
+        req.shard_bytes =
+            Some(parse_size(s).with_context(|| format!("--shard-size '{s}' is not a size; write e.g. 2GB"))?);
+    }
+    if let Some(p) = &args.on_missing {
+        req.on_missing =
+            MissingPolicy::parse(p).with_context(|| format!("--on-missing '{p}': use error, use-reference or skip"))?;
+    }
+    let extra = parse_params(&args.params)?;
+    if let serde_json::Value::Object(m) = &mut req.params {
+        m.extend(extra);
+    }
+    if req.experts.is_empty() {
+        bail!("no experts: pass --expert PATH once per expert checkpoint");
+    }
+    Ok((method, req, device))
+}
+
+fn progress_bar(quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(1000);
+    let style = ProgressStyle::with_template("{spinner} {msg:<28} [{bar:30}] {percent:>3}% {elapsed} (eta {eta})")
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}
+
+fn display(p: &Path) -> String {
+    p.display().to_string()
+}
+
+pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode> {
+    let (method, req, device_choice) = build(&args)?;
+    let registry = super::registry(plugin_dirs)?;
+    let plugin = registry.find(&method).map_err(anyhow::Error::msg)?;
+    let (device, note) = open_device(device_choice);
+    if let Some(n) = note {
+        eprintln!("warning: {n}");
+    }
+    let mut opts = ExecOptions {
+        device,
+        threads: args.threads,
+        ..ExecOptions::default()
+    };
+    if let Some(b) = &args.memory_budget {
+        opts.memory_budget_bytes =
+            parse_size(b).with_context(|| format!("--memory-budget '{b}' is not a size; write e.g. 1GB"))?;
+    }
+    let bar = progress_bar(args.quiet);
+    let on_progress = |p: &Progress| {
+        let label = match p.phase {
+            Phase::Statistics(n) => format!("statistics pass {}", n + 1),
+            Phase::Merge => format!("merging ({})", plugin.id()),
+        };
+        if let Some(permille) = (p.done * 1000).checked_div(p.total) {
+            bar.set_position(permille);
+        }
+        bar.set_message(label);
+    };
+    let id = plugin.id().to_owned();
+    let on_log = |level: abi::LogLevel, msg: &str| {
+        let tag = match level {
+            abi::LOG_ERROR => "error",
+            abi::LOG_WARN => "warning",
+            abi::LOG_INFO => "info",
+            _ => "debug",
+        };
+        if level <= abi::LOG_INFO {
+            bar.suspend(|| eprintln!("{tag} [{id}]: {msg}"));
+        }
+    };
+    let cancel = AtomicBool::new(false);
+    let report = merge_files(
+        &plugin,
+        &req,
+        &opts,
+        Observer {
+            progress: &on_progress,
+            log: &on_log,
+        },
+        &cancel,
+    );
+    bar.finish_and_clear();
+    let report = report?;
+    let gb = report.input_bytes as f64 / 1e9;
+    if args.json {
+        let j = serde_json::json!({
+            "method": plugin.id(),
+            "plugin_version": plugin.version(),
+            "device": device_name(&opts.device),
+            "files": report.files.iter().map(|p| display(p)).collect::<Vec<_>>(),
+            "merged_tensors": report.merged,
+            "copied_tensors": report.copied,
+            "skipped_tensors": report.skipped,
+            "notes": report.notes,
+            "params": report.params,
+            "seed": req.seed,
+            "input_bytes": report.input_bytes,
+            "seconds": report.seconds,
+            "input_gb_per_s": gb / report.seconds.max(1e-9),
+            "peak_rss_bytes": peak_rss_bytes(),
+        });
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        for n in &report.notes {
+            eprintln!("note: {n}");
+        }
+        eprintln!(
+            "merged {} tensors ({} copied, {} skipped) with {} {} in {:.2} s ({:.2} GB/s of input) -> {}",
+            report.merged,
+            report.copied,
+            report.skipped,
+            plugin.id(),
+            plugin.version(),
+            report.seconds,
+            gb / report.seconds.max(1e-9),
+            report.files.first().map(|p| display(p)).unwrap_or_default()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,62 @@
+//! Command-line parsing and dispatch. Each subcommand lives in its own module.
+
+mod bench;
+mod inspect;
+mod merge;
+mod plugins;
+
+use clap::{Parser, Subcommand};
+use mergescope_engine::plugin::{Approvals, PluginDirs, Registry};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// mergescope: merge fine-tuned checkpoints with plugin methods, headless or in the desktop app.
+#[derive(Parser, Debug)]
+#[command(name = "mergescope", version, about, long_about = None)]
+pub struct Cli {
+    /// Extra folder to search for method plugins (repeatable). Plugins found there must be
+    /// approved once with `mergescope plugins approve PATH`.
+    #[arg(long = "plugin-dir", global = true, value_name = "DIR")]
+    pub plugin_dirs: Vec<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Merge a base and expert checkpoints with a method (or run a TOML recipe).
+    Merge(merge::MergeArgs),
+    /// List, inspect and approve method plugins.
+    Plugins {
+        #[command(subcommand)]
+        command: plugins::PluginsCommand,
+    },
+    /// Show the tensors, dtypes, shapes and metadata of a checkpoint.
+    Inspect(inspect::InspectArgs),
+    /// Benchmark merge methods on synthetic LLM-shaped checkpoints.
+    Bench(bench::BenchArgs),
+}
+
+/// Finds plugins next to the executable, in the user's folder and in `--plugin-dir`s.
+pub fn registry(extra: &[PathBuf]) -> anyhow::Result<Registry> {
+    let approvals = Approvals::load().map_err(anyhow::Error::msg)?;
+    Ok(Registry::discover(&PluginDirs::standard(extra.to_vec()), &approvals))
+}
+
+/// Parses the command line and runs it.
+pub fn run() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Merge(args)) => merge::run(&cli.plugin_dirs, args),
+        Some(Command::Plugins { command }) => plugins::run(&cli.plugin_dirs, command),
+        Some(Command::Inspect(args)) => inspect::run(&args),
+        Some(Command::Bench(args)) => bench::run(&cli.plugin_dirs, args),
+        None => {
+            use clap::CommandFactory as _;
+            Cli::command().print_help()?;
+            println!();
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! `mergescope plugins list|show|approve`.
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use mergescope_engine::plugin::discovery::user_plugin_dir;
+use mergescope_engine::plugin::schema::ParamType;
+use mergescope_engine::plugin::{Approvals, Plugin};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Subcommand, Debug)]
+pub enum PluginsCommand {
+    /// List the method plugins (id, name, version, kind, parameters with defaults).
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a method's help text and parameters.
+    Show {
+        /// Method id.
+        id: String,
+    },
+    /// Approve plugin libraries from outside the app's folder (loading a library runs its code).
+    Approve {
+        /// Library files to approve.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+}
+
+fn param_line(p: &mergescope_engine::plugin::ParamSchema) -> String {
+    let ty = match &p.ty {
+        ParamType::Float { min, max } => {
+            let range = match (min, max) {
+                (Some(a), Some(b)) => format!(" in [{a}, {b}]"),
+                (Some(a), None) => format!(" ≥ {a}"),
+                (None, Some(b)) => format!(" ≤ {b}"),
+                (None, None) => String::new(),
+            };
+            format!("float{range}{}", if p.per_task { ", per task" } else { "" })
+        }
+        ParamType::Int { min, max } => match (min, max) {
+            (Some(a), Some(b)) => format!("int in [{a}, {b}]"),
+            (Some(a), None) => format!("int ≥ {a}"),
+            _ => "int".to_owned(),
+        },
+        ParamType::Bool => "bool".to_owned(),
+        ParamType::Choice { choices } => format!("one of {}", choices.join(" | ")),
+    };
+    format!("{} = {}  ({ty}) {}", p.name, p.default, p.help)
+}
+
+fn plugin_json(p: &Plugin) -> serde_json::Value {
+    serde_json::json!({
+        "id": p.info.id,
+        "name": p.info.name,
+        "version": p.info.version,
+        "kind": p.info.kind,
+        "description": p.info.description,
+        "abi": p.info.abi,
+        "path": p.path,
+        "origin": p.origin,
+        "params": p.info.params,
+    })
+}
+
+pub fn run(plugin_dirs: &[PathBuf], cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        PluginsCommand::List { json } => {
+            let reg = super::registry(plugin_dirs)?;
+            if json {
+                let j = serde_json::json!({
+                    "plugins": reg.plugins.iter().map(|p| plugin_json(p)).collect::<Vec<_>>(),
+                    "needs_approval": reg.pending,
+                    "failed": reg.failures,
+                });
+                println!("{}", serde_json::to_string_pretty(&j)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            if reg.plugins.is_empty() {
+                println!("No method plugins found.");
+            }
+            for p in &reg.plugins {
+                println!(
+                    "{:<18} {:<34} v{:<8} {}",
+                    p.info.id, p.info.name, p.info.version, p.info.kind
+                );
+                for param in p.schema() {
+                    println!("    {}", param_line(param));
+                }
+            }
+            for p in &reg.pending {
+                println!(
+                    "needs approval: {} (approve with: mergescope plugins approve '{}')",
+                    p.path.display(),
+                    p.path.display()
+                );
+            }
+            for f in &reg.failures {
+                println!("failed: {}: {}", f.path.display(), f.error);
+            }
+            if let Some(d) = user_plugin_dir() {
+                println!("\nYour plugin folder: {}", d.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        PluginsCommand::Show { id } => {
+            let reg = super::registry(plugin_dirs)?;
+            let p = reg.find(&id).map_err(anyhow::Error::msg)?;
+            println!(
+                "{} ({}) v{}, {}, ABI {}",
+                p.info.name, p.info.id, p.info.version, p.info.kind, p.info.abi
+            );
+            println!("{}\n\n{}\n\nParameters:", p.info.description, p.info.help);
+            for param in p.schema() {
+                println!("  {}", param_line(param));
+            }
+            println!("\nLibrary: {}", p.path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        PluginsCommand::Approve { paths } => {
+            let mut approvals = Approvals::load().map_err(anyhow::Error::msg)?;
+            for path in paths {
+                // Validate before approving: loading it is exactly what approval allows, so
+                // only approve files the user named; report what they are.
+                let a = approvals.approve(&path).map_err(anyhow::Error::msg)?;
+                let plugin = mergescope_engine::plugin::load_plugin(&a.path)
+                    .with_context(|| format!("approved '{}', but it does not load", a.path.display()))?;
+                println!(
+                    "approved {} ({} v{}) sha256 {}",
+                    a.path.display(),
+                    plugin.id(),
+                    plugin.version(),
+                    a.sha256
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,439 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! End-to-end tests of the `mergescope` CLI on small checkpoints written by the tests:
+//! golden merges, recipes, dtypes, shards, metadata, plugin approval, and the bad-input suite
+//! (every error names what, where, and the fix; the exit code is non-zero).
+
+use mergescope_engine::checkpoint::Checkpoint;
+use mergescope_engine::dtype::{DType, encode_f32};
+use mergescope_engine::writer::{OutputTensor, OutputWriter};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `mergescope` with the plugins built for this test run as its bundled plugins and a
+    /// private configuration folder.
+    fn cmd(&self) -> Command {
+        let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_mergescope"));
+        c.env("MERGESCOPE_BUNDLED_DIR", deps)
+            .env("MERGESCOPE_CONFIG_DIR", self.path("config"))
+            .env("MERGESCOPE_PLUGIN_HOME", self.path("user-plugins"));
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(
+            o.status.success(),
+            "{args:?} failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Runs a command that must fail and returns its stderr.
+    fn fails(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(!o.status.success(), "{args:?} should have failed");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    }
+
+    fn write(&self, name: &str, tensors: &[(&str, DType, &[usize], &[f32])]) -> String {
+        write_checkpoint(&self.path(name), tensors, None);
+        self.path(name).to_string_lossy().into_owned()
+    }
+}
+
+fn write_checkpoint(path: &Path, tensors: &[(&str, DType, &[usize], &[f32])], shard: Option<u64>) {
+    let specs: Vec<OutputTensor> = tensors
+        .iter()
+        .map(|(n, d, s, _)| OutputTensor {
+            name: (*n).to_owned(),
+            dtype: *d,
+            shape: s.to_vec(),
+        })
+        .collect();
+    let w = OutputWriter::create(path, &specs, &BTreeMap::new(), shard, true).unwrap();
+    for (n, d, _, v) in tensors {
+        let mut bytes = Vec::new();
+        encode_f32(*d, v, &mut bytes);
+        w.write(n, 0, &bytes).unwrap();
+    }
+    w.commit().unwrap();
+}
+
+fn read(path: &Path, name: &str) -> Vec<f32> {
+    let c = Checkpoint::open(path).unwrap();
+    c.read_f32(&c.tensors[name])
+}
+
+fn close(a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
+    }
+}
+
+/// Base and two experts: w (2×2), b (2).
+fn three_models(env: &Env) -> (String, String, String) {
+    let base = env.write(
+        "base.safetensors",
+        &[
+            ("w", DType::F32, &[2, 2], &[1.0, 2.0, 3.0, 4.0]),
+            ("b", DType::F32, &[2], &[0.0, 0.0]),
+        ],
+    );
+    let e1 = env.write(
+        "e1.safetensors",
+        &[
+            ("w", DType::F32, &[2, 2], &[2.0, 2.0, 3.0, 5.0]),
+            ("b", DType::F32, &[2], &[1.0, 0.0]),
+        ],
+    );
+    let e2 = env.write(
+        "e2.safetensors",
+        &[
+            ("w", DType::F32, &[2, 2], &[1.0, 4.0, 3.0, 2.0]),
+            ("b", DType::F32, &[2], &[0.0, -1.0]),
+        ],
+    );
+    (base, e1, e2)
+}
+
+#[test]
+fn task_arithmetic_merge_is_golden_and_replayable_from_metadata() {
+    let env = Env::new();
+    let (base, e1, e2) = three_models(&env);
+    let out = env.path("ta.safetensors");
+    let out_s = out.to_string_lossy().into_owned();
+    env.ok(&[
+        "merge",
+        "--method",
+        "task-arithmetic",
+        "--base",
+        &base,
+        "--expert",
+        &e1,
+        "--expert",
+        &e2,
+        "--param",
+        "lambda=0.5",
+        "--seed",
+        "7",
+        "--out",
+        &out_s,
+    ]);
+    // τ1 = [1,0,0,1], τ2 = [0,2,0,-2]; θ = base + 0.5·(τ1+τ2) = [1.5, 3, 3, 3.5].
+    close(&read(&out, "w"), &[1.5, 3.0, 3.0, 3.5]);
+    close(&read(&out, "b"), &[0.5, -0.5]);
+    let meta = Checkpoint::open(&out).unwrap().metadata();
+    assert_eq!(meta["mergescope.method"], "task-arithmetic");
+    assert_eq!(meta["mergescope.seed"], "7");
+    let params: serde_json::Value = serde_json::from_str(&meta["mergescope.params"]).unwrap();
+    assert_eq!(params["lambda"], 0.5);
+    assert_eq!(params["task_weights"], serde_json::json!([1.0, 1.0]));
+    let inputs: serde_json::Value = serde_json::from_str(&meta["mergescope.inputs"]).unwrap();
+    assert_eq!(inputs[0]["role"], "base");
+    assert_eq!(inputs[2]["name"], "e2.safetensors");
+    assert!(inputs[1]["bytes"].as_u64().unwrap() > 0);
+    assert!(!meta["mergescope.version"].is_empty());
+
+    // The same merge from a recipe with relative paths gives identical bytes.
+    std::fs::write(
+        env.path("r.toml"),
+        "method = \"task-arithmetic\"\nbase = \"base.safetensors\"\nexperts = [\"e1.safetensors\", \"e2.safetensors\"]\n\
+         out = \"ta2.safetensors\"\nseed = 7\n[params]\nlambda = 0.5\n",
+    )
+    .unwrap();
+    env.ok(&["merge", env.path("r.toml").to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(env.path("ta2.safetensors")).unwrap()
+    );
+}
+
+#[test]
+fn dtypes_shards_and_int_buffers() {
+    let env = Env::new();
+    let ints = [3.0f32];
+    let base = env.write(
+        "base.safetensors",
+        &[
+            ("w", DType::BF16, &[4], &[1.0, 2.0, 3.0, 4.0]),
+            ("steps", DType::parse("I32").unwrap(), &[1], &ints),
+        ],
+    );
+    let e1 = env.write(
+        "e1.safetensors",
+        &[
+            ("w", DType::BF16, &[4], &[3.0, 2.0, 1.0, 4.0]),
+            ("steps", DType::parse("I32").unwrap(), &[1], &[9.0]),
+        ],
+    );
+    let out = env.path("avg.safetensors");
+    let o = env.ok(&[
+        "merge",
+        "--method",
+        "weight-average",
+        "--base",
+        &base,
+        "--expert",
+        &base,
+        "--expert",
+        &e1,
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&o).unwrap();
+    assert_eq!(report["copied_tensors"], 1);
+    assert!(report["notes"].to_string().contains("non-float dtype I32"), "{report}");
+    let c = Checkpoint::open(&out).unwrap();
+    assert_eq!(c.tensors["w"].dtype, DType::BF16, "default output dtype = input dtype");
+    close(&c.read_f32(&c.tensors["w"]), &[2.0, 2.0, 2.0, 4.0]);
+    // The int buffer is the base's bytes (encode_f32 wrote 3.0f32's bits as the I32 payload).
+    assert_eq!(c.raw_bytes(&c.tensors["steps"]), 3.0f32.to_le_bytes());
+
+    let out32 = env.path("avg32");
+    env.ok(&[
+        "merge",
+        "--method",
+        "weight-average",
+        "--expert",
+        &base,
+        "--expert",
+        &e1,
+        "--dtype",
+        "f32",
+        "--shard-size",
+        "10",
+        "--out",
+        out32.to_str().unwrap(),
+    ]);
+    let c = Checkpoint::open(&out32).unwrap();
+    assert!(out32.join("model.safetensors.index.json").is_file());
+    assert_eq!(c.files.len(), 2);
+    assert_eq!(c.tensors["w"].dtype, DType::F32);
+    // A sharded folder is a valid input too.
+    let again = env.path("again.safetensors");
+    env.ok(&[
+        "merge",
+        "--method",
+        "weight-average",
+        "--expert",
+        out32.to_str().unwrap(),
+        "--expert",
+        out32.to_str().unwrap(),
+        "--out",
+        again.to_str().unwrap(),
+    ]);
+    close(&read(&again, "w"), &[2.0, 2.0, 2.0, 4.0]);
+}
+
+#[test]
+fn inspect_and_plugins_list() {
+    let env = Env::new();
+    let (base, _, _) = three_models(&env);
+    let j: serde_json::Value = serde_json::from_str(&env.ok(&["inspect", &base, "--json"])).unwrap();
+    assert_eq!(j["parameters"], 6);
+    assert_eq!(j["tensors"][1]["shape"], serde_json::json!([2, 2]));
+    let list: serde_json::Value = serde_json::from_str(&env.ok(&["plugins", "list", "--json"])).unwrap();
+    let ids: Vec<&str> = list["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_str().unwrap())
+        .collect();
+    for id in ["cart", "consensus", "dare", "task-arithmetic", "ties", "weight-average"] {
+        assert!(ids.contains(&id), "{id} missing from {ids:?}");
+    }
+    let ta = list["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "task-arithmetic")
+        .unwrap();
+    assert_eq!(ta["params"][0]["name"], "lambda");
+    assert_eq!(ta["params"][0]["default"], 0.3);
+    assert_eq!(ta["kind"], "per-tensor");
+}
+
+#[test]
+fn plugins_outside_the_app_folder_need_approval() {
+    let env = Env::new();
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    let lib = format!(
+        "{}mergescope_plugin_weight_average{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    let extra = env.path("extra");
+    std::fs::create_dir_all(&extra).unwrap();
+    std::fs::copy(deps.join(&lib), extra.join(&lib)).unwrap();
+    // With no bundled plugins, the copy in --plugin-dir is found but not loaded.
+    let run = |args: &[&str]| {
+        let mut c = env.cmd();
+        c.env("MERGESCOPE_BUNDLED_DIR", env.path("empty"))
+            .arg("--plugin-dir")
+            .arg(&extra)
+            .args(args);
+        c.output().unwrap()
+    };
+    let o = run(&["plugins", "list", "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["plugins"].as_array().unwrap().len(), 0);
+    assert!(j["needs_approval"][0]["path"].as_str().unwrap().ends_with(&lib));
+    let (_, e1, e2) = three_models(&env);
+    let out = env.path("o.safetensors");
+    let o = run(&[
+        "merge",
+        "--method",
+        "weight-average",
+        "--expert",
+        &e1,
+        "--expert",
+        &e2,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("plugins approve"), "{err}");
+    let o = run(&["plugins", "approve", extra.join(&lib).to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&[
+        "merge",
+        "--method",
+        "weight-average",
+        "--expert",
+        &e1,
+        "--expert",
+        &e2,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    close(&read(&out, "w"), &[1.5, 3.0, 3.0, 3.5]);
+}
+
+#[test]
+fn bad_inputs_fail_with_actionable_messages() {
+    let env = Env::new();
+    let (base, e1, e2) = three_models(&env);
+    let out = env.path("out.safetensors");
+    let out_s = out.to_str().unwrap();
+    let merge = |extra: &[&str]| {
+        let mut a = vec!["merge", "--base", &base, "--expert", &e1, "--expert", &e2];
+        a.extend_from_slice(extra);
+        env.fails(&a)
+    };
+    let e = merge(&["--method", "tiez", "--out", out_s]);
+    assert!(
+        e.contains("unknown merge method 'tiez'") && e.contains("Did you mean 'ties'") && e.contains("task-arithmetic"),
+        "{e}"
+    );
+    let e = merge(&["--method", "ties", "--param", "densty=0.3", "--out", out_s]);
+    assert!(
+        e.contains("no parameter 'densty'") && e.contains("Did you mean 'density'"),
+        "{e}"
+    );
+    let e = merge(&["--method", "ties", "--param", "density=1.5", "--out", out_s]);
+    assert!(e.contains("density") && e.contains("out of range"), "{e}");
+    let e = merge(&["--method", "ties", "--param", "density", "--out", out_s]);
+    assert!(e.contains("name=value"), "{e}");
+    let e = env.fails(&["merge", "--method", "task-arithmetic", "--expert", &e1, "--out", out_s]);
+    assert!(e.contains("needs the base model") && e.contains("--base"), "{e}");
+
+    let missing = env.path("nope.safetensors");
+    let e = merge(&[
+        "--method",
+        "ties",
+        "--expert",
+        missing.to_str().unwrap(),
+        "--out",
+        out_s,
+    ]);
+    assert!(e.contains("nope.safetensors") && e.contains("does not exist"), "{e}");
+
+    std::fs::write(env.path("text.safetensors"), "hello, I am not a checkpoint").unwrap();
+    let e = merge(&[
+        "--method",
+        "ties",
+        "--expert",
+        env.path("text.safetensors").to_str().unwrap(),
+        "--out",
+        out_s,
+    ]);
+    assert!(e.contains("text.safetensors") && e.contains("not safetensors"), "{e}");
+
+    let mut truncated = std::fs::read(&e1).unwrap();
+    truncated.truncate(truncated.len() - 3);
+    std::fs::write(env.path("trunc.safetensors"), truncated).unwrap();
+    let e = merge(&[
+        "--method",
+        "ties",
+        "--expert",
+        env.path("trunc.safetensors").to_str().unwrap(),
+        "--out",
+        out_s,
+    ]);
+    assert!(e.contains("trunc.safetensors") && e.contains("truncated"), "{e}");
+
+    let odd = env.write(
+        "odd.safetensors",
+        &[("w", DType::F32, &[4], &[1.0; 4]), ("extra", DType::F32, &[1], &[0.0])],
+    );
+    let e = merge(&["--method", "ties", "--expert", &odd, "--out", out_s]);
+    assert!(
+        e.contains("incompatible")
+            && e.contains("'w' has shape [4]")
+            && e.contains("'extra'")
+            && e.contains("'b' is missing"),
+        "{e}"
+    );
+
+    let before = std::fs::read(&e1).unwrap();
+    let e = merge(&["--method", "ties", "--out", &e1]);
+    assert!(e.contains("one of the inputs"), "{e}");
+    let e = merge(&["--method", "ties", "--out", &e1, "--overwrite"]);
+    assert!(e.contains("one of the inputs"), "{e}");
+    assert_eq!(std::fs::read(&e1).unwrap(), before, "inputs are never modified");
+
+    std::fs::write(&out, "precious").unwrap();
+    let e = merge(&["--method", "ties", "--out", out_s]);
+    assert!(e.contains("already exists") && e.contains("--overwrite"), "{e}");
+    assert_eq!(std::fs::read(&out).unwrap(), b"precious");
+    let e = merge(&["--method", "ties", "--dtype", "f8", "--out", out_s]);
+    assert!(e.contains("--dtype 'f8'"), "{e}");
+    let e = merge(&[
+        "--method",
+        "ties",
+        "--out",
+        env.path("no/such/dir/o.safetensors").to_str().unwrap(),
+    ]);
+    assert!(e.contains("does not exist"), "{e}");
+    let leftovers: Vec<_> = std::fs::read_dir(env.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "no temporary files are left behind");
+}
