@@ -29,6 +29,9 @@
  *     Handles created during one host call into the plugin live in a per-call arena the host
  *     frees when the call returns, except the one the plugin returns through `out`. Input
  *     handles (base, experts) are valid for the duration of the call only.
+ *   - ms_host_api_v1.release frees a handle (made in this call, or an input) before the call
+ *     returns; release big intermediates early. A released handle is invalid: using it,
+ *     releasing it again or returning it fails the call.
  *   - Strings (ms_str) passed by the host (tensor names, parameter names and text) are borrowed
  *     for the duration of the call. Strings in ms_plugin_api_v1 must be static: they stay valid
  *     and unchanged for the life of the process. Text passed to set_error or log is copied by
@@ -328,6 +331,22 @@ typedef uint32_t ms_stack_op;
 /* min_i t_i */
 #define MS_STACK_MIN 3u
 
+/* Sign-election rules for ms_host_api_v1.elect_sign. */
+typedef uint32_t ms_elect_rule;
+/* sign(sum_i t_i): the sign of the total mass (TIES paper). */
+#define MS_ELECT_MASS 0u
+/* sign(sum_i sign(t_i)): the majority of signs by count. */
+#define MS_ELECT_COUNT 1u
+
+/* Aggregations for ms_host_api_v1.disjoint_merge. */
+typedef uint32_t ms_disjoint_op;
+/* sum of the entries that agree with the sign */
+#define MS_DISJOINT_SUM 0u
+/* sum of the agreeing entries / max(1, number of agreeing entries) */
+#define MS_DISJOINT_MEAN 1u
+/* max |agreeing entry| * sign */
+#define MS_DISJOINT_MAX 2u
+
 /* ---------------------------------------------------------------------------------------- */
 /* The host's table                                                                          */
 /* ---------------------------------------------------------------------------------------- */
@@ -418,6 +437,19 @@ typedef struct ms_host_api_v1 {
                      ms_tensor_handle *out_vt);
     /* Best rank-k approximation U_k diag(S_k) V_k^T of a 2-D tensor (Eckart-Young). */
     ms_status (*low_rank)(void *ctx, ms_tensor_handle a, size_t k, ms_tensor_handle *out);
+    /* Frees a tensor made during this call before the call returns, so long computations on
+     * large tensors keep few intermediates alive. The handle is invalid afterwards; input
+     * handles may be released too. */
+    ms_status (*release)(void *ctx, ms_tensor_handle t);
+    /* Magnitude trim: |a| >= threshold ? a : 0, elementwise. */
+    ms_status (*trim_abs)(void *ctx, ms_tensor_handle a, double threshold, ms_tensor_handle *out);
+    /* Elected sign in {-1, 0, 1} per element over n same-shape tensors (MS_ELECT_*). */
+    ms_status (*elect_sign)(void *ctx, const ms_tensor_handle *ts, size_t n, ms_elect_rule rule,
+                            ms_tensor_handle *out);
+    /* Disjoint aggregation (MS_DISJOINT_*) over the entries whose sign equals `sign`'s (zeros
+     * never agree; where `sign` is 0 nothing agrees and the result is 0). */
+    ms_status (*disjoint_merge)(void *ctx, const ms_tensor_handle *ts, size_t n, ms_tensor_handle sign,
+                                ms_disjoint_op op, ms_tensor_handle *out);
 } ms_host_api_v1;
 
 /* ---------------------------------------------------------------------------------------- */

@@ -260,6 +260,22 @@ pub const STACK_MAX: StackOp = 2;
 /// min_i t_i
 pub const STACK_MIN: StackOp = 3;
 
+/// Sign-election rules for `HostApiV1::elect_sign`.
+pub type ElectRule = u32;
+/// sign(Σ_i t_i): the sign of the total mass (TIES paper).
+pub const ELECT_MASS: ElectRule = 0;
+/// sign(Σ_i sign(t_i)): the majority of signs by count.
+pub const ELECT_COUNT: ElectRule = 1;
+
+/// Aggregations for `HostApiV1::disjoint_merge`.
+pub type DisjointOp = u32;
+/// Σ of the entries that agree with the sign.
+pub const DISJOINT_SUM: DisjointOp = 0;
+/// Σ of the agreeing entries / max(1, number of agreeing entries).
+pub const DISJOINT_MEAN: DisjointOp = 1;
+/// max |agreeing entry| · sign.
+pub const DISJOINT_MAX: DisjointOp = 2;
+
 /// The table of host services and tensor operations a plugin calls back into.
 ///
 /// Threading: every function may only be called on the thread that is inside the host's call
@@ -402,6 +418,31 @@ pub struct HostApiV1 {
     ) -> Status,
     /// Best rank-k approximation U_k diag(S_k) V_kᵀ of a 2-D tensor (Eckart–Young).
     pub low_rank: unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, k: usize, out: *mut TensorHandle) -> Status,
+    /// Frees a tensor made during this call before the call returns, so long computations on
+    /// large tensors keep few intermediates alive. The handle is invalid afterwards; input
+    /// handles may be released too.
+    pub release: unsafe extern "C" fn(ctx: *mut c_void, t: TensorHandle) -> Status,
+    /// Magnitude trim: `|a| ≥ threshold ? a : 0`, elementwise.
+    pub trim_abs:
+        unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, threshold: f64, out: *mut TensorHandle) -> Status,
+    /// Elected sign in {−1, 0, 1} per element over n same-shape tensors (`ELECT_*`).
+    pub elect_sign: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        ts: *const TensorHandle,
+        n: usize,
+        rule: ElectRule,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Disjoint aggregation (`DISJOINT_*`) over the entries whose sign equals `sign`'s
+    /// (zeros never agree; where `sign` is 0 nothing agrees and the result is 0).
+    pub disjoint_merge: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        ts: *const TensorHandle,
+        n: usize,
+        sign: TensorHandle,
+        op: DisjointOp,
+        out: *mut TensorHandle,
+    ) -> Status,
 }
 
 /// The plugin's table, returned by the entry function. Static for the life of the process.

@@ -298,6 +298,29 @@ impl<'a> Host<'a> {
     pub fn low_rank(&self, a: Tensor, k: usize) -> Result<Tensor> {
         host_out!(self, low_rank(a.0, k))
     }
+
+    /// Frees a tensor before the call returns (the handle is invalid afterwards).
+    pub fn release(&self, t: Tensor) -> Result<()> {
+        // SAFETY: valid table.
+        check(unsafe { (self.api.release)(self.api.ctx, t.0) })
+    }
+
+    /// `|a| ≥ threshold ? a : 0`
+    pub fn trim_abs(&self, a: Tensor, threshold: f64) -> Result<Tensor> {
+        host_out!(self, trim_abs(a.0, threshold))
+    }
+
+    /// Elected sign per element (`abi::ELECT_MASS` or `abi::ELECT_COUNT`).
+    pub fn elect_sign(&self, ts: &[Tensor], rule: abi::ElectRule) -> Result<Tensor> {
+        let handles: Vec<TensorHandle> = ts.iter().map(|t| t.0).collect();
+        host_out!(self, elect_sign(handles.as_ptr(), handles.len(), rule))
+    }
+
+    /// Disjoint aggregation of the entries agreeing with `sign` (`abi::DISJOINT_*`).
+    pub fn disjoint_merge(&self, ts: &[Tensor], sign: Tensor, op: abi::DisjointOp) -> Result<Tensor> {
+        let handles: Vec<TensorHandle> = ts.iter().map(|t| t.0).collect();
+        host_out!(self, disjoint_merge(handles.as_ptr(), handles.len(), sign.0, op))
+    }
 }
 
 /// Type of a parameter in the schema.

@@ -96,6 +96,11 @@ static const ms_host_api_v1 probe_host_api = {
     FN(ms_status, (void *, ms_tensor_handle, const size_t *, size_t, ms_tensor_handle *)),  /* reshape */
     FN(ms_status, (void *, ms_tensor_handle, size_t, ms_tensor_handle *, ms_tensor_handle *, ms_tensor_handle *)), /* svd */
     FN(ms_status, (void *, ms_tensor_handle, size_t, ms_tensor_handle *)),                  /* low_rank */
+    FN(ms_status, (void *, ms_tensor_handle)),                                              /* release */
+    FN(ms_status, (void *, ms_tensor_handle, double, ms_tensor_handle *)),                  /* trim_abs */
+    FN(ms_status, (void *, const ms_tensor_handle *, size_t, ms_elect_rule, ms_tensor_handle *)), /* elect_sign */
+    FN(ms_status, (void *, const ms_tensor_handle *, size_t, ms_tensor_handle, ms_disjoint_op,
+                   ms_tensor_handle *)),                                                    /* disjoint_merge */
 };
 
 static const ms_plugin_api_v1 probe_plugin_api = {
@@ -136,6 +141,8 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_INT(ms_unary_op),
     PROBE_INT(ms_reduce_op),
     PROBE_INT(ms_stack_op),
+    PROBE_INT(ms_elect_rule),
+    PROBE_INT(ms_disjoint_op),
     PROBE_TYPE(ms_entry_v1_fn),
 
     PROBE_TYPE(ms_str),
@@ -198,6 +205,10 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_FIELD(ms_host_api_v1, reshape),
     PROBE_FIELD(ms_host_api_v1, svd),
     PROBE_FIELD(ms_host_api_v1, low_rank),
+    PROBE_FIELD(ms_host_api_v1, release),
+    PROBE_FIELD(ms_host_api_v1, trim_abs),
+    PROBE_FIELD(ms_host_api_v1, elect_sign),
+    PROBE_FIELD(ms_host_api_v1, disjoint_merge),
 
     PROBE_TYPE(ms_plugin_api_v1),
     PROBE_FIELD(ms_plugin_api_v1, struct_size),
@@ -280,6 +291,11 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_CONST(MS_STACK_MEAN),
     PROBE_CONST(MS_STACK_MAX),
     PROBE_CONST(MS_STACK_MIN),
+    PROBE_CONST(MS_ELECT_MASS),
+    PROBE_CONST(MS_ELECT_COUNT),
+    PROBE_CONST(MS_DISJOINT_SUM),
+    PROBE_CONST(MS_DISJOINT_MEAN),
+    PROBE_CONST(MS_DISJOINT_MAX),
     PROBE_CONST(MS_PLUGIN_API_V1_MIN_SIZE),
 };
 

@@ -17,3 +17,41 @@ pub fn plugin_path(lib_name: &str) -> PathBuf {
     );
     plugin_build_dir().join(file)
 }
+
+/// Absolute tolerance of the golden-number tests (the plugins compute in f32).
+pub const TOL: f64 = 1e-5;
+
+/// Loads the plugin library `lib<lib_name>.so` built for this run.
+pub fn load(lib_name: &str) -> mergescope_engine::plugin::Plugin {
+    let path = plugin_path(lib_name);
+    mergescope_engine::plugin::load_plugin(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+/// An in-memory model from (name, shape, values) triples.
+pub fn model(tensors: &[(&str, &[usize], &[f32])]) -> mergescope_engine::merge::MemModel {
+    tensors
+        .iter()
+        .map(|(name, shape, data)| {
+            (
+                (*name).to_string(),
+                mergescope_engine::merge::MemTensor::new(shape.to_vec(), data.to_vec()),
+            )
+        })
+        .collect()
+}
+
+/// Asserts that tensor `name` of `model` equals `expected` within [`TOL`]; `context` prefixes
+/// the failure message.
+pub fn assert_close(model: &mergescope_engine::merge::MemModel, name: &str, expected: &[f64], context: &str) {
+    let t = model
+        .get(name)
+        .unwrap_or_else(|| panic!("{context}: output has no tensor '{name}'"));
+    assert_eq!(t.data.len(), expected.len(), "{context}: tensor '{name}': length");
+    for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
+        assert!(
+            (f64::from(*a) - e).abs() <= TOL,
+            "{context}: tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}",
+            t.data
+        );
+    }
+}

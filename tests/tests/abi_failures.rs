@@ -305,7 +305,12 @@ fn c_example_errors_reach_the_user() {
 
 #[test]
 fn fixtures_are_invisible_to_discovery() {
-    for lib in ["mstest_panics", "mstest_wrong_magic", "mstest_no_header"] {
+    for lib in [
+        "mstest_panics",
+        "mstest_wrong_magic",
+        "mstest_no_header",
+        "mstest_use_after_release",
+    ] {
         let path = plugin_path(lib);
         assert!(
             !mergescope_engine::plugin::discovery::is_plugin_file(Path::new(&path)),

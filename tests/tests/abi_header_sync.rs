@@ -45,6 +45,8 @@ const TYPE_NAMES: &[(&str, &str)] = &[
     ("UnaryOp", "ms_unary_op"),
     ("ReduceOp", "ms_reduce_op"),
     ("StackOp", "ms_stack_op"),
+    ("ElectRule", "ms_elect_rule"),
+    ("DisjointOp", "ms_disjoint_op"),
     ("EntryV1", "ms_entry_v1_fn"),
     ("Str", "ms_str"),
     ("PluginHeader", "ms_plugin_header"),
@@ -168,6 +170,8 @@ fn rust_facts() -> BTreeMap<String, Value> {
     int_type!(f, UnaryOp);
     int_type!(f, ReduceOp);
     int_type!(f, StackOp);
+    int_type!(f, ElectRule);
+    int_type!(f, DisjointOp);
 
     #[allow(dead_code)]
     fn pin_entry(e: EntryV1) -> unsafe extern "C" fn() -> *const PluginApiV1 {
@@ -236,6 +240,10 @@ fn rust_facts() -> BTreeMap<String, Value> {
         reshape: unsafe extern "C" fn(Ctx, H, *const usize, usize, *mut H) -> Status,
         svd: unsafe extern "C" fn(Ctx, H, usize, *mut H, *mut H, *mut H) -> Status,
         low_rank: unsafe extern "C" fn(Ctx, H, usize, *mut H) -> Status,
+        release: unsafe extern "C" fn(Ctx, H) -> Status,
+        trim_abs: unsafe extern "C" fn(Ctx, H, f64, *mut H) -> Status,
+        elect_sign: unsafe extern "C" fn(Ctx, *const H, usize, ElectRule, *mut H) -> Status,
+        disjoint_merge: unsafe extern "C" fn(Ctx, *const H, usize, H, DisjointOp, *mut H) -> Status,
     });
     layout!(f, PluginApiV1 {
         struct_size: usize,
@@ -329,6 +337,11 @@ fn rust_facts() -> BTreeMap<String, Value> {
         STACK_MEAN,
         STACK_MAX,
         STACK_MIN,
+        ELECT_MASS,
+        ELECT_COUNT,
+        DISJOINT_SUM,
+        DISJOINT_MEAN,
+        DISJOINT_MAX,
         PLUGIN_API_V1_MIN_SIZE,
     );
     f

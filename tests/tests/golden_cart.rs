@@ -4,40 +4,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
-use mergescope_engine::merge::{MemModel, MemTensor, merge_in_memory};
-use mergescope_engine::plugin::{Plugin, load_plugin};
+use mergescope_engine::merge::{MemModel, merge_in_memory};
+use mergescope_engine::plugin::Plugin;
 use mergescope_plugin_cart::rank_from_ratio;
-use mergescope_tests::plugin_path;
+use mergescope_tests::{assert_close, load, model};
 use serde_json::{Value, json};
 
-const TOL: f64 = 1e-5;
-const I2: [f64; 4] = [1.0, 0.0, 0.0, 1.0];
-
 fn plugin() -> Plugin {
-    let path = plugin_path("mergescope_plugin_cart");
-    load_plugin(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+    load("mergescope_plugin_cart")
 }
 
-fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors
-        .iter()
-        .map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec())))
-        .collect()
-}
-
-fn assert_close(model: &MemModel, name: &str, expected: &[f64], context: &str) {
-    let t = model
-        .get(name)
-        .unwrap_or_else(|| panic!("{context}: output has no tensor '{name}'"));
-    assert_eq!(t.data.len(), expected.len(), "{context}: tensor '{name}': length");
-    for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
-        assert!(
-            (f64::from(*a) - e).abs() <= TOL,
-            "{context}: tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}",
-            t.data
-        );
-    }
-}
+const I2: [f64; 4] = [1.0, 0.0, 0.0, 1.0];
 
 fn merge(params: &Value, base: Option<&MemModel>, experts: &[MemModel]) -> MemModel {
     merge_in_memory(&plugin(), params, 0, base, experts).unwrap_or_else(|e| panic!("merge with {params}: {e}"))

@@ -4,12 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
-use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory, merge_in_memory_with};
-use mergescope_engine::plugin::{Plugin, load_plugin};
-use mergescope_tests::plugin_path;
+use mergescope_engine::merge::{ExecOptions, MemModel, merge_in_memory, merge_in_memory_with};
+use mergescope_engine::plugin::Plugin;
+use mergescope_tests::{assert_close, load, model};
 use serde_json::{Value, json};
 
-const TOL: f64 = 1e-5;
+fn plugin() -> Plugin {
+    load("mergescope_plugin_consensus")
+}
 
 /// Hand-made task vectors: 3 tasks, 5 coordinates. τ_MTL = Σ_t τ_t = [1, 1.9, 0.1, −0.6, 0.3].
 const TAU: [[f32; 5]; 3] = [
@@ -19,32 +21,6 @@ const TAU: [[f32; 5]; 3] = [
 ];
 const MTL: [f64; 5] = [1.0, 1.9, 0.1, -0.6, 0.3];
 const BASE: [f32; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
-
-fn plugin() -> Plugin {
-    let path = plugin_path("mergescope_plugin_consensus");
-    load_plugin(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
-}
-
-fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors
-        .iter()
-        .map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec())))
-        .collect()
-}
-
-fn assert_close(model: &MemModel, name: &str, expected: &[f64], context: &str) {
-    let t = model
-        .get(name)
-        .unwrap_or_else(|| panic!("{context}: output has no tensor '{name}'"));
-    assert_eq!(t.data.len(), expected.len(), "{context}: tensor '{name}': length");
-    for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
-        assert!(
-            (f64::from(*a) - e).abs() <= TOL,
-            "{context}: tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}",
-            t.data
-        );
-    }
-}
 
 fn inputs() -> (MemModel, Vec<MemModel>) {
     let base = model(&[("layer.bias", &[5], &BASE)]);

@@ -197,9 +197,14 @@ fn rebuilt_masks_every_rescale() {
 fn combine_ties_against_rebuilt_masks() {
     let (base, experts) = inputs();
     let (seed, p, lambda) = (99, 0.4, 1.3);
-    let params = json!({"drop_rate": p, "combine": "ties", "lambda": lambda});
-    let out = merge(&params, seed, &base, &experts);
-    let r = (1.0 / (1.0 - p)) as f32;
+    for (rescale, r) in [("inverse", (1.0 / (1.0 - p)) as f32), ("none", 1.0)] {
+        let params = json!({"drop_rate": p, "combine": "ties", "lambda": lambda, "rescale": rescale});
+        let out = merge(&params, seed, &base, &experts);
+        check_combine_ties(&out, &base, &experts, seed, p, lambda, r);
+    }
+}
+
+fn check_combine_ties(out: &MemModel, base: &MemModel, experts: &[MemModel], seed: u64, p: f64, lambda: f64, r: f32) {
     for name in ["layer.weight", "layer.bias"] {
         let n = base[name].data.len();
         let dropped: Vec<Vec<f32>> = experts
@@ -238,7 +243,7 @@ fn combine_ties_against_rebuilt_masks() {
                 f64::from(base[name].data[j]) + lambda * mean
             })
             .collect();
-        assert_close(&out, name, &expected, "combine ties");
+        assert_close(out, name, &expected, &format!("combine ties, r = {r}"));
     }
 }
 

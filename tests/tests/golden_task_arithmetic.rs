@@ -4,12 +4,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
-use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory, merge_in_memory_with};
-use mergescope_engine::plugin::{Plugin, load_plugin};
-use mergescope_tests::plugin_path;
+use mergescope_engine::merge::{ExecOptions, MemModel, merge_in_memory, merge_in_memory_with};
+use mergescope_engine::plugin::Plugin;
+use mergescope_tests::{load, model};
 use serde_json::json;
 
-const TOL: f64 = 1e-5;
+fn plugin() -> Plugin {
+    load("mergescope_plugin_task_arithmetic")
+}
+
+fn assert_close(model: &MemModel, name: &str, expected: &[f64]) {
+    mergescope_tests::assert_close(model, name, expected, "");
+}
 
 /// The three task vectors of seeds-002-004 §4.6.
 const TAU: [[f64; 10]; 3] = [
@@ -17,32 +23,6 @@ const TAU: [[f64; 10]; 3] = [
     [-0.6, 0.25, 0.1, 0.2, -0.8, 0.7, -0.05, 0.35, 0.45, -0.1],
     [0.4, -0.3, -0.15, -0.2, 0.1, 0.2, 0.0, -0.3, 0.5, 0.55],
 ];
-
-fn plugin() -> Plugin {
-    let path = plugin_path("mergescope_plugin_task_arithmetic");
-    load_plugin(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
-}
-
-fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors
-        .iter()
-        .map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec())))
-        .collect()
-}
-
-fn assert_close(model: &MemModel, name: &str, expected: &[f64]) {
-    let t = model
-        .get(name)
-        .unwrap_or_else(|| panic!("output has no tensor '{name}'"));
-    assert_eq!(t.data.len(), expected.len(), "tensor '{name}': length");
-    for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
-        assert!(
-            (f64::from(*a) - e).abs() <= TOL,
-            "tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}",
-            t.data
-        );
-    }
-}
 
 /// A non-zero base θ0 and experts θ_t = θ0 + τ_t for the §4.6 task vectors.
 fn golden_inputs() -> (Vec<f64>, MemModel, Vec<MemModel>) {

@@ -343,10 +343,14 @@ const SHAPES: [(&str, &[usize]); 4] = [
 ];
 
 fn random_inputs(seed: u64, n_experts: usize) -> (MemModel, Vec<MemModel>) {
+    random_inputs_shaped(seed, n_experts, &SHAPES)
+}
+
+fn random_inputs_shaped(seed: u64, n_experts: usize, shapes: &[(&str, &[usize])]) -> (MemModel, Vec<MemModel>) {
     let mut rng = Rng(seed);
     let mut base = MemModel::new();
     let mut experts = vec![MemModel::new(); n_experts];
-    for (name, shape) in SHAPES {
+    for &(name, shape) in shapes {
         let n: usize = shape.iter().product();
         // Dyadic base values in [−2, 2].
         let b: Vec<f32> = (0..n).map(|_| (rng.next() % 17) as f32 * 0.25 - 2.0).collect();
@@ -499,8 +503,13 @@ fn reference_ties(base: &MemModel, experts: &[MemModel], o: &Options<'_>) -> Mem
 }
 
 fn check_against_reference(o: &Options<'_>, base: &MemModel, experts: &[MemModel]) {
+    check_against_reference_with(o, base, experts, &ExecOptions::default());
+}
+
+fn check_against_reference_with(o: &Options<'_>, base: &MemModel, experts: &[MemModel], opts: &ExecOptions) {
     let expected = reference_ties(base, experts, o);
-    let got = merge(&o.json(), base, experts);
+    let got = merge_in_memory_with(&plugin(), &o.json(), 0, Some(base), experts, opts)
+        .unwrap_or_else(|e| panic!("merge with {}: {e}", o.json()));
     for (name, t) in &expected {
         let e: Vec<f64> = t.data.iter().map(|v| f64::from(*v)).collect();
         assert_close(&got, name, &e, &format!("{o:?}"));
@@ -572,6 +581,109 @@ fn global_scope_chunked_equals_unchunked() {
     for (name, t) in &whole {
         let e: Vec<f64> = t.data.iter().map(|v| f64::from(*v)).collect();
         assert_close(&chunked, name, &e, "chunked");
+    }
+}
+
+/// Every setting is elementwise in the merge pass (per-tensor thresholds and majority signs come
+/// from the statistics pass): chunks of 1, 3 and 7 elements, which split every tensor of the
+/// random model at different places, give the restatement's model for every combination.
+#[test]
+fn every_setting_chunked_matches_a_direct_restatement() {
+    let (base, experts) = random_inputs(5, 3);
+    for chunk_elems in [1, 3, 7] {
+        let opts = ExecOptions {
+            chunk_elems,
+            ..Default::default()
+        };
+        for scope in ["global", "tensor"] {
+            for count_rule in ["exact", "reference"] {
+                for election in ["mass", "count"] {
+                    for zero_sign in ["none", "reference", "positive"] {
+                        for aggregation in ["dis-mean", "dis-sum", "dis-max"] {
+                            let o = Options {
+                                density: 0.3,
+                                lambda: 0.9,
+                                aggregation,
+                                scope,
+                                count_rule,
+                                election,
+                                zero_sign,
+                            };
+                            check_against_reference_with(&o, &base, &experts, &opts);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Large tensors (the plugin's radix selection, split over threads, instead of its direct
+/// selection for small ones) against the restatement, whole and in chunks.
+#[test]
+fn large_tensors_match_a_direct_restatement() {
+    let shapes: [(&str, &[usize]); 3] = [
+        ("big.weight", &[520, 1024]),
+        ("mid.weight", &[150, 130]),
+        ("s.bias", &[9]),
+    ];
+    let (base, experts) = random_inputs_shaped(13, 3, &shapes);
+    let chunked = ExecOptions {
+        chunk_elems: 100_003,
+        ..Default::default()
+    };
+    for scope in ["global", "tensor"] {
+        for (count_rule, zero_sign, density) in [("exact", "reference", 0.2), ("reference", "none", 0.07)] {
+            let o = Options {
+                density,
+                lambda: 1.0,
+                aggregation: "dis-mean",
+                scope,
+                count_rule,
+                election: "mass",
+                zero_sign,
+            };
+            let expected = reference_ties(&base, &experts, &o);
+            for opts in [&ExecOptions::default(), &chunked] {
+                let got = merge_in_memory_with(&plugin(), &o.json(), 0, Some(&base), &experts, opts)
+                    .unwrap_or_else(|e| panic!("merge with {}: {e}", o.json()));
+                for (name, t) in &expected {
+                    let e: Vec<f64> = t.data.iter().map(|v| f64::from(*v)).collect();
+                    assert_close(&got, name, &e, &format!("{o:?}, chunks of {}", opts.chunk_elems));
+                }
+            }
+        }
+    }
+}
+
+/// The per-tensor majority of zero_sign = reference is taken over the whole tensor even when the
+/// merge pass sees it in chunks: a tensor whose first chunk alone would vote the other way.
+/// a: τ1 = [1, −1, −1, 1, 1, 1], τ2 = [−1, 1, 1, 1, 1, 1] (density 1): Σ = [0, 0, 0, 2, 2, 2],
+/// raw signs [0, 0, 0, +, +, +], majority + → [1, 1, 1, 1, 1, 1]; with chunks of 3 the first chunk
+/// (all zero signs) must still use +.
+#[test]
+fn tensor_majority_spans_chunks() {
+    let (base, experts) = zero_base(
+        "a.bias",
+        &[&[1.0, -1.0, -1.0, 1.0, 1.0, 1.0], &[-1.0, 1.0, 1.0, 1.0, 1.0, 1.0]],
+    );
+    let params = json!({"density": 1.0, "zero_sign": "reference", "trim_scope": "tensor"});
+    let opts = ExecOptions {
+        chunk_elems: 3,
+        ..Default::default()
+    };
+    let out = merge_in_memory_with(&plugin(), &params, 0, Some(&base), &experts, &opts).expect("chunked merge");
+    assert_close(&out, "a.bias", &[1.0; 6], "chunked per-tensor majority");
+}
+
+/// A NaN task-vector entry cannot be ranked: both scopes refuse it instead of trimming it away.
+#[test]
+fn nan_task_vector_is_an_error() {
+    let (base, experts) = zero_base("layer.bias", &[&[0.5, f32::NAN, 0.1, 0.2], &[0.3, 0.1, -0.2, 0.4]]);
+    for scope in ["global", "tensor"] {
+        let params = json!({"density": 0.5, "trim_scope": scope});
+        let err = merge_in_memory(&plugin(), &params, 0, Some(&base), &experts).expect_err("NaN must fail");
+        assert!(err.to_string().contains("NaN"), "{scope}: {err}");
     }
 }
 

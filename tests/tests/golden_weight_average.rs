@@ -3,37 +3,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
-use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory, merge_in_memory_with};
-use mergescope_engine::plugin::{Plugin, load_plugin};
-use mergescope_tests::plugin_path;
+use mergescope_engine::merge::{ExecOptions, MemModel, merge_in_memory, merge_in_memory_with};
+use mergescope_engine::plugin::Plugin;
+use mergescope_tests::{load, model};
 use serde_json::json;
 
-const TOL: f64 = 1e-5;
-
 fn plugin() -> Plugin {
-    let path = plugin_path("mergescope_plugin_weight_average");
-    load_plugin(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
-}
-
-fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors
-        .iter()
-        .map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec())))
-        .collect()
+    load("mergescope_plugin_weight_average")
 }
 
 fn assert_close(model: &MemModel, name: &str, expected: &[f64]) {
-    let t = model
-        .get(name)
-        .unwrap_or_else(|| panic!("output has no tensor '{name}'"));
-    assert_eq!(t.data.len(), expected.len(), "tensor '{name}': length");
-    for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
-        assert!(
-            (f64::from(*a) - e).abs() <= TOL,
-            "tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}",
-            t.data
-        );
-    }
+    mergescope_tests::assert_close(model, name, expected, "");
 }
 
 fn experts() -> Vec<MemModel> {

@@ -5,6 +5,7 @@ mod cli;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    mergescope_engine::sys::tune_allocator();
     match cli::run() {
         Ok(code) => code,
         Err(e) => {

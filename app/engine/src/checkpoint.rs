@@ -2,7 +2,7 @@
 //! `model.safetensors.index.json`. Headers are parsed and checked up front; tensor data is
 //! read on demand through memory maps, so opening a checkpoint costs almost nothing.
 
-use crate::dtype::{DType, decode_f32};
+use crate::dtype::{DType, decode_f32_vec};
 use crate::error::{EngineError, Result};
 use memmap2::Mmap;
 use std::collections::BTreeMap;
@@ -300,18 +300,16 @@ impl Checkpoint {
         &map[t.start as usize..(t.start + t.len) as usize]
     }
 
-    /// Reads elements `[from, from + out.len())` of a float tensor as f32.
-    pub fn read_f32_range(&self, t: &TensorEntry, from: usize, out: &mut [f32]) {
+    /// Reads elements `[from, from + len)` of a float tensor as f32.
+    pub fn read_f32_range(&self, t: &TensorEntry, from: usize, len: usize) -> Vec<f32> {
         let es = t.dtype.size();
         let bytes = self.raw_bytes(t);
-        decode_f32(t.dtype, &bytes[from * es..(from + out.len()) * es], out);
+        decode_f32_vec(t.dtype, &bytes[from * es..(from + len) * es])
     }
 
     /// Reads a whole float tensor as f32.
     pub fn read_f32(&self, t: &TensorEntry) -> Vec<f32> {
-        let mut v = vec![0f32; t.numel()];
-        self.read_f32_range(t, 0, &mut v);
-        v
+        self.read_f32_range(t, 0, t.numel())
     }
 
     /// Tells the OS that the pages of elements `[from, from + n)` of `t` will not be needed
@@ -376,9 +374,7 @@ mod tests {
         let t = &c.tensors["w"];
         assert_eq!(c.read_f32(t), vec![1.0, 2.0, 3.0]);
         assert_eq!(c.metadata()["k"], "v");
-        let mut two = [0f32; 2];
-        c.read_f32_range(t, 1, &mut two);
-        assert_eq!(two, [2.0, 3.0]);
+        assert_eq!(c.read_f32_range(t, 1, 2), vec![2.0, 3.0]);
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! Element types of safetensors files and conversion of raw bytes to and from f32.
 
-use half::slice::HalfFloatSliceExt as _;
-use half::{bf16, f16};
+use half::f16;
 use serde::{Deserialize, Serialize};
 
 /// A safetensors element type.
@@ -105,64 +104,60 @@ impl OutDType {
     }
 }
 
-/// Decodes little-endian float bytes of `dtype` into `out` (which must have the right length).
-pub fn decode_f32(dtype: DType, bytes: &[u8], out: &mut [f32]) {
+/// Decodes little-endian float bytes of `dtype` into a new vector (no zero-fill first).
+pub fn decode_f32_vec(dtype: DType, bytes: &[u8]) -> Vec<f32> {
     match dtype {
-        DType::F32 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        DType::F16 => {
-            let tmp: Vec<f16> = bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]))
-                .collect();
-            tmp.convert_to_f32_slice(out);
-        }
-        DType::BF16 => {
-            // bf16 is the top half of an f32: widening is a shift (exact).
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
-            }
-        }
-        DType::F64 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(c);
-                *o = f64::from_le_bytes(b) as f32;
-            }
-        }
-        DType::Other { .. } => out.fill(0.0),
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        // bf16 is the top half of an f32: widening is a shift (exact).
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+            .collect(),
+        DType::F64 => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
+            .collect(),
+        DType::Other { size, .. } => vec![0.0; bytes.len() / size.max(1)],
+    }
+}
+
+/// f32 to bf16 bits, rounding to nearest even (NaN stays NaN); branch-free so it vectorises.
+fn bf16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        0x7FC0 | ((b >> 16) as u16 & 0x8000)
+    } else {
+        rounded
     }
 }
 
 /// Encodes f32 values as little-endian bytes of `dtype` (round to nearest even).
 pub fn encode_f32(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
     out.clear();
-    out.reserve(values.len() * dtype.size());
     match dtype {
         DType::F32 | DType::Other { .. } => {
-            for v in values {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
+            let words: Vec<u32> = values.iter().map(|v| v.to_bits().to_le()).collect();
+            out.extend_from_slice(bytemuck::cast_slice(&words));
         }
         DType::F16 => {
-            let mut tmp = vec![f16::ZERO; values.len()];
-            tmp.convert_from_f32_slice(values);
-            for v in tmp {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
+            let words: Vec<u16> = values.iter().map(|v| f16::from_f32(*v).to_bits().to_le()).collect();
+            out.extend_from_slice(bytemuck::cast_slice(&words));
         }
         DType::BF16 => {
-            for v in values {
-                out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes());
-            }
+            let words: Vec<u16> = values.iter().map(|v| bf16_bits(*v).to_le()).collect();
+            out.extend_from_slice(bytemuck::cast_slice(&words));
         }
         DType::F64 => {
-            for v in values {
-                out.extend_from_slice(&f64::from(*v).to_le_bytes());
-            }
+            let words: Vec<u64> = values.iter().map(|v| f64::from(*v).to_bits().to_le()).collect();
+            out.extend_from_slice(bytemuck::cast_slice(&words));
         }
     }
 }
@@ -170,6 +165,7 @@ pub fn encode_f32(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::bf16;
 
     #[test]
     fn bf16_round_trip_and_rounding() {
@@ -177,13 +173,34 @@ mod tests {
         let mut bytes = Vec::new();
         encode_f32(DType::BF16, &vals, &mut bytes);
         assert_eq!(bytes.len(), 8);
-        let mut back = [0f32; 4];
-        decode_f32(DType::BF16, &bytes, &mut back);
+        let back = decode_f32_vec(DType::BF16, &bytes);
         assert_eq!(back[0], 1.0);
         assert_eq!(back[1], -2.5);
         // bf16 keeps 8 significant bits: 0.1 (0x3DCCCCCD) rounds to 0x3DCD, i.e. 0.10009765625.
         assert_eq!(back[2].to_bits(), 0x3DCD_0000);
         assert!((back[3] - 3.0e-3).abs() < 2e-5);
+    }
+
+    #[test]
+    fn bf16_rounding_matches_the_half_crate() {
+        // Round-to-nearest-even, ties, subnormals, infinities and NaN against `half`.
+        let mut cases = vec![
+            0.0f32,
+            -0.0,
+            1.0,
+            1.00390625,
+            1.01171875,
+            3.4e38,
+            -3.4e38,
+            1e-40,
+            f32::INFINITY,
+            f32::MIN_POSITIVE,
+        ];
+        cases.extend((0..2000).map(|i| (i as f32 - 1000.0) * 0.012_345_67));
+        for v in cases {
+            assert_eq!(bf16_bits(v), bf16::from_f32(v).to_bits(), "{v}");
+        }
+        assert!(bf16::from_bits(bf16_bits(f32::NAN)).is_nan());
     }
 
     #[test]

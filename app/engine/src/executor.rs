@@ -113,8 +113,8 @@ impl PlanItem {
 
 /// Where input tensors come from. Model 0 is the base when there is one, then the experts.
 pub trait Source: Sync {
-    /// Reads elements `[from, from + out.len())` of tensor `name` of input `model` as f32.
-    fn read(&self, model: usize, name: &str, from: usize, out: &mut [f32]) -> Result<()>;
+    /// Reads elements `[from, from + len)` of tensor `name` of input `model` as f32.
+    fn read(&self, model: usize, name: &str, from: usize, len: usize) -> Result<Vec<f32>>;
     /// Says the range will not be read again (lets a file source drop mapped pages).
     fn release(&self, _model: usize, _name: &str, _from: usize, _len: usize) {}
 }
@@ -195,8 +195,7 @@ impl Run<'_> {
         let n_inputs = self.n_experts + usize::from(self.has_base);
         let mut tensors = Vec::with_capacity(n_inputs);
         for m in 0..n_inputs {
-            let mut v = vec![0f32; len];
-            self.source.read(m, &item.name, from, &mut v)?;
+            let v = self.source.read(m, &item.name, from, len)?;
             tensors.push(Tensor::from_vec(v, shape, &self.opts.device)?);
         }
         let base = if self.has_base { Some(tensors.remove(0)) } else { None };
@@ -222,26 +221,36 @@ impl Run<'_> {
         self.merge_pass()
     }
 
+    /// One statistics pass: every tensor, whole, to `prepare_tensor`. In order on one thread,
+    /// unless the plugin is thread-safe (then in parallel like the merge pass).
     fn statistics_pass(&self, pass: u32) -> Result<()> {
-        let total: u64 = self.items.iter().map(|i| i.numel() as u64).sum();
-        let mut done = 0u64;
-        for (i, item) in self.items.iter().enumerate() {
-            if self.cancel.load(Ordering::Relaxed) {
-                return Err(EngineError::Cancelled);
-            }
-            let n = item.numel();
-            let (base, experts) = self.load(item, 0, n, &item.shape)?;
+        let units: Vec<Unit> = self
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| Unit {
+                item: i,
+                from: 0,
+                len: item.numel(),
+            })
+            .collect();
+        let parallel = self.instance.capabilities & abi::CAP_THREAD_SAFE != 0;
+        self.run_units(&units, Phase::Statistics(pass), parallel, |unit| {
+            let item = &self.items[unit.item];
+            let (base, experts) = self.load(item, 0, unit.len, &item.shape)?;
             self.instance
-                .prepare_tensor(self.env(), pass, &self.call(i, item, 0), base, experts)?;
-            done += n as u64;
-            (self.observer.progress)(&Progress {
-                phase: Phase::Statistics(pass),
-                done,
-                total,
-                tensor: item.name.clone(),
-            });
-        }
+                .prepare_tensor(self.env(), pass, &self.call(unit.item, item, 0), base, experts)?;
+            self.release_inputs(item, unit);
+            Ok(())
+        })?;
         self.instance.finish_pass(self.env(), pass)
+    }
+
+    fn release_inputs(&self, item: &PlanItem, unit: &Unit) {
+        let n_inputs = self.n_experts + usize::from(self.has_base);
+        for m in 0..n_inputs {
+            self.source.release(m, &item.name, unit.from, unit.len);
+        }
     }
 
     fn units(&self) -> Vec<Unit> {
@@ -304,19 +313,30 @@ impl Run<'_> {
             Some(r) => r?,
             None => store(&to_f32_vec(&result)?)?,
         }
-        let n_inputs = self.n_experts + usize::from(self.has_base);
-        for m in 0..n_inputs {
-            self.source.release(m, &item.name, unit.from, unit.len);
-        }
+        self.release_inputs(item, unit);
         Ok(())
     }
 
     fn merge_pass(&self) -> Result<()> {
         let units = self.units();
+        let lock = (self.instance.capabilities & abi::CAP_THREAD_SAFE == 0).then(|| Mutex::new(()));
+        self.run_units(&units, Phase::Merge, true, |unit| self.run_unit(unit, lock.as_ref()))
+    }
+
+    /// Runs `work` on every unit on worker threads (one when `parallel` is false), each unit
+    /// inside the memory budget; stops at the first error or on cancel; reports progress.
+    fn run_units(
+        &self,
+        units: &[Unit],
+        phase: Phase,
+        parallel: bool,
+        work: impl Fn(&Unit) -> Result<()> + Sync,
+    ) -> Result<()> {
         let total: u64 = units.iter().map(|u| u.len as u64).sum();
-        let threads = match self.opts.threads {
-            0 => std::thread::available_parallelism().map_or(1, usize::from),
-            t => t,
+        let threads = match (parallel, self.opts.threads) {
+            (false, _) => 1,
+            (true, 0) => std::thread::available_parallelism().map_or(1, usize::from),
+            (true, t) => t,
         }
         .clamp(1, units.len().max(1));
         let n_inputs = (self.n_experts + usize::from(self.has_base)) as u64;
@@ -325,21 +345,20 @@ impl Run<'_> {
             used: Mutex::new(0),
             freed: Condvar::new(),
         };
-        let instance_lock = (self.instance.capabilities & abi::CAP_THREAD_SAFE == 0).then(|| Mutex::new(()));
         let next = AtomicUsize::new(0);
         let done = AtomicU64::new(0);
         let failed = AtomicBool::new(false);
         let first_error: Mutex<Option<EngineError>> = Mutex::new(None);
+        let fail = |e: EngineError| {
+            failed.store(true, Ordering::Relaxed);
+            lock(&first_error).get_or_insert(e);
+        };
         std::thread::scope(|s| {
             for _ in 0..threads {
                 s.spawn(|| {
-                    loop {
-                        if failed.load(Ordering::Relaxed) {
-                            return;
-                        }
+                    while !failed.load(Ordering::Relaxed) {
                         if self.cancel.load(Ordering::Relaxed) {
-                            failed.store(true, Ordering::Relaxed);
-                            lock(&first_error).get_or_insert(EngineError::Cancelled);
+                            fail(EngineError::Cancelled);
                             return;
                         }
                         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -347,27 +366,19 @@ impl Run<'_> {
                         // Inputs, the output, and about two temporaries per input, in f32.
                         let cost = unit.len as u64 * 4 * (2 * n_inputs + 2);
                         budget.acquire(cost);
-                        let r = self.run_unit(unit, instance_lock.as_ref());
+                        let r = work(unit);
                         budget.release(cost);
-                        match r {
-                            Ok(()) => {
-                                let d = done.fetch_add(unit.len as u64, Ordering::Relaxed) + unit.len as u64;
-                                (self.observer.progress)(&Progress {
-                                    phase: Phase::Merge,
-                                    done: d,
-                                    total,
-                                    tensor: self.items[unit.item].name.clone(),
-                                });
-                            }
-                            Err(e) => {
-                                failed.store(true, Ordering::Relaxed);
-                                let mut slot = lock(&first_error);
-                                if slot.is_none() {
-                                    *slot = Some(e);
-                                }
-                                return;
-                            }
+                        if let Err(e) = r {
+                            fail(e);
+                            return;
                         }
+                        let d = done.fetch_add(unit.len as u64, Ordering::Relaxed) + unit.len as u64;
+                        (self.observer.progress)(&Progress {
+                            phase,
+                            done: d,
+                            total,
+                            tensor: self.items[unit.item].name.clone(),
+                        });
                     }
                 });
             }

@@ -19,6 +19,7 @@ pub mod merge;
 pub mod plugin;
 pub mod recipe;
 pub mod rng;
+pub mod sys;
 pub mod writer;
 
 pub use error::{EngineError, Result};

@@ -4,7 +4,7 @@
 
 use crate::checkpoint::{Checkpoint, TensorEntry};
 use crate::compat::{self, MissingPolicy, ModelDesc, TensorFate};
-use crate::dtype::{DType, OutDType, decode_f32, encode_f32};
+use crate::dtype::{DType, OutDType, decode_f32_vec, encode_f32};
 use crate::error::{EngineError, Result};
 pub use crate::executor::{ExecOptions, Observer, Phase, Progress};
 use crate::executor::{PlanItem, Run, Sink, Source};
@@ -88,12 +88,11 @@ struct MemSource<'a> {
 }
 
 impl Source for MemSource<'_> {
-    fn read(&self, model: usize, name: &str, from: usize, out: &mut [f32]) -> Result<()> {
+    fn read(&self, model: usize, name: &str, from: usize, len: usize) -> Result<Vec<f32>> {
         let t = self.models.get(model).and_then(|m| m.get(name)).ok_or_else(|| {
             EngineError::Invalid(format!("internal: tensor '{name}' of input {model} is not in memory"))
         })?;
-        out.copy_from_slice(&t.data[from..from + out.len()]);
-        Ok(())
+        Ok(t.data[from..from + len].to_vec())
     }
 }
 
@@ -270,10 +269,9 @@ impl FileSource<'_> {
 }
 
 impl Source for FileSource<'_> {
-    fn read(&self, model: usize, name: &str, from: usize, out: &mut [f32]) -> Result<()> {
+    fn read(&self, model: usize, name: &str, from: usize, len: usize) -> Result<Vec<f32>> {
         let (c, t) = self.entry(model, name)?;
-        c.read_f32_range(t, from, out);
-        Ok(())
+        Ok(c.read_f32_range(t, from, len))
     }
 
     fn release(&self, model: usize, name: &str, from: usize, len: usize) {
@@ -445,8 +443,7 @@ pub fn merge_files(
         if out_dtype == t.dtype {
             writer.write(&t.name, 0, reference.raw_bytes(t))?;
         } else {
-            let mut v = vec![0f32; t.numel()];
-            decode_f32(t.dtype, reference.raw_bytes(t), &mut v);
+            let v = decode_f32_vec(t.dtype, reference.raw_bytes(t));
             let mut bytes = Vec::new();
             encode_f32(out_dtype, &v, &mut bytes);
             writer.write(&t.name, 0, &bytes)?;

@@ -11,7 +11,12 @@ pub fn mix64(mut z: u64) -> u64 {
 
 /// Uniform draw in [0, 1) for element `index` under `seed` (53 random bits).
 pub fn uniform(seed: u64, index: u64) -> f64 {
-    let bits = mix64(mix64(seed) ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    uniform_mixed(mix64(seed), index)
+}
+
+/// [`uniform`] with `mix64(seed)` computed once by the caller (for whole-tensor draws).
+pub fn uniform_mixed(mixed_seed: u64, index: u64) -> f64 {
+    let bits = mix64(mixed_seed ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03));
     (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 

@@ -4,7 +4,7 @@
 //! generator, so a merge is reproducible from its seed whatever the device or chunking.
 
 use mergescope_plugin_api::abi::{
-    BINARY_EQ, BINARY_MAXIMUM, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, REDUCE_SUM_ABS,
+    CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MEAN, ELECT_MASS, REDUCE_SUM_ABS,
 };
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
@@ -195,18 +195,24 @@ impl MergeMethod for Dare {
             return host.affine(base, 1.0, 0.0);
         }
         let keep = 1.0 - self.drop_rate;
-        // Sparsified task vectors m_t ⊙ τ_t and their rescale factors r_t.
+        // Sparsified task vectors m_t ⊙ τ_t and their rescale factors r_t. Every input and
+        // intermediate is released as soon as it is dead, so that a whole-tensor call (l1
+        // rescale) keeps few tensor-sized buffers alive.
         let mut dropped = Vec::with_capacity(experts.len());
         let mut factors = Vec::with_capacity(experts.len());
         for (t, e) in experts.iter().enumerate() {
             host.check_cancelled()?;
             let tau = host.sub(*e, base)?;
-            let masked = if self.drop_rate <= 0.0 {
-                tau
-            } else {
-                let mask = host.bernoulli_mask(tau, keep, expert_seed(self.seed, tensor.name, t), tensor.offset)?;
-                host.mul(mask, tau)?
-            };
+            host.release(*e)?;
+            if self.drop_rate <= 0.0 {
+                // Nothing is dropped: m ⊙ τ = τ, and the l1 rescale is ‖τ‖₁/‖τ‖₁ = 1.
+                dropped.push(tau);
+                factors.push(1.0);
+                continue;
+            }
+            let mask = host.bernoulli_mask(tau, keep, expert_seed(self.seed, tensor.name, t), tensor.offset)?;
+            let masked = host.mul(mask, tau)?;
+            host.release(mask)?;
             let factor = match self.rescale {
                 Rescale::Inverse => 1.0 / keep,
                 Rescale::None => 1.0,
@@ -216,6 +222,7 @@ impl MergeMethod for Dare {
                     if full < 1e-7 || kept < 1e-7 { 1.0 } else { full / kept }
                 }
             };
+            host.release(tau)?;
             dropped.push(masked);
             factors.push(factor);
         }
@@ -230,25 +237,23 @@ impl MergeMethod for Dare {
                 host.weighted_sum(&terms, Some(&coefficients))
             }
             Combine::Ties => {
-                let scaled = dropped
-                    .iter()
-                    .zip(&factors)
-                    .map(|(d, r)| host.scale(*d, *r))
-                    .collect::<Result<Vec<_>>>()?;
-                let elected = host.sign(host.weighted_sum(&scaled, None)?)?;
-                let mut selected = Vec::with_capacity(scaled.len());
-                let mut nonzero = Vec::with_capacity(scaled.len());
-                for s in &scaled {
-                    let sign = host.sign(*s)?;
-                    let agree = host.binary(BINARY_EQ, sign, elected)?;
-                    let sel = host.mul(agree, *s)?;
-                    nonzero.push(host.abs(host.sign(sel)?)?);
-                    selected.push(sel);
+                // Mass election over r_t·τ̃_t, then the mean of the non-zero entries that agree
+                // (a coordinate whose elected sign is 0 gets 0).
+                let mut scaled = Vec::with_capacity(dropped.len());
+                for (d, r) in dropped.iter().zip(&factors) {
+                    if *r == 1.0 {
+                        scaled.push(*d);
+                    } else {
+                        scaled.push(host.scale(*d, *r)?);
+                        host.release(*d)?;
+                    }
                 }
-                let total = host.weighted_sum(&selected, None)?;
-                let count = host.weighted_sum(&nonzero, None)?;
-                let one = host.full_like(count, 1.0)?;
-                let mean = host.div(total, host.binary(BINARY_MAXIMUM, count, one)?)?;
+                let elected = host.elect_sign(&scaled, ELECT_MASS)?;
+                let mean = host.disjoint_merge(&scaled, elected, DISJOINT_MEAN)?;
+                host.release(elected)?;
+                for s in scaled {
+                    host.release(s)?;
+                }
                 host.weighted_sum(&[base, mean], Some(&[1.0, self.lambda]))
             }
         }

@@ -1,21 +1,38 @@
 //! `ties`: TIES-Merging (Yadav et al., 2023): trim, elect sign, disjoint merge.
 //!
+//! The merge pass is elementwise for every setting, so the host may chunk any tensor: whatever
+//! needs more than one element is computed beforehand in statistics passes and looked up per
+//! chunk.
+//!
 //! With `trim_scope = global` the per-expert magnitude thresholds are taken over the whole model
-//! in statistics passes, with bounded memory: pass 0 counts |τ| per expert in 2¹⁶ bins keyed by
-//! the top 16 bits of the f32 bit pattern (monotone in |τ|), pass 1 counts the low 16 bits of the
-//! values in the bin holding the k-th largest, which pins down the k-th largest |τ| exactly (a
-//! two-digit radix selection: linear time, 2¹⁶ counters per expert, no sort, no model-sized
-//! buffer). With `zero_sign = reference` a pass 2 sums the elected signs over the model for the
-//! global majority sign. After that every element merges independently, so the instance is
-//! elementwise. With `trim_scope = tensor` the thresholds come from the host's linear-time
-//! `kth_largest_abs` per tensor.
+//! with bounded memory: pass 0 counts |τ| per expert in 2¹⁶ bins keyed by the top 16 bits of the
+//! f32 bit pattern (monotone in |τ|), pass 1 counts the low 16 bits of the values in the bin
+//! holding the k-th largest, which pins down the k-th largest |τ| exactly (a two-digit radix
+//! selection: linear time, 2¹⁶ counters per expert, no sort, no model-sized buffer). With
+//! `zero_sign = reference` a pass 2 sums the elected signs over the model for the global majority
+//! sign.
+//!
+//! With `trim_scope = tensor` one statistics pass finds each tensor's per-expert thresholds (the
+//! same two-digit radix selection on one tensor, or a direct selection for small tensors) and,
+//! with `zero_sign = reference`, the tensor's majority sign, and keeps them by tensor name.
+//!
+//! The statistics loops run over copies of the inputs (`read_f32`, the host tensors released at
+//! once), split over a few scoped threads for large tensors; those threads never call the host.
+//! They refuse NaN task-vector entries, which no threshold can rank.
+//!
+//! Per chunk the merge is τ_t = θ_t − θ0, trim (`trim_abs`), elected sign (`elect_sign`), the
+//! zero-sign rule (two elementwise operations at most), `disjoint_merge` and θ0 + λ·τ_m, each
+//! intermediate released as soon as it is dead so that few chunk-sized buffers are alive at once.
 
 use mergescope_plugin_api::abi::{
-    BINARY_EQ, BINARY_GE, BINARY_MAXIMUM, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, REDUCE_SUM, STACK_MAX,
+    CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MAX, DISJOINT_MEAN, DISJOINT_SUM, DisjointOp,
+    ELECT_COUNT, ELECT_MASS, ElectRule,
 };
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
 };
+use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
 const HELP: &str = "TIES-Merging (Yadav et al., 2023). With task vectors τ_t = θ_t − θ0 (a base model is \
@@ -59,6 +76,16 @@ enum Aggregation {
     Max,
 }
 
+impl Aggregation {
+    fn op(self) -> DisjointOp {
+        match self {
+            Aggregation::Mean => DISJOINT_MEAN,
+            Aggregation::Sum => DISJOINT_SUM,
+            Aggregation::Max => DISJOINT_MAX,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Scope {
     Global,
@@ -78,6 +105,15 @@ pub enum CountRule {
 enum Election {
     Mass,
     Count,
+}
+
+impl Election {
+    fn rule(self) -> ElectRule {
+        match self {
+            Election::Mass => ELECT_MASS,
+            Election::Count => ELECT_COUNT,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,18 +142,29 @@ pub fn kept_count(n: u64, density: f64, rule: CountRule) -> u64 {
     }
 }
 
-/// State of the global statistics passes (behind a mutex: the host may run a pass's tensors on
-/// several threads for a thread-safe instance).
+/// What the merge pass needs to know about one tensor with `trim_scope = tensor`.
+#[derive(Clone, Debug, Default)]
+struct TensorStats {
+    /// Per expert: the magnitude threshold (None = keep nothing).
+    thresholds: Vec<Option<f64>>,
+    /// sign(Σ_j s_j) over the tensor (used with `zero_sign = reference`; 0 otherwise).
+    majority: f64,
+}
+
+/// State of the statistics passes (behind a mutex: the host may run a pass's tensors on several
+/// threads for a thread-safe instance).
 #[derive(Default)]
 struct Stats {
-    /// Elements in the model (counted in pass 0).
+    /// Elements in the model (counted in global pass 0).
     total: u64,
-    /// Per expert: pass 0, counts by the top 16 bits of |τ|; pass 1, by the low 16 bits.
+    /// Per expert: global pass 0, counts by the top 16 bits of |τ|; pass 1, by the low 16 bits.
     hist: Vec<Vec<u64>>,
-    /// Per expert, after pass 0: (top 16 bits of the threshold, its rank inside that bin).
+    /// Per expert, after global pass 0: (top 16 bits of the threshold, its rank inside that bin).
     target: Vec<Option<(u32, u64)>>,
-    /// Σ_j s_j over the model (pass 2).
+    /// Σ_j s_j over the model (global pass 2).
     sign_sum: f64,
+    /// Per-tensor statistics by tensor name (tensor scope).
+    per_tensor: HashMap<String, TensorStats>,
 }
 
 /// The TIES method.
@@ -135,6 +182,8 @@ pub struct Ties {
     thresholds: Option<Vec<Option<f64>>>,
     /// Global scope with zero_sign = reference: sign(Σ_j s_j), known after pass 2.
     majority: Option<f64>,
+    /// Tensor scope: the statistics of every tensor, known after pass 0.
+    per_tensor: Option<HashMap<String, TensorStats>>,
 }
 
 fn choice<T: Copy>(params: &Params<'_>, name: &str, options: &[(&str, T)]) -> Result<T> {
@@ -161,21 +210,149 @@ fn need_base(base: Option<Tensor>, tensor: &TensorMeta<'_>) -> Result<Tensor> {
     })
 }
 
-/// Bits of |x| as an f32 pattern, which orders like |x|. NaN is refused.
-fn abs_bits(values: &[f32], tensor: &TensorMeta<'_>, expert: usize) -> Result<Vec<u32>> {
-    let mut bits = Vec::with_capacity(values.len());
-    for (j, v) in values.iter().enumerate() {
-        if v.is_nan() {
-            return Err(Error::Message(format!(
-                "tensor '{}': the task vector of expert {expert} is NaN at element {}; TIES cannot rank NaN \
-                 magnitudes (check the inputs)",
-                tensor.name,
-                tensor.offset + j as u64
-            )));
+fn nan_error(tensor: &TensorMeta<'_>, expert: usize, element: Option<u64>) -> Error {
+    let at = element.map_or_else(String::new, |j| format!(" at element {j}"));
+    Error::Message(format!(
+        "tensor '{}': the task vector of expert {expert} is NaN{at}; TIES cannot rank NaN magnitudes (check the \
+         inputs)",
+        tensor.name
+    ))
+}
+
+/// Bits of |x| above this are NaN.
+const INF_BITS: u32 = 0x7f80_0000;
+
+/// Which 16-bit digit of the bit pattern of |τ| a histogram counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Digit {
+    /// The top 16 bits.
+    High,
+    /// The low 16 bits of the entries whose top 16 bits are the given ones.
+    Low(u32),
+}
+
+/// Adds the histogram of a digit of |e_j − b_j| (τ exactly as the host computes it, in f32) to
+/// `hist`. `Err(j)`: τ_j is NaN.
+fn count_digit(hist: &mut [u64], e: &[f32], b: &[f32], digit: Digit) -> std::result::Result<(), usize> {
+    let magnitudes = e.iter().zip(b).map(|(x, y)| (x - y).abs().to_bits());
+    match digit {
+        Digit::High => {
+            for (j, bits) in magnitudes.enumerate() {
+                if bits > INF_BITS {
+                    return Err(j);
+                }
+                hist[(bits >> 16) as usize] += 1;
+            }
         }
-        bits.push(v.abs().to_bits());
+        Digit::Low(hi) => {
+            for (j, bits) in magnitudes.enumerate() {
+                if bits > INF_BITS {
+                    return Err(j);
+                }
+                if bits >> 16 == hi {
+                    hist[(bits & 0xffff) as usize] += 1;
+                }
+            }
+        }
     }
-    Ok(bits)
+    Ok(())
+}
+
+/// Below this many elements per thread the statistics loops stay on the calling thread.
+const MIN_PER_THREAD: usize = 1 << 18;
+
+fn thread_count(n: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    cores.min(n / MIN_PER_THREAD).max(1)
+}
+
+/// Runs `f` on contiguous ranges of `0..n`, on scoped threads when `n` is large (the closures
+/// never call the host, which may only be called from the host's own thread), and returns the
+/// results in range order.
+fn par_ranges<R: Send>(n: usize, f: impl Fn(Range<usize>) -> R + Sync) -> Result<Vec<R>> {
+    let threads = thread_count(n);
+    if threads == 1 {
+        return Ok(vec![f(0..n)]);
+    }
+    let step = n.div_ceil(threads);
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let range = (i * step).min(n)..((i + 1) * step).min(n);
+                scope.spawn(move || f(range))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| Error::Message("ties: a statistics worker thread panicked".into()))
+            })
+            .collect()
+    })
+}
+
+/// `count_digit` over a whole tensor, on several threads when it is large. `Ok(Err(j))`: τ_j is
+/// NaN (the first one); `Err(_)`: a worker failed.
+fn par_count_digit(hist: &mut [u64], e: &[f32], b: &[f32], digit: Digit) -> Result<std::result::Result<(), usize>> {
+    let n = e.len().min(b.len());
+    if thread_count(n) == 1 {
+        return Ok(count_digit(hist, &e[..n], &b[..n], digit));
+    }
+    let parts = par_ranges(n, |r| {
+        let mut local = vec![0u64; BINS];
+        count_digit(&mut local, &e[r.clone()], &b[r.clone()], digit)
+            .map(|()| local)
+            .map_err(|j| r.start + j)
+    })?;
+    for part in parts {
+        match part {
+            Ok(local) => hist.iter_mut().zip(&local).for_each(|(h, c)| *h += c),
+            Err(j) => return Ok(Err(j)),
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Up to this many elements a tensor's k-th largest |τ| is selected directly instead of by the
+/// radix histograms (whose 2¹⁶ bins would dominate).
+const SMALL_TENSOR: usize = 1 << 14;
+
+fn sgn(x: f32) -> f32 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
+/// Σ_j s_j over a tensor, where s_j is the raw elected sign of element j: the sign of the f32 sum,
+/// in expert order, of the trimmed τ (mass) or of their signs (count), exactly like the host's
+/// `elect_sign` over the trimmed task vectors. `experts` pairs each expert that keeps something
+/// with its threshold.
+fn sign_votes(b: &[f32], experts: &[(&[f32], f32)], count: bool) -> Result<f64> {
+    if experts.is_empty() {
+        return Ok(0.0);
+    }
+    let parts = par_ranges(b.len(), |r| {
+        let base = &b[r.clone()];
+        let values: Vec<(&[f32], f32)> = experts.iter().map(|(v, thr)| (&v[r.clone()], *thr)).collect();
+        let mut sum = 0f64;
+        for (j, y) in base.iter().enumerate() {
+            let mut total = 0f32;
+            for (v, thr) in &values {
+                let tau = v[j] - y;
+                let trimmed = if tau.abs() >= *thr { tau } else { 0.0 };
+                total += if count { sgn(trimmed) } else { trimmed };
+            }
+            sum += f64::from(sgn(total));
+        }
+        sum
+    })?;
+    Ok(parts.into_iter().sum())
 }
 
 /// Finds the bin holding the `k`-th largest count (1-based), walking from the top: (bin, rank
@@ -192,6 +369,16 @@ fn find_bin(hist: &[u64], k: u64) -> Option<(usize, u64)> {
     None
 }
 
+fn signum_or_zero(x: f64) -> f64 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
 impl Ties {
     fn lock_stats(&self) -> Result<MutexGuard<'_, Stats>> {
         self.stats
@@ -199,139 +386,258 @@ impl Ties {
             .map_err(|_| Error::Message("ties: statistics state poisoned by an earlier failure".into()))
     }
 
-    /// Task vectors τ_t = θ_t − θ0.
-    fn task_vectors(host: &Host<'_>, base: Tensor, experts: &[Tensor]) -> Result<Vec<Tensor>> {
-        experts.iter().map(|e| host.sub(*e, base)).collect()
+    fn check_experts(&self, tensor: &TensorMeta<'_>, experts: &[Tensor]) -> Result<()> {
+        if experts.len() == self.n_experts {
+            Ok(())
+        } else {
+            Err(Error::Message(format!(
+                "tensor '{}': the instance was created for {} experts but got {}",
+                tensor.name,
+                self.n_experts,
+                experts.len()
+            )))
+        }
     }
 
-    /// Per-expert thresholds for this tensor (None = keep nothing).
-    fn thresholds_for(&self, host: &Host<'_>, tensor: &TensorMeta<'_>, taus: &[Tensor]) -> Result<Vec<Option<f64>>> {
+    /// Global scope: the per-expert thresholds of the statistics passes.
+    fn global_thresholds(&self, tensor: &TensorMeta<'_>) -> Result<&[Option<f64>]> {
+        self.thresholds.as_deref().ok_or_else(|| {
+            Error::Message(format!(
+                "tensor '{}': ties with trim_scope=global needs the host's statistics passes, which did not run; \
+                 use a host that supports prepare passes",
+                tensor.name
+            ))
+        })
+    }
+
+    /// Thresholds and majority sign (0 where unused) for the tensor a chunk belongs to.
+    fn lookup(&self, tensor: &TensorMeta<'_>) -> Result<(&[Option<f64>], f64)> {
         match self.scope {
-            Scope::Global => self.thresholds.clone().ok_or_else(|| {
-                Error::Message(format!(
-                    "tensor '{}': ties with trim_scope=global needs the host's statistics passes, which did not \
-                     run; use a host that supports prepare passes or set trim_scope=tensor",
-                    tensor.name
-                ))
-            }),
-            Scope::Tensor => {
-                let mut out = Vec::with_capacity(taus.len());
-                for tau in taus {
-                    let n = host.numel(*tau)? as u64;
-                    let k = kept_count(n, self.density, self.count_rule);
-                    out.push(if k == 0 {
-                        None
-                    } else {
-                        Some(host.kth_largest_abs(*tau, k as usize)?)
-                    });
-                }
-                Ok(out)
-            }
-        }
-    }
-
-    /// Trimmed task vectors.
-    fn trim(host: &Host<'_>, taus: &[Tensor], thresholds: &[Option<f64>]) -> Result<Vec<Tensor>> {
-        taus.iter()
-            .zip(thresholds)
-            .map(|(tau, thr)| match thr {
-                None => host.full_like(*tau, 0.0),
-                Some(thr) => {
-                    let keep = host.compare_scalar(BINARY_GE, host.abs(*tau)?, *thr)?;
-                    host.mul(keep, *tau)
-                }
-            })
-            .collect()
-    }
-
-    /// The elected value before taking the sign: Σ_t trimmed_t (mass) or Σ_t sign(trimmed_t) (count).
-    fn election_total(&self, host: &Host<'_>, trimmed: &[Tensor]) -> Result<Tensor> {
-        match self.election {
-            Election::Mass => host.weighted_sum(trimmed, None),
-            Election::Count => {
-                let signs = trimmed.iter().map(|t| host.sign(*t)).collect::<Result<Vec<_>>>()?;
-                host.weighted_sum(&signs, None)
-            }
-        }
-    }
-
-    /// Merged value of one tensor (or chunk) from its task vectors.
-    fn merge_taus(&self, host: &Host<'_>, tensor: &TensorMeta<'_>, base: Tensor, taus: &[Tensor]) -> Result<Tensor> {
-        let thresholds = self.thresholds_for(host, tensor, taus)?;
-        let trimmed = Self::trim(host, taus, &thresholds)?;
-        let total = self.election_total(host, &trimmed)?;
-        // `multiply`: the sign dis-max multiplies by; `select`: the sign entries must have to be kept.
-        let (multiply, select) = match self.zero_sign {
-            ZeroSign::None => {
-                let s = host.sign(total)?;
-                (s, s)
-            }
-            ZeroSign::Positive => {
-                let s = host.affine(host.compare_scalar(BINARY_GE, total, 0.0)?, 2.0, -1.0)?;
-                (s, s)
-            }
-            ZeroSign::Reference => {
-                let raw = host.sign(total)?;
-                let majority = match self.scope {
-                    Scope::Global => self.majority.ok_or_else(|| {
+            Scope::Global => {
+                let thresholds = self.global_thresholds(tensor)?;
+                let majority = if self.zero_sign == ZeroSign::Reference {
+                    self.majority.ok_or_else(|| {
                         Error::Message(format!(
                             "tensor '{}': ties with zero_sign=reference needs the global sign pass, which did not run",
                             tensor.name
                         ))
-                    })?,
-                    Scope::Tensor => host.reduce(REDUCE_SUM, raw)?.signum_or_zero(),
-                };
-                let is_zero = host.compare_scalar(BINARY_EQ, raw, 0.0)?;
-                let s = host.select(is_zero, host.full_like(raw, majority)?, raw)?;
-                if majority == 0.0 {
-                    // The original code's `where(s > 0, v > 0, v < 0)`: sign 0 keeps negatives.
-                    (s, host.select(is_zero, host.full_like(raw, -1.0)?, raw)?)
+                    })?
                 } else {
-                    (s, s)
-                }
+                    0.0
+                };
+                Ok((thresholds, majority))
             }
-        };
-        let mut selected = Vec::with_capacity(trimmed.len());
-        for t in &trimmed {
-            let agree = host.binary(BINARY_EQ, host.sign(*t)?, select)?;
-            selected.push(host.mul(agree, *t)?);
+            Scope::Tensor => {
+                let stats = self
+                    .per_tensor
+                    .as_ref()
+                    .and_then(|m| m.get(tensor.name))
+                    .ok_or_else(|| {
+                        Error::Message(format!(
+                            "tensor '{}': ties with trim_scope=tensor needs the host's statistics pass, which did not \
+                         see this tensor; use a host that supports prepare passes",
+                            tensor.name
+                        ))
+                    })?;
+                Ok((&stats.thresholds, stats.majority))
+            }
         }
-        let merged = match self.aggregation {
-            Aggregation::Sum => host.weighted_sum(&selected, None)?,
-            Aggregation::Mean => {
-                let nonzero = selected
-                    .iter()
-                    .map(|s| host.abs(host.sign(*s)?))
-                    .collect::<Result<Vec<_>>>()?;
-                let count = host.weighted_sum(&nonzero, None)?;
-                let one = host.full_like(count, 1.0)?;
-                host.div(
-                    host.weighted_sum(&selected, None)?,
-                    host.binary(BINARY_MAXIMUM, count, one)?,
-                )?
+    }
+
+    /// Trimmed task vectors of the experts that keep something (an expert whose threshold is None
+    /// keeps nothing and is left out: zeros neither vote nor agree). Releases the expert inputs
+    /// and every intermediate; the base stays.
+    fn trimmed(host: &Host<'_>, base: Tensor, experts: &[Tensor], thresholds: &[Option<f64>]) -> Result<Vec<Tensor>> {
+        let mut out = Vec::with_capacity(experts.len());
+        for (e, thr) in experts.iter().zip(thresholds) {
+            let Some(thr) = *thr else {
+                host.release(*e)?;
+                continue;
+            };
+            let tau = host.sub(*e, base)?;
+            host.release(*e)?;
+            if thr > 0.0 {
+                out.push(host.trim_abs(tau, thr)?);
+                host.release(tau)?;
+            } else {
+                // |τ| ≥ 0 keeps every entry.
+                out.push(tau);
             }
-            Aggregation::Max => {
-                let mags = selected.iter().map(|s| host.abs(*s)).collect::<Result<Vec<_>>>()?;
-                host.mul(host.reduce_stack(STACK_MAX, &mags)?, multiply)?
+        }
+        Ok(out)
+    }
+
+    /// The sign the disjoint merge selects by, from the raw elected sign and the zero-sign rule
+    /// (consumes `raw`). For dis-max the result is also what the magnitude is multiplied by.
+    fn final_sign(&self, host: &Host<'_>, raw: Tensor, majority: f64) -> Result<Tensor> {
+        // Where raw = 0 the sign becomes `fill`: sign(raw + fill/2) leaves ±1 alone.
+        let fill = match self.zero_sign {
+            ZeroSign::None => return Ok(raw),
+            ZeroSign::Positive => 1.0,
+            ZeroSign::Reference if majority != 0.0 => majority,
+            ZeroSign::Reference => {
+                // The original code's `where(s > 0, v > 0, v < 0)` with s = 0: the negative
+                // entries are kept, but dis-max multiplies by s = 0.
+                if self.aggregation == Aggregation::Max {
+                    return Ok(raw);
+                }
+                -1.0
             }
         };
-        host.weighted_sum(&[base, merged], Some(&[1.0, self.lambda]))
+        let shifted = host.affine(raw, 1.0, 0.5 * fill)?;
+        host.release(raw)?;
+        let s = host.sign(shifted)?;
+        host.release(shifted)?;
+        Ok(s)
     }
-}
 
-trait SignumOrZero {
-    fn signum_or_zero(self) -> f64;
-}
+    /// An expert's values, copied out of the host (whose tensor is released at once).
+    fn read_expert(host: &Host<'_>, e: Tensor) -> Result<Vec<f32>> {
+        let values = host.read_f32(e)?;
+        host.release(e)?;
+        Ok(values)
+    }
 
-impl SignumOrZero for f64 {
-    fn signum_or_zero(self) -> f64 {
-        if self > 0.0 {
-            1.0
-        } else if self < 0.0 {
-            -1.0
+    /// Adds the histogram of a digit of |τ| for one expert to `hist` (NaN refused).
+    fn expert_histogram(
+        hist: &mut [u64],
+        tensor: &TensorMeta<'_>,
+        expert: usize,
+        e: &[f32],
+        b: &[f32],
+        digit: Digit,
+    ) -> Result<()> {
+        par_count_digit(hist, e, b, digit)?.map_err(|j| nan_error(tensor, expert, Some(tensor.offset + j as u64)))
+    }
+
+    /// The k-th largest |τ| (1 ≤ k ≤ n) of one expert on one tensor, exactly: by direct selection
+    /// for small tensors, otherwise by the two-digit radix selection of the global passes.
+    fn kth_largest(tensor: &TensorMeta<'_>, expert: usize, e: &[f32], b: &[f32], k: u64) -> Result<f64> {
+        let internal = || {
+            Error::Message(format!(
+                "tensor '{}': ties lost count of the task-vector entries (internal error)",
+                tensor.name
+            ))
+        };
+        let n = e.len().min(b.len());
+        if n <= SMALL_TENSOR {
+            let mut bits = Vec::with_capacity(n);
+            for (j, (x, y)) in e.iter().zip(b).enumerate() {
+                let m = (x - y).abs().to_bits();
+                if m > INF_BITS {
+                    return Err(nan_error(tensor, expert, Some(tensor.offset + j as u64)));
+                }
+                bits.push(m);
+            }
+            let at = n.checked_sub(k as usize).ok_or_else(internal)?;
+            let (_, kth, _) = bits.select_nth_unstable(at);
+            return Ok(f64::from(f32::from_bits(*kth)));
+        }
+        let mut high = vec![0u64; BINS];
+        Self::expert_histogram(&mut high, tensor, expert, e, b, Digit::High)?;
+        let (hi, rank) = find_bin(&high, k).ok_or_else(internal)?;
+        let hi = hi as u32;
+        let mut low = high;
+        low.iter_mut().for_each(|c| *c = 0);
+        Self::expert_histogram(&mut low, tensor, expert, e, b, Digit::Low(hi))?;
+        let (lo, _) = find_bin(&low, rank).ok_or_else(internal)?;
+        Ok(f64::from(f32::from_bits((hi << 16) | lo as u32)))
+    }
+
+    /// Per-tensor thresholds (and majority sign) for trim_scope = tensor, from the whole tensor.
+    fn tensor_statistics(
+        &self,
+        host: &Host<'_>,
+        tensor: &TensorMeta<'_>,
+        b: &[f32],
+        experts: &[Tensor],
+    ) -> Result<TensorStats> {
+        let k = kept_count(b.len() as u64, self.density, self.count_rule);
+        let reference = self.zero_sign == ZeroSign::Reference;
+        let mut thresholds = Vec::with_capacity(experts.len());
+        let mut kept = Vec::new();
+        for (t, e) in experts.iter().enumerate() {
+            host.check_cancelled()?;
+            if k == 0 {
+                host.release(*e)?;
+                thresholds.push(None);
+                continue;
+            }
+            let values = Self::read_expert(host, *e)?;
+            let thr = Self::kth_largest(tensor, t, &values, b, k)?;
+            thresholds.push(Some(thr));
+            if reference {
+                kept.push((values, thr as f32));
+            }
+        }
+        let majority = if reference {
+            let votes: Vec<(&[f32], f32)> = kept.iter().map(|(v, thr)| (v.as_slice(), *thr)).collect();
+            signum_or_zero(sign_votes(b, &votes, self.election == Election::Count)?)
         } else {
             0.0
+        };
+        Ok(TensorStats { thresholds, majority })
+    }
+
+    /// Global passes 0 and 1: histograms of |τ| per expert.
+    fn count_pass(
+        &self,
+        host: &Host<'_>,
+        pass: u32,
+        tensor: &TensorMeta<'_>,
+        b: &[f32],
+        experts: &[Tensor],
+    ) -> Result<()> {
+        if pass == 0 {
+            let mut stats = self.lock_stats()?;
+            if stats.hist.is_empty() {
+                stats.hist = vec![vec![0u64; BINS]; self.n_experts];
+            }
+            stats.total += b.len() as u64;
         }
+        for (t, e) in experts.iter().enumerate() {
+            host.check_cancelled()?;
+            let digit = if pass == 0 {
+                Digit::High
+            } else {
+                match self.lock_stats()?.target.get(t).copied().flatten() {
+                    Some((hi, _)) => Digit::Low(hi),
+                    None => {
+                        // This expert keeps nothing: no second digit to count.
+                        host.release(*e)?;
+                        continue;
+                    }
+                }
+            };
+            let values = Self::read_expert(host, *e)?;
+            let mut stats = self.lock_stats()?;
+            let hist = stats.hist.get_mut(t).ok_or_else(|| {
+                Error::Message("ties: the statistics passes ran out of order (internal error)".to_string())
+            })?;
+            Self::expert_histogram(hist, tensor, t, &values, b, digit)?;
+        }
+        Ok(())
+    }
+
+    /// Global pass 2: Σ_j s_j over one tensor with the global thresholds.
+    fn global_sign_votes(
+        &self,
+        host: &Host<'_>,
+        tensor: &TensorMeta<'_>,
+        b: &[f32],
+        experts: &[Tensor],
+    ) -> Result<f64> {
+        let thresholds = self.global_thresholds(tensor)?;
+        let mut kept = Vec::new();
+        for (e, thr) in experts.iter().zip(thresholds) {
+            host.check_cancelled()?;
+            match thr {
+                Some(thr) => kept.push((Self::read_expert(host, *e)?, *thr as f32)),
+                None => host.release(*e)?,
+            }
+        }
+        let votes: Vec<(&[f32], f32)> = kept.iter().map(|(v, thr)| (v.as_slice(), *thr)).collect();
+        sign_votes(b, &votes, self.election == Election::Count)
     }
 }
 
@@ -343,7 +649,7 @@ impl MergeMethod for Ties {
             version: "",
             description: "Trims small task-vector entries, elects a sign per weight, and averages the agreeing entries.",
             help: HELP,
-            capabilities: CAP_THREAD_SAFE | CAP_NEEDS_BASE,
+            capabilities: CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE,
             params: vec![
                 ParamSpec::float(
                     "density",
@@ -447,23 +753,19 @@ impl MergeMethod for Ties {
             stats: Mutex::new(Stats::default()),
             thresholds: None,
             majority: None,
+            per_tensor: None,
         })
     }
 
     fn capabilities(&self) -> Option<u64> {
-        // With global thresholds (and the global majority) fixed by the statistics passes every
-        // element merges independently; per-tensor thresholds need the whole tensor.
-        let elementwise = if self.scope == Scope::Global {
-            CAP_ELEMENTWISE
-        } else {
-            0
-        };
-        Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | elementwise)
+        // Everything that spans more than one element (thresholds, majority signs) is fixed by
+        // the statistics passes, so every element merges independently.
+        Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE)
     }
 
     fn prepare_passes(&self) -> u32 {
         match (self.scope, self.zero_sign) {
-            (Scope::Tensor, _) => 0,
+            (Scope::Tensor, _) => 1,
             (Scope::Global, ZeroSign::Reference) => 3,
             (Scope::Global, _) => 2,
         }
@@ -479,62 +781,39 @@ impl MergeMethod for Ties {
     ) -> Result<()> {
         host.check_cancelled()?;
         let base = need_base(base, tensor)?;
-        if experts.len() != self.n_experts {
+        self.check_experts(tensor, experts)?;
+        if pass >= self.prepare_passes() {
             return Err(Error::Message(format!(
-                "tensor '{}': the instance was created for {} experts but got {}",
-                tensor.name,
-                self.n_experts,
-                experts.len()
+                "ties: the host asked for statistics pass {pass}, but ties has only {}",
+                self.prepare_passes()
             )));
         }
-        match pass {
-            0 | 1 => {
-                let taus = Self::task_vectors(host, base, experts)?;
-                let mut bits = Vec::with_capacity(taus.len());
-                for (t, tau) in taus.iter().enumerate() {
-                    bits.push(abs_bits(&host.read_f32(*tau)?, tensor, t)?);
-                }
-                let mut stats = self.lock_stats()?;
-                if stats.hist.is_empty() {
-                    stats.hist = vec![vec![0u64; BINS]; self.n_experts];
-                }
-                if pass == 0 {
-                    stats.total += bits.first().map_or(0, |b| b.len() as u64);
-                    for (hist, b) in stats.hist.iter_mut().zip(&bits) {
-                        for x in b {
-                            hist[(*x >> 16) as usize] += 1;
-                        }
-                    }
-                } else {
-                    let Stats { hist, target, .. } = &mut *stats;
-                    for ((hist, b), target) in hist.iter_mut().zip(&bits).zip(target.iter()) {
-                        if let Some((hi, _)) = target {
-                            for x in b.iter().filter(|x| *x >> 16 == *hi) {
-                                hist[(*x & 0xffff) as usize] += 1;
-                            }
-                        }
-                    }
-                }
-                Ok(())
+        // The statistics loops run over plain copies (on several threads); the host tensors are
+        // released as soon as they are copied.
+        let b = host.read_f32(base)?;
+        host.release(base)?;
+        match (self.scope, pass) {
+            (Scope::Tensor, _) => {
+                let stats = self.tensor_statistics(host, tensor, &b, experts)?;
+                self.lock_stats()?.per_tensor.insert(tensor.name.to_owned(), stats);
             }
-            2 => {
-                let taus = Self::task_vectors(host, base, experts)?;
-                let thresholds = self.thresholds_for(host, tensor, &taus)?;
-                let trimmed = Self::trim(host, &taus, &thresholds)?;
-                let signs = host.sign(self.election_total(host, &trimmed)?)?;
-                let sum = host.reduce(REDUCE_SUM, signs)?;
+            (Scope::Global, 0 | 1) => self.count_pass(host, pass, tensor, &b, experts)?,
+            (Scope::Global, _) => {
+                let sum = self.global_sign_votes(host, tensor, &b, experts)?;
                 self.lock_stats()?.sign_sum += sum;
-                Ok(())
             }
-            _ => Err(Error::Message(format!(
-                "ties: the host asked for statistics pass {pass}, but ties has only 3"
-            ))),
         }
+        Ok(())
     }
 
     fn finish_pass(&mut self, _host: &Host<'_>, pass: u32) -> Result<()> {
-        match pass {
-            0 => {
+        match (self.scope, pass) {
+            (Scope::Tensor, 0) => {
+                let per_tensor = std::mem::take(&mut self.lock_stats()?.per_tensor);
+                self.per_tensor = Some(per_tensor);
+                Ok(())
+            }
+            (Scope::Global, 0) => {
                 let mut stats = self.lock_stats()?;
                 let total = stats.total;
                 let k = kept_count(total, self.density, self.count_rule);
@@ -560,7 +839,7 @@ impl MergeMethod for Ties {
                 }
                 Ok(())
             }
-            1 => {
+            (Scope::Global, 1) => {
                 let mut stats = self.lock_stats()?;
                 let mut thresholds = Vec::with_capacity(self.n_experts);
                 for (hist, target) in stats.hist.iter().zip(&stats.target) {
@@ -586,13 +865,14 @@ impl MergeMethod for Ties {
                 self.thresholds = Some(thresholds);
                 Ok(())
             }
-            2 => {
+            (Scope::Global, 2) => {
                 let sum = self.lock_stats()?.sign_sum;
-                self.majority = Some(sum.signum_or_zero());
+                self.majority = Some(signum_or_zero(sum));
                 Ok(())
             }
             _ => Err(Error::Message(format!(
-                "ties: the host finished statistics pass {pass}, but ties has only 3"
+                "ties: the host finished statistics pass {pass}, but ties has only {}",
+                self.prepare_passes()
             ))),
         }
     }
@@ -605,16 +885,21 @@ impl MergeMethod for Ties {
         experts: &[Tensor],
     ) -> Result<Tensor> {
         let base = need_base(base, tensor)?;
-        if experts.len() != self.n_experts {
-            return Err(Error::Message(format!(
-                "tensor '{}': the instance was created for {} experts but got {}",
-                tensor.name,
-                self.n_experts,
-                experts.len()
-            )));
+        self.check_experts(tensor, experts)?;
+        let (thresholds, majority) = self.lookup(tensor)?;
+        let trimmed = Self::trimmed(host, base, experts, thresholds)?;
+        if trimmed.is_empty() {
+            // Every expert keeps nothing: τ_m = 0 and θ = θ0.
+            return host.affine(base, 1.0, 0.0);
         }
-        let taus = Self::task_vectors(host, base, experts)?;
-        self.merge_taus(host, tensor, base, &taus)
+        let raw = host.elect_sign(&trimmed, self.election.rule())?;
+        let sign = self.final_sign(host, raw, majority)?;
+        let merged = host.disjoint_merge(&trimmed, sign, self.aggregation.op())?;
+        host.release(sign)?;
+        for t in trimmed {
+            host.release(t)?;
+        }
+        host.weighted_sum(&[base, merged], Some(&[1.0, self.lambda]))
     }
 }
 

@@ -202,7 +202,16 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
             bar.suspend(|| eprintln!("{tag} [{id}]: {msg}"));
         }
     };
-    let cancel = AtomicBool::new(false);
+    // Ctrl-C (or SIGTERM) cancels cleanly: workers stop and the temporary output is removed.
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    // A second Ctrl-C exits at once.
+    if let Err(e) = ctrlc::set_handler(|| {
+        if cancel.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            std::process::exit(130);
+        }
+    }) {
+        eprintln!("warning: Ctrl-C will not cancel cleanly ({e})");
+    }
     let report = merge_files(
         &plugin,
         &req,
@@ -211,7 +220,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
             progress: &on_progress,
             log: &on_log,
         },
-        &cancel,
+        cancel,
     );
     bar.finish_and_clear();
     let report = report?;

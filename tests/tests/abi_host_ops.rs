@@ -1,0 +1,123 @@
+//! Host operations through a real plugin: `HostApiV1::release` frees a tensor before the call
+//! returns, and a released handle can no longer be used. The fixture is
+//! `tests/plugins/use-after-release` (library `mstest_use_after_release`), a dependency of this
+//! crate, so `cargo test` builds it into `target/<profile>/deps` next to this test binary.
+//!
+//! Handles are numbered per call: with a base and three experts the inputs are handles 1 to 4, so
+//! the first tensor the fixture makes, the one it releases, is handle 5.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use mergescope_engine::merge::{MemModel, MemTensor, merge_in_memory};
+use mergescope_engine::plugin::{Plugin, load_plugin};
+use mergescope_tests::plugin_path;
+use serde_json::json;
+
+const FIXTURE: &str = "mstest_use_after_release";
+/// The handle of the first tensor made in a call with a base and three experts.
+const RELEASED: &str = "handle 5";
+
+fn load(lib: &str) -> Plugin {
+    let path = plugin_path(lib);
+    load_plugin(&path).unwrap_or_else(|e| panic!("{lib} should load from {}: {e}", path.display()))
+}
+
+fn assert_contains(msg: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(msg.contains(p), "expected {p:?} in the message: {msg}");
+    }
+}
+
+fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
+    tensors
+        .iter()
+        .map(|(name, shape, data)| ((*name).to_owned(), MemTensor::new(*shape, *data)))
+        .collect()
+}
+
+/// A base and three experts with a matrix and a bias; the means are exact in f32.
+fn inputs() -> (MemModel, Vec<MemModel>) {
+    let base = model(&[
+        ("layer.bias", &[3], &[9.0, 9.0, 9.0]),
+        ("layer.weight", &[2, 3], &[7.0; 6]),
+    ]);
+    let experts = vec![
+        model(&[
+            ("layer.bias", &[3], &[0.5, 1.0, -1.0]),
+            ("layer.weight", &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        ]),
+        model(&[
+            ("layer.bias", &[3], &[0.5, 0.0, 1.0]),
+            ("layer.weight", &[2, 3], &[3.0, -1.0, 0.0, 2.0, 1.0, -2.0]),
+        ]),
+        model(&[
+            ("layer.bias", &[3], &[2.0, -1.0, 3.0]),
+            ("layer.weight", &[2, 3], &[-1.0, 2.0, 6.0, 3.0, 3.0, 11.0]),
+        ]),
+    ];
+    (base, experts)
+}
+
+/// The message of a merge with `mode` that must fail; checks that it names the plugin and a
+/// tensor.
+fn failure(mode: &str) -> String {
+    let (base, experts) = inputs();
+    let err = merge_in_memory(&load(FIXTURE), &json!({ "mode": mode }), 0, Some(&base), &experts)
+        .map(|_| ())
+        .expect_err("the merge must fail")
+        .to_string();
+    assert_contains(&err, &["mstest-use-after-release"]);
+    assert!(
+        err.contains("layer.bias") || err.contains("layer.weight"),
+        "the message should name the tensor: {err}"
+    );
+    err
+}
+
+#[test]
+fn using_a_released_handle_fails_naming_it() {
+    let err = failure("use");
+    assert_contains(&err, &["unknown or released tensor handle", RELEASED]);
+}
+
+#[test]
+fn releasing_twice_fails_naming_the_handle() {
+    let err = failure("double");
+    assert_contains(&err, &["release", "already released", RELEASED]);
+}
+
+#[test]
+fn returning_a_released_handle_is_refused() {
+    let err = failure("return");
+    assert_contains(&err, &[RELEASED, "not a tensor of this call"]);
+}
+
+#[test]
+fn releasing_inputs_and_intermediates_keeps_the_result_right() {
+    let (base, experts) = inputs();
+    let plugin = load(FIXTURE);
+    // A failed merge leaves nothing behind that breaks the next one on the same plugin.
+    failure("use");
+    let out = merge_in_memory(&plugin, &json!({ "mode": "ok" }), 0, Some(&base), &experts).expect("merge");
+    assert_eq!(out.len(), 2);
+    let want: [(&str, &[usize], &[f32]); 2] = [
+        ("layer.bias", &[3], &[1.0, 0.0, 1.0]),
+        ("layer.weight", &[2, 3], &[1.0, 1.0, 3.0, 3.0, 3.0, 5.0]),
+    ];
+    for (name, shape, data) in want {
+        let t = out.get(name).unwrap_or_else(|| panic!("output has no tensor {name}"));
+        assert_eq!(t.shape, shape, "{name}: shape");
+        assert!(
+            t.data.iter().zip(data).all(|(g, w)| (g - w).abs() <= 1e-6),
+            "{name}: got {:?}, want {data:?}",
+            t.data
+        );
+    }
+    // Without a base the inputs are handles 1 to 3; releasing them is just as fine.
+    let out = merge_in_memory(&plugin, &json!({ "mode": "ok" }), 0, None, &experts).expect("merge without base");
+    let bias = &out.get("layer.bias").unwrap().data;
+    assert!(
+        bias.iter().zip([1.0f32, 0.0, 1.0]).all(|(g, w)| (g - w).abs() <= 1e-6),
+        "{bias:?}"
+    );
+}

@@ -1,0 +1,184 @@
+//! The streaming file merge through real plugins: determinism across threads, chunk sizes and
+//! memory budgets, progress reports, cancellation (nothing written), and logs.
+
+use mergescope_engine::checkpoint::Checkpoint;
+use mergescope_engine::compat::MissingPolicy;
+use mergescope_engine::dtype::{DType, encode_f32};
+use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress, merge_files};
+use mergescope_engine::plugin::load_plugin;
+use mergescope_engine::writer::{OutputTensor, OutputWriter};
+use mergescope_tests::plugin_path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+
+/// Writes a model with a 300×40 matrix and a 40-vector whose values depend on `k`.
+fn model(path: &Path, k: f32) {
+    let tensors = [("a.weight", vec![300usize, 40]), ("a.bias", vec![40])];
+    let specs: Vec<OutputTensor> = tensors
+        .iter()
+        .map(|(n, s)| OutputTensor {
+            name: (*n).to_owned(),
+            dtype: DType::BF16,
+            shape: s.clone(),
+        })
+        .collect();
+    let w = OutputWriter::create(path, &specs, &BTreeMap::new(), None, true).unwrap();
+    for (n, s) in &tensors {
+        let len: usize = s.iter().product();
+        let v: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37 + k).sin() * 0.1 + k * 0.01).collect();
+        let mut bytes = Vec::new();
+        encode_f32(DType::BF16, &v, &mut bytes);
+        w.write(n, 0, &bytes).unwrap();
+    }
+    w.commit().unwrap();
+}
+
+fn setup(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
+    let base = dir.join("base.safetensors");
+    model(&base, 0.0);
+    let experts: Vec<PathBuf> = (1..=3)
+        .map(|i| {
+            let p = dir.join(format!("e{i}.safetensors"));
+            model(&p, i as f32);
+            p
+        })
+        .collect();
+    (base, experts)
+}
+
+fn request(base: &Path, experts: &[PathBuf], out: PathBuf, params: serde_json::Value) -> MergeRequest {
+    MergeRequest {
+        params,
+        seed: 3,
+        base: Some(base.to_path_buf()),
+        experts: experts.to_vec(),
+        out,
+        out_dtype: None,
+        shard_bytes: None,
+        on_missing: MissingPolicy::Error,
+        overwrite: false,
+    }
+}
+
+#[test]
+fn outputs_do_not_depend_on_threads_chunks_or_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, experts) = setup(dir.path());
+    for (method, params) in [
+        ("mergescope_plugin_task_arithmetic", serde_json::json!({"lambda": 0.4})),
+        ("mergescope_plugin_ties", serde_json::json!({"trim_scope": "tensor"})),
+        ("mergescope_plugin_dare", serde_json::json!({"drop_rate": 0.3})),
+    ] {
+        let plugin = load_plugin(&plugin_path(method)).unwrap();
+        let mut outputs = Vec::new();
+        for (i, (threads, chunk, budget)) in [(1, 1 << 22, 2u64 << 30), (2, 7, 2 << 30), (2, 1000, 1)]
+            .iter()
+            .enumerate()
+        {
+            let out = dir.path().join(format!("{method}-{i}.safetensors"));
+            let opts = ExecOptions {
+                threads: *threads,
+                chunk_elems: *chunk,
+                memory_budget_bytes: *budget,
+                ..Default::default()
+            };
+            let cancel = AtomicBool::new(false);
+            merge_files(
+                &plugin,
+                &request(&base, &experts, out.clone(), params.clone()),
+                &opts,
+                Observer::silent(),
+                &cancel,
+            )
+            .unwrap();
+            outputs.push(std::fs::read(&out).unwrap());
+        }
+        assert!(
+            outputs.windows(2).all(|w| w[0] == w[1]),
+            "{method}: outputs differ across execution options"
+        );
+    }
+}
+
+#[test]
+fn progress_reaches_the_total_and_cancel_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, experts) = setup(dir.path());
+    let plugin = load_plugin(&plugin_path("mergescope_plugin_task_arithmetic")).unwrap();
+    let seen: Mutex<Vec<Progress>> = Mutex::new(Vec::new());
+    let on_progress = |p: &Progress| seen.lock().unwrap().push(p.clone());
+    let observer = Observer {
+        progress: &on_progress,
+        log: &|_, _| {},
+    };
+    let opts = ExecOptions {
+        chunk_elems: 1000,
+        threads: 2,
+        ..Default::default()
+    };
+    let out = dir.path().join("ok.safetensors");
+    let cancel = AtomicBool::new(false);
+    let report = merge_files(
+        &plugin,
+        &request(&base, &experts, out.clone(), serde_json::json!({})),
+        &opts,
+        observer,
+        &cancel,
+    )
+    .unwrap();
+    assert_eq!(report.merged, 2);
+    let seen = seen.into_inner().unwrap();
+    assert!(seen.iter().all(|p| p.phase == Phase::Merge && p.total == 12_040));
+    assert_eq!(seen.iter().map(|p| p.done).max(), Some(12_040));
+    assert_eq!(seen.len(), 13, "12 chunks of the matrix and the bias");
+    assert!(Checkpoint::open(&out).is_ok());
+
+    let cancelled = dir.path().join("cancelled.safetensors");
+    let cancel = AtomicBool::new(true);
+    let err = merge_files(
+        &plugin,
+        &request(&base, &experts, cancelled.clone(), serde_json::json!({})),
+        &opts,
+        Observer::silent(),
+        &cancel,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("cancelled"), "{err}");
+    assert!(!cancelled.exists());
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.contains("partial")),
+        "temporary output left behind: {names:?}"
+    );
+}
+
+#[test]
+fn plugin_logs_reach_the_observer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, experts) = setup(dir.path());
+    let plugin = load_plugin(&plugin_path("mergescope_plugin_cart")).unwrap();
+    let logs: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let on_log = |_level: u32, msg: &str| logs.lock().unwrap().push(msg.to_owned());
+    let observer = Observer {
+        progress: &|_| {},
+        log: &on_log,
+    };
+    let out = dir.path().join("cart.safetensors");
+    let cancel = AtomicBool::new(false);
+    // Two experts: CART degenerates to weight averaging, and the plugin says so.
+    merge_files(
+        &plugin,
+        &request(&base, &experts[..2], out, serde_json::json!({})),
+        &ExecOptions::default(),
+        observer,
+        &cancel,
+    )
+    .unwrap();
+    let logs = logs.into_inner().unwrap();
+    assert!(logs.iter().any(|l| l.contains("weight averaging")), "{logs:?}");
+}
