@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The streaming file merge through real plugins: determinism across threads, chunk sizes and
 //! memory budgets, progress reports, cancellation (nothing written), and logs.
 
