@@ -13,3 +13,13 @@ pub fn tune_allocator() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
     }
 }
+
+/// Makes candle's CPU kernels single-threaded unless the user set `CANDLE_NUM_THREADS` or
+/// `RAYON_NUM_THREADS`: the executor already runs one worker per core, and candle's own
+/// thread pool on top of that only adds contention. Call at start-up, before any thread.
+pub fn single_threaded_tensor_ops() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() && std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        // SAFETY: called at the start of `main`, before any other thread exists.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
+}

@@ -615,11 +615,19 @@ unsafe extern "C" fn h_bernoulli_mask(
         }
         let like = c.tensor(like)?;
         let shape = like.shape().clone();
-        // Same draws as `rng::bernoulli_keep(seed, offset + i, p)`, with the seed mixed once.
-        let mixed = rng::mix64(seed);
-        let mask: Vec<f32> = (0..like.elem_count() as u64)
-            .map(|i| f32::from(u8::from(rng::uniform_mixed(mixed, offset + i) < keep_probability)))
-            .collect();
+        // Same draws as `rng::bernoulli_keep(seed, offset + i, p)`, with the key computed once per
+        // 2³² elements.
+        let threshold = rng::keep_threshold(keep_probability);
+        let n = like.elem_count() as u64;
+        let mut mask: Vec<f32> = Vec::with_capacity(n as usize);
+        let mut i = 0u64;
+        while i < n {
+            let index = offset + i;
+            let key = rng::stream_key(seed, index);
+            let run = (n - i).min((1u64 << 32) - (index & 0xFFFF_FFFF));
+            mask.extend((index..index + run).map(|j| f32::from(u8::from(u64::from(rng::bits32(key, j)) < threshold))));
+            i += run;
+        }
         let t = Tensor::from_vec(mask, shape, c.device)?;
         c.put(t, out)
     })
