@@ -646,6 +646,17 @@ pub struct TensorMeta<'a> {
 }
 
 impl<'a> TensorMeta<'a> {
+    /// The base tensor, or an error naming the tensor and `method` that tells the user to pass
+    /// `--base` (for methods that work on task vectors θ_t − θ0).
+    pub fn require_base(&self, base: Option<Tensor>, method: &str) -> Result<Tensor> {
+        base.ok_or_else(|| {
+            Error::Message(format!(
+                "tensor '{}': {method} needs a base model (task vectors are θ_t − θ0); give one with --base",
+                self.name
+            ))
+        })
+    }
+
     /// Reads the host's info.
     ///
     /// # Safety

@@ -125,12 +125,7 @@ impl MergeMethod for Consensus {
         base: Option<Tensor>,
         experts: &[Tensor],
     ) -> Result<Tensor> {
-        let base = base.ok_or_else(|| {
-            Error::Message(format!(
-                "tensor '{}': consensus needs a base model (task vectors are θ_t − θ0); give one with --base",
-                tensor.name
-            ))
-        })?;
+        let base = tensor.require_base(base, "consensus")?;
         if experts.len() != self.tall_lambda.len() {
             return Err(Error::Message(format!(
                 "tensor '{}': the instance was created for {} experts but got {}",

@@ -176,12 +176,7 @@ impl MergeMethod for Dare {
         base: Option<Tensor>,
         experts: &[Tensor],
     ) -> Result<Tensor> {
-        let base = base.ok_or_else(|| {
-            Error::Message(format!(
-                "tensor '{}': dare needs a base model (task vectors are θ_t − θ0); give one with --base",
-                tensor.name
-            ))
-        })?;
+        let base = tensor.require_base(base, "dare")?;
         if experts.len() != self.n_experts {
             return Err(Error::Message(format!(
                 "tensor '{}': the instance was created for {} experts but got {}",

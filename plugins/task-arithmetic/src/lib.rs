@@ -109,12 +109,7 @@ impl MergeMethod for TaskArithmetic {
         base: Option<Tensor>,
         experts: &[Tensor],
     ) -> Result<Tensor> {
-        let base = base.ok_or_else(|| {
-            Error::Message(format!(
-                "tensor '{}': task-arithmetic needs a base model (task vectors are θ_t − θ0); give one with --base",
-                tensor.name
-            ))
-        })?;
+        let base = tensor.require_base(base, "task-arithmetic")?;
         if experts.len() + 1 != self.coefficients.len() {
             return Err(Error::Message(format!(
                 "tensor '{}': the instance was created for {} experts but got {}",

@@ -201,15 +201,6 @@ fn choice<T: Copy>(params: &Params<'_>, name: &str, options: &[(&str, T)]) -> Re
         })
 }
 
-fn need_base(base: Option<Tensor>, tensor: &TensorMeta<'_>) -> Result<Tensor> {
-    base.ok_or_else(|| {
-        Error::Message(format!(
-            "tensor '{}': ties needs a base model (task vectors are θ_t − θ0); give one with --base",
-            tensor.name
-        ))
-    })
-}
-
 fn nan_error(tensor: &TensorMeta<'_>, expert: usize, element: Option<u64>) -> Error {
     let at = element.map_or_else(String::new, |j| format!(" at element {j}"));
     Error::Message(format!(
@@ -780,7 +771,7 @@ impl MergeMethod for Ties {
         experts: &[Tensor],
     ) -> Result<()> {
         host.check_cancelled()?;
-        let base = need_base(base, tensor)?;
+        let base = tensor.require_base(base, "ties")?;
         self.check_experts(tensor, experts)?;
         if pass >= self.prepare_passes() {
             return Err(Error::Message(format!(
@@ -884,7 +875,7 @@ impl MergeMethod for Ties {
         base: Option<Tensor>,
         experts: &[Tensor],
     ) -> Result<Tensor> {
-        let base = need_base(base, tensor)?;
+        let base = tensor.require_base(base, "ties")?;
         self.check_experts(tensor, experts)?;
         let (thresholds, majority) = self.lookup(tensor)?;
         let trimmed = Self::trimmed(host, base, experts, thresholds)?;
