@@ -170,6 +170,10 @@ typedef uint32_t ms_plugin_kind;
 #define MS_CAP_ELEMENTWISE (UINT64_C(1) << 1)
 /* Capability bit: the method needs a base model (task vectors are taken against it). */
 #define MS_CAP_NEEDS_BASE (UINT64_C(1) << 2)
+/* Capability bit: the statistics passes accept chunks too (their statistics add up over pieces of a tensor,
+ *  like histograms), so the host may stream them in parallel chunks with bounded memory;
+ *  `ms_tensor_info.offset` tells where a chunk starts. */
+#define MS_CAP_CHUNKED_STATISTICS (UINT64_C(1) << 3)
 
 /* Role of a tensor in the model, so methods can treat matrices and vectors differently. */
 typedef uint32_t ms_tensor_role;

@@ -104,6 +104,10 @@ pub const CAP_THREAD_SAFE: u64 = 1 << 0;
 pub const CAP_ELEMENTWISE: u64 = 1 << 1;
 /// Capability bit: the method needs a base model (task vectors are taken against it).
 pub const CAP_NEEDS_BASE: u64 = 1 << 2;
+/// Capability bit: the statistics passes accept chunks too (their statistics add up over
+/// pieces of a tensor, like histograms), so the host may stream them in parallel chunks with
+/// bounded memory; `TensorInfo::offset` tells where a chunk starts.
+pub const CAP_CHUNKED_STATISTICS: u64 = 1 << 3;
 
 /// Role of a tensor in the model, so methods can treat matrices and vectors differently.
 pub type TensorRole = u32;

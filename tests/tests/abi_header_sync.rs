@@ -292,6 +292,7 @@ fn rust_facts() -> BTreeMap<String, Value> {
         CAP_THREAD_SAFE,
         CAP_ELEMENTWISE,
         CAP_NEEDS_BASE,
+        CAP_CHUNKED_STATISTICS,
         ROLE_MATRIX,
         ROLE_VECTOR,
         ROLE_NORM,

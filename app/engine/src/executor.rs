@@ -158,6 +158,17 @@ struct Unit {
     len: usize,
 }
 
+impl Unit {
+    /// The shape handed to the plugin: the tensor's own when whole, flat `[len]` for a chunk.
+    fn shape(&self, item: &PlanItem) -> Vec<usize> {
+        if self.len == item.numel() {
+            item.shape.clone()
+        } else {
+            vec![self.len]
+        }
+    }
+}
+
 /// Everything one merge run needs.
 pub struct Run<'a> {
     /// The plugin instance.
@@ -221,25 +232,19 @@ impl Run<'_> {
         self.merge_pass()
     }
 
-    /// One statistics pass: every tensor, whole, to `prepare_tensor`. In order on one thread,
-    /// unless the plugin is thread-safe (then in parallel like the merge pass).
+    /// One statistics pass: every tensor to `prepare_tensor`, whole (or in chunks when the
+    /// plugin accepts chunked statistics); in order on one thread unless the plugin is
+    /// thread-safe, then in parallel like the merge pass.
     fn statistics_pass(&self, pass: u32) -> Result<()> {
-        let units: Vec<Unit> = self
-            .items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| Unit {
-                item: i,
-                from: 0,
-                len: item.numel(),
-            })
-            .collect();
-        let parallel = self.instance.capabilities & abi::CAP_THREAD_SAFE != 0;
+        let caps = self.instance.capabilities;
+        let units = self.units(caps & abi::CAP_CHUNKED_STATISTICS != 0);
+        let parallel = caps & abi::CAP_THREAD_SAFE != 0;
         self.run_units(&units, Phase::Statistics(pass), parallel, |unit| {
             let item = &self.items[unit.item];
-            let (base, experts) = self.load(item, 0, unit.len, &item.shape)?;
+            let shape = unit.shape(item);
+            let (base, experts) = self.load(item, unit.from, unit.len, &shape)?;
             self.instance
-                .prepare_tensor(self.env(), pass, &self.call(unit.item, item, 0), base, experts)?;
+                .prepare_tensor(self.env(), pass, &self.call(unit.item, item, unit.from), base, experts)?;
             self.release_inputs(item, unit);
             Ok(())
         })?;
@@ -253,8 +258,8 @@ impl Run<'_> {
         }
     }
 
-    fn units(&self) -> Vec<Unit> {
-        let chunked = self.instance.capabilities & abi::CAP_ELEMENTWISE != 0;
+    /// Work units: whole tensors, or chunks of at most `chunk_elems` when `chunked`.
+    fn units(&self, chunked: bool) -> Vec<Unit> {
         let chunk = self.opts.chunk_elems.max(1);
         let mut units = Vec::new();
         for (i, item) in self.items.iter().enumerate() {
@@ -279,8 +284,7 @@ impl Run<'_> {
 
     fn run_unit(&self, unit: &Unit, instance_lock: Option<&Mutex<()>>) -> Result<()> {
         let item = &self.items[unit.item];
-        let whole = unit.len == item.numel();
-        let shape: Vec<usize> = if whole { item.shape.clone() } else { vec![unit.len] };
+        let shape = unit.shape(item);
         let (base, experts) = self.load(item, unit.from, unit.len, &shape)?;
         let call = self.call(unit.item, item, unit.from);
         let result = {
@@ -318,7 +322,7 @@ impl Run<'_> {
     }
 
     fn merge_pass(&self) -> Result<()> {
-        let units = self.units();
+        let units = self.units(self.instance.capabilities & abi::CAP_ELEMENTWISE != 0);
         let lock = (self.instance.capabilities & abi::CAP_THREAD_SAFE == 0).then(|| Mutex::new(()));
         self.run_units(&units, Phase::Merge, true, |unit| self.run_unit(unit, lock.as_ref()))
     }
