@@ -5,10 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
+use mergescope_engine::executor::Observer;
 use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory, merge_in_memory_with};
-use mergescope_engine::plugin::{Plugin, load_plugin};
+use mergescope_engine::plugin::instance::{CallEnv, Instance};
+use mergescope_engine::plugin::{Plugin, load_plugin, resolve_params};
+use mergescope_plugin_api::abi::{CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
 use mergescope_tests::plugin_path;
 use serde_json::{Value, json};
+use std::sync::atomic::AtomicBool;
 
 const TOL: f64 = 1e-5;
 
@@ -581,6 +585,106 @@ fn global_scope_chunked_equals_unchunked() {
     for (name, t) in &whole {
         let e: Vec<f64> = t.data.iter().map(|v| f64::from(*v)).collect();
         assert_close(&chunked, name, &e, "chunked");
+    }
+}
+
+/// The global statistics passes accept chunks (`CAP_CHUNKED_STATISTICS`): the host streams the
+/// histogram and sign-vote passes in chunks of 1, 3 and 7 elements on two worker threads, so
+/// every tensor of the model (63, 13, 20 and 6 elements) is split into several pieces that arrive
+/// in any order, and the model must be bit for bit the one from whole tensors, for every
+/// zero-sign rule (reference uses the model-wide sign votes of pass 2) and both elections.
+#[test]
+fn global_statistics_in_parallel_chunks_equal_whole() {
+    let whole_opts = ExecOptions {
+        chunk_elems: usize::MAX,
+        threads: 1,
+        ..Default::default()
+    };
+    for (seed, n_experts) in [(21u64, 3usize), (22, 2)] {
+        let (base, experts) = random_inputs(seed, n_experts);
+        for zero_sign in ["none", "reference", "positive"] {
+            for (election, aggregation, count_rule, density) in [
+                ("mass", "dis-mean", "exact", 0.3),
+                ("count", "dis-max", "reference", 0.12),
+                ("mass", "dis-sum", "reference", 0.0),
+            ] {
+                let o = Options {
+                    density,
+                    lambda: 0.8,
+                    aggregation,
+                    scope: "global",
+                    count_rule,
+                    election,
+                    zero_sign,
+                };
+                let whole = merge_in_memory_with(&plugin(), &o.json(), 0, Some(&base), &experts, &whole_opts)
+                    .unwrap_or_else(|e| panic!("whole merge with {}: {e}", o.json()));
+                // The whole run is itself right (so that equal means correct, not equally wrong).
+                for (name, t) in &reference_ties(&base, &experts, &o) {
+                    let e: Vec<f64> = t.data.iter().map(|v| f64::from(*v)).collect();
+                    assert_close(&whole, name, &e, &format!("{o:?}, whole"));
+                }
+                for chunk_elems in [1, 3, 7] {
+                    let opts = ExecOptions {
+                        chunk_elems,
+                        threads: 2,
+                        ..Default::default()
+                    };
+                    let chunked = merge_in_memory_with(&plugin(), &o.json(), 0, Some(&base), &experts, &opts)
+                        .unwrap_or_else(|e| panic!("chunked merge with {}: {e}", o.json()));
+                    assert_eq!(chunked.len(), whole.len());
+                    for (name, t) in &whole {
+                        let got = &chunked[name];
+                        assert_eq!(got.shape, t.shape, "{o:?}, chunks of {chunk_elems}: '{name}' shape");
+                        let bits = |d: &[f32]| d.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+                        assert_eq!(
+                            bits(&got.data),
+                            bits(&t.data),
+                            "{o:?}, chunks of {chunk_elems}: tensor '{name}' differs from the whole-tensor run\n\
+                             chunked: {:?}\nwhole: {:?}",
+                            got.data,
+                            t.data
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Global scope asks for chunked statistics; tensor scope, whose per-tensor thresholds need each
+/// tensor whole, does not. Both stay elementwise, thread-safe and base-needing.
+#[test]
+fn chunked_statistics_capability_by_scope() {
+    let p = plugin();
+    let opts = ExecOptions::default();
+    let cancel = AtomicBool::new(false);
+    let env = || CallEnv {
+        device: &opts.device,
+        cancel: &cancel,
+        log: Observer::silent().log,
+    };
+    for (scope, zero_sign, chunked, passes) in [
+        ("global", "none", true, 2),
+        ("global", "reference", true, 3),
+        ("tensor", "reference", false, 1),
+    ] {
+        let user = json!({"trim_scope": scope, "zero_sign": zero_sign});
+        let resolved = resolve_params(p.id(), p.schema(), user.as_object().unwrap(), 2).unwrap();
+        let instance = Instance::create(&p, &resolved, 2, 0, env()).unwrap();
+        let caps = instance.capabilities;
+        for bit in [CAP_ELEMENTWISE, CAP_THREAD_SAFE, CAP_NEEDS_BASE] {
+            assert_ne!(caps & bit, 0, "{scope}: capabilities {caps:#x} lack {bit:#x}");
+        }
+        assert_eq!(
+            caps & CAP_CHUNKED_STATISTICS != 0,
+            chunked,
+            "{scope}: capabilities {caps:#x}"
+        );
+        assert_eq!(
+            instance.passes, passes,
+            "{scope}, zero_sign={zero_sign}: statistics passes"
+        );
     }
 }
 

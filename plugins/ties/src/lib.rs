@@ -10,23 +10,28 @@
 //! holding the k-th largest, which pins down the k-th largest |τ| exactly (a two-digit radix
 //! selection: linear time, 2¹⁶ counters per expert, no sort, no model-sized buffer). With
 //! `zero_sign = reference` a pass 2 sums the elected signs over the model for the global majority
-//! sign.
+//! sign. Every one of these statistics is an integer sum over elements, so the global scope
+//! reports `CAP_CHUNKED_STATISTICS`: the host streams the passes in chunks (in parallel), each
+//! call counting its chunk into a histogram set of its own (no lock held while counting), and
+//! the sums come out the same whatever the split or the order.
 //!
 //! With `trim_scope = tensor` one statistics pass finds each tensor's per-expert thresholds (the
 //! same two-digit radix selection on one tensor, or a direct selection for small tensors) and,
 //! with `zero_sign = reference`, the tensor's majority sign, and keeps them by tensor name.
 //!
 //! The statistics loops run over copies of the inputs (`read_f32`, the host tensors released at
-//! once), split over a few scoped threads for large tensors; those threads never call the host.
-//! They refuse NaN task-vector entries, which no threshold can rank.
+//! once). With `trim_scope = tensor` (whole tensors) they are split over a few scoped threads for
+//! large tensors; those threads never call the host. With `trim_scope = global` the host's
+//! workers already run the chunks in parallel, so each call counts on its own thread. The loops
+//! refuse NaN task-vector entries, which no threshold can rank.
 //!
 //! Per chunk the merge is τ_t = θ_t − θ0, trim (`trim_abs`), elected sign (`elect_sign`), the
 //! zero-sign rule (two elementwise operations at most), `disjoint_merge` and θ0 + λ·τ_m, each
 //! intermediate released as soon as it is dead so that few chunk-sized buffers are alive at once.
 
 use mergescope_plugin_api::abi::{
-    CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MAX, DISJOINT_MEAN, DISJOINT_SUM, DisjointOp,
-    ELECT_COUNT, ELECT_MASS, ElectRule,
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MAX, DISJOINT_MEAN,
+    DISJOINT_SUM, DisjointOp, ELECT_COUNT, ELECT_MASS, ElectRule,
 };
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
@@ -151,18 +156,25 @@ struct TensorStats {
     majority: f64,
 }
 
-/// State of the statistics passes (behind a mutex: the host may run a pass's tensors on several
-/// threads for a thread-safe instance).
+/// Per expert, a histogram of one digit of |τ| (`BINS` counters).
+type Histograms = Vec<Vec<u64>>;
+
+/// State of the statistics passes (behind a mutex: the host may run a pass's tensors, or chunks
+/// of them, on several threads for a thread-safe instance). Everything global is an integer sum,
+/// so it does not depend on how the host split the tensors or in which order the pieces came.
 #[derive(Default)]
 struct Stats {
-    /// Elements in the model (counted in global pass 0).
+    /// Elements in the model (counted in global pass 0, each chunk its own length).
     total: u64,
-    /// Per expert: global pass 0, counts by the top 16 bits of |τ|; pass 1, by the low 16 bits.
-    hist: Vec<Vec<u64>>,
+    /// Idle histogram sets of the current global pass (0: counts by the top 16 bits of |τ|; 1:
+    /// by the low 16 bits). A call takes one (or makes one), counts its piece into it without
+    /// holding the lock and puts it back, so there are about as many as concurrent calls;
+    /// `finish_pass` adds them up.
+    spare: Vec<Histograms>,
     /// Per expert, after global pass 0: (top 16 bits of the threshold, its rank inside that bin).
     target: Vec<Option<(u32, u64)>>,
-    /// Σ_j s_j over the model (global pass 2).
-    sign_sum: f64,
+    /// Σ_j s_j over the model (global pass 2), an integer so that the sum is exact in any order.
+    sign_sum: i64,
     /// Per-tensor statistics by tensor name (tensor scope).
     per_tensor: HashMap<String, TensorStats>,
 }
@@ -222,28 +234,40 @@ enum Digit {
     Low(u32),
 }
 
+/// Elements whose |τ| bit patterns `count_digit` computes at once (in a vectorised loop) before
+/// counting them.
+const BLOCK: usize = 1024;
+
+/// A histogram as the fixed-size array the counting loops index without bounds checks.
+fn as_bins(hist: &mut [u64]) -> Result<&mut [u64; BINS]> {
+    let len = hist.len();
+    hist.try_into()
+        .map_err(|_| Error::Message(format!("ties: a histogram has {len} bins, not {BINS} (internal error)")))
+}
+
 /// Adds the histogram of a digit of |e_j − b_j| (τ exactly as the host computes it, in f32) to
-/// `hist`. `Err(j)`: τ_j is NaN.
-fn count_digit(hist: &mut [u64], e: &[f32], b: &[f32], digit: Digit) -> std::result::Result<(), usize> {
-    let magnitudes = e.iter().zip(b).map(|(x, y)| (x - y).abs().to_bits());
-    match digit {
-        Digit::High => {
-            for (j, bits) in magnitudes.enumerate() {
-                if bits > INF_BITS {
-                    return Err(j);
-                }
-                hist[(bits >> 16) as usize] += 1;
-            }
+/// `hist`. `Err(j)`: τ_j is NaN (the first one). Works block by block: the bit patterns of a
+/// block and their maximum (NaN patterns are the largest) in one vectorised loop, then the counts.
+fn count_digit(hist: &mut [u64; BINS], e: &[f32], b: &[f32], digit: Digit) -> std::result::Result<(), usize> {
+    let mut bits = [0u32; BLOCK];
+    for (block, (e, b)) in e.chunks(BLOCK).zip(b.chunks(BLOCK)).enumerate() {
+        let bits = &mut bits[..e.len().min(b.len())];
+        let mut largest = 0u32;
+        for ((m, x), y) in bits.iter_mut().zip(e).zip(b) {
+            *m = (x - y).abs().to_bits();
+            largest = largest.max(*m);
         }
-        Digit::Low(hi) => {
-            for (j, bits) in magnitudes.enumerate() {
-                if bits > INF_BITS {
-                    return Err(j);
+        if largest > INF_BITS {
+            let j = bits.iter().position(|&m| m > INF_BITS).unwrap_or(0);
+            return Err(block * BLOCK + j);
+        }
+        match digit {
+            Digit::High => bits.iter().for_each(|&m| hist[(m >> 16) as usize] += 1),
+            Digit::Low(hi) => bits.iter().for_each(|&m| {
+                if m >> 16 == hi {
+                    hist[(m & 0xffff) as usize] += 1;
                 }
-                if bits >> 16 == hi {
-                    hist[(bits & 0xffff) as usize] += 1;
-                }
-            }
+            }),
         }
     }
     Ok(())
@@ -286,19 +310,23 @@ fn par_ranges<R: Send>(n: usize, f: impl Fn(Range<usize>) -> R + Sync) -> Result
 
 /// `count_digit` over a whole tensor, on several threads when it is large. `Ok(Err(j))`: τ_j is
 /// NaN (the first one); `Err(_)`: a worker failed.
-fn par_count_digit(hist: &mut [u64], e: &[f32], b: &[f32], digit: Digit) -> Result<std::result::Result<(), usize>> {
+fn par_count_digit(
+    hist: &mut [u64; BINS],
+    e: &[f32],
+    b: &[f32],
+    digit: Digit,
+) -> Result<std::result::Result<(), usize>> {
     let n = e.len().min(b.len());
     if thread_count(n) == 1 {
         return Ok(count_digit(hist, &e[..n], &b[..n], digit));
     }
     let parts = par_ranges(n, |r| {
         let mut local = vec![0u64; BINS];
-        count_digit(&mut local, &e[r.clone()], &b[r.clone()], digit)
-            .map(|()| local)
-            .map_err(|j| r.start + j)
+        let counted = count_digit(as_bins(&mut local)?, &e[r.clone()], &b[r.clone()], digit);
+        Ok::<_, Error>(counted.map(|()| local).map_err(|j| r.start + j))
     })?;
     for part in parts {
-        match part {
+        match part? {
             Ok(local) => hist.iter_mut().zip(&local).for_each(|(h, c)| *h += c),
             Err(j) => return Ok(Err(j)),
         }
@@ -320,29 +348,42 @@ fn sgn(x: f32) -> f32 {
     }
 }
 
-/// Σ_j s_j over a tensor, where s_j is the raw elected sign of element j: the sign of the f32 sum,
-/// in expert order, of the trimmed τ (mass) or of their signs (count), exactly like the host's
-/// `elect_sign` over the trimmed task vectors. `experts` pairs each expert that keeps something
-/// with its threshold.
-fn sign_votes(b: &[f32], experts: &[(&[f32], f32)], count: bool) -> Result<f64> {
-    if experts.is_empty() {
-        return Ok(0.0);
+fn sgn_int(x: f32) -> i8 {
+    if x > 0.0 {
+        1
+    } else if x < 0.0 {
+        -1
+    } else {
+        0
     }
-    let parts = par_ranges(b.len(), |r| {
-        let base = &b[r.clone()];
-        let values: Vec<(&[f32], f32)> = experts.iter().map(|(v, thr)| (&v[r.clone()], *thr)).collect();
-        let mut sum = 0f64;
-        for (j, y) in base.iter().enumerate() {
-            let mut total = 0f32;
-            for (v, thr) in &values {
-                let tau = v[j] - y;
-                let trimmed = if tau.abs() >= *thr { tau } else { 0.0 };
-                total += if count { sgn(trimmed) } else { trimmed };
-            }
-            sum += f64::from(sgn(total));
+}
+
+/// Σ_j s_j over `range` of a tensor (or chunk), where s_j is the raw elected sign of element j:
+/// the sign of the f32 sum, in expert order, of the trimmed τ (mass) or of their signs (count),
+/// exactly like the host's `elect_sign` over the trimmed task vectors. `experts` pairs each
+/// expert that keeps something with its threshold.
+fn sign_votes_in(b: &[f32], experts: &[(&[f32], f32)], count: bool, range: Range<usize>) -> i64 {
+    let base = &b[range.clone()];
+    let values: Vec<(&[f32], f32)> = experts.iter().map(|(v, thr)| (&v[range.clone()], *thr)).collect();
+    let mut sum = 0i64;
+    for (j, y) in base.iter().enumerate() {
+        let mut total = 0f32;
+        for (v, thr) in &values {
+            let tau = v[j] - y;
+            let trimmed = if tau.abs() >= *thr { tau } else { 0.0 };
+            total += if count { sgn(trimmed) } else { trimmed };
         }
-        sum
-    })?;
+        sum += i64::from(sgn_int(total));
+    }
+    sum
+}
+
+/// `sign_votes_in` over the whole of `b`, on several threads when it is large.
+fn sign_votes(b: &[f32], experts: &[(&[f32], f32)], count: bool) -> Result<i64> {
+    if experts.is_empty() {
+        return Ok(0);
+    }
+    let parts = par_ranges(b.len(), |r| sign_votes_in(b, experts, count, r))?;
     Ok(parts.into_iter().sum())
 }
 
@@ -360,13 +401,12 @@ fn find_bin(hist: &[u64], k: u64) -> Option<(usize, u64)> {
     None
 }
 
-fn signum_or_zero(x: f64) -> f64 {
-    if x > 0.0 {
-        1.0
-    } else if x < 0.0 {
-        -1.0
-    } else {
-        0.0
+/// The majority sign of a sum of votes, as the factor the merge pass uses.
+fn majority_of(votes: i64) -> f64 {
+    match votes.signum() {
+        1 => 1.0,
+        -1 => -1.0,
+        _ => 0.0,
     }
 }
 
@@ -498,7 +538,8 @@ impl Ties {
         b: &[f32],
         digit: Digit,
     ) -> Result<()> {
-        par_count_digit(hist, e, b, digit)?.map_err(|j| nan_error(tensor, expert, Some(tensor.offset + j as u64)))
+        par_count_digit(as_bins(hist)?, e, b, digit)?
+            .map_err(|j| nan_error(tensor, expert, Some(tensor.offset + j as u64)))
     }
 
     /// The k-th largest |τ| (1 ≤ k ≤ n) of one expert on one tensor, exactly: by direct selection
@@ -563,14 +604,17 @@ impl Ties {
         }
         let majority = if reference {
             let votes: Vec<(&[f32], f32)> = kept.iter().map(|(v, thr)| (v.as_slice(), *thr)).collect();
-            signum_or_zero(sign_votes(b, &votes, self.election == Election::Count)?)
+            majority_of(sign_votes(b, &votes, self.election == Election::Count)?)
         } else {
             0.0
         };
         Ok(TensorStats { thresholds, majority })
     }
 
-    /// Global passes 0 and 1: histograms of |τ| per expert.
+    /// Global passes 0 and 1: adds the histograms of |τ| per expert over one tensor or chunk
+    /// (its own elements only: `b.len()`, not the full tensor's). The counting runs on a histogram
+    /// set taken from the spares, without holding the lock, so concurrent chunks do not wait for
+    /// each other.
     fn count_pass(
         &self,
         host: &Host<'_>,
@@ -579,19 +623,25 @@ impl Ties {
         b: &[f32],
         experts: &[Tensor],
     ) -> Result<()> {
-        if pass == 0 {
+        let (spare, targets) = {
             let mut stats = self.lock_stats()?;
-            if stats.hist.is_empty() {
-                stats.hist = vec![vec![0u64; BINS]; self.n_experts];
+            if pass == 0 {
+                stats.total += b.len() as u64;
+            } else if stats.target.len() != self.n_experts {
+                return Err(Error::Message(
+                    "ties: the statistics passes ran out of order (internal error)".to_string(),
+                ));
             }
-            stats.total += b.len() as u64;
-        }
-        for (t, e) in experts.iter().enumerate() {
+            let targets = if pass == 0 { Vec::new() } else { stats.target.clone() };
+            (stats.spare.pop(), targets)
+        };
+        let mut hists = spare.unwrap_or_else(|| vec![vec![0u64; BINS]; self.n_experts]);
+        for (t, (e, hist)) in experts.iter().zip(&mut hists).enumerate() {
             host.check_cancelled()?;
             let digit = if pass == 0 {
                 Digit::High
             } else {
-                match self.lock_stats()?.target.get(t).copied().flatten() {
+                match targets.get(t).copied().flatten() {
                     Some((hi, _)) => Digit::Low(hi),
                     None => {
                         // This expert keeps nothing: no second digit to count.
@@ -601,23 +651,21 @@ impl Ties {
                 }
             };
             let values = Self::read_expert(host, *e)?;
-            let mut stats = self.lock_stats()?;
-            let hist = stats.hist.get_mut(t).ok_or_else(|| {
-                Error::Message("ties: the statistics passes ran out of order (internal error)".to_string())
-            })?;
-            Self::expert_histogram(hist, tensor, t, &values, b, digit)?;
+            count_digit(as_bins(hist)?, &values, b, digit)
+                .map_err(|j| nan_error(tensor, t, Some(tensor.offset + j as u64)))?;
         }
+        self.lock_stats()?.spare.push(hists);
         Ok(())
     }
 
-    /// Global pass 2: Σ_j s_j over one tensor with the global thresholds.
+    /// Global pass 2: Σ_j s_j over one tensor or chunk with the global thresholds.
     fn global_sign_votes(
         &self,
         host: &Host<'_>,
         tensor: &TensorMeta<'_>,
         b: &[f32],
         experts: &[Tensor],
-    ) -> Result<f64> {
+    ) -> Result<i64> {
         let thresholds = self.global_thresholds(tensor)?;
         let mut kept = Vec::new();
         for (e, thr) in experts.iter().zip(thresholds) {
@@ -628,7 +676,20 @@ impl Ties {
             }
         }
         let votes: Vec<(&[f32], f32)> = kept.iter().map(|(v, thr)| (v.as_slice(), *thr)).collect();
-        sign_votes(b, &votes, self.election == Election::Count)
+        Ok(sign_votes_in(b, &votes, self.election == Election::Count, 0..b.len()))
+    }
+
+    /// The histograms of the pass just finished: the sum of every spare set (integer counts, so
+    /// the order does not matter), which leaves no spare behind.
+    fn summed_histograms(&self, stats: &mut Stats) -> Histograms {
+        let mut sets = std::mem::take(&mut stats.spare).into_iter();
+        let mut sum = sets.next().unwrap_or_else(|| vec![vec![0u64; BINS]; self.n_experts]);
+        for set in sets {
+            for (acc, hist) in sum.iter_mut().zip(&set) {
+                acc.iter_mut().zip(hist).for_each(|(a, c)| *a += c);
+            }
+        }
+        sum
     }
 }
 
@@ -750,8 +811,14 @@ impl MergeMethod for Ties {
 
     fn capabilities(&self) -> Option<u64> {
         // Everything that spans more than one element (thresholds, majority signs) is fixed by
-        // the statistics passes, so every element merges independently.
-        Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE)
+        // the statistics passes, so every element merges independently. The global statistics
+        // are integer sums over elements, so they accept chunks too; the per-tensor ones need
+        // each tensor whole (its own k-th largest |τ|).
+        let caps = CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE;
+        Some(match self.scope {
+            Scope::Global => caps | CAP_CHUNKED_STATISTICS,
+            Scope::Tensor => caps,
+        })
     }
 
     fn prepare_passes(&self) -> u32 {
@@ -779,8 +846,8 @@ impl MergeMethod for Ties {
                 self.prepare_passes()
             )));
         }
-        // The statistics loops run over plain copies (on several threads); the host tensors are
-        // released as soon as they are copied.
+        // The statistics loops run over plain copies of the tensor or chunk; the host tensors
+        // are released as soon as they are copied.
         let b = host.read_f32(base)?;
         host.release(base)?;
         match (self.scope, pass) {
@@ -806,10 +873,10 @@ impl MergeMethod for Ties {
             }
             (Scope::Global, 0) => {
                 let mut stats = self.lock_stats()?;
-                let total = stats.total;
-                let k = kept_count(total, self.density, self.count_rule);
+                let mut hists = self.summed_histograms(&mut stats);
+                let k = kept_count(stats.total, self.density, self.count_rule);
                 let mut targets = Vec::with_capacity(self.n_experts);
-                for hist in &stats.hist {
+                for hist in &hists {
                     if k == 0 {
                         targets.push(None);
                         continue;
@@ -821,19 +888,19 @@ impl MergeMethod for Ties {
                     })?;
                     targets.push(Some((bin as u32, rank)));
                 }
-                if stats.hist.is_empty() {
-                    targets = vec![None; self.n_experts];
-                }
                 stats.target = targets;
-                for hist in &mut stats.hist {
+                // The set is reused, zeroed, by pass 1.
+                for hist in &mut hists {
                     hist.iter_mut().for_each(|c| *c = 0);
                 }
+                stats.spare.push(hists);
                 Ok(())
             }
             (Scope::Global, 1) => {
                 let mut stats = self.lock_stats()?;
+                let hists = self.summed_histograms(&mut stats);
                 let mut thresholds = Vec::with_capacity(self.n_experts);
-                for (hist, target) in stats.hist.iter().zip(&stats.target) {
+                for (hist, target) in hists.iter().zip(&stats.target) {
                     match target {
                         None => thresholds.push(None),
                         Some((hi, rank)) => {
@@ -848,17 +915,13 @@ impl MergeMethod for Ties {
                         }
                     }
                 }
-                if thresholds.is_empty() {
-                    thresholds = vec![None; self.n_experts];
-                }
-                stats.hist = Vec::new();
                 drop(stats);
                 self.thresholds = Some(thresholds);
                 Ok(())
             }
             (Scope::Global, 2) => {
-                let sum = self.lock_stats()?.sign_sum;
-                self.majority = Some(signum_or_zero(sum));
+                let votes = self.lock_stats()?.sign_sum;
+                self.majority = Some(majority_of(votes));
                 Ok(())
             }
             _ => Err(Error::Message(format!(
