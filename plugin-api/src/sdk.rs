@@ -144,9 +144,13 @@ impl<'a> Host<'a> {
     /// Copies a tensor's values out, row-major.
     pub fn read_f32(&self, t: Tensor) -> Result<Vec<f32>> {
         let n = self.numel(t)?;
-        let mut v = vec![0f32; n];
-        // SAFETY: `v` has room for `n` values.
-        check(unsafe { (self.api.read_f32)(self.api.ctx, t.0, v.as_mut_ptr(), n) })?;
+        let mut v: Vec<f32> = Vec::with_capacity(n);
+        // SAFETY: `v` has capacity for `n` values; on success the host wrote all `n` of them,
+        // so they are initialised before `set_len` (no zero-fill needed first).
+        unsafe {
+            check((self.api.read_f32)(self.api.ctx, t.0, v.as_mut_ptr(), n))?;
+            v.set_len(n);
+        }
         Ok(v)
     }
 
