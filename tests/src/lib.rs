@@ -55,3 +55,10 @@ pub fn assert_close(model: &mergescope_engine::merge::MemModel, name: &str, expe
         );
     }
 }
+
+/// Asserts that a message contains every one of `parts`.
+pub fn assert_contains(msg: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(msg.contains(p), "expected {p:?} in the message: {msg}");
+    }
+}

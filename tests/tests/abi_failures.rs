@@ -8,20 +8,15 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory, merge_in_memory_with};
-use mergescope_engine::plugin::{Plugin, load_plugin};
+use mergescope_engine::merge::{ExecOptions, MemModel, merge_in_memory, merge_in_memory_with};
+use mergescope_engine::plugin::load_plugin;
 use mergescope_plugin_api::abi;
-use mergescope_tests::plugin_path;
+use mergescope_tests::{assert_contains, load, model, plugin_path};
 use serde_json::json;
 use std::path::Path;
 
 const WEIGHT_AVERAGE: &str = "mergescope_plugin_weight_average";
 const C_EXAMPLE: &str = "mergescope_plugin_c_example";
-
-fn load(lib: &str) -> Plugin {
-    let path = plugin_path(lib);
-    load_plugin(&path).unwrap_or_else(|e| panic!("{lib} should load from {}: {e}", path.display()))
-}
 
 /// The user-facing message of a refused library; also checks that it names the file.
 fn refusal(lib: &str) -> String {
@@ -38,19 +33,6 @@ fn refusal(lib: &str) -> String {
             msg
         }
     }
-}
-
-fn assert_contains(msg: &str, parts: &[&str]) {
-    for p in parts {
-        assert!(msg.contains(p), "expected {p:?} in the message: {msg}");
-    }
-}
-
-fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors
-        .iter()
-        .map(|(name, shape, data)| ((*name).to_owned(), MemTensor::new(*shape, *data)))
-        .collect()
 }
 
 /// Three experts and a base with a matrix and a bias; hand-made so the weighted averages are

@@ -8,32 +8,13 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use mergescope_engine::merge::{MemModel, MemTensor, merge_in_memory};
-use mergescope_engine::plugin::{Plugin, load_plugin};
-use mergescope_tests::plugin_path;
+use mergescope_engine::merge::{MemModel, merge_in_memory};
+use mergescope_tests::{assert_contains, load, model};
 use serde_json::json;
 
 const FIXTURE: &str = "mstest_use_after_release";
 /// The handle of the first tensor made in a call with a base and three experts.
 const RELEASED: &str = "handle 5";
-
-fn load(lib: &str) -> Plugin {
-    let path = plugin_path(lib);
-    load_plugin(&path).unwrap_or_else(|e| panic!("{lib} should load from {}: {e}", path.display()))
-}
-
-fn assert_contains(msg: &str, parts: &[&str]) {
-    for p in parts {
-        assert!(msg.contains(p), "expected {p:?} in the message: {msg}");
-    }
-}
-
-fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors
-        .iter()
-        .map(|(name, shape, data)| ((*name).to_owned(), MemTensor::new(*shape, *data)))
-        .collect()
-}
 
 /// A base and three experts with a matrix and a bias; the means are exact in f32.
 fn inputs() -> (MemModel, Vec<MemModel>) {

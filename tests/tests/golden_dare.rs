@@ -6,42 +6,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
 use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory, merge_in_memory_with};
-use mergescope_engine::plugin::{Plugin, load_plugin};
+use mergescope_engine::plugin::Plugin;
 use mergescope_engine::rng::bernoulli_keep;
 use mergescope_plugin_dare::expert_seed;
-use mergescope_tests::plugin_path;
+use mergescope_tests::{assert_close, load, model};
 use serde_json::{Value, json};
 
-const TOL: f64 = 1e-5;
+fn plugin() -> Plugin {
+    load("mergescope_plugin_dare")
+}
 
 /// τ1 of seeds-002-004 §4.6.
 const TAU1: [f32; 10] = [0.5, -0.2, 0.1, 0.0, 0.9, -0.7, 0.05, 0.3, -0.4, 0.6];
-
-fn plugin() -> Plugin {
-    let path = plugin_path("mergescope_plugin_dare");
-    load_plugin(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
-}
-
-fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors
-        .iter()
-        .map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec())))
-        .collect()
-}
-
-fn assert_close(model: &MemModel, name: &str, expected: &[f64], context: &str) {
-    let t = model
-        .get(name)
-        .unwrap_or_else(|| panic!("{context}: output has no tensor '{name}'"));
-    assert_eq!(t.data.len(), expected.len(), "{context}: tensor '{name}': length");
-    for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
-        assert!(
-            (f64::from(*a) - e).abs() <= TOL,
-            "{context}: tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}",
-            t.data
-        );
-    }
-}
 
 fn merge(params: &Value, seed: u64, base: &MemModel, experts: &[MemModel]) -> MemModel {
     merge_in_memory(&plugin(), params, seed, Some(base), experts).unwrap_or_else(|e| panic!("merge with {params}: {e}"))

@@ -8,13 +8,15 @@
 use mergescope_engine::executor::Observer;
 use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory, merge_in_memory_with};
 use mergescope_engine::plugin::instance::{CallEnv, Instance};
-use mergescope_engine::plugin::{Plugin, load_plugin, resolve_params};
+use mergescope_engine::plugin::{Plugin, resolve_params};
 use mergescope_plugin_api::abi::{CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
-use mergescope_tests::plugin_path;
+use mergescope_tests::{TOL, assert_close, load, model};
 use serde_json::{Value, json};
 use std::sync::atomic::AtomicBool;
 
-const TOL: f64 = 1e-5;
+fn plugin() -> Plugin {
+    load("mergescope_plugin_ties")
+}
 
 /// The three task vectors of seeds-002-004 §4.6.
 const TAU: [[f32; 10]; 3] = [
@@ -22,32 +24,6 @@ const TAU: [[f32; 10]; 3] = [
     [-0.6, 0.25, 0.1, 0.2, -0.8, 0.7, -0.05, 0.35, 0.45, -0.1],
     [0.4, -0.3, -0.15, -0.2, 0.1, 0.2, 0.0, -0.3, 0.5, 0.55],
 ];
-
-fn plugin() -> Plugin {
-    let path = plugin_path("mergescope_plugin_ties");
-    load_plugin(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
-}
-
-fn model(tensors: &[(&str, &[usize], &[f32])]) -> MemModel {
-    tensors
-        .iter()
-        .map(|(name, shape, data)| (name.to_string(), MemTensor::new(shape.to_vec(), data.to_vec())))
-        .collect()
-}
-
-fn assert_close(model: &MemModel, name: &str, expected: &[f64], context: &str) {
-    let t = model
-        .get(name)
-        .unwrap_or_else(|| panic!("{context}: output has no tensor '{name}'"));
-    assert_eq!(t.data.len(), expected.len(), "{context}: tensor '{name}': length");
-    for (i, (a, e)) in t.data.iter().zip(expected).enumerate() {
-        assert!(
-            (f64::from(*a) - e).abs() <= TOL,
-            "{context}: tensor '{name}'[{i}]: got {a}, expected {e}\nfull: {:?}\nexpected: {expected:?}",
-            t.data
-        );
-    }
-}
 
 /// Base θ0 = 0 and experts θ_t = τ_t on one tensor, so τ is exact in f32 and exact
 /// cancellations (index 5 of §4.6) stay exact.
