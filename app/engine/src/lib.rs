@@ -5,12 +5,14 @@
 //!   tensor table (over candle) they call back into.
 //! - [`merge`] / [`executor`]: validated merge requests streamed tensor by tensor on worker
 //!   threads inside a memory budget, written atomically by [`writer`].
+//! - [`data`]: image-classification tasks (the demo benchmark's data) read from safetensors.
 //! - [`recipe`]: the TOML recipe that the GUI saves and the CLI runs.
 //! - [`bench`]: synthetic LLM-shaped checkpoints for the throughput benchmark.
 
 pub mod bench;
 pub mod checkpoint;
 pub mod compat;
+pub mod data;
 pub mod device;
 pub mod dtype;
 pub mod error;

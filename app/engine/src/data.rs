@@ -1,0 +1,236 @@
+//! Task data for evaluation: small image-classification tasks stored as safetensors files
+//! (`train_images` U8 [N, H, W], `train_labels` U8 [N], `test_images`, `test_labels`, and
+//! `task`/`classes` in the header metadata). The demo benchmark's seven tasks live in
+//! `assets/data/`; a user adds a task by dropping a file of the same layout there.
+
+use crate::checkpoint::{Checkpoint, TensorEntry};
+use crate::error::{EngineError, Result};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One split of a task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Split {
+    /// Images, row-major [n, height, width], 0 = background, 255 = ink.
+    pub images: Vec<u8>,
+    /// Labels in `0..classes.len()`.
+    pub labels: Vec<u8>,
+}
+
+impl Split {
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether the split has no examples.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+}
+
+/// A classification task.
+#[derive(Clone, Debug)]
+pub struct TaskData {
+    /// Task name (`task` metadata).
+    pub name: String,
+    /// Class names, in label order.
+    pub classes: Vec<String>,
+    /// Image height and width.
+    pub image_size: (usize, usize),
+    /// Training split.
+    pub train: Split,
+    /// Test split.
+    pub test: Split,
+    /// All header metadata (source, licence, preprocessing…).
+    pub metadata: BTreeMap<String, String>,
+}
+
+fn u8_tensor<'a>(c: &'a Checkpoint, path: &Path, name: &str, rank: usize) -> Result<&'a TensorEntry> {
+    let t = c.tensors.get(name).ok_or_else(|| {
+        EngineError::bad(
+            path,
+            format!("not a task file: tensor '{name}' is missing (a task has train_images, train_labels, test_images, test_labels)"),
+        )
+    })?;
+    if t.dtype.name() != "U8" {
+        return Err(EngineError::bad(
+            path,
+            format!("tensor '{name}' is {}, a task needs U8", t.dtype.name()),
+        ));
+    }
+    if t.shape.len() != rank {
+        return Err(EngineError::bad(
+            path,
+            format!("tensor '{name}' has shape {:?}; a task needs rank {rank}", t.shape),
+        ));
+    }
+    Ok(t)
+}
+
+fn split(
+    c: &Checkpoint,
+    path: &Path,
+    which: &str,
+    n_classes: usize,
+    size: Option<(usize, usize)>,
+) -> Result<(Split, (usize, usize))> {
+    let images = u8_tensor(c, path, &format!("{which}_images"), 3)?;
+    let labels = u8_tensor(c, path, &format!("{which}_labels"), 1)?;
+    let (n, h, w) = (images.shape[0], images.shape[1], images.shape[2]);
+    if labels.shape[0] != n {
+        return Err(EngineError::bad(
+            path,
+            format!("{which}: {n} images but {} labels", labels.shape[0]),
+        ));
+    }
+    if let Some((h0, w0)) = size.filter(|s| *s != (h, w)) {
+        return Err(EngineError::bad(
+            path,
+            format!("{which} images are {h}×{w} but train images are {h0}×{w0}"),
+        ));
+    }
+    let labels = c.raw_bytes(labels).to_vec();
+    if let Some((i, l)) = labels.iter().enumerate().find(|(_, l)| usize::from(**l) >= n_classes) {
+        return Err(EngineError::bad(
+            path,
+            format!("{which}_labels[{i}] = {l}, but the metadata lists only {n_classes} classes"),
+        ));
+    }
+    Ok((
+        Split {
+            images: c.raw_bytes(images).to_vec(),
+            labels,
+        },
+        (h, w),
+    ))
+}
+
+/// Loads and checks one task file.
+pub fn load_task(path: &Path) -> Result<TaskData> {
+    let c = Checkpoint::open(path)?;
+    let metadata = c.metadata();
+    let name = metadata
+        .get("task")
+        .filter(|t| !t.is_empty())
+        .cloned()
+        .ok_or_else(|| EngineError::bad(path, "the header metadata has no 'task' name"))?;
+    let classes: Vec<String> = metadata
+        .get("classes")
+        .map(|c| {
+            c.split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if classes.len() < 2 {
+        return Err(EngineError::bad(
+            path,
+            "the header metadata must list at least two comma-separated 'classes'",
+        ));
+    }
+    let (train, size) = split(&c, path, "train", classes.len(), None)?;
+    let (test, _) = split(&c, path, "test", classes.len(), Some(size))?;
+    Ok(TaskData {
+        name,
+        classes,
+        image_size: size,
+        train,
+        test,
+        metadata,
+    })
+}
+
+/// Loads every `*.safetensors` task in a folder, sorted by task name.
+pub fn load_tasks(dir: &Path) -> Result<Vec<TaskData>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| EngineError::io("cannot list", dir, e))?;
+    let mut tasks = Vec::new();
+    for e in entries {
+        let p = e.map_err(|e| EngineError::io("cannot list", dir, e))?.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            tasks.push(load_task(&p)?);
+        }
+    }
+    tasks.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(w) = tasks.windows(2).find(|w| w[0].name == w[1].name) {
+        return Err(EngineError::Invalid(format!(
+            "two files in '{}' define task '{}'",
+            dir.display(),
+            w[0].name
+        )));
+    }
+    Ok(tasks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest as _, Sha256};
+    use std::path::PathBuf;
+
+    fn assets() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/data")
+    }
+
+    #[test]
+    fn the_seven_demo_tasks_load_balanced_and_intact() {
+        let tasks = load_tasks(&assets()).unwrap();
+        let names: Vec<&str> = tasks.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "animal_mnist",
+                "fashion_mnist",
+                "ising",
+                "letters",
+                "mnist",
+                "opencv_digits",
+                "optdigits"
+            ]
+        );
+        for t in &tasks {
+            assert_eq!(t.image_size, (28, 28), "{}", t.name);
+            assert_eq!((t.train.len(), t.test.len()), (2000, 500), "{}", t.name);
+            assert_eq!(t.train.images.len(), 2000 * 28 * 28);
+            // Class-balanced splits (README): 2000/C train and 500/C test per class.
+            let c = t.classes.len();
+            for (split, n) in [(&t.train, 2000), (&t.test, 500)] {
+                let mut counts = vec![0usize; c];
+                split.labels.iter().for_each(|l| counts[usize::from(*l)] += 1);
+                assert!(counts.iter().all(|k| *k == n / c), "{}: {counts:?}", t.name);
+            }
+            assert!(
+                t.metadata.contains_key("license") && t.metadata.contains_key("source"),
+                "{}",
+                t.name
+            );
+        }
+        assert_eq!(tasks[2].classes, ["below_Tc", "above_Tc"]);
+        // The files are the published ones (SHA256SUMS beside them).
+        let sums = std::fs::read_to_string(assets().join("SHA256SUMS")).unwrap();
+        for line in sums.lines() {
+            let (hash, file) = line.split_once("  ").unwrap();
+            let digest = Sha256::digest(std::fs::read(assets().join(file)).unwrap());
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(hex, hash, "{file}");
+        }
+    }
+
+    #[test]
+    fn a_model_file_is_not_a_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("model.safetensors");
+        let header =
+            r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"__metadata__":{"task":"x","classes":"a,b"}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&[0; 4]);
+        std::fs::write(&p, bytes).unwrap();
+        let e = load_task(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("model.safetensors") && e.contains("'train_images' is missing"),
+            "{e}"
+        );
+    }
+}
