@@ -62,3 +62,16 @@ pub fn assert_contains(msg: &str, parts: &[&str]) {
         assert!(msg.contains(p), "expected {p:?} in the message: {msg}");
     }
 }
+
+/// Asserts that a plugin documents itself: its help text names every parameter of its schema
+/// and its description is one non-empty line.
+pub fn assert_documented(p: &mergescope_engine::plugin::Plugin) {
+    for spec in p.schema() {
+        assert!(
+            p.info.help.contains(spec.name.as_str()),
+            "help does not explain '{}'",
+            spec.name
+        );
+    }
+    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
+}

@@ -7,7 +7,7 @@
 use mergescope_engine::merge::{MemModel, merge_in_memory};
 use mergescope_engine::plugin::Plugin;
 use mergescope_plugin_cart::rank_from_ratio;
-use mergescope_tests::{assert_close, load, model};
+use mergescope_tests::{assert_close, assert_documented, load, model};
 use serde_json::{Value, json};
 
 fn plugin() -> Plugin {
@@ -48,15 +48,7 @@ fn plugin_describes_itself() {
     assert_eq!(p.id(), "cart");
     let names: Vec<&str> = p.schema().iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["rank_mode", "rank_ratio", "rank", "lambda"]);
-    // The help states every parameter; the description is one line.
-    for spec in p.schema() {
-        assert!(
-            p.info.help.contains(spec.name.as_str()),
-            "help does not explain '{}'",
-            spec.name
-        );
-    }
-    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
+    assert_documented(&p);
 }
 
 /// §1.7 item 1: k = ⌈r·γ⌉ computed robustly, clamped to [0, r].

@@ -6,7 +6,7 @@
 
 use mergescope_engine::merge::{ExecOptions, MemModel, merge_in_memory, merge_in_memory_with};
 use mergescope_engine::plugin::Plugin;
-use mergescope_tests::{assert_close, load, model};
+use mergescope_tests::{assert_close, assert_documented, load, model};
 use serde_json::{Value, json};
 
 fn plugin() -> Plugin {
@@ -52,15 +52,7 @@ fn plugin_describes_itself() {
     assert_eq!(p.id(), "consensus");
     let names: Vec<&str> = p.schema().iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["tall_lambda", "min_tasks", "lambda"]);
-    // The help states every parameter; the description is one line.
-    for spec in p.schema() {
-        assert!(
-            p.info.help.contains(spec.name.as_str()),
-            "help does not explain '{}'",
-            spec.name
-        );
-    }
-    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
+    assert_documented(&p);
 }
 
 /// Defaults λ_t = 0.4, min_tasks = 2, λ = 0.3. TALL masks m_t = 1{|τ_t| ≥ 0.4·|τ_MTL − τ_t|}:

@@ -9,7 +9,7 @@ use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory
 use mergescope_engine::plugin::Plugin;
 use mergescope_engine::rng::bernoulli_keep;
 use mergescope_plugin_dare::expert_seed;
-use mergescope_tests::{assert_close, load, model};
+use mergescope_tests::{assert_close, assert_documented, load, model};
 use serde_json::{Value, json};
 
 fn plugin() -> Plugin {
@@ -98,15 +98,7 @@ fn plugin_describes_itself() {
     assert_eq!(p.id(), "dare");
     let names: Vec<&str> = p.schema().iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["drop_rate", "rescale", "combine", "lambda"]);
-    // The help states every parameter; the description is one line.
-    for spec in p.schema() {
-        assert!(
-            p.info.help.contains(spec.name.as_str()),
-            "help does not explain '{}'",
-            spec.name
-        );
-    }
-    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
+    assert_documented(&p);
 }
 
 /// The seed derivation is part of the recorded-merge contract: pin it.

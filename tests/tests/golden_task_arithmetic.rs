@@ -6,7 +6,7 @@
 
 use mergescope_engine::merge::{ExecOptions, MemModel, merge_in_memory, merge_in_memory_with};
 use mergescope_engine::plugin::Plugin;
-use mergescope_tests::{load, model};
+use mergescope_tests::{assert_documented, load, model};
 use serde_json::json;
 
 fn plugin() -> Plugin {
@@ -44,15 +44,7 @@ fn plugin_describes_itself() {
     assert_eq!(p.id(), "task-arithmetic");
     let names: Vec<&str> = p.schema().iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["lambda", "task_weights", "normalize"]);
-    // The help states every parameter; the description is one line.
-    for spec in p.schema() {
-        assert!(
-            p.info.help.contains(spec.name.as_str()),
-            "help does not explain '{}'",
-            spec.name
-        );
-    }
-    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
+    assert_documented(&p);
 }
 
 /// §4.6: λ = 0.3 gives λ·Στ = [0.09, -0.075, 0.015, 0, 0.06, 0.06, 0, 0.105, 0.165, 0.315].

@@ -10,7 +10,7 @@ use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, merge_in_memory
 use mergescope_engine::plugin::instance::{CallEnv, Instance};
 use mergescope_engine::plugin::{Plugin, resolve_params};
 use mergescope_plugin_api::abi::{CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
-use mergescope_tests::{TOL, assert_close, load, model};
+use mergescope_tests::{TOL, assert_close, assert_documented, load, model};
 use serde_json::{Value, json};
 use std::sync::atomic::AtomicBool;
 
@@ -58,15 +58,7 @@ fn plugin_describes_itself() {
     ] {
         assert!(names.contains(&n), "schema lacks '{n}': {names:?}");
     }
-    // The help states every parameter; the description is one line.
-    for spec in p.schema() {
-        assert!(
-            p.info.help.contains(spec.name.as_str()),
-            "help does not explain '{}'",
-            spec.name
-        );
-    }
-    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
+    assert_documented(&p);
 }
 
 /// §4.6, original/FusionBench semantics: threshold 20 keeps int(10·0.2)+1 = 3 entries per row

@@ -5,7 +5,7 @@
 
 use mergescope_engine::merge::{ExecOptions, MemModel, merge_in_memory, merge_in_memory_with};
 use mergescope_engine::plugin::Plugin;
-use mergescope_tests::{load, model};
+use mergescope_tests::{assert_documented, load, model};
 use serde_json::json;
 
 fn plugin() -> Plugin {
@@ -39,15 +39,7 @@ fn plugin_describes_itself() {
     assert_eq!(p.id(), "weight-average");
     assert!(!p.version().is_empty());
     assert!(p.schema().iter().any(|s| s.name == "weights"));
-    // The help states every parameter; the description is one line.
-    for spec in p.schema() {
-        assert!(
-            p.info.help.contains(spec.name.as_str()),
-            "help does not explain '{}'",
-            spec.name
-        );
-    }
-    assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
+    assert_documented(&p);
 }
 
 /// G-C1 (seeds-000-001 §6): the three experts average to θ_avg = I, biases to (1, 1).
