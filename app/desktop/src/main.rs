@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     mergescope_engine::sys::tune_allocator();
-    mergescope_engine::sys::single_threaded_tensor_ops();
     match cli::run() {
         Ok(code) => code,
         Err(e) => {

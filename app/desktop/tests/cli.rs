@@ -32,7 +32,9 @@ impl Env {
         let mut c = Command::new(env!("CARGO_BIN_EXE_mergescope"));
         c.env("MERGESCOPE_BUNDLED_DIR", deps)
             .env("MERGESCOPE_CONFIG_DIR", self.path("config"))
-            .env("MERGESCOPE_PLUGIN_HOME", self.path("user-plugins"));
+            .env("MERGESCOPE_PLUGIN_HOME", self.path("user-plugins"))
+            .env("MERGESCOPE_CACHE_DIR", self.path("cache"))
+            .env("MERGESCOPE_DATA_DIR", self.path("tasks"));
         c
     }
 
@@ -436,4 +438,106 @@ fn bad_inputs_fail_with_actionable_messages() {
         .filter(|e| e.file_name().to_string_lossy().contains("partial"))
         .collect();
     assert!(leftovers.is_empty(), "no temporary files are left behind");
+}
+
+/// A small MLP benchmark on two tasks, built through the engine (a full `demo build` takes
+/// minutes; its CLI path is the same code).
+fn tiny_benchmark(dir: &Path) {
+    use mergescope_engine::demo::{Recipe, build};
+    use mergescope_engine::nn::Arch;
+    use mergescope_engine::train::Budget;
+    let tasks: Vec<_> = mergescope_engine::data::demo_tasks()
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.name == "mnist" || t.name == "letters")
+        .collect();
+    let mut r = Recipe::default_for(Arch::Mlp, 0);
+    r.pretrain.budget = Budget::Steps(20);
+    r.head.budget = Budget::Steps(50);
+    r.expert.budget = Budget::Steps(30);
+    let (device, _) = mergescope_engine::device::open_device(mergescope_engine::device::DeviceChoice::Cpu);
+    build(
+        Arch::Mlp,
+        &tasks,
+        &r,
+        dir,
+        &device,
+        &mut |_| {},
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .unwrap();
+}
+
+#[test]
+fn eval_and_merge_eval_on_a_benchmark() {
+    let env = Env::new();
+    let bench = env.path("bench");
+    tiny_benchmark(&bench);
+    let b = bench.to_string_lossy().into_owned();
+    let expert = bench.join("experts/mnist.safetensors").to_string_lossy().into_owned();
+    // An expert scores exactly 1 normalised on its own task.
+    let out = env.ok(&["eval", "--checkpoint", &expert, "--benchmark", &b, "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let tasks = j["report"]["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2);
+    let mnist = tasks.iter().find(|t| t["task"] == "mnist").unwrap();
+    assert_eq!(mnist["normalized"].as_f64(), Some(1.0));
+    assert_eq!(mnist["examples"].as_u64(), Some(500));
+    // The table and --tasks / --split.
+    let out = env.ok(&[
+        "eval",
+        "--checkpoint",
+        &expert,
+        "--benchmark",
+        &b,
+        "--tasks",
+        "letters",
+        "--split",
+        "calibration",
+    ]);
+    assert!(
+        out.contains("letters") && !out.contains("mnist ") && out.contains("calibration split"),
+        "{out}"
+    );
+    // merge with the benchmark's base and experts, evaluated right away; weight averaging of
+    // two experts is their midpoint, and its evaluation is the one `eval` prints.
+    let merged = env.path("wa.safetensors").to_string_lossy().into_owned();
+    let out = env.ok(&[
+        "merge",
+        "--method",
+        "weight-average",
+        "--benchmark",
+        &b,
+        "--out",
+        &merged,
+        "--eval",
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let again: serde_json::Value =
+        serde_json::from_str(&env.ok(&["eval", "--checkpoint", &merged, "--benchmark", &b, "--json"])).unwrap();
+    assert_eq!(j["eval"]["report"], again["report"]);
+    let a = read(&bench.join("experts/letters.safetensors"), "fc2.bias");
+    let m = read(&bench.join("experts/mnist.safetensors"), "fc2.bias");
+    let mid: Vec<f32> = a.iter().zip(&m).map(|(x, y)| (x + y) / 2.0).collect();
+    close(&read(Path::new(&merged), "fc2.bias"), &mid);
+    // Errors name the problem and the fix.
+    let e = env.fails(&["eval", "--checkpoint", &expert, "--benchmark", &b, "--tasks", "mnsit"]);
+    assert!(
+        e.contains("unknown task 'mnsit'") && e.contains("letters, mnist"),
+        "{e}"
+    );
+    let e = env.fails(&["eval", "--checkpoint", &expert]);
+    assert!(
+        e.contains("no demo benchmark for mlp") && e.contains("mergescope demo build --arch mlp"),
+        "{e}"
+    );
+    let other = env.write("other.safetensors", &[("w", DType::F32, &[2], &[1.0, 2.0])]);
+    let e = env.fails(&["eval", "--checkpoint", &other, "--benchmark", &b]);
+    assert!(
+        e.contains("not a mlp backbone") && e.contains("'fc1.weight' is missing"),
+        "{e}"
+    );
+    let e = env.fails(&["eval", "--checkpoint", &expert, "--benchmark", &b, "--split", "train"]);
+    assert!(e.contains("use test or calibration"), "{e}");
 }

@@ -1,12 +1,14 @@
 //! Task data for evaluation: small image-classification tasks stored as safetensors files
 //! (`train_images` U8 [N, H, W], `train_labels` U8 [N], `test_images`, `test_labels`, and
 //! `task`/`classes` in the header metadata). The demo benchmark's seven tasks live in
-//! `assets/data/`; a user adds a task by dropping a file of the same layout there.
+//! `assets/data/` and are compiled into the binary; a user adds a task by dropping a file of
+//! the same layout into [`user_task_dir`] (or points the CLI at a folder of their own).
 
-use crate::checkpoint::{Checkpoint, TensorEntry};
 use crate::error::{EngineError, Result};
+use safetensors::SafeTensors;
+use safetensors::tensor::TensorView;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// One split of a task.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,43 +48,119 @@ pub struct TaskData {
     pub metadata: BTreeMap<String, String>,
 }
 
-fn u8_tensor<'a>(c: &'a Checkpoint, path: &Path, name: &str, rank: usize) -> Result<&'a TensorEntry> {
-    let t = c.tensors.get(name).ok_or_else(|| {
+/// The demo benchmark's tasks, compiled into the binary so the app works from anywhere.
+const EMBEDDED: [(&str, &[u8]); 7] = [
+    (
+        "animal_mnist",
+        include_bytes!("../../../assets/data/animal_mnist.safetensors"),
+    ),
+    (
+        "fashion_mnist",
+        include_bytes!("../../../assets/data/fashion_mnist.safetensors"),
+    ),
+    ("ising", include_bytes!("../../../assets/data/ising.safetensors")),
+    ("letters", include_bytes!("../../../assets/data/letters.safetensors")),
+    ("mnist", include_bytes!("../../../assets/data/mnist.safetensors")),
+    (
+        "opencv_digits",
+        include_bytes!("../../../assets/data/opencv_digits.safetensors"),
+    ),
+    (
+        "optdigits",
+        include_bytes!("../../../assets/data/optdigits.safetensors"),
+    ),
+];
+
+/// Examples taken from the start of each task's train split as calibration data for
+/// data-driven merge methods (DESIGN §4); never from the test split.
+pub const CALIBRATION_PER_TASK: usize = 100;
+
+/// Which examples of a task to evaluate on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SplitKind {
+    /// The test split.
+    Test,
+    /// The first [`CALIBRATION_PER_TASK`] examples of the train split.
+    Calibration,
+}
+
+impl SplitKind {
+    /// Parses `test` or `calibration`.
+    pub fn parse(s: &str) -> Option<SplitKind> {
+        match s {
+            "test" => Some(SplitKind::Test),
+            "calibration" | "calib" => Some(SplitKind::Calibration),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitKind::Test => "test",
+            SplitKind::Calibration => "calibration",
+        }
+    }
+}
+
+impl TaskData {
+    /// The examples of `kind` (calibration: a prefix of the train split).
+    pub fn split(&self, kind: SplitKind) -> Split {
+        match kind {
+            SplitKind::Test => self.test.clone(),
+            SplitKind::Calibration => {
+                let n = CALIBRATION_PER_TASK.min(self.train.len());
+                let per = self.image_size.0 * self.image_size.1;
+                Split {
+                    images: self.train.images[..n * per].to_vec(),
+                    labels: self.train.labels[..n].to_vec(),
+                }
+            }
+        }
+    }
+}
+
+fn u8_tensor<'a>(st: &'a SafeTensors<'a>, path: &Path, name: &str, rank: usize) -> Result<TensorView<'a>> {
+    let t = st.tensor(name).map_err(|_| {
         EngineError::bad(
             path,
             format!("not a task file: tensor '{name}' is missing (a task has train_images, train_labels, test_images, test_labels)"),
         )
     })?;
-    if t.dtype.name() != "U8" {
+    if t.dtype() != safetensors::Dtype::U8 {
         return Err(EngineError::bad(
             path,
-            format!("tensor '{name}' is {}, a task needs U8", t.dtype.name()),
+            format!("tensor '{name}' is {:?}, a task needs U8", t.dtype()),
         ));
     }
-    if t.shape.len() != rank {
+    if t.shape().len() != rank {
         return Err(EngineError::bad(
             path,
-            format!("tensor '{name}' has shape {:?}; a task needs rank {rank}", t.shape),
+            format!("tensor '{name}' has shape {:?}; a task needs rank {rank}", t.shape()),
         ));
     }
     Ok(t)
 }
 
 fn split(
-    c: &Checkpoint,
+    st: &SafeTensors<'_>,
     path: &Path,
     which: &str,
     n_classes: usize,
     size: Option<(usize, usize)>,
 ) -> Result<(Split, (usize, usize))> {
-    let images = u8_tensor(c, path, &format!("{which}_images"), 3)?;
-    let labels = u8_tensor(c, path, &format!("{which}_labels"), 1)?;
-    let (n, h, w) = (images.shape[0], images.shape[1], images.shape[2]);
-    if labels.shape[0] != n {
+    let images = u8_tensor(st, path, &format!("{which}_images"), 3)?;
+    let labels = u8_tensor(st, path, &format!("{which}_labels"), 1)?;
+    let (n, h, w) = (images.shape()[0], images.shape()[1], images.shape()[2]);
+    if labels.shape()[0] != n {
         return Err(EngineError::bad(
             path,
-            format!("{which}: {n} images but {} labels", labels.shape[0]),
+            format!("{which}: {n} images but {} labels", labels.shape()[0]),
         ));
+    }
+    if n == 0 {
+        return Err(EngineError::bad(path, format!("the {which} split has no examples")));
     }
     if let Some((h0, w0)) = size.filter(|s| *s != (h, w)) {
         return Err(EngineError::bad(
@@ -90,7 +168,7 @@ fn split(
             format!("{which} images are {h}×{w} but train images are {h0}×{w0}"),
         ));
     }
-    let labels = c.raw_bytes(labels).to_vec();
+    let labels = labels.data().to_vec();
     if let Some((i, l)) = labels.iter().enumerate().find(|(_, l)| usize::from(**l) >= n_classes) {
         return Err(EngineError::bad(
             path,
@@ -99,17 +177,22 @@ fn split(
     }
     Ok((
         Split {
-            images: c.raw_bytes(images).to_vec(),
+            images: images.data().to_vec(),
             labels,
         },
         (h, w),
     ))
 }
 
-/// Loads and checks one task file.
-pub fn load_task(path: &Path) -> Result<TaskData> {
-    let c = Checkpoint::open(path)?;
-    let metadata = c.metadata();
+/// Parses and checks a task file's bytes (`path` names it in messages).
+pub fn parse_task(bytes: &[u8], path: &Path) -> Result<TaskData> {
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| EngineError::bad(path, e.to_string()))?;
+    let metadata: BTreeMap<String, String> = header
+        .metadata()
+        .as_ref()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    let st = SafeTensors::deserialize(bytes).map_err(|e| EngineError::bad(path, e.to_string()))?;
     let name = metadata
         .get("task")
         .filter(|t| !t.is_empty())
@@ -130,8 +213,8 @@ pub fn load_task(path: &Path) -> Result<TaskData> {
             "the header metadata must list at least two comma-separated 'classes'",
         ));
     }
-    let (train, size) = split(&c, path, "train", classes.len(), None)?;
-    let (test, _) = split(&c, path, "test", classes.len(), Some(size))?;
+    let (train, size) = split(&st, path, "train", classes.len(), None)?;
+    let (test, _) = split(&st, path, "test", classes.len(), Some(size))?;
     Ok(TaskData {
         name,
         classes,
@@ -140,6 +223,23 @@ pub fn load_task(path: &Path) -> Result<TaskData> {
         test,
         metadata,
     })
+}
+
+/// Loads and checks one task file.
+pub fn load_task(path: &Path) -> Result<TaskData> {
+    let bytes = std::fs::read(path).map_err(|e| EngineError::io("cannot read", path, e))?;
+    parse_task(&bytes, path)
+}
+
+fn check_unique(tasks: &mut [TaskData], origin: &str) -> Result<()> {
+    tasks.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(w) = tasks.windows(2).find(|w| w[0].name == w[1].name) {
+        return Err(EngineError::Invalid(format!(
+            "two task files in {origin} define task '{}': rename one (the 'task' metadata key)",
+            w[0].name
+        )));
+    }
+    Ok(())
 }
 
 /// Loads every `*.safetensors` task in a folder, sorted by task name.
@@ -152,13 +252,47 @@ pub fn load_tasks(dir: &Path) -> Result<Vec<TaskData>> {
             tasks.push(load_task(&p)?);
         }
     }
-    tasks.sort_by(|a, b| a.name.cmp(&b.name));
-    if let Some(w) = tasks.windows(2).find(|w| w[0].name == w[1].name) {
-        return Err(EngineError::Invalid(format!(
-            "two files in '{}' define task '{}'",
-            dir.display(),
-            w[0].name
-        )));
+    check_unique(&mut tasks, &format!("'{}'", dir.display()))?;
+    Ok(tasks)
+}
+
+/// The seven tasks of the demo benchmark, from the copies compiled into the binary.
+pub fn demo_tasks() -> Result<Vec<TaskData>> {
+    EMBEDDED
+        .iter()
+        .map(|(name, bytes)| parse_task(bytes, Path::new(&format!("assets/data/{name}.safetensors"))))
+        .collect()
+}
+
+/// The user's own task folder: `$MERGESCOPE_DATA_DIR`, else `$XDG_DATA_HOME/mergescope/tasks`,
+/// else `~/.local/share/mergescope/tasks`.
+pub fn user_task_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("MERGESCOPE_DATA_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))?;
+    Some(data.join("mergescope/tasks"))
+}
+
+/// The tasks a benchmark is built on: those of `dir` if given; otherwise the seven demo tasks
+/// plus every task file in [`user_task_dir`] (if it exists), sorted by name.
+pub fn benchmark_tasks(dir: Option<&Path>) -> Result<Vec<TaskData>> {
+    if let Some(d) = dir {
+        let tasks = load_tasks(d)?;
+        if tasks.is_empty() {
+            return Err(EngineError::Invalid(format!(
+                "'{}' holds no task files (*.safetensors with train_images, train_labels, test_images, test_labels)",
+                d.display()
+            )));
+        }
+        return Ok(tasks);
+    }
+    let mut tasks = demo_tasks()?;
+    if let Some(d) = user_task_dir().filter(|d| d.is_dir()) {
+        tasks.extend(load_tasks(&d)?);
+        check_unique(&mut tasks, &format!("the demo set and '{}'", d.display()))?;
     }
     Ok(tasks)
 }
@@ -207,6 +341,15 @@ mod tests {
             );
         }
         assert_eq!(tasks[2].classes, ["below_Tc", "above_Tc"]);
+        // The copies compiled into the binary are these files.
+        let embedded = demo_tasks().unwrap();
+        assert_eq!(embedded.len(), tasks.len());
+        for (a, b) in embedded.iter().zip(&tasks) {
+            assert_eq!((&a.name, &a.train, &a.test), (&b.name, &b.train, &b.test));
+        }
+        let calib = tasks[4].split(SplitKind::Calibration);
+        assert_eq!(calib.len(), CALIBRATION_PER_TASK);
+        assert_eq!(calib.labels, tasks[4].train.labels[..CALIBRATION_PER_TASK]);
         // The files are the published ones (SHA256SUMS beside them).
         let sums = std::fs::read_to_string(assets().join("SHA256SUMS")).unwrap();
         for line in sums.lines() {

@@ -108,6 +108,23 @@ fn build_shards(
     Ok((shards, locations))
 }
 
+/// Writes `bytes` to `path` atomically: a temporary sibling, fsynced, then renamed over
+/// `path`. Readers see the old file or the new one, never a partial one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    let tmp = tmp_sibling(path, "writing");
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        EngineError::io("cannot write", path, e)
+    })
+}
+
 /// An output being written. Dropping it without [`OutputWriter::commit`] removes the
 /// temporary files.
 #[derive(Debug)]

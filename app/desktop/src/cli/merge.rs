@@ -4,6 +4,8 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use mergescope_engine::compat::MissingPolicy;
+use mergescope_engine::data::SplitKind;
+use mergescope_engine::demo::resolve_benchmark;
 use mergescope_engine::device::{DeviceChoice, device_name, open_device};
 use mergescope_engine::dtype::OutDType;
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress, merge_files};
@@ -11,7 +13,6 @@ use mergescope_engine::recipe::{Recipe, parse_size};
 use mergescope_plugin_api::abi;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
 
 #[derive(Args, Debug)]
 pub struct MergeArgs {
@@ -24,8 +25,8 @@ pub struct MergeArgs {
     /// Base checkpoint (.safetensors file or folder of shards).
     #[arg(long)]
     pub base: Option<PathBuf>,
-    /// Expert checkpoint (repeat for each expert, in order).
-    #[arg(long = "expert", value_name = "PATH")]
+    /// Expert checkpoints, in order (repeat the flag or list several: `--expert a b c`).
+    #[arg(long = "expert", value_name = "PATH", num_args = 1..)]
     pub experts: Vec<PathBuf>,
     /// Method parameter `name=value` (repeatable; per-task lists as `name=0.3,0.5,0.2`).
     #[arg(long = "param", value_name = "NAME=VALUE")]
@@ -63,6 +64,13 @@ pub struct MergeArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Evaluate the result per task right after the merge (as `mergescope eval`).
+    #[arg(long)]
+    pub eval: bool,
+    /// Benchmark for --eval (`demo`, `demo/<arch>`, `demo/<arch>-seed<N>` or a folder); without
+    /// --base/--expert its base and experts are the inputs.
+    #[arg(long, value_name = "SPEC")]
+    pub benchmark: Option<String>,
 }
 
 fn parse_params(items: &[String]) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
@@ -140,8 +148,15 @@ fn build(args: &MergeArgs) -> anyhow::Result<(String, MergeRequest, DeviceChoice
     if let serde_json::Value::Object(m) = &mut req.params {
         m.extend(extra);
     }
+    if req.experts.is_empty()
+        && let Some(spec) = &args.benchmark
+    {
+        let b = resolve_benchmark(spec, None)?;
+        req.base = req.base.or_else(|| Some(b.base_path()));
+        req.experts = b.expert_paths();
+    }
     if req.experts.is_empty() {
-        bail!("no experts: pass --expert PATH once per expert checkpoint");
+        bail!("no experts: pass --expert PATH once per expert checkpoint (or --benchmark demo)");
     }
     Ok((method, req, device))
 }
@@ -203,15 +218,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
         }
     };
     // Ctrl-C (or SIGTERM) cancels cleanly: workers stop and the temporary output is removed.
-    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    // A second Ctrl-C exits at once.
-    if let Err(e) = ctrlc::set_handler(|| {
-        if cancel.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            std::process::exit(130);
-        }
-    }) {
-        eprintln!("warning: Ctrl-C will not cancel cleanly ({e})");
-    }
+    let cancel = super::cancel_on_ctrl_c();
     let report = merge_files(
         &plugin,
         &req,
@@ -225,6 +232,15 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
     bar.finish_and_clear();
     let report = report?;
     let gb = report.input_bytes as f64 / 1e9;
+    let evaluation = if args.eval {
+        let spec = args.benchmark.as_deref().unwrap_or("demo");
+        Some(
+            super::eval::evaluate(&req.out, spec, None, SplitKind::Test, None)
+                .context("the merge succeeded but its evaluation failed")?,
+        )
+    } else {
+        None
+    };
     if args.json {
         let j = serde_json::json!({
             "method": plugin.id(),
@@ -241,6 +257,9 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
             "seconds": report.seconds,
             "input_gb_per_s": gb / report.seconds.max(1e-9),
             "peak_rss_bytes": peak_rss_bytes(),
+            "eval": evaluation.as_ref().map(|(b, r, s)| serde_json::json!({
+                "benchmark": display(&b.dir), "seconds": s, "report": r,
+            })),
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
@@ -258,6 +277,15 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
             gb / report.seconds.max(1e-9),
             report.files.first().map(|p| display(p)).unwrap_or_default()
         );
+        if let Some((b, r, s)) = &evaluation {
+            println!(
+                "{} on {} ({}, test split, {s:.2} s)",
+                display(&req.out),
+                display(&b.dir),
+                b.manifest.arch
+            );
+            super::eval::print_report(r);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,8 @@
 //! Command-line parsing and dispatch. Each subcommand lives in its own module.
 
 mod bench;
+mod demo;
+mod eval;
 mod inspect;
 mod merge;
 mod plugins;
@@ -9,6 +11,7 @@ use clap::{Parser, Subcommand};
 use mergescope_engine::plugin::{Approvals, PluginDirs, Registry};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
 
 /// mergescope: merge fine-tuned checkpoints with plugin methods, headless or in the desktop app.
 #[derive(Parser, Debug)]
@@ -36,6 +39,13 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Benchmark merge methods on synthetic LLM-shaped checkpoints.
     Bench(bench::BenchArgs),
+    /// Build or list the demo benchmark (base, heads and experts on seven real tasks).
+    Demo {
+        #[command(subcommand)]
+        command: demo::DemoCommand,
+    },
+    /// Evaluate a backbone checkpoint per task on a benchmark.
+    Eval(eval::EvalArgs),
 }
 
 /// Finds plugins next to the executable, in the user's folder and in `--plugin-dir`s.
@@ -44,14 +54,34 @@ pub fn registry(extra: &[PathBuf]) -> anyhow::Result<Registry> {
     Ok(Registry::discover(&PluginDirs::standard(extra.to_vec()), &approvals))
 }
 
+/// A cancel flag that Ctrl-C (or SIGTERM) sets, so jobs stop cleanly and remove their
+/// temporary output; a second Ctrl-C exits at once.
+pub fn cancel_on_ctrl_c() -> &'static AtomicBool {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    if let Err(e) = ctrlc::set_handler(|| {
+        if cancel.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            std::process::exit(130);
+        }
+    }) {
+        eprintln!("warning: Ctrl-C will not cancel cleanly ({e})");
+    }
+    cancel
+}
+
 /// Parses the command line and runs it.
 pub fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
+    if matches!(cli.command, Some(Command::Merge(_) | Command::Bench(_))) {
+        // Merges run one worker per core; training and evaluation use candle's own threads.
+        mergescope_engine::sys::single_threaded_tensor_ops();
+    }
     match cli.command {
         Some(Command::Merge(args)) => merge::run(&cli.plugin_dirs, args),
         Some(Command::Plugins { command }) => plugins::run(&cli.plugin_dirs, command),
         Some(Command::Inspect(args)) => inspect::run(&args),
         Some(Command::Bench(args)) => bench::run(&cli.plugin_dirs, args),
+        Some(Command::Demo { command }) => demo::run(command),
+        Some(Command::Eval(args)) => eval::run(&args),
         None => {
             use clap::CommandFactory as _;
             Cli::command().print_help()?;

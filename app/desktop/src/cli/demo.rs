@@ -1,0 +1,163 @@
+//! `mergescope demo`: build and list the demo benchmark (base, heads, experts) in the cache.
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use mergescope_engine::data::benchmark_tasks;
+use mergescope_engine::demo::{Benchmark, BuildProgress, Recipe, build, built_demos, demo_dir};
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_engine::nn::Arch;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Subcommand, Debug)]
+pub enum DemoCommand {
+    /// Build base, heads and one expert per task (cached: later runs reuse the build).
+    Build(BuildArgs),
+    /// List the built demo benchmarks with their per-task accuracies.
+    List,
+}
+
+#[derive(Args, Debug)]
+pub struct BuildArgs {
+    /// Backbone architecture: mlp, cnn, vit, or all.
+    #[arg(long, default_value = "cnn")]
+    pub arch: String,
+    /// Seed of every random choice of the build.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Build on the task files of this folder instead of the seven demo tasks (plus the
+    /// user's task folder).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Build into this folder instead of the cache.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Rebuild even if the benchmark is already built (the old one is replaced only once the
+    /// new one is complete).
+    #[arg(long)]
+    pub force: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+pub fn run(command: DemoCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        DemoCommand::Build(args) => run_build(&args),
+        DemoCommand::List => {
+            let built = built_demos()?;
+            if built.is_empty() {
+                println!("no demo benchmark built yet: run `mergescope demo build`");
+            }
+            for b in &built {
+                print_benchmark(b);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn archs(s: &str) -> anyhow::Result<Vec<Arch>> {
+    if s == "all" {
+        return Ok(Arch::ALL.to_vec());
+    }
+    Ok(vec![
+        Arch::parse(s).with_context(|| format!("--arch '{s}': use mlp, cnn, vit or all"))?,
+    ])
+}
+
+fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
+    let archs = archs(&args.arch)?;
+    if args.out.is_some() && archs.len() > 1 {
+        anyhow::bail!("--out takes one architecture; pass --arch mlp, cnn or vit");
+    }
+    let tasks = benchmark_tasks(args.data.as_deref())?;
+    let cancel = super::cancel_on_ctrl_c();
+    let (device, _) = open_device(DeviceChoice::Cpu);
+    for arch in archs {
+        let dir = match &args.out {
+            Some(d) => d.clone(),
+            None => demo_dir(arch, args.seed)?,
+        };
+        if let Ok(b) = Benchmark::open(&dir)
+            && b.is_current()
+            && !args.force
+        {
+            eprintln!("{arch}: already built in '{}' (--force rebuilds it)", dir.display());
+            print_benchmark(&b);
+            continue;
+        }
+        if dir.exists() && args.out.is_some() && !args.force && Benchmark::open(&dir).is_err() {
+            anyhow::bail!(
+                "'{}' exists and is not a benchmark; choose another --out (nothing was written)",
+                dir.display()
+            );
+        }
+        let staging = dir.with_file_name(format!(
+            ".{}.new-{}",
+            dir.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+            std::process::id()
+        ));
+        let bar = if args.quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(1)
+        };
+        let style = ProgressStyle::with_template("{spinner} {msg:<34} [{bar:30}] {percent:>3}% {elapsed} (eta {eta})")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        let recipe = Recipe::default_for(arch, args.seed);
+        let mut on_progress = |p: &BuildProgress| {
+            bar.set_length(p.total as u64);
+            bar.set_position(p.done as u64);
+            let loss = p.loss.map(|l| format!(" loss {l:.3}")).unwrap_or_default();
+            bar.set_message(format!("{arch}: {}{loss}", p.stage));
+        };
+        let built = build(arch, &tasks, &recipe, &staging, &device, &mut on_progress, cancel);
+        bar.finish_and_clear();
+        let built = built?;
+        // Swap the finished build into place; an old build is removed only now.
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("cannot replace '{}'", dir.display()))?;
+        }
+        std::fs::rename(&staging, &dir).with_context(|| format!("cannot move the build to '{}'", dir.display()))?;
+        let b = Benchmark { dir, ..built };
+        let secs: f64 = b.manifest.seconds.values().sum();
+        eprintln!("{arch}: built in {secs:.0} s");
+        print_benchmark(&b);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_benchmark(b: &Benchmark) {
+    let m = &b.manifest;
+    println!(
+        "\n{} backbone ({} parameters), seed {}: {}",
+        m.arch,
+        m.arch.num_params(),
+        m.seed,
+        b.dir.display()
+    );
+    println!("  {:<16} {:>8} {:>8}", "task", "base", "expert");
+    for t in &m.tasks {
+        println!(
+            "  {:<16} {:>7.1}% {:>7.1}%",
+            t.name,
+            100.0 * t.base_accuracy.test,
+            100.0 * t.expert_accuracy.test
+        );
+    }
+    let n = m.tasks.len().max(1) as f64;
+    println!(
+        "  {:<16} {:>7.1}% {:>7.1}%",
+        "mean",
+        100.0 * m.tasks.iter().map(|t| t.base_accuracy.test).sum::<f64>() / n,
+        100.0 * m.tasks.iter().map(|t| t.expert_accuracy.test).sum::<f64>() / n
+    );
+    println!(
+        "  merge them: mergescope merge --method task-arithmetic --benchmark {} --out merged.safetensors --eval",
+        b.dir.display()
+    );
+}

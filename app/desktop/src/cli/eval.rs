@@ -1,0 +1,131 @@
+//! `mergescope eval`: per-task accuracy, loss and normalised accuracy of a backbone on a
+//! benchmark (the same [`Evaluator`] the GUI and the merge methods use).
+
+use anyhow::Context as _;
+use clap::Args;
+use mergescope_engine::data::{SplitKind, benchmark_tasks};
+use mergescope_engine::demo::{Benchmark, load_params, resolve_benchmark};
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_engine::eval::EvalReport;
+use mergescope_engine::nn::{Arch, Params};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Backbone checkpoint to evaluate (a merge result, an expert, the base).
+    #[arg(long, value_name = "PATH")]
+    pub checkpoint: PathBuf,
+    /// `demo` (the built demo benchmark of the checkpoint's architecture), `demo/<arch>`,
+    /// `demo/<arch>-seed<N>`, or a benchmark folder.
+    #[arg(long, default_value = "demo", value_name = "SPEC")]
+    pub benchmark: String,
+    /// Only these tasks (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "A,B")]
+    pub tasks: Option<Vec<String>>,
+    /// test, or calibration (the first 100 training examples of each task).
+    #[arg(long, default_value = "test")]
+    pub split: String,
+    /// Folder of task files, when the benchmark was built with `demo build --data DIR`.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The backbone in `path` and the architecture its tensor names and shapes match.
+fn load_backbone(path: &Path) -> anyhow::Result<(Params, Option<Arch>)> {
+    let (device, _) = open_device(DeviceChoice::Cpu);
+    let p = load_params(path, &device)?;
+    let arch = Arch::detect(p.iter().map(|(k, t)| (k.as_str(), t.dims())));
+    Ok((p, arch))
+}
+
+/// Evaluates the checkpoint at `path` on the benchmark `spec`.
+pub fn evaluate(
+    path: &Path,
+    spec: &str,
+    tasks: Option<&[String]>,
+    split: SplitKind,
+    data: Option<&Path>,
+) -> anyhow::Result<(Benchmark, EvalReport, f64)> {
+    let (params, arch) = load_backbone(path)?;
+    let bench = resolve_benchmark(spec, arch).with_context(|| {
+        if arch.is_none() {
+            format!(
+                "'{}' is not a backbone of a demo architecture (mlp, cnn, vit); evaluation needs one mergescope knows",
+                path.display()
+            )
+        } else {
+            "no benchmark to evaluate on".to_owned()
+        }
+    })?;
+    bench
+        .manifest
+        .arch
+        .check(&params)
+        .with_context(|| format!("cannot evaluate '{}' on '{}'", path.display(), bench.dir.display()))?;
+    let all_tasks = benchmark_tasks(data)?;
+    let (device, _) = open_device(DeviceChoice::Cpu);
+    let started = Instant::now();
+    let evaluator = bench.evaluator(&all_tasks, tasks, split, &device)?;
+    let report = evaluator.evaluate(&params)?;
+    Ok((bench, report, started.elapsed().as_secs_f64()))
+}
+
+/// Prints a report as a table.
+pub fn print_report(report: &EvalReport) {
+    println!("  {:<16} {:>9} {:>8} {:>11}", "task", "accuracy", "loss", "normalised");
+    let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}%", 100.0 * v));
+    for t in &report.tasks {
+        println!(
+            "  {:<16} {:>9} {:>8.3} {:>11}",
+            t.task,
+            pct(Some(t.accuracy)),
+            t.loss,
+            pct(t.normalized)
+        );
+    }
+    println!(
+        "  {:<16} {:>9} {:>8.3} {:>11}",
+        "mean",
+        pct(Some(report.mean_accuracy)),
+        report.mean_loss,
+        pct(report.mean_normalized)
+    );
+}
+
+pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
+    let split =
+        SplitKind::parse(&args.split).with_context(|| format!("--split '{}': use test or calibration", args.split))?;
+    let (bench, report, seconds) = evaluate(
+        &args.checkpoint,
+        &args.benchmark,
+        args.tasks.as_deref(),
+        split,
+        args.data.as_deref(),
+    )?;
+    if args.json {
+        let j = serde_json::json!({
+            "checkpoint": args.checkpoint.display().to_string(),
+            "benchmark": bench.dir.display().to_string(),
+            "arch": bench.manifest.arch,
+            "seconds": seconds,
+            "report": report,
+        });
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        println!(
+            "{} on {} ({}, {} split, {:.2} s)",
+            args.checkpoint.display(),
+            bench.dir.display(),
+            bench.manifest.arch,
+            split.name(),
+            seconds
+        );
+        print_report(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
