@@ -368,7 +368,7 @@ pub fn build(
     std::fs::create_dir(tmp.path().join("experts"))
         .map_err(|e| EngineError::io("cannot create", tmp.path().join("experts"), e))?;
 
-    let per_epoch = |n: usize, b: BatchSize| Batcher::new(n, b, 0, 0).steps_per_epoch();
+    let per_epoch = crate::train::steps_per_epoch;
     let pooled: usize = tasks.iter().map(|t| t.train.len()).sum();
     let pre_steps = crate::train::total_steps(recipe.pretrain.budget, per_epoch(pooled, recipe.pretrain.batch));
     let head_steps: Vec<usize> = tasks

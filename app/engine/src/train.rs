@@ -274,10 +274,7 @@ impl Batcher {
 
     /// Steps in one epoch.
     pub fn steps_per_epoch(&self) -> usize {
-        match self.batch {
-            BatchSize::Full => 1,
-            BatchSize::Size(b) => self.n.div_ceil(b.max(1)),
-        }
+        steps_per_epoch(self.n, self.batch)
     }
 
     /// Indices of the next step's examples.
@@ -341,6 +338,14 @@ pub fn batch_images(
         }
     }
     Ok(Tensor::from_vec(out, (idx.len(), 1, side, side), device)?)
+}
+
+/// Steps in one epoch over `n` examples (the last minibatch may be short).
+pub fn steps_per_epoch(n: usize, batch: BatchSize) -> usize {
+    match batch {
+        BatchSize::Full => 1,
+        BatchSize::Size(b) => n.div_ceil(b.max(1)),
+    }
 }
 
 /// Steps a budget amounts to, given the steps per epoch.

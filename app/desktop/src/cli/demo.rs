@@ -2,7 +2,6 @@
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 use mergescope_engine::data::benchmark_tasks;
 use mergescope_engine::demo::{Benchmark, BuildProgress, Recipe, build, built_demos, demo_dir};
 use mergescope_engine::device::{DeviceChoice, open_device};
@@ -99,15 +98,7 @@ fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
             dir.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
             std::process::id()
         ));
-        let bar = if args.quiet {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(1)
-        };
-        let style = ProgressStyle::with_template("{spinner} {msg:<34} [{bar:30}] {percent:>3}% {elapsed} (eta {eta})")
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
-        bar.set_style(style);
+        let bar = super::progress_bar(args.quiet);
         let recipe = Recipe::default_for(arch, args.seed);
         let mut on_progress = |p: &BuildProgress| {
             bar.set_length(p.total as u64);

@@ -2,7 +2,6 @@
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use mergescope_engine::compat::MissingPolicy;
 use mergescope_engine::data::SplitKind;
 use mergescope_engine::demo::resolve_benchmark;
@@ -161,18 +160,6 @@ fn build(args: &MergeArgs) -> anyhow::Result<(String, MergeRequest, DeviceChoice
     Ok((method, req, device))
 }
 
-fn progress_bar(quiet: bool) -> ProgressBar {
-    if quiet {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(1000);
-    let style = ProgressStyle::with_template("{spinner} {msg:<28} [{bar:30}] {percent:>3}% {elapsed} (eta {eta})")
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style);
-    bar
-}
-
 fn display(p: &Path) -> String {
     p.display().to_string()
 }
@@ -194,7 +181,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
         opts.memory_budget_bytes =
             parse_size(b).with_context(|| format!("--memory-budget '{b}' is not a size; write e.g. 1GB"))?;
     }
-    let bar = progress_bar(args.quiet);
+    let bar = super::progress_bar(args.quiet);
     let on_progress = |p: &Progress| {
         let label = match p.phase {
             Phase::Statistics(n) => format!("statistics pass {}", n + 1),

@@ -8,6 +8,7 @@ mod merge;
 mod plugins;
 
 use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
 use mergescope_engine::plugin::{Approvals, PluginDirs, Registry};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,6 +53,19 @@ pub enum Command {
 pub fn registry(extra: &[PathBuf]) -> anyhow::Result<Registry> {
     let approvals = Approvals::load().map_err(anyhow::Error::msg)?;
     Ok(Registry::discover(&PluginDirs::standard(extra.to_vec()), &approvals))
+}
+
+/// A progress bar on stderr (hidden with `--quiet`); callers set its length and position.
+pub fn progress_bar(quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(1000);
+    let style = ProgressStyle::with_template("{spinner} {msg:<34} [{bar:30}] {percent:>3}% {elapsed} (eta {eta})")
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
 }
 
 /// A cancel flag that Ctrl-C (or SIGTERM) sets, so jobs stop cleanly and remove their
