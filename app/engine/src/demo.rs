@@ -5,7 +5,10 @@
 //! 1. **Pretrain** the base backbone on the pooled training images of every task with a
 //!    label-free pretext task (which of four rotations was applied), so the base has generic
 //!    features but knows no task's labels.
-//! 2. **Heads**: train each task's linear head on the frozen base's features, then freeze it.
+//! 2. **Heads**: train each task's linear head on the frozen base's features of a few examples
+//!    per class ([`Recipe::head_shots`]; the first ones of each class after the calibration
+//!    prefix), then freeze it. Few-shot heads make the base weak on every task, the way the
+//!    zero-shot heads of the papers do, so each expert gains much over the base.
 //! 3. **Experts**: fine-tune the backbone on each task through its frozen head.
 //!
 //! Merges combine backbones only; each task is evaluated with its own head. A benchmark
@@ -29,7 +32,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 /// Version of the build recipe: a cached benchmark built by another version is rebuilt.
-pub const RECIPE_VERSION: u32 = 1;
+pub const RECIPE_VERSION: u32 = 2;
+
+/// Examples per class the default recipe trains each head on (see [`Recipe::head_shots`]).
+pub const HEAD_SHOTS: usize = 10;
 
 /// Training settings of each stage of a build.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -38,6 +44,12 @@ pub struct Recipe {
     pub pretrain: TrainConfig,
     /// Linear heads on the frozen base's features.
     pub head: TrainConfig,
+    /// Examples per class each head is trained on (the first ones of each class after the
+    /// calibration prefix of the train split): few-shot heads, weak the way the zero-shot heads
+    /// of the task-vector papers are, so that the experts have much to gain. `None`: every
+    /// train example (recipe version 1, whose manifests have no such field).
+    #[serde(default)]
+    pub head_shots: Option<usize>,
     /// Fine-tuning of each expert through its frozen head.
     pub expert: TrainConfig,
 }
@@ -66,6 +78,7 @@ impl Recipe {
                 augment_shift: 0,
             },
             head,
+            head_shots: Some(HEAD_SHOTS),
             expert: TrainConfig {
                 optim: expert_optim,
                 batch: BatchSize::Size(64),
@@ -259,19 +272,46 @@ fn pretrain(
     Ok(crate::train::detached(&backbone))
 }
 
+/// The images and labels the head of `task` is trained on: every train example, or with
+/// `shots`, the first `shots` examples of each class after the calibration prefix of the train
+/// split (so the base's calibration accuracy is not measured on its heads' training examples).
+fn head_examples(task: &TaskData, shots: Option<usize>) -> (Vec<u8>, Vec<u8>) {
+    let Some(k) = shots else {
+        return (task.train.images.clone(), task.train.labels.clone());
+    };
+    let per = crate::nn::IMAGE_SIDE * crate::nn::IMAGE_SIDE;
+    let skip = if task.train.len() > crate::data::CALIBRATION_PER_TASK {
+        crate::data::CALIBRATION_PER_TASK
+    } else {
+        0
+    };
+    let mut taken = vec![0usize; task.classes.len()];
+    let (mut images, mut labels) = (Vec::new(), Vec::new());
+    let examples = task.train.images.chunks_exact(per).zip(&task.train.labels).skip(skip);
+    for (image, &label) in examples {
+        if let Some(n) = taken.get_mut(usize::from(label)).filter(|n| **n < k) {
+            *n += 1;
+            images.extend_from_slice(image);
+            labels.push(label);
+        }
+    }
+    (images, labels)
+}
+
 fn train_head(
     features: &Tensor,
-    task: &TaskData,
+    labels: &[u8],
+    classes: usize,
     cfg: &TrainConfig,
     stream: u64,
-    device: &Device,
     on_step: &mut dyn FnMut(&TrainProgress),
     cancel: &AtomicBool,
 ) -> Result<Head> {
-    let init = Head::init(features.dims()[1], task.classes.len(), cfg.seed ^ stream, device)?;
+    let device = features.device();
+    let init = Head::init(features.dims()[1], classes, cfg.seed ^ stream, device)?;
     let (w, b) = (Var::from_tensor(&init.weight)?, Var::from_tensor(&init.bias)?);
-    let labels = labels_tensor(&task.train.labels, device)?;
-    let mut batcher = Batcher::new(task.train.len(), cfg.batch, cfg.seed, stream);
+    let mut batcher = Batcher::new(labels.len(), cfg.batch, cfg.seed, stream);
+    let labels = labels_tensor(labels, device)?;
     let steps = crate::train::total_steps(cfg.budget, batcher.steps_per_epoch());
     let mut loss = |_step: usize| -> Result<Tensor> {
         let idx = batcher.next_batch();
@@ -300,7 +340,8 @@ fn features_of(arch: Arch, backbone: &Params, images: &[u8], device: &Device) ->
         parts.push(arch.features(backbone, &x.narrow(0, from, len)?)?);
         from += len;
     }
-    Ok(Tensor::cat(&parts, 0)?.detach())
+    // Contiguous: a single chunk is returned as is, and the ViT's features are a strided view.
+    Ok(Tensor::cat(&parts, 0)?.contiguous()?.detach())
 }
 
 fn heads_params(names: &[&str], heads: &[Head]) -> Params {
@@ -344,6 +385,11 @@ pub fn build(
     if tasks.is_empty() {
         return Err(EngineError::Invalid("a benchmark needs at least one task".into()));
     }
+    if recipe.head_shots == Some(0) {
+        return Err(EngineError::Param(
+            "head_shots must be at least 1 example per class".into(),
+        ));
+    }
     if let Some(t) = tasks
         .iter()
         .find(|t| t.image_size != (crate::nn::IMAGE_SIDE, crate::nn::IMAGE_SIDE))
@@ -371,9 +417,10 @@ pub fn build(
     let per_epoch = crate::train::steps_per_epoch;
     let pooled: usize = tasks.iter().map(|t| t.train.len()).sum();
     let pre_steps = crate::train::total_steps(recipe.pretrain.budget, per_epoch(pooled, recipe.pretrain.batch));
-    let head_steps: Vec<usize> = tasks
+    let head_sets: Vec<(Vec<u8>, Vec<u8>)> = tasks.iter().map(|t| head_examples(t, recipe.head_shots)).collect();
+    let head_steps: Vec<usize> = head_sets
         .iter()
-        .map(|t| crate::train::total_steps(recipe.head.budget, per_epoch(t.train.len(), recipe.head.batch)))
+        .map(|(_, labels)| crate::train::total_steps(recipe.head.budget, per_epoch(labels.len(), recipe.head.batch)))
         .collect();
     let expert_steps: Vec<usize> = tasks
         .iter()
@@ -407,14 +454,15 @@ pub fn build(
     let t0 = Instant::now();
     let mut heads = Vec::new();
     for (i, t) in tasks.iter().enumerate() {
-        let f = features_of(arch, &base, &t.train.images, device)?;
+        let (images, labels) = &head_sets[i];
+        let f = features_of(arch, &base, images, device)?;
         let stage = format!("head {}", t.name);
         let h = train_head(
             &f,
-            t,
+            labels,
+            t.classes.len(),
             &recipe.head,
             0x4EAD + i as u64,
-            device,
             &mut |p| report(&stage, done + p.step, Some(p.loss)),
             cancel,
         )?;
@@ -799,6 +847,27 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.to_string().contains("unknown task 'mnsit'"), "{e}");
+    }
+
+    #[test]
+    fn few_shot_heads_take_the_first_examples_of_each_class_after_the_calibration_prefix() {
+        let tasks = demo_tasks().unwrap();
+        let t = tasks.iter().find(|t| t.name == "ising").unwrap();
+        let (images, labels) = head_examples(t, Some(3));
+        assert_eq!(labels.iter().filter(|l| **l == 0).count(), 3);
+        assert_eq!(labels.iter().filter(|l| **l == 1).count(), 3);
+        assert_eq!(images.len(), 6 * 784);
+        let first = (crate::data::CALIBRATION_PER_TASK..t.train.len())
+            .find(|&i| t.train.labels[i] == labels[0])
+            .unwrap();
+        assert_eq!(images[..784], t.train.images[first * 784..(first + 1) * 784]);
+        // The ViT's features of one chunk are a strided view: heads index them, so they are made contiguous.
+        let vit = Arch::Vit.init(0, &Device::Cpu).unwrap();
+        assert!(
+            features_of(Arch::Vit, &vit, &images, &Device::Cpu)
+                .unwrap()
+                .is_contiguous()
+        );
     }
 
     #[test]
