@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod eval;
+mod gui;
 mod inspect;
 mod merge;
 mod plugins;
@@ -14,7 +15,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 
-/// mergescope: merge fine-tuned checkpoints with plugin methods, headless or in the desktop app.
+/// mergescope: merge fine-tuned checkpoints with plugin methods, in the desktop window (no
+/// subcommand) or headless (the subcommands below).
 #[derive(Parser, Debug)]
 #[command(name = "mergescope", version, about, long_about = None)]
 pub struct Cli {
@@ -47,6 +49,8 @@ pub enum Command {
     },
     /// Evaluate a backbone checkpoint per task on a benchmark.
     Eval(eval::EvalArgs),
+    /// Open the desktop window (the default when no subcommand is given).
+    Gui(gui::GuiArgs),
 }
 
 /// Finds plugins next to the executable, in the user's folder and in `--plugin-dir`s.
@@ -96,11 +100,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Some(Command::Bench(args)) => bench::run(&cli.plugin_dirs, args),
         Some(Command::Demo { command }) => demo::run(command),
         Some(Command::Eval(args)) => eval::run(&args),
-        None => {
-            use clap::CommandFactory as _;
-            Cli::command().print_help()?;
-            println!();
-            Ok(ExitCode::SUCCESS)
-        }
+        Some(Command::Gui(args)) => gui::run(&cli.plugin_dirs, &args),
+        None => gui::run(&cli.plugin_dirs, &gui::GuiArgs::default()),
     }
 }

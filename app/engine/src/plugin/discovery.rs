@@ -232,6 +232,28 @@ impl Registry {
         reg
     }
 
+    /// Loads one more plugin file (approval is the caller's business) and returns it; an id
+    /// that is already loaded is refused.
+    pub fn load_file(&mut self, path: &Path, origin: PluginOrigin) -> Result<Arc<Plugin>, String> {
+        let abs = std::fs::canonicalize(path).map_err(|e| format!("cannot open '{}': {e}", path.display()))?;
+        if let Some(p) = self.plugins.iter().find(|p| p.path == abs) {
+            return Ok(p.clone());
+        }
+        let p = load_plugin_as(&abs, origin).map_err(|e| e.to_string())?;
+        if let Some(other) = self.plugins.iter().find(|q| q.id() == p.id()) {
+            return Err(format!(
+                "'{}' provides method '{}', which '{}' already provides; remove one of them",
+                abs.display(),
+                p.id(),
+                other.path.display()
+            ));
+        }
+        let p = Arc::new(p);
+        self.plugins.push(p.clone());
+        self.plugins.sort_by(|a, b| a.id().cmp(b.id()));
+        Ok(p)
+    }
+
     fn add(&mut self, path: &Path, origin: PluginOrigin) {
         match load_plugin_as(path, origin) {
             Ok(p) => {

@@ -1,0 +1,200 @@
+//! The application: a [`Session`] (the document), [`Settings`] (persisted) and [`ViewState`]
+//! (this window), laid out as menu bar, Inputs | Results | Method, log and status bar.
+
+use crate::session::{Level, Session, SessionConfig};
+use crate::settings::Settings;
+use crate::ui::{ViewState, dialogs, inputs_view, log_view, menu, method_view, results_view};
+use egui::{RichText, Ui};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The mergescope window's state.
+pub struct MergescopeApp {
+    /// The document: inputs, method, runs.
+    pub session: Session,
+    /// What is remembered between launches.
+    pub settings: Settings,
+    /// Transient window state.
+    pub view: ViewState,
+    title: String,
+    applied_theme: Option<crate::settings::Theme>,
+}
+
+impl MergescopeApp {
+    /// A new window over a new session; the worker thread wakes `ctx` on progress.
+    pub fn new(ctx: &egui::Context, settings: Settings, config: &SessionConfig) -> MergescopeApp {
+        let repaint = ctx.clone();
+        let mut session = Session::new(config, Arc::new(move || repaint.request_repaint()));
+        if method_view::device_compiled(settings.device) {
+            session.device = settings.device;
+        }
+        MergescopeApp {
+            session,
+            settings,
+            view: ViewState::default(),
+            title: String::new(),
+            applied_theme: None,
+        }
+    }
+
+    /// Builds the app from eframe's creation context, restoring the settings.
+    pub fn from_creation_context(cc: &eframe::CreationContext<'_>, config: &SessionConfig) -> MergescopeApp {
+        let settings: Settings = cc
+            .storage
+            .and_then(|s| eframe::get_value(s, Settings::KEY))
+            .unwrap_or_default();
+        MergescopeApp::new(&cc.egui_ctx, settings, config)
+    }
+
+    /// Asks for a project file and opens it.
+    pub fn open_project_dialog(&mut self) {
+        if let Some(p) = dialogs::pick_project_to_open() {
+            self.open_project(&p);
+        }
+    }
+
+    /// Opens the project at `path`.
+    pub fn open_project(&mut self, path: &Path) {
+        match self.session.open_project(path) {
+            Ok(()) => {
+                self.settings.remember(path);
+                self.view.selected.clear();
+            }
+            Err(e) => {
+                self.session.note(Level::Error, e.clone());
+                self.view.toast(&e);
+            }
+        }
+    }
+
+    /// Saves the project (asking where when it has no file yet, or when `save_as`).
+    pub fn save_project(&mut self, save_as: bool) {
+        let path = match (&self.session.project_path, save_as) {
+            (Some(p), false) => Some(p.clone()),
+            _ => dialogs::pick_project_to_save(),
+        };
+        if let Some(p) = path {
+            match self.session.save_project(&p) {
+                Ok(()) => {
+                    self.settings.remember(&p);
+                    self.view.toast("project saved");
+                }
+                Err(e) => {
+                    self.session.note(Level::Error, e.clone());
+                    self.view.toast(&e);
+                }
+            }
+        }
+    }
+
+    fn take_dropped_files(&mut self, ui: &Ui) {
+        let dropped = ui.input(|i| i.raw.dropped_files.clone());
+        for f in dropped {
+            dialogs::add_path(&mut self.session, &mut self.view, f.path());
+        }
+    }
+
+    fn update_title(&mut self, ui: &Ui) {
+        let name = self
+            .session
+            .project_path
+            .as_ref()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "untitled".into());
+        let title = format!("mergescope: {name}{}", if self.session.dirty { " *" } else { "" });
+        if title != self.title {
+            ui.send_viewport_cmd(egui::ViewportCommand::Title(title.clone()));
+            self.title = title;
+        }
+    }
+
+    fn status_bar(&mut self, ui: &mut Ui) {
+        ui.horizontal(|ui| {
+            if self.session.busy() {
+                ui.spinner();
+            }
+            let n = self.session.registry.plugins.len();
+            ui.label(RichText::new(format!("{n} methods")).weak());
+            ui.separator();
+            let running = self.session.runs.iter().filter(|r| r.status.is_active()).count();
+            ui.label(RichText::new(format!("{running} running or queued")).weak());
+            ui.separator();
+            if let Some((msg, at)) = &self.view.message {
+                if at.elapsed() < Duration::from_secs(6) {
+                    ui.label(msg);
+                } else {
+                    self.view.message = None;
+                }
+            }
+            ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
+                ui.toggle_value(&mut self.settings.show_log, "Log");
+            });
+        });
+    }
+
+    /// Draws one frame (the eframe entry point and the tests call this).
+    pub fn show(&mut self, ui: &mut Ui) {
+        self.session.pump();
+        self.view.frames += 1;
+        if self.applied_theme != Some(self.settings.theme) {
+            ui.ctx().set_theme(self.settings.theme.preference());
+            self.applied_theme = Some(self.settings.theme);
+        }
+        self.take_dropped_files(ui);
+        menu::shortcuts(ui, self);
+        self.update_title(ui);
+
+        egui::Panel::top("menu").show(ui, |ui| menu::menu_bar(ui, self));
+        egui::Panel::bottom("status").show(ui, |ui| self.status_bar(ui));
+        if self.settings.show_log {
+            egui::Panel::bottom("log")
+                .resizable(true)
+                .default_size(150.0)
+                .show(ui, |ui| log_view::log_ui(ui, &self.session));
+        }
+        egui::Panel::left("inputs")
+            .default_size(300.0)
+            .show(ui, |ui| inputs_view::inputs_ui(ui, &mut self.session, &mut self.view));
+        egui::Panel::right("method").default_size(310.0).show(ui, |ui| {
+            egui::ScrollArea::vertical()
+                .id_salt("method-scroll")
+                .show(ui, |ui| method_view::method_ui(ui, &mut self.session, &mut self.view));
+        });
+        egui::CentralPanel::default().show(ui, |ui| results_view::results_ui(ui, &mut self.session, &mut self.view));
+
+        let ctx = ui.ctx().clone();
+        dialogs::approval_ui(&ctx, &mut self.session, &mut self.view);
+        dialogs::about_ui(&ctx, &mut self.view);
+        let mut open = self.view.shortcuts;
+        egui::Window::new("Keyboard shortcuts")
+            .open(&mut open)
+            .collapsible(false)
+            .show(&ctx, |ui| {
+                egui::Grid::new("shortcuts").show(ui, |ui| {
+                    for (keys, what) in dialogs::SHORTCUTS {
+                        ui.label(RichText::new(*keys).monospace());
+                        ui.label(*what);
+                        ui.end_row();
+                    }
+                });
+            });
+        self.view.shortcuts = open;
+        self.settings.device = self.session.device;
+        if self.session.busy() {
+            // Elapsed times tick even when no progress event comes.
+            ctx.request_repaint_after(Duration::from_millis(250));
+        }
+    }
+}
+
+impl eframe::App for MergescopeApp {
+    fn ui(&mut self, ui: &mut Ui, _frame: &mut eframe::Frame) {
+        self.show(ui);
+    }
+
+    fn save(&mut self, storage: &mut dyn eframe::Storage) {
+        eframe::set_value(storage, Settings::KEY, &self.settings);
+    }
+}

@@ -1,0 +1,380 @@
+//! Long work off the UI thread: a queue of jobs (merges, demo builds) run one at a time by a
+//! worker thread, reporting through a channel. The UI polls the events each frame; the worker
+//! wakes it with `notify` so progress shows without busy repainting. Every job can be
+//! cancelled, queued or running; a panic in a job fails that job, not the app.
+
+use crossbeam_channel::{Receiver, Sender, unbounded};
+use mergescope_engine::data::{SplitKind, TaskData, benchmark_tasks};
+use mergescope_engine::demo::{self, Benchmark, BuildProgress, load_params};
+use mergescope_engine::device::{DeviceChoice, device_name, open_device};
+use mergescope_engine::eval::{EvalReport, Evaluator};
+use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer, Phase, Progress, merge_files};
+use mergescope_engine::nn::Arch;
+use mergescope_engine::plugin::Plugin;
+use mergescope_plugin_api::abi;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Identifies a job for its whole life.
+pub type JobId = u64;
+
+/// A merge, optionally evaluated on a benchmark right after.
+#[derive(Clone, Debug)]
+pub struct MergeJob {
+    /// The method.
+    pub plugin: Arc<Plugin>,
+    /// Inputs, parameters and output.
+    pub request: MergeRequest,
+    /// Where the tensor operations run.
+    pub device: DeviceChoice,
+    /// Benchmark to evaluate the result on (when its architecture matches).
+    pub benchmark: Option<Benchmark>,
+}
+
+/// Building a demo benchmark into the cache.
+#[derive(Clone, Debug)]
+pub struct BuildJob {
+    /// Architecture.
+    pub arch: Arch,
+    /// Seed.
+    pub seed: u64,
+    /// Folder to build into (must not exist).
+    pub dir: PathBuf,
+}
+
+/// Work for the queue.
+#[derive(Clone, Debug)]
+pub enum Job {
+    /// A merge (then an evaluation).
+    Merge(Box<MergeJob>),
+    /// A demo benchmark build.
+    Build(BuildJob),
+}
+
+/// What a merge job produced.
+#[derive(Clone, Debug)]
+pub struct MergeOutcome {
+    /// The engine's report (files, seconds, notes, parameters as resolved).
+    pub report: MergeReport,
+    /// The device it ran on (after any fallback).
+    pub device: String,
+    /// Per-task evaluation, or why there is none.
+    pub eval: Option<Result<EvalReport, String>>,
+}
+
+/// Reports from the worker.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// The job left the queue and started.
+    Started(JobId),
+    /// Progress of a running job: fraction of the current stage done, and the stage.
+    Progress {
+        /// Job.
+        id: JobId,
+        /// 0..=1.
+        fraction: f32,
+        /// What it is doing, e.g. "merging" or "expert mnist".
+        stage: String,
+    },
+    /// A log line (from a plugin, or a device fallback note).
+    Log {
+        /// Job.
+        id: JobId,
+        /// `abi::LOG_*` level.
+        level: abi::LogLevel,
+        /// The message.
+        text: String,
+    },
+    /// A merge finished.
+    Merged(JobId, Box<MergeOutcome>),
+    /// A demo build finished.
+    Built(JobId, Box<Benchmark>),
+    /// The job failed; the message says why and what to do.
+    Failed(JobId, String),
+    /// The job was cancelled (queued or running); nothing was written.
+    Cancelled(JobId),
+}
+
+impl Event {
+    /// The job this event is about.
+    pub fn id(&self) -> JobId {
+        match self {
+            Event::Started(id) | Event::Cancelled(id) | Event::Merged(id, _) | Event::Built(id, _) => *id,
+            Event::Failed(id, _) => *id,
+            Event::Progress { id, .. } | Event::Log { id, .. } => *id,
+        }
+    }
+}
+
+/// Called by the worker after each event (the UI passes `Context::request_repaint`).
+pub type Notify = Arc<dyn Fn() + Send + Sync>;
+
+struct Queued {
+    id: JobId,
+    job: Job,
+    cancel: Arc<AtomicBool>,
+}
+
+/// The queue and its worker thread.
+pub struct JobQueue {
+    submit: Sender<Queued>,
+    events: Receiver<Event>,
+    cancels: HashMap<JobId, Arc<AtomicBool>>,
+    next: JobId,
+}
+
+impl JobQueue {
+    /// Starts the worker thread.
+    pub fn start(notify: Notify) -> JobQueue {
+        let (submit, jobs) = unbounded::<Queued>();
+        let (tx, events) = unbounded::<Event>();
+        let spawned = std::thread::Builder::new()
+            .name("mergescope-jobs".into())
+            .spawn(move || Worker::new(tx, notify).run(jobs));
+        if let Err(e) = spawned {
+            // Without a worker every job stays queued; say so rather than crash.
+            eprintln!("error: cannot start the job thread: {e}");
+        }
+        JobQueue {
+            submit,
+            events,
+            cancels: HashMap::new(),
+            next: 1,
+        }
+    }
+
+    /// Queues a job; it runs after those queued before it.
+    pub fn submit(&mut self, job: Job) -> JobId {
+        let id = self.next;
+        self.next += 1;
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.cancels.insert(id, cancel.clone());
+        if self.submit.send(Queued { id, job, cancel }).is_err() {
+            eprintln!("error: the job thread is gone; job {id} will not run");
+        }
+        id
+    }
+
+    /// Asks a job to stop (a queued job is dropped when its turn comes).
+    pub fn cancel(&self, id: JobId) {
+        if let Some(c) = self.cancels.get(&id) {
+            c.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Events since the last call.
+    pub fn poll(&mut self) -> Vec<Event> {
+        let events: Vec<Event> = self.events.try_iter().collect();
+        for e in &events {
+            if matches!(
+                e,
+                Event::Merged(..) | Event::Built(..) | Event::Failed(..) | Event::Cancelled(_)
+            ) {
+                self.cancels.remove(&e.id());
+            }
+        }
+        events
+    }
+
+    /// Blocks until the next event or the timeout (for tests and headless use).
+    pub fn wait(&mut self, timeout: Duration) -> Option<Event> {
+        let e = self.events.recv_timeout(timeout).ok()?;
+        if matches!(
+            e,
+            Event::Merged(..) | Event::Built(..) | Event::Failed(..) | Event::Cancelled(_)
+        ) {
+            self.cancels.remove(&e.id());
+        }
+        Some(e)
+    }
+}
+
+/// The worker's side: runs jobs, caches evaluators, sends events.
+struct Worker {
+    tx: Sender<Event>,
+    notify: Notify,
+    /// Task data, loaded once.
+    tasks: Option<Vec<TaskData>>,
+    /// Evaluator of the last benchmark (key: folder and device).
+    evaluator: Option<((PathBuf, &'static str), Evaluator)>,
+}
+
+impl Worker {
+    fn new(tx: Sender<Event>, notify: Notify) -> Worker {
+        Worker {
+            tx,
+            notify,
+            tasks: None,
+            evaluator: None,
+        }
+    }
+
+    fn send(&self, e: Event) {
+        // A closed channel means the UI is gone; nothing is left to tell.
+        let _ = self.tx.send(e);
+        (self.notify)();
+    }
+
+    fn run(mut self, jobs: Receiver<Queued>) {
+        for q in jobs {
+            if q.cancel.load(Ordering::Relaxed) {
+                self.send(Event::Cancelled(q.id));
+                continue;
+            }
+            self.send(Event::Started(q.id));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &q.job {
+                Job::Merge(m) => self.merge(q.id, m, &q.cancel),
+                Job::Build(b) => self.build(q.id, b, &q.cancel),
+            }));
+            let event = match outcome {
+                Ok(Ok(e)) => e,
+                Ok(Err(_)) if q.cancel.load(Ordering::Relaxed) => Event::Cancelled(q.id),
+                Ok(Err(msg)) => Event::Failed(q.id, msg),
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                        .unwrap_or_else(|| "unknown panic".into());
+                    Event::Failed(
+                        q.id,
+                        format!("internal error: {what} (please report this with the log)"),
+                    )
+                }
+            };
+            self.send(event);
+        }
+    }
+
+    fn merge(&mut self, id: JobId, job: &MergeJob, cancel: &AtomicBool) -> Result<Event, String> {
+        let (device, note) = open_device(job.device);
+        if let Some(n) = note {
+            self.send(Event::Log {
+                id,
+                level: abi::LOG_WARN,
+                text: n,
+            });
+        }
+        let opts = ExecOptions {
+            device: device.clone(),
+            ..ExecOptions::default()
+        };
+        let last = Mutex::new(Instant::now() - Duration::from_secs(1));
+        let progress = |p: &Progress| {
+            let fraction = if p.total == 0 {
+                1.0
+            } else {
+                p.done as f32 / p.total as f32
+            };
+            let stage = match p.phase {
+                Phase::Statistics(n) => format!("statistics pass {}", n + 1),
+                Phase::Merge => "merging".to_owned(),
+            };
+            if let Ok(mut t) = last.lock()
+                && (t.elapsed() >= Duration::from_millis(30) || p.done == p.total)
+            {
+                *t = Instant::now();
+                self.send(Event::Progress { id, fraction, stage });
+            }
+        };
+        let log = |level: abi::LogLevel, text: &str| {
+            self.send(Event::Log {
+                id,
+                level,
+                text: text.to_owned(),
+            })
+        };
+        let report = merge_files(
+            &job.plugin,
+            &job.request,
+            &opts,
+            Observer {
+                progress: &progress,
+                log: &log,
+            },
+            cancel,
+        )
+        .map_err(|e| e.to_string())?;
+        let eval = match &job.benchmark {
+            Some(b) => {
+                self.send(Event::Progress {
+                    id,
+                    fraction: 1.0,
+                    stage: "evaluating".into(),
+                });
+                Some(self.evaluate(b, &job.request.out, &device))
+            }
+            None => None,
+        };
+        Ok(Event::Merged(
+            id,
+            Box::new(MergeOutcome {
+                report,
+                device: device_name(&device).to_owned(),
+                eval,
+            }),
+        ))
+    }
+
+    /// Evaluates the checkpoint at `path` per task on `bench`.
+    fn evaluate(
+        &mut self,
+        bench: &Benchmark,
+        path: &std::path::Path,
+        device: &candle_core::Device,
+    ) -> Result<EvalReport, String> {
+        let params = load_params(path, device).map_err(|e| e.to_string())?;
+        let arch = Arch::detect(params.iter().map(|(k, t)| (k.as_str(), t.dims())));
+        if arch != Some(bench.manifest.arch) {
+            return Err(format!(
+                "not evaluated: the merged tensors are not a {} backbone of the benchmark in '{}'",
+                bench.manifest.arch,
+                bench.dir.display()
+            ));
+        }
+        let key = (bench.dir.clone(), device_name(device));
+        if self.evaluator.as_ref().is_none_or(|(k, _)| *k != key) {
+            if self.tasks.is_none() {
+                self.tasks = Some(benchmark_tasks(None).map_err(|e| e.to_string())?);
+            }
+            let tasks = self.tasks.as_deref().unwrap_or_default();
+            let ev = bench
+                .evaluator(tasks, None, SplitKind::Test, device)
+                .map_err(|e| e.to_string())?;
+            self.evaluator = Some((key, ev));
+        }
+        let ev = &self.evaluator.as_ref().ok_or("internal: no evaluator")?.1;
+        ev.evaluate(&params).map_err(|e| e.to_string())
+    }
+
+    fn build(&mut self, id: JobId, job: &BuildJob, cancel: &AtomicBool) -> Result<Event, String> {
+        if self.tasks.is_none() {
+            self.tasks = Some(benchmark_tasks(None).map_err(|e| e.to_string())?);
+        }
+        let tasks = self.tasks.clone().unwrap_or_default();
+        let recipe = demo::Recipe::default_for(job.arch, job.seed);
+        let (device, _) = open_device(DeviceChoice::Cpu);
+        let mut last = Instant::now() - Duration::from_secs(1);
+        let mut progress = |p: &BuildProgress| {
+            if last.elapsed() >= Duration::from_millis(50) || p.done == p.total {
+                last = Instant::now();
+                let fraction = if p.total == 0 {
+                    1.0
+                } else {
+                    p.done as f32 / p.total as f32
+                };
+                self.send(Event::Progress {
+                    id,
+                    fraction,
+                    stage: format!("building demo: {}", p.stage),
+                });
+            }
+        };
+        let b = demo::build(job.arch, &tasks, &recipe, &job.dir, &device, &mut progress, cancel)
+            .map_err(|e| e.to_string())?;
+        Ok(Event::Built(id, Box::new(b)))
+    }
+}

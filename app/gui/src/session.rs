@@ -1,0 +1,817 @@
+//! A working session, without any UI: the inputs, the plugins, the method form, the queue of
+//! runs and their results, and the project file that saves them. The egui views read and
+//! change this; tests drive it directly too.
+
+use crate::form::ParamForm;
+use crate::inputs::{InputRef, Inputs};
+use crate::jobs::{BuildJob, Event, Job, JobId, JobQueue, MergeJob, Notify};
+use crate::runs::{Live, RunRecord, RunStatus};
+use mergescope_engine::compat::MissingPolicy;
+use mergescope_engine::demo::{self, Benchmark};
+use mergescope_engine::device::DeviceChoice;
+use mergescope_engine::merge::MergeRequest;
+use mergescope_engine::nn::Arch;
+use mergescope_engine::plugin::{Approvals, Plugin, PluginDirs, PluginOrigin, Registry};
+use mergescope_plugin_api::abi;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How a session starts.
+#[derive(Clone, Debug, Default)]
+pub struct SessionConfig {
+    /// Extra plugin folders (as `--plugin-dir`).
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Folder where merge outputs go until the user saves them (default: the cache's
+    /// `runs/<start time>` folder).
+    pub runs_dir: Option<PathBuf>,
+    /// Benchmark to open (default: the built demo, or build it).
+    pub benchmark: Option<PathBuf>,
+    /// Build the demo benchmark when none is built (first launch).
+    pub build_demo_if_missing: bool,
+    /// Architecture of the demo built on first launch.
+    pub demo_arch: Option<Arch>,
+}
+
+/// Severity of a log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// Errors.
+    Error,
+    /// Warnings.
+    Warn,
+    /// Information.
+    Info,
+}
+
+/// One line of the session log.
+#[derive(Clone, Debug)]
+pub struct LogLine {
+    /// Seconds since the session started.
+    pub at: f64,
+    /// Severity.
+    pub level: Level,
+    /// Text.
+    pub text: String,
+}
+
+/// A demo build in progress.
+#[derive(Clone, Debug)]
+pub struct BuildState {
+    /// Its job.
+    pub job: JobId,
+    /// What is built.
+    pub arch: Arch,
+    /// Progress.
+    pub live: Live,
+}
+
+/// The session.
+pub struct Session {
+    /// Base and experts.
+    pub inputs: Inputs,
+    /// Benchmark the merges are evaluated on.
+    pub benchmark: Option<Benchmark>,
+    /// Loaded plugins, pending approvals and load failures.
+    pub registry: Registry,
+    /// Selected method (plugin id).
+    pub method: Option<String>,
+    /// Form of the selected method.
+    pub form: Option<ParamForm>,
+    /// Seed of the next run.
+    pub seed: u64,
+    /// Device of the next run.
+    pub device: DeviceChoice,
+    /// All runs, oldest first.
+    pub runs: Vec<RunRecord>,
+    /// Demo build in progress.
+    pub build: Option<BuildState>,
+    /// Log.
+    pub log: Vec<LogLine>,
+    /// Project file this session was saved to or opened from.
+    pub project_path: Option<PathBuf>,
+    /// Whether there are changes since the last save.
+    pub dirty: bool,
+    runs_dir: PathBuf,
+    jobs: JobQueue,
+    job_runs: Vec<(JobId, u64)>,
+    next_run: u64,
+    started: Instant,
+}
+
+fn default_runs_dir() -> PathBuf {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let root = demo::cache_dir().unwrap_or_else(|_| std::env::temp_dir().join("mergescope"));
+    root.join("runs").join(format!("{stamp}-{}", std::process::id()))
+}
+
+impl Session {
+    /// Starts a session: finds plugins, opens the benchmark (or queues its build).
+    pub fn new(config: &SessionConfig, notify: Notify) -> Session {
+        let mut s = Session {
+            inputs: Inputs::default(),
+            benchmark: None,
+            registry: Registry::default(),
+            method: None,
+            form: None,
+            seed: 0,
+            device: DeviceChoice::Cpu,
+            runs: Vec::new(),
+            build: None,
+            log: Vec::new(),
+            project_path: None,
+            dirty: false,
+            runs_dir: config.runs_dir.clone().unwrap_or_else(default_runs_dir),
+            jobs: JobQueue::start(notify),
+            job_runs: Vec::new(),
+            next_run: 1,
+            started: Instant::now(),
+        };
+        s.discover_plugins(&config.plugin_dirs);
+        let default_method = ["task-arithmetic", "weight-average"]
+            .into_iter()
+            .find(|m| s.registry.plugins.iter().any(|p| p.id() == *m))
+            .map(str::to_owned)
+            .or_else(|| s.registry.plugins.first().map(|p| p.id().to_owned()));
+        if let Some(m) = default_method {
+            s.select_method(&m);
+        }
+        match &config.benchmark {
+            Some(dir) => match Benchmark::open(dir) {
+                Ok(b) => s.use_benchmark(b),
+                Err(e) => s.note(Level::Error, format!("cannot open the benchmark: {e}")),
+            },
+            None => match demo::resolve_benchmark("demo", config.demo_arch) {
+                Ok(b) if b.is_current() => s.use_benchmark(b),
+                _ if config.build_demo_if_missing => s.build_demo(config.demo_arch.unwrap_or(Arch::Cnn), 0),
+                Ok(b) => s.use_benchmark(b),
+                Err(_) => s.note(
+                    Level::Info,
+                    "no demo benchmark is built yet: use the Benchmark menu (Build demo), or add checkpoints".into(),
+                ),
+            },
+        }
+        s.dirty = false;
+        s
+    }
+
+    /// Adds a line to the log.
+    pub fn note(&mut self, level: Level, text: String) {
+        self.log.push(LogLine {
+            at: self.started.elapsed().as_secs_f64(),
+            level,
+            text,
+        });
+    }
+
+    /// Finds plugins next to the executable, in the user's folder and in `extra`.
+    pub fn discover_plugins(&mut self, extra: &[PathBuf]) {
+        let approvals = match Approvals::load() {
+            Ok(a) => a,
+            Err(e) => {
+                self.note(Level::Error, e);
+                Approvals::default()
+            }
+        };
+        self.registry = Registry::discover(&PluginDirs::standard(extra.to_vec()), &approvals);
+        let failures: Vec<String> = self
+            .registry
+            .failures
+            .iter()
+            .map(|f| format!("plugin '{}' not loaded: {}", f.path.display(), f.error))
+            .collect();
+        for f in failures {
+            self.note(Level::Warn, f);
+        }
+        let n = self.registry.plugins.len();
+        self.note(Level::Info, format!("{n} merge methods loaded"));
+    }
+
+    /// Whether a plugin file outside the app's folder needs the user's approval first.
+    pub fn needs_approval(&self, path: &Path) -> bool {
+        let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let exe_dir = PluginDirs::standard(Vec::new()).exe_dir;
+        let bundled = exe_dir
+            .and_then(|d| std::fs::canonicalize(d).ok())
+            .is_some_and(|d| abs.parent() == Some(d.as_path()));
+        if bundled {
+            return false;
+        }
+        let approvals = Approvals::load().unwrap_or_default();
+        let sha = mergescope_engine::plugin::discovery::file_sha256(&abs).unwrap_or_default();
+        !approvals.is_approved(&abs, &sha)
+    }
+
+    /// Approves (when asked) and loads a plugin file; selects its method.
+    pub fn load_plugin_file(&mut self, path: &Path, approve: bool) -> Result<String, String> {
+        if approve {
+            let mut approvals = Approvals::load()?;
+            approvals.approve(path)?;
+        }
+        let p = self.registry.load_file(path, PluginOrigin::Extra)?;
+        self.registry.pending.retain(|q| q.path != p.path);
+        let id = p.id().to_owned();
+        self.note(
+            Level::Info,
+            format!("loaded plugin '{id}' {} from '{}'", p.version(), p.path.display()),
+        );
+        self.select_method(&id);
+        Ok(id)
+    }
+
+    /// The selected plugin.
+    pub fn plugin(&self) -> Option<Arc<Plugin>> {
+        let m = self.method.as_deref()?;
+        self.registry.plugins.iter().find(|p| p.id() == m).cloned()
+    }
+
+    /// Selects a method and resets its form to the defaults.
+    pub fn select_method(&mut self, id: &str) {
+        let Some(p) = self.registry.plugins.iter().find(|p| p.id() == id) else {
+            return;
+        };
+        let mut form = ParamForm::new(p.id(), p.schema());
+        form.fit_experts(self.inputs.experts.len());
+        self.form = Some(form);
+        self.method = Some(id.to_owned());
+    }
+
+    /// Makes the benchmark's base and experts the inputs (labels: task names).
+    pub fn use_benchmark(&mut self, b: Benchmark) {
+        self.inputs.clear();
+        self.inputs.set_base(&b.base_path(), Some("base".into()));
+        for (path, name) in b.expert_paths().iter().zip(b.task_names()) {
+            self.inputs.add_expert(path, Some(name.to_owned()));
+        }
+        if let Some(f) = &mut self.form {
+            f.fit_experts(self.inputs.experts.len());
+        }
+        self.note(
+            Level::Info,
+            format!(
+                "benchmark: {} seed {} ({} tasks) in '{}'",
+                b.manifest.arch,
+                b.manifest.seed,
+                b.manifest.tasks.len(),
+                b.dir.display()
+            ),
+        );
+        self.benchmark = Some(b);
+        self.dirty = true;
+    }
+
+    /// Queues a build of the demo benchmark for `arch` (into the cache).
+    pub fn build_demo(&mut self, arch: Arch, seed: u64) {
+        if self.build.is_some() {
+            self.note(Level::Warn, "a demo build is already running".into());
+            return;
+        }
+        let dir = match demo::demo_dir(arch, seed) {
+            Ok(d) => d,
+            Err(e) => {
+                self.note(Level::Error, format!("cannot build the demo: {e}"));
+                return;
+            }
+        };
+        if dir.exists() {
+            // An outdated build: keep it until the new one is complete.
+            match Benchmark::open(&dir) {
+                Ok(b) if b.is_current() => {
+                    self.use_benchmark(b);
+                    return;
+                }
+                _ => {
+                    self.note(
+                        Level::Error,
+                        format!(
+                            "'{}' holds an outdated or broken demo build; rebuild it with \
+                             `mergescope demo build --arch {arch} --force`",
+                            dir.display()
+                        ),
+                    );
+                    return;
+                }
+            }
+        }
+        let job = self.jobs.submit(Job::Build(BuildJob { arch, seed, dir }));
+        self.build = Some(BuildState {
+            job,
+            arch,
+            live: Live {
+                started: Instant::now(),
+                fraction: 0.0,
+                stage: "queued".into(),
+            },
+        });
+        self.note(Level::Info, format!("building the {arch} demo benchmark (seed {seed})"));
+    }
+
+    /// Checks what a run needs; the message says what to fix.
+    pub fn can_run(&self) -> Result<(), String> {
+        self.plugin().ok_or("choose a method")?;
+        self.inputs.ready()?;
+        if let Some(f) = &self.form {
+            f.validate(self.inputs.experts.len())?;
+        }
+        Ok(())
+    }
+
+    /// Queues a merge of the current inputs with the selected method and form.
+    pub fn run(&mut self) -> Result<u64, String> {
+        self.can_run()?;
+        let plugin = self.plugin().ok_or("choose a method")?;
+        let params = self.form.as_ref().map(ParamForm::to_json).unwrap_or_default();
+        let id = self.next_run;
+        self.next_run += 1;
+        let output = self.runs_dir.join(format!("merge-{id:03}-{}.safetensors", plugin.id()));
+        std::fs::create_dir_all(&self.runs_dir)
+            .map_err(|e| format!("cannot create the runs folder '{}': {e}", self.runs_dir.display()))?;
+        let (base, experts) = self.inputs.refs();
+        let request = MergeRequest {
+            params: Value::Object(params.clone()),
+            seed: self.seed,
+            base: base.as_ref().map(|b| b.path.clone()),
+            experts: experts.iter().map(|e| e.path.clone()).collect(),
+            out: output.clone(),
+            out_dtype: None,
+            shard_bytes: None,
+            on_missing: MissingPolicy::Error,
+            overwrite: false,
+        };
+        let job = self.jobs.submit(Job::Merge(Box::new(MergeJob {
+            plugin: plugin.clone(),
+            request,
+            device: self.device,
+            benchmark: self.benchmark.clone(),
+        })));
+        self.job_runs.push((job, id));
+        self.runs.push(RunRecord {
+            id,
+            method: plugin.id().to_owned(),
+            plugin_version: plugin.version().to_owned(),
+            params,
+            resolved: Value::Null,
+            seed: self.seed,
+            device: self.device,
+            device_used: None,
+            base,
+            experts,
+            output,
+            benchmark: self.benchmark.as_ref().map(|b| b.dir.clone()),
+            status: RunStatus::Queued,
+            seconds: None,
+            eval: None,
+            eval_note: None,
+            error: None,
+            log: Vec::new(),
+            live: None,
+        });
+        self.dirty = true;
+        Ok(id)
+    }
+
+    fn job_of(&self, run: u64) -> Option<JobId> {
+        self.job_runs.iter().find(|(_, r)| *r == run).map(|(j, _)| *j)
+    }
+
+    /// Cancels run `id` if it is queued or running.
+    pub fn cancel(&mut self, id: u64) {
+        if let Some(job) = self.job_of(id) {
+            self.jobs.cancel(job);
+        }
+    }
+
+    /// Cancels the running run (or the demo build), if any.
+    pub fn cancel_current(&mut self) {
+        if let Some(r) = self.runs.iter().find(|r| r.status == RunStatus::Running) {
+            let id = r.id;
+            self.cancel(id);
+        } else if let Some(b) = &self.build {
+            self.jobs.cancel(b.job);
+        }
+    }
+
+    /// Whether any run or build is queued or running.
+    pub fn busy(&self) -> bool {
+        self.build.is_some() || self.runs.iter().any(|r| r.status.is_active())
+    }
+
+    /// Applies the worker's events; returns whether anything changed.
+    pub fn pump(&mut self) -> bool {
+        let events = self.jobs.poll();
+        let changed = !events.is_empty();
+        for e in events {
+            self.apply(e);
+        }
+        changed
+    }
+
+    /// Waits for the worker's events until nothing is queued or running, or `timeout`.
+    pub fn wait_idle(&mut self, timeout: std::time::Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while self.busy() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            if let Some(e) = self.jobs.wait(left) {
+                self.apply(e);
+            }
+        }
+        true
+    }
+
+    fn apply(&mut self, e: Event) {
+        let id = e.id();
+        if self.build.as_ref().is_some_and(|b| b.job == id) {
+            self.apply_build(e);
+            return;
+        }
+        let Some(run_id) = self.job_runs.iter().find(|(j, _)| *j == id).map(|(_, r)| *r) else {
+            return;
+        };
+        let mut notes = Vec::new();
+        let Some(r) = self.runs.iter_mut().find(|r| r.id == run_id) else {
+            return;
+        };
+        match e {
+            Event::Started(_) => {
+                r.status = RunStatus::Running;
+                r.live = Some(Live {
+                    started: Instant::now(),
+                    fraction: 0.0,
+                    stage: "starting".into(),
+                });
+            }
+            Event::Progress { fraction, stage, .. } => {
+                if let Some(l) = &mut r.live {
+                    l.fraction = fraction;
+                    l.stage = stage;
+                }
+            }
+            Event::Log { level, text, .. } => {
+                let lvl = match level {
+                    abi::LOG_ERROR => Level::Error,
+                    abi::LOG_WARN => Level::Warn,
+                    _ => Level::Info,
+                };
+                r.log.push(text.clone());
+                notes.push((lvl, format!("{}: {text}", r.title())));
+            }
+            Event::Merged(_, out) => {
+                r.status = RunStatus::Done;
+                r.live = None;
+                r.seconds = Some(out.report.seconds);
+                r.resolved = out.report.params.clone();
+                r.device_used = Some(out.device.clone());
+                r.log.extend(out.report.notes.iter().cloned());
+                match out.eval {
+                    Some(Ok(rep)) => {
+                        let norm = rep
+                            .mean_normalized
+                            .map(|n| format!(", normalised {:.1} %", 100.0 * n))
+                            .unwrap_or_default();
+                        notes.push((
+                            Level::Info,
+                            format!(
+                                "{} done in {:.2} s: mean accuracy {:.1} %{norm}",
+                                r.title(),
+                                out.report.seconds,
+                                100.0 * rep.mean_accuracy
+                            ),
+                        ));
+                        r.eval = Some(rep);
+                    }
+                    Some(Err(msg)) => {
+                        notes.push((Level::Warn, format!("{}: {msg}", r.title())));
+                        r.eval_note = Some(msg);
+                    }
+                    None => {
+                        r.eval_note = Some("no benchmark to evaluate on".into());
+                        notes.push((
+                            Level::Info,
+                            format!("{} done in {:.2} s", r.title(), out.report.seconds),
+                        ));
+                    }
+                }
+            }
+            Event::Failed(_, msg) => {
+                r.status = RunStatus::Failed;
+                r.live = None;
+                notes.push((Level::Error, format!("{} failed: {msg}", r.title())));
+                r.error = Some(msg);
+            }
+            Event::Cancelled(_) => {
+                r.status = RunStatus::Cancelled;
+                r.live = None;
+                notes.push((Level::Info, format!("{} cancelled", r.title())));
+            }
+            Event::Built(..) => {}
+        }
+        for (lvl, text) in notes {
+            self.note(lvl, text);
+        }
+        self.dirty = true;
+    }
+
+    fn apply_build(&mut self, e: Event) {
+        match e {
+            Event::Started(_) => {
+                if let Some(b) = &mut self.build {
+                    b.live.started = Instant::now();
+                    b.live.stage = "starting".into();
+                }
+            }
+            Event::Progress { fraction, stage, .. } => {
+                if let Some(b) = &mut self.build {
+                    b.live.fraction = fraction;
+                    b.live.stage = stage;
+                }
+            }
+            Event::Log { text, .. } => self.note(Level::Info, text),
+            Event::Built(_, bench) => {
+                self.build = None;
+                self.note(Level::Info, "demo benchmark built".into());
+                self.use_benchmark(*bench);
+            }
+            Event::Failed(_, msg) => {
+                self.build = None;
+                self.note(Level::Error, format!("demo build failed: {msg}"));
+            }
+            Event::Cancelled(_) => {
+                self.build = None;
+                self.note(Level::Info, "demo build cancelled".into());
+            }
+            Event::Merged(..) => {}
+        }
+    }
+
+    /// Run `id`.
+    pub fn run_record(&self, id: u64) -> Option<&RunRecord> {
+        self.runs.iter().find(|r| r.id == id)
+    }
+
+    /// Copies run `id`'s output to `dest` (atomically, never over an input) and writes the
+    /// recipe that repeats it next to it (`<dest>.recipe.toml`).
+    pub fn save_output(&mut self, id: u64, dest: &Path) -> Result<PathBuf, String> {
+        let r = self.run_record(id).ok_or("no such run")?.clone();
+        if r.status != RunStatus::Done {
+            return Err(format!("{} has no output to save ({})", r.title(), r.status.label()));
+        }
+        let inputs = r.base.iter().chain(&r.experts);
+        if inputs.clone().any(|i| same_file(&i.path, dest)) {
+            return Err(format!(
+                "'{}' is one of the inputs; mergescope never writes over an input",
+                dest.display()
+            ));
+        }
+        let bytes = std::fs::read(&r.output).map_err(|e| {
+            format!(
+                "cannot read the merge output '{}' ({e}); run the merge again",
+                r.output.display()
+            )
+        })?;
+        mergescope_engine::writer::write_atomic(dest, &bytes).map_err(|e| e.to_string())?;
+        let recipe = mergescope_engine::recipe::Recipe {
+            method: r.method.clone(),
+            base: r.base.as_ref().map(|b| b.path.clone()),
+            experts: r.experts.iter().map(|e| e.path.clone()).collect(),
+            out: dest.to_path_buf(),
+            seed: r.seed,
+            dtype: None,
+            device: r.device,
+            shard_size: None,
+            on_missing: MissingPolicy::Error,
+            params: json_to_toml(&r.params),
+        };
+        let recipe_path = PathBuf::from(format!("{}.recipe.toml", dest.display()));
+        let text = toml::to_string_pretty(&recipe).map_err(|e| format!("cannot write the recipe: {e}"))?;
+        mergescope_engine::writer::write_atomic(&recipe_path, text.as_bytes()).map_err(|e| e.to_string())?;
+        self.note(
+            Level::Info,
+            format!(
+                "{} saved to '{}' (recipe: '{}')",
+                r.title(),
+                dest.display(),
+                recipe_path.display()
+            ),
+        );
+        Ok(recipe_path)
+    }
+
+    /// The project file contents.
+    pub fn to_project(&self) -> Project {
+        let (base, experts) = self.inputs.refs();
+        Project {
+            format: PROJECT_FORMAT.into(),
+            version: PROJECT_VERSION,
+            benchmark: self.benchmark.as_ref().map(|b| b.dir.clone()),
+            base,
+            experts,
+            method: self.method.clone(),
+            params: self.form.as_ref().map(ParamForm::to_json).unwrap_or_default(),
+            seed: self.seed,
+            device: self.device,
+            runs: self.runs.iter().filter(|r| !r.status.is_active()).cloned().collect(),
+        }
+    }
+
+    /// Saves the project to `path` (atomically).
+    pub fn save_project(&mut self, path: &Path) -> Result<(), String> {
+        let text = serde_json::to_string_pretty(&self.to_project()).map_err(|e| e.to_string())?;
+        mergescope_engine::writer::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())?;
+        self.project_path = Some(path.to_path_buf());
+        self.dirty = false;
+        self.note(Level::Info, format!("project saved to '{}'", path.display()));
+        Ok(())
+    }
+
+    /// Replaces the session's inputs, method and runs by those of the project at `path`.
+    pub fn open_project(&mut self, path: &Path) -> Result<(), String> {
+        if self.busy() {
+            return Err("runs are still going: wait for them or cancel them first".into());
+        }
+        let p = Project::load(path)?;
+        self.benchmark = None;
+        if let Some(dir) = &p.benchmark {
+            match Benchmark::open(dir) {
+                Ok(b) => self.benchmark = Some(b),
+                Err(e) => self.note(Level::Warn, format!("the project's benchmark cannot be opened: {e}")),
+            }
+        }
+        self.inputs.load_refs(p.base.as_ref(), &p.experts);
+        if let Some(m) = &p.method {
+            if self.registry.plugins.iter().any(|q| q.id() == m) {
+                self.select_method(m);
+                if let Some(f) = &mut self.form {
+                    f.set_json(&p.params);
+                }
+            } else {
+                self.note(
+                    Level::Warn,
+                    format!("the project uses method '{m}', which is not loaded; load its plugin"),
+                );
+            }
+        }
+        self.seed = p.seed;
+        self.device = p.device;
+        self.runs = p.runs;
+        self.job_runs.clear();
+        self.next_run = self.runs.iter().map(|r| r.id).max().unwrap_or(0) + 1;
+        self.project_path = Some(path.to_path_buf());
+        self.dirty = false;
+        self.note(Level::Info, format!("opened project '{}'", path.display()));
+        Ok(())
+    }
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+fn json_to_toml(params: &Map<String, Value>) -> toml::Table {
+    params
+        .iter()
+        .filter_map(|(k, v)| {
+            let t = match v {
+                Value::Bool(b) => toml::Value::Boolean(*b),
+                Value::Number(n) if n.is_i64() => toml::Value::Integer(n.as_i64()?),
+                Value::Number(n) => toml::Value::Float(n.as_f64()?),
+                Value::String(s) => toml::Value::String(s.clone()),
+                Value::Array(a) => {
+                    toml::Value::Array(a.iter().filter_map(|x| x.as_f64().map(toml::Value::Float)).collect())
+                }
+                _ => return None,
+            };
+            Some((k.clone(), t))
+        })
+        .collect()
+}
+
+/// `format` field of project files.
+pub const PROJECT_FORMAT: &str = "mergescope-project";
+/// Version of the project file format.
+pub const PROJECT_VERSION: u32 = 1;
+
+/// A saved session: inputs, the method being edited, and every finished run with its results.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Project {
+    /// Always [`PROJECT_FORMAT`].
+    pub format: String,
+    /// [`PROJECT_VERSION`] when written.
+    pub version: u32,
+    /// Benchmark folder.
+    pub benchmark: Option<PathBuf>,
+    /// Base.
+    pub base: Option<InputRef>,
+    /// Experts.
+    pub experts: Vec<InputRef>,
+    /// Selected method.
+    pub method: Option<String>,
+    /// Its non-default parameters.
+    pub params: Map<String, Value>,
+    /// Seed.
+    pub seed: u64,
+    /// Device.
+    pub device: DeviceChoice,
+    /// Runs.
+    pub runs: Vec<RunRecord>,
+}
+
+impl Project {
+    /// Reads and checks a project file.
+    pub fn load(path: &Path) -> Result<Project, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+        let p: Project = serde_json::from_str(&text)
+            .map_err(|e| format!("'{}' is not a mergescope project ({e})", path.display()))?;
+        if p.format != PROJECT_FORMAT {
+            return Err(format!("'{}' is not a mergescope project file", path.display()));
+        }
+        if p.version > PROJECT_VERSION {
+            return Err(format!(
+                "'{}' was written by a newer mergescope (format {}, this one reads {PROJECT_VERSION}); update mergescope",
+                path.display(),
+                p.version
+            ));
+        }
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn project_files_are_checked_before_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Project {
+            format: PROJECT_FORMAT.into(),
+            version: PROJECT_VERSION,
+            benchmark: None,
+            base: None,
+            experts: vec![InputRef {
+                path: "/m/a.safetensors".into(),
+                label: "a".into(),
+            }],
+            method: Some("ties".into()),
+            params: Map::new(),
+            seed: 3,
+            device: DeviceChoice::Cpu,
+            runs: Vec::new(),
+        };
+        let p = write(dir.path(), "ok.msproj", &serde_json::to_string(&ok).unwrap());
+        let back = Project::load(&p).unwrap();
+        assert_eq!((back.seed, back.experts[0].label.as_str()), (3, "a"));
+
+        let mut newer = serde_json::to_value(&ok).unwrap();
+        newer["version"] = Value::from(PROJECT_VERSION + 1);
+        let p = write(dir.path(), "newer.msproj", &newer.to_string());
+        assert!(Project::load(&p).unwrap_err().contains("newer mergescope"));
+
+        let mut other = serde_json::to_value(&ok).unwrap();
+        other["format"] = Value::from("something-else");
+        let p = write(dir.path(), "other.msproj", &other.to_string());
+        assert!(Project::load(&p).unwrap_err().contains("not a mergescope project"));
+
+        let p = write(dir.path(), "junk.msproj", "{ not json");
+        let e = Project::load(&p).unwrap_err();
+        assert!(
+            e.contains("junk.msproj") && e.contains("not a mergescope project"),
+            "{e}"
+        );
+        let e = Project::load(&dir.path().join("missing.msproj")).unwrap_err();
+        assert!(e.contains("cannot read"), "{e}");
+    }
+
+    #[test]
+    fn parameters_become_typed_toml_in_recipes() {
+        let params: Map<String, Value> = serde_json::from_str(
+            r#"{"lambda": 0.5, "k": 3, "normalize": true, "trim_scope": "global", "w": [0.5, 1]}"#,
+        )
+        .unwrap();
+        let t = json_to_toml(&params);
+        assert_eq!(t["lambda"], toml::Value::Float(0.5));
+        assert_eq!(t["k"], toml::Value::Integer(3));
+        assert_eq!(t["normalize"], toml::Value::Boolean(true));
+        assert_eq!(t["trim_scope"], toml::Value::String("global".into()));
+        assert_eq!(
+            t["w"],
+            toml::Value::Array(vec![toml::Value::Float(0.5), toml::Value::Float(1.0)])
+        );
+    }
+}

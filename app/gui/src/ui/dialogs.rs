@@ -1,0 +1,197 @@
+//! Native file dialogs (rfd), the plugin approval dialog and the About box. File dialogs
+//! block the UI thread while open, as native modal dialogs do; the job thread keeps working.
+
+use crate::session::{Level, Session};
+use crate::ui::ViewState;
+use egui::{Context, RichText};
+use std::path::Path;
+
+const CHECKPOINTS: &[&str] = &["safetensors"];
+const PROJECTS: &[&str] = &["msproj", "json"];
+
+/// Adds a checkpoint or sharded folder as an expert; plugin libraries go to `load_plugin`.
+pub fn add_path(session: &mut Session, view: &mut ViewState, path: &Path) {
+    if mergescope_engine::plugin::discovery::is_plugin_file(path) {
+        request_plugin(session, view, path);
+    } else if !session.inputs.add_expert(path, None) {
+        view.toast(&format!("'{}' is already an input", path.display()));
+    } else {
+        session.dirty = true;
+    }
+}
+
+/// Asks for the base checkpoint.
+pub fn pick_base(session: &mut Session) {
+    if let Some(p) = rfd::FileDialog::new()
+        .set_title("Base checkpoint")
+        .add_filter("safetensors", CHECKPOINTS)
+        .pick_file()
+    {
+        session.inputs.set_base(&p, None);
+        session.dirty = true;
+    }
+}
+
+/// Asks for expert checkpoints (several at once).
+pub fn pick_experts(session: &mut Session) {
+    if let Some(files) = rfd::FileDialog::new()
+        .set_title("Expert checkpoints")
+        .add_filter("safetensors", CHECKPOINTS)
+        .pick_files()
+    {
+        for f in files {
+            session.inputs.add_expert(&f, None);
+        }
+        session.dirty = true;
+    }
+}
+
+/// Loads a plugin now, or asks for approval first when it comes from outside the app.
+pub fn request_plugin(session: &mut Session, view: &mut ViewState, path: &Path) {
+    if session.needs_approval(path) {
+        view.approval = Some(path.to_path_buf());
+    } else if let Err(e) = session.load_plugin_file(path, false) {
+        session.note(Level::Error, e.clone());
+        view.toast(&e);
+    }
+}
+
+/// Asks for a plugin library.
+pub fn pick_plugin(session: &mut Session, view: &mut ViewState) {
+    let ext: &[&str] = &["so", "dylib", "dll"];
+    if let Some(p) = rfd::FileDialog::new()
+        .set_title("Load a method plugin")
+        .add_filter("plugin library", ext)
+        .pick_file()
+    {
+        request_plugin(session, view, &p);
+    }
+}
+
+/// Asks where to save run `id` and saves it there with its recipe.
+pub fn save_merge(session: &mut Session, id: u64) {
+    let name = session
+        .run_record(id)
+        .map(|r| format!("merged-{}-{}.safetensors", r.method, r.id))
+        .unwrap_or_default();
+    if let Some(dest) = rfd::FileDialog::new()
+        .set_title("Save the merged checkpoint")
+        .set_file_name(name)
+        .add_filter("safetensors", CHECKPOINTS)
+        .save_file()
+        && let Err(e) = session.save_output(id, &dest)
+    {
+        session.note(Level::Error, e);
+    }
+}
+
+/// Asks where to write the results table as CSV.
+pub fn export_csv(session: &mut Session) {
+    if let Some(dest) = rfd::FileDialog::new()
+        .set_title("Export the results table")
+        .set_file_name("mergescope-results.csv")
+        .add_filter("CSV", &["csv"])
+        .save_file()
+    {
+        let csv = crate::runs::to_csv(&session.runs);
+        match mergescope_engine::writer::write_atomic(&dest, csv.as_bytes()) {
+            Ok(()) => session.note(Level::Info, format!("results exported to '{}'", dest.display())),
+            Err(e) => session.note(Level::Error, e.to_string()),
+        }
+    }
+}
+
+/// Asks for a project file to open.
+pub fn pick_project_to_open() -> Option<std::path::PathBuf> {
+    rfd::FileDialog::new()
+        .set_title("Open a mergescope project")
+        .add_filter("mergescope project", PROJECTS)
+        .pick_file()
+}
+
+/// Asks where to save the project.
+pub fn pick_project_to_save() -> Option<std::path::PathBuf> {
+    rfd::FileDialog::new()
+        .set_title("Save the mergescope project")
+        .set_file_name("session.msproj")
+        .add_filter("mergescope project", PROJECTS)
+        .save_file()
+}
+
+/// The approval dialog for a plugin from outside the app's folder.
+pub fn approval_ui(ctx: &Context, session: &mut Session, view: &mut ViewState) {
+    let Some(path) = view.approval.clone() else {
+        return;
+    };
+    let mut close = false;
+    let modal = egui::Modal::new(egui::Id::unique("approve-plugin")).show(ctx, |ui| {
+        ui.set_max_width(480.0);
+        ui.heading("Load a plugin from outside mergescope?");
+        ui.label("This library is not one of mergescope's own plugins:");
+        ui.label(RichText::new(path.display().to_string()).monospace());
+        ui.label(
+            "A plugin is native code that runs with your permissions. Approve it only if you trust \
+             where it comes from. mergescope remembers the approval for this exact file; if the \
+             file changes, it asks again.",
+        );
+        ui.horizontal(|ui| {
+            if ui.button("Approve and load").clicked() {
+                if let Err(e) = session.load_plugin_file(&path, true) {
+                    session.note(Level::Error, format!("plugin not loaded: {e}"));
+                    view.toast(&format!("plugin not loaded: {e}"));
+                }
+                close = true;
+            }
+            if ui.button("Cancel").clicked() {
+                close = true;
+            }
+        });
+    });
+    if close || modal.should_close() {
+        view.approval = None;
+    }
+}
+
+/// The About box.
+pub fn about_ui(ctx: &Context, view: &mut ViewState) {
+    let mut open = view.about;
+    egui::Window::new("About mergescope")
+        .open(&mut open)
+        .collapsible(false)
+        .resizable(false)
+        .anchor(egui::Align2::CENTER_CENTER, [0.0, 0.0])
+        .show(ctx, |ui| {
+            ui.heading(format!("mergescope {}", env!("CARGO_PKG_VERSION")));
+            ui.label("A workbench for model merging: methods as plugins, merges you can see.");
+            ui.separator();
+            egui::Grid::new("versions").show(ui, |ui| {
+                ui.label("Plugin ABI");
+                ui.label(format!(
+                    "{}.{}",
+                    mergescope_plugin_api::abi::ABI_MAJOR,
+                    mergescope_plugin_api::abi::ABI_MINOR
+                ));
+                ui.end_row();
+                ui.label("GUI");
+                ui.label("egui 0.37 on wgpu");
+                ui.end_row();
+                ui.label("Tensors");
+                ui.label(format!(
+                    "candle (CPU{}{})",
+                    if cfg!(feature = "cuda") { ", CUDA" } else { "" },
+                    if cfg!(feature = "metal") { ", Metal" } else { "" }
+                ));
+                ui.end_row();
+            });
+        });
+    view.about = open;
+}
+
+/// The keyboard shortcuts, for the Help menu.
+pub const SHORTCUTS: &[(&str, &str)] = &[
+    ("Ctrl+O", "Open project"),
+    ("Ctrl+S", "Save project"),
+    ("Ctrl+E", "Add experts"),
+    ("Ctrl+Enter", "Run merge"),
+    ("Esc", "Cancel the running merge"),
+];

@@ -1,0 +1,234 @@
+//! The Inputs panel: the benchmark, the base and the experts with their size, dtypes, tensor
+//! count, accuracy on the benchmark and compatibility problems; reorder, rename, remove.
+
+use crate::inputs::{InputFile, human_bytes};
+use crate::session::Session;
+use crate::ui::{ViewState, dialogs};
+use egui::{RichText, Ui};
+use mergescope_engine::demo::Benchmark;
+
+/// What the user asked for in a row.
+enum RowAction {
+    Up,
+    Remove,
+    MakeBase,
+}
+
+fn percent(x: f64) -> String {
+    format!("{:.1} %", 100.0 * x)
+}
+
+/// Accuracy line of an input on the benchmark: its own task for an expert, the mean for the base.
+fn accuracy_line(b: &Benchmark, file: &InputFile, is_base: bool) -> Option<String> {
+    let tasks = &b.manifest.tasks;
+    if is_base {
+        if file.path != b.base_path() || tasks.is_empty() {
+            return None;
+        }
+        let mean = tasks.iter().map(|t| t.base_accuracy.test).sum::<f64>() / tasks.len() as f64;
+        return Some(format!("mean test accuracy {}", percent(mean)));
+    }
+    let paths = b.expert_paths();
+    let t = paths
+        .iter()
+        .zip(tasks)
+        .find(|(p, _)| **p == file.path)
+        .map(|(_, t)| t)?;
+    Some(format!(
+        "{}: {} (base {})",
+        t.name,
+        percent(t.expert_accuracy.test),
+        percent(t.base_accuracy.test)
+    ))
+}
+
+fn input_row(
+    ui: &mut Ui,
+    file: &mut InputFile,
+    bench: Option<&Benchmark>,
+    is_base: bool,
+    index: usize,
+    view: &mut ViewState,
+) -> Option<RowAction> {
+    let mut action = None;
+    let editing = view.renaming == Some((is_base, index));
+    ui.horizontal(|ui| {
+        if editing {
+            let r = ui.text_edit_singleline(&mut file.label);
+            if r.lost_focus() || ui.input(|i| i.key_pressed(egui::Key::Enter)) {
+                view.renaming = None;
+            } else {
+                r.request_focus();
+            }
+        } else {
+            let ok = file.is_ok();
+            let mark = if ok { "✔" } else { "⚠" };
+            let color = if ok {
+                ui.visuals().widgets.noninteractive.fg_stroke.color
+            } else {
+                ui.visuals().error_fg_color
+            };
+            ui.label(RichText::new(mark).color(color));
+            ui.label(RichText::new(&file.label).strong())
+                .on_hover_text(file.path.display().to_string());
+        }
+        ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
+            if !is_base {
+                if ui.small_button("🗑").on_hover_text("Remove this expert").clicked() {
+                    action = Some(RowAction::Remove);
+                }
+                if index > 0 && ui.small_button("⏶").on_hover_text("Move up").clicked() {
+                    action = Some(RowAction::Up);
+                }
+            }
+            if ui.small_button("✏").on_hover_text("Rename").clicked() {
+                view.renaming = Some((is_base, index));
+            }
+        });
+    })
+    .response
+    .context_menu(|ui| {
+        if !is_base && ui.button("Make this the base").clicked() {
+            action = Some(RowAction::MakeBase);
+            ui.close();
+        }
+        if ui.button("Copy path").clicked() {
+            ui.ctx().copy_text(file.path.display().to_string());
+            ui.close();
+        }
+    });
+    ui.indent(("input", is_base, index), |ui| {
+        match &file.summary {
+            Ok(s) => {
+                let files = if s.files > 1 {
+                    format!(" in {} shards", s.files)
+                } else {
+                    String::new()
+                };
+                ui.label(
+                    RichText::new(format!(
+                        "{}{files} · {} · {} tensors",
+                        human_bytes(s.bytes),
+                        s.dtypes,
+                        s.tensors
+                    ))
+                    .weak(),
+                );
+            }
+            Err(e) => {
+                ui.label(RichText::new(e).color(ui.visuals().error_fg_color));
+            }
+        }
+        if let Some(line) = bench.and_then(|b| accuracy_line(b, file, is_base)) {
+            ui.label(RichText::new(line).weak());
+        }
+        for p in &file.problems {
+            ui.label(RichText::new(p).color(ui.visuals().error_fg_color).small());
+        }
+    });
+    action
+}
+
+/// The panel.
+pub fn inputs_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
+    ui.heading("Inputs");
+    if let Some(b) = &session.benchmark {
+        ui.label(
+            RichText::new(format!(
+                "Benchmark: {} demo, seed {}, {} tasks",
+                b.manifest.arch.to_string().to_uppercase(),
+                b.manifest.seed,
+                b.manifest.tasks.len()
+            ))
+            .weak(),
+        )
+        .on_hover_text(b.dir.display().to_string());
+    }
+    if let Some(build) = &session.build {
+        let (elapsed, left) = build.live.times();
+        ui.label(format!(
+            "Building the {} demo benchmark (once; it is cached for the next launches)",
+            build.arch.to_string().to_uppercase()
+        ));
+        ui.add(
+            egui::ProgressBar::new(build.live.fraction)
+                .text(build.live.stage.clone())
+                .animate(true),
+        );
+        ui.horizontal(|ui| {
+            ui.label(RichText::new(super::time_text(elapsed, left)).weak());
+            if ui.button("Cancel build").clicked() {
+                session.cancel_current();
+            }
+        });
+    }
+    ui.separator();
+    let bench = session.benchmark.clone();
+    egui::ScrollArea::vertical().auto_shrink([false, false]).show(ui, |ui| {
+        ui.label(RichText::new("Base").strong());
+        let mut changed = false;
+        match &mut session.inputs.base {
+            Some(base) => {
+                let before = base.label.clone();
+                input_row(ui, base, bench.as_ref(), true, 0, view);
+                changed |= base.label != before;
+            }
+            None => {
+                ui.label(RichText::new("No base: methods that need one will say so.").weak());
+            }
+        }
+        ui.horizontal(|ui| {
+            if ui.button("Set base…").clicked() {
+                dialogs::pick_base(session);
+            }
+            if session.inputs.base.is_some() && ui.button("Clear base").clicked() {
+                session.inputs.base = None;
+                session.inputs.recheck();
+                session.dirty = true;
+            }
+        });
+        ui.add_space(6.0);
+        ui.label(RichText::new(format!("Experts ({})", session.inputs.experts.len())).strong());
+        let mut act = None;
+        for i in 0..session.inputs.experts.len() {
+            let before = session.inputs.experts[i].label.clone();
+            if let Some(a) = input_row(ui, &mut session.inputs.experts[i], bench.as_ref(), false, i, view) {
+                act = Some((i, a));
+            }
+            changed |= session.inputs.experts[i].label != before;
+        }
+        if changed {
+            session.dirty = true;
+        }
+        if let Some((i, a)) = act {
+            match a {
+                RowAction::Up => session.inputs.move_up(i),
+                RowAction::Remove => session.inputs.remove_expert(i),
+                RowAction::MakeBase => {
+                    let e = session.inputs.experts.remove(i);
+                    if let Some(old) = session.inputs.base.replace(e) {
+                        session.inputs.experts.insert(i, old);
+                    }
+                    session.inputs.recheck();
+                }
+            }
+            view.renaming = None;
+            session.dirty = true;
+        }
+        ui.horizontal(|ui| {
+            if ui.button("Add experts…").on_hover_text("Ctrl+E").clicked() {
+                dialogs::pick_experts(session);
+            }
+            if !session.inputs.experts.is_empty() && ui.button("Clear").clicked() {
+                session.inputs.experts.clear();
+                session.inputs.recheck();
+                session.dirty = true;
+            }
+        });
+        ui.label(
+            RichText::new("Drop .safetensors files or shard folders on the window to add experts.")
+                .weak()
+                .small(),
+        );
+    });
+}

@@ -1,0 +1,156 @@
+//! The menu bar and the keyboard shortcuts (the same actions).
+
+use crate::app::MergescopeApp;
+use crate::settings::Theme;
+use crate::ui::dialogs;
+use egui::{Key, KeyboardShortcut, Modifiers, Ui};
+use mergescope_engine::nn::Arch;
+use std::path::PathBuf;
+
+const OPEN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::O);
+const SAVE: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::S);
+const ADD_EXPERTS: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::E);
+const RUN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::Enter);
+const CANCEL: KeyboardShortcut = KeyboardShortcut::new(Modifiers::NONE, Key::Escape);
+
+/// Applies the keyboard shortcuts pressed this frame.
+pub fn shortcuts(ui: &mut Ui, app: &mut MergescopeApp) {
+    let (open, save, add, run, cancel) = ui.input_mut(|i| {
+        (
+            i.consume_shortcut(&OPEN),
+            i.consume_shortcut(&SAVE),
+            i.consume_shortcut(&ADD_EXPERTS),
+            i.consume_shortcut(&RUN),
+            i.consume_shortcut(&CANCEL),
+        )
+    });
+    if open {
+        app.open_project_dialog();
+    }
+    if save {
+        app.save_project(false);
+    }
+    if add {
+        dialogs::pick_experts(&mut app.session);
+    }
+    if run {
+        app.view.start_run(&mut app.session);
+    }
+    if cancel && app.view.approval.is_none() {
+        app.session.cancel_current();
+    }
+}
+
+/// The menu bar.
+pub fn menu_bar(ui: &mut Ui, app: &mut MergescopeApp) {
+    egui::MenuBar::new().ui(ui, |ui| {
+        ui.menu_button("File", |ui| {
+            if ui
+                .add(egui::Button::new("Open project…").shortcut_text(ui.ctx().format_shortcut(&OPEN)))
+                .clicked()
+            {
+                app.open_project_dialog();
+            }
+            ui.menu_button("Recent projects", |ui| {
+                if app.settings.recent.is_empty() {
+                    ui.label("none yet");
+                }
+                let mut chosen: Option<PathBuf> = None;
+                for p in &app.settings.recent {
+                    if ui.button(p.display().to_string()).clicked() {
+                        chosen = Some(p.clone());
+                    }
+                }
+                if let Some(p) = chosen {
+                    app.open_project(&p);
+                }
+            });
+            if ui
+                .add(egui::Button::new("Save project").shortcut_text(ui.ctx().format_shortcut(&SAVE)))
+                .clicked()
+            {
+                app.save_project(false);
+            }
+            if ui.button("Save project as…").clicked() {
+                app.save_project(true);
+            }
+            ui.separator();
+            if ui.button("Set base…").clicked() {
+                dialogs::pick_base(&mut app.session);
+            }
+            if ui
+                .add(egui::Button::new("Add experts…").shortcut_text(ui.ctx().format_shortcut(&ADD_EXPERTS)))
+                .clicked()
+            {
+                dialogs::pick_experts(&mut app.session);
+            }
+            if ui.button("Load plugin…").clicked() {
+                dialogs::pick_plugin(&mut app.session, &mut app.view);
+            }
+            ui.separator();
+            if ui.button("Quit").clicked() {
+                ui.send_viewport_cmd(egui::ViewportCommand::Close);
+            }
+        });
+        ui.menu_button("Run", |ui| {
+            if ui
+                .add(egui::Button::new("Run merge").shortcut_text(ui.ctx().format_shortcut(&RUN)))
+                .clicked()
+            {
+                app.view.start_run(&mut app.session);
+            }
+            if ui
+                .add(egui::Button::new("Cancel running").shortcut_text("Esc"))
+                .clicked()
+            {
+                app.session.cancel_current();
+            }
+        });
+        ui.menu_button("Benchmark", |ui| {
+            for arch in Arch::ALL {
+                if ui
+                    .button(format!("Build {} demo", arch.to_string().to_uppercase()))
+                    .clicked()
+                {
+                    app.session.build_demo(arch, 0);
+                }
+            }
+            ui.separator();
+            let built = mergescope_engine::demo::built_demos().unwrap_or_default();
+            if built.is_empty() {
+                ui.label("no demo built yet");
+            }
+            for b in built {
+                let label = format!(
+                    "Use {} seed {}",
+                    b.manifest.arch.to_string().to_uppercase(),
+                    b.manifest.seed
+                );
+                if ui.add_enabled(b.is_current(), egui::Button::new(label)).clicked() {
+                    app.session.use_benchmark(b);
+                }
+            }
+        });
+        ui.menu_button("View", |ui| {
+            for (t, label) in [
+                (Theme::System, "System theme"),
+                (Theme::Light, "Light"),
+                (Theme::Dark, "Dark"),
+            ] {
+                if ui.radio(app.settings.theme == t, label).clicked() {
+                    app.settings.theme = t;
+                }
+            }
+            ui.separator();
+            ui.checkbox(&mut app.settings.show_log, "Log panel");
+        });
+        ui.menu_button("Help", |ui| {
+            if ui.button("Keyboard shortcuts").clicked() {
+                app.view.shortcuts = true;
+            }
+            if ui.button("About mergescope").clicked() {
+                app.view.about = true;
+            }
+        });
+    });
+}

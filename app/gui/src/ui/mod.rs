@@ -1,0 +1,100 @@
+//! egui views over a [`Session`](crate::session::Session). Views only draw and turn clicks
+//! into session calls; all state that outlives a frame lives in the session (the document),
+//! the settings (persisted) or [`ViewState`] (this window's transient state).
+
+pub mod dialogs;
+pub mod form_view;
+pub mod inputs_view;
+pub mod log_view;
+pub mod menu;
+pub mod method_view;
+pub mod results_view;
+
+use crate::runs::SortKey;
+use crate::session::{Level, Session};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Transient state of the window.
+#[derive(Debug)]
+pub struct ViewState {
+    /// Column the results are sorted by.
+    pub sort: SortKey,
+    /// Sort direction.
+    pub descending: bool,
+    /// Runs selected in the results table.
+    pub selected: BTreeSet<u64>,
+    /// Plugin file waiting for the user's approval.
+    pub approval: Option<PathBuf>,
+    /// Whether the About box is open.
+    pub about: bool,
+    /// Whether the shortcuts window is open.
+    pub shortcuts: bool,
+    /// Input being renamed: (is the base, expert index).
+    pub renaming: Option<(bool, usize)>,
+    /// A short message in the status bar, and when it was posted.
+    pub message: Option<(String, Instant)>,
+    /// Frames drawn (the responsiveness test counts them while a job runs).
+    pub frames: u64,
+}
+
+impl Default for ViewState {
+    fn default() -> Self {
+        ViewState {
+            sort: SortKey::Id,
+            descending: false,
+            selected: BTreeSet::new(),
+            approval: None,
+            about: false,
+            shortcuts: false,
+            renaming: None,
+            message: None,
+            frames: 0,
+        }
+    }
+}
+
+impl ViewState {
+    /// Shows `text` in the status bar for a few seconds.
+    pub fn toast(&mut self, text: &str) {
+        self.message = Some((text.to_owned(), Instant::now()));
+    }
+
+    /// Queues a merge; a refusal goes to the status bar and the log.
+    pub fn start_run(&mut self, session: &mut Session) {
+        match session.run() {
+            Ok(id) => self.toast(&format!("run #{id} queued")),
+            Err(e) => {
+                self.toast(&e);
+                session.note(Level::Warn, format!("not run: {e}"));
+            }
+        }
+    }
+}
+
+/// "12 s, about 30 s left".
+pub fn time_text(elapsed: f64, left: Option<f64>) -> String {
+    let t = |s: f64| {
+        if s >= 90.0 {
+            format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
+        } else {
+            format!("{s:.0} s")
+        }
+    };
+    match left {
+        Some(l) => format!("{} elapsed, about {} left", t(elapsed), t(l)),
+        None => format!("{} elapsed", t(elapsed)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::time_text;
+
+    #[test]
+    fn times_read_naturally() {
+        assert_eq!(time_text(3.2, None), "3 s elapsed");
+        assert_eq!(time_text(12.0, Some(125.0)), "12 s elapsed, about 2m05s left");
+    }
+}

@@ -1,0 +1,290 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The desktop window driven by clicks (egui_kittest, through its AccessKit tree) on a small
+//! real benchmark: pick a method, change a parameter, run, read the result row, compare,
+//! cancel; plus snapshots of the main screens rendered with wgpu (lavapipe on CI).
+
+use egui_kittest::Harness;
+use egui_kittest::kittest::{Queryable as _, by};
+use mergescope_gui::runs::RunStatus;
+use mergescope_gui::settings::{Settings, Theme};
+use mergescope_gui::{MergescopeApp, SessionConfig};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A three-task MLP benchmark built once for all tests (a real `demo build` takes minutes;
+/// the window runs the same code on it).
+fn benchmark() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        use mergescope_engine::demo::{Recipe, build};
+        use mergescope_engine::nn::Arch;
+        use mergescope_engine::train::Budget;
+        let root = tempfile::tempdir().unwrap().keep();
+        let dir = root.join("bench");
+        let tasks: Vec<_> = mergescope_engine::data::demo_tasks()
+            .unwrap()
+            .into_iter()
+            .filter(|t| ["mnist", "letters", "fashion_mnist"].contains(&t.name.as_str()))
+            .collect();
+        let mut r = Recipe::default_for(Arch::Mlp, 0);
+        r.pretrain.budget = Budget::Steps(30);
+        r.head.budget = Budget::Steps(60);
+        r.expert.budget = Budget::Steps(40);
+        let (device, _) = mergescope_engine::device::open_device(mergescope_engine::device::DeviceChoice::Cpu);
+        build(Arch::Mlp, &tasks, &r, &dir, &device, &mut |_| {}, &Default::default()).unwrap();
+        dir
+    })
+}
+
+fn slow_plugin() -> PathBuf {
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    deps.join(format!(
+        "{}mstest_slow{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ))
+}
+
+fn app(runs_dir: &Path, theme: Theme) -> MergescopeApp {
+    let settings = Settings {
+        theme,
+        ..Settings::default()
+    };
+    let config = SessionConfig {
+        plugin_dirs: Vec::new(),
+        runs_dir: Some(runs_dir.to_path_buf()),
+        benchmark: Some(benchmark().to_path_buf()),
+        build_demo_if_missing: false,
+        demo_arch: None,
+    };
+    MergescopeApp::new(&egui::Context::default(), settings, &config)
+}
+
+fn harness(app: MergescopeApp) -> Harness<'static, MergescopeApp> {
+    Harness::builder()
+        .with_size(egui::vec2(1360.0, 820.0))
+        .build_ui_state(|ui, app: &mut MergescopeApp| app.show(ui), app)
+}
+
+/// Steps frames until `done` holds (or fails after 60 s).
+fn step_until(h: &mut Harness<'static, MergescopeApp>, what: &str, done: impl Fn(&MergescopeApp) -> bool) {
+    let start = Instant::now();
+    while !done(h.state()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        h.step();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    h.run_steps(3);
+}
+
+fn choose_method(h: &mut Harness<'static, MergescopeApp>, name: &str) {
+    h.get(by().role(egui::accesskit::Role::ComboBox).label("Method"))
+        .click();
+    h.run_steps(2);
+    h.get_by_label(name).click();
+    h.run_steps(2);
+}
+
+/// The slider of parameter `name` (its text label is a node of its own).
+fn slider<'h>(h: &'h Harness<'static, MergescopeApp>, name: &'h str) -> egui_kittest::Node<'h> {
+    h.get(by().role(egui::accesskit::Role::Slider).label(name))
+}
+
+fn last_status(app: &MergescopeApp) -> Option<RunStatus> {
+    app.session.runs.last().map(|r| r.status)
+}
+
+#[test]
+fn merge_three_methods_by_clicking_and_compare_them() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut h = harness(app(runs.path(), Theme::Light));
+    h.run_steps(3);
+    // The benchmark's base and experts are the inputs, with their accuracies.
+    h.get_by_label("Experts (3)");
+    h.get_by_label_contains("letters: ");
+
+    // 1. Task arithmetic with λ changed from its default 0.3 to 0.5.
+    choose_method(&mut h, "Task arithmetic");
+    slider(&h, "lambda").set_value_accesskit(0.5);
+    h.run_steps(2);
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "the task-arithmetic run", |a| {
+        last_status(a) == Some(RunStatus::Done)
+    });
+    let r = &h.state().session.runs[0];
+    assert_eq!(r.method, "task-arithmetic");
+    assert_eq!(r.params["lambda"], serde_json::json!(0.5));
+    assert_eq!(
+        r.resolved["lambda"],
+        serde_json::json!(0.5),
+        "the plugin received λ = 0.5"
+    );
+    let eval = r.eval.as_ref().expect("the merge was evaluated");
+    assert_eq!(eval.tasks.len(), 3);
+    assert!(eval.tasks.iter().all(|t| t.examples == 500));
+    // The row shows the parameters and the mean accuracy.
+    let mean = format!("{:.1}", 100.0 * eval.mean_accuracy);
+    h.get_by_label("lambda=0.5");
+    h.get_by_label(&mean);
+
+    // 2. Weight averaging with defaults; 3. TIES with a lower density.
+    choose_method(&mut h, "Weight averaging");
+    h.get_by_label("▶ Run merge").click();
+    choose_method(&mut h, "TIES-Merging");
+    slider(&h, "density").set_value_accesskit(0.4);
+    h.run_steps(1);
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "the two queued runs", |a| {
+        a.session.runs.len() == 3 && a.session.runs.iter().all(|r| r.status == RunStatus::Done)
+    });
+    let methods: Vec<&str> = h.state().session.runs.iter().map(|r| r.method.as_str()).collect();
+    assert_eq!(methods, ["task-arithmetic", "weight-average", "ties"]);
+
+    // Weight averaging is the mean of the experts: check one tensor against the inputs.
+    let wa = &h.state().session.runs[1];
+    let (device, _) = mergescope_engine::device::open_device(mergescope_engine::device::DeviceChoice::Cpu);
+    let merged = mergescope_engine::demo::load_params(&wa.output, &device).unwrap();
+    let name = merged.keys().next().unwrap().clone();
+    let got: Vec<f32> = merged[&name].flatten_all().unwrap().to_vec1().unwrap();
+    let inputs: Vec<Vec<f32>> = wa
+        .experts
+        .iter()
+        .map(|e| {
+            let p = mergescope_engine::demo::load_params(&e.path, &device).unwrap();
+            p[&name].flatten_all().unwrap().to_vec1().unwrap()
+        })
+        .collect();
+    let err = (0..got.len())
+        .map(|i| (got[i] - inputs.iter().map(|x| x[i]).sum::<f32>() / 3.0).abs())
+        .fold(0.0f32, f32::max);
+    assert!(err < 1e-5, "weight average of '{name}' off by {err}");
+
+    // Sort by mean accuracy (descending) by clicking the header.
+    h.get_by_label("Mean acc %").click();
+    h.run_steps(2);
+    assert_eq!(h.state().view.sort, mergescope_gui::runs::SortKey::MeanAccuracy);
+    assert!(h.state().view.descending);
+
+    // Select two runs to compare: the chart follows the selection.
+    h.state_mut().view.selected.extend([1, 3]);
+    h.run_steps(3);
+    h.get_by_label("Test accuracy per task (%)");
+    let csv = mergescope_gui::runs::to_csv(&h.state().session.runs);
+    assert_eq!(csv.lines().count(), 4);
+
+    // Save one merge with its recipe; the file is the run's output, byte for byte.
+    let dest = runs.path().join("saved").join("ties.safetensors");
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    let recipe = h.state_mut().session.save_output(3, &dest).unwrap();
+    assert_eq!(
+        std::fs::read(&dest).unwrap(),
+        std::fs::read(&h.state().session.runs[2].output).unwrap()
+    );
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    assert!(
+        text.contains("method = \"ties\"") && text.contains("density = 0.4"),
+        "{text}"
+    );
+
+    // The project round-trips: reopen it in a fresh window and the table is back.
+    let project = runs.path().join("session.msproj");
+    h.state_mut().session.save_project(&project).unwrap();
+    let mut again = harness(app(runs.path(), Theme::Light));
+    again.state_mut().open_project(&project);
+    again.run_steps(3);
+    let back = &again.state().session.runs;
+    assert_eq!(back.len(), 3);
+    assert_eq!(back[2].params["density"], serde_json::json!(0.4));
+    assert_eq!(back[0].eval, h.state().session.runs[0].eval);
+    again.get_by_label("density=0.4");
+}
+
+#[test]
+fn frames_keep_coming_during_a_run_and_cancel_stops_it() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut a = app(runs.path(), Theme::Dark);
+    a.session.load_plugin_file(&slow_plugin(), false).unwrap();
+    a.session.form.as_mut().unwrap().fields[0].value = mergescope_gui::form::FieldValue::Int(2000);
+    let mut h = harness(a);
+    h.run_steps(2);
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "the run to start", |a| {
+        last_status(a) == Some(RunStatus::Running)
+    });
+
+    // The job sleeps 2 s per tensor; the window draws frame after frame meanwhile.
+    let frames_before = h.state().view.frames;
+    for _ in 0..20 {
+        h.step();
+    }
+    assert_eq!(h.state().view.frames, frames_before + 20);
+    assert_eq!(
+        last_status(h.state()),
+        Some(RunStatus::Running),
+        "20 frames were drawn while the run kept going"
+    );
+    h.get_by_label_contains("elapsed");
+
+    h.get_by_label("Cancel").click();
+    step_until(&mut h, "the cancellation", |a| {
+        last_status(a) == Some(RunStatus::Cancelled)
+    });
+    let r = h.state().session.runs.last().unwrap();
+    assert!(!r.output.exists(), "a cancelled run leaves no output");
+    assert!(r.eval.is_none());
+    h.get_by_label("cancelled");
+}
+
+#[test]
+fn bad_parameters_and_bad_inputs_are_flagged_before_a_run() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut a = app(runs.path(), Theme::Light);
+    a.session.load_plugin_file(&slow_plugin(), false).unwrap();
+    // A negative delay is out of the schema's range: the form flags it and Run is refused.
+    a.session.form.as_mut().unwrap().fields[0].value = mergescope_gui::form::FieldValue::Int(-5);
+    let mut h = harness(a);
+    h.run_steps(2);
+    assert!(h.get_all_by_label_contains("is out of range").count() >= 1);
+    assert!(h.state().session.can_run().is_err());
+    // An unreadable expert is named inline and blocks the run.
+    let bad = runs.path().join("bad.safetensors");
+    std::fs::write(&bad, b"not a safetensors file").unwrap();
+    h.state_mut().session.inputs.add_expert(&bad, None);
+    h.run_steps(2);
+    h.get_by_label_contains("bad.safetensors");
+    let why = h.state().session.inputs.ready().unwrap_err();
+    assert!(why.contains("'bad'"), "{why}");
+}
+
+#[test]
+fn snapshots_of_the_main_screens() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut h = harness(app(runs.path(), Theme::Light));
+    h.run_steps(3);
+    h.snapshot("main_window_light");
+    assert_eq!(h.ctx.theme(), egui::Theme::Light);
+
+    choose_method(&mut h, "Task arithmetic");
+    h.get_by_label("▶ Run merge").click();
+    choose_method(&mut h, "TIES-Merging");
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "two runs", |a| {
+        a.session.runs.len() == 2 && a.session.runs.iter().all(|r| r.status == RunStatus::Done)
+    });
+    for r in &mut h.state_mut().session.runs {
+        r.seconds = Some(0.05); // timings vary from run to run
+    }
+    h.state_mut().view.selected.extend([1, 2]);
+    h.state_mut().view.message = None; // toasts expire on a clock
+    h.run_steps(3);
+    h.snapshot("results_compared_light");
+
+    h.state_mut().settings.theme = Theme::Dark;
+    h.state_mut().view.about = true;
+    h.run_steps(3);
+    h.snapshot("about_dark");
+}
