@@ -110,6 +110,55 @@ impl MergescopeApp {
         }
     }
 
+    /// Asks before closing a window whose merges are not saved in a project.
+    fn guard_close(&mut self, ui: &mut Ui) {
+        let unsaved = self.session.dirty && !self.session.runs.is_empty();
+        if ui.input(|i| i.viewport().close_requested()) && unsaved && !self.view.closing {
+            ui.send_viewport_cmd(egui::ViewportCommand::CancelClose);
+            self.view.confirm_close = true;
+        }
+        if !self.view.confirm_close {
+            return;
+        }
+        let n = self.session.runs.len();
+        let mut choice = None;
+        egui::Modal::new(egui::Id::unique("confirm-close")).show(ui.ctx(), |ui| {
+            ui.heading("Save the session before closing?");
+            ui.label(format!(
+                "{n} merges and their results are not saved in a project. Their files stay in the \
+                 runs folder, but the table is lost unless you save the project."
+            ));
+            ui.horizontal(|ui| {
+                if ui.button("Save project…").clicked() {
+                    choice = Some(0);
+                }
+                if ui.button("Close without saving").clicked() {
+                    choice = Some(1);
+                }
+                if ui.button("Cancel").clicked() {
+                    choice = Some(2);
+                }
+            });
+        });
+        match choice {
+            Some(0) => {
+                self.save_project(false);
+                if !self.session.dirty {
+                    self.view.closing = true;
+                    ui.send_viewport_cmd(egui::ViewportCommand::Close);
+                }
+                self.view.confirm_close = false;
+            }
+            Some(1) => {
+                self.view.closing = true;
+                self.view.confirm_close = false;
+                ui.send_viewport_cmd(egui::ViewportCommand::Close);
+            }
+            Some(_) => self.view.confirm_close = false,
+            None => {}
+        }
+    }
+
     fn status_bar(&mut self, ui: &mut Ui) {
         ui.horizontal(|ui| {
             if self.session.busy() {
@@ -181,6 +230,7 @@ impl MergescopeApp {
                 });
             });
         self.view.shortcuts = open;
+        self.guard_close(ui);
         self.settings.device = self.session.device;
         if self.session.busy() {
             // Elapsed times tick even when no progress event comes.

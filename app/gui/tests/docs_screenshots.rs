@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Renders the screenshots in `docs/screenshots/` from the real CNN demo benchmark: the window
-//! as a new user sees it, and after three merges compared. Needs the demo built
-//! (`mergescope demo build`), so it is ignored by default:
+//! Renders the screenshots in `docs/screenshots/` from a real demo benchmark (the CNN when it is
+//! built, else another architecture's): the window as a new user sees it, and after three
+//! merges compared. Needs a demo built (`mergescope demo build`), so it is ignored by default:
 //!
 //! ```sh
 //! cargo test --release -p mergescope-gui --test docs_screenshots -- --ignored
@@ -36,9 +36,9 @@ fn choose(h: &mut Harness<'static, MergescopeApp>, method: &str) {
 }
 
 #[test]
-#[ignore = "needs the CNN demo benchmark (mergescope demo build); writes docs/screenshots"]
+#[ignore = "needs a demo benchmark (mergescope demo build); writes docs/screenshots"]
 fn docs_screenshots() {
-    let bench = mergescope_engine::demo::resolve_benchmark("demo/cnn", None).expect("build the CNN demo first");
+    let bench = mergescope_engine::demo::resolve_benchmark("demo", None).expect("build a demo benchmark first");
     let runs = tempfile::tempdir().unwrap();
     for (theme, suffix) in [(Theme::Light, "light"), (Theme::Dark, "dark")] {
         let settings = Settings {

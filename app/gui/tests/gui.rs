@@ -61,6 +61,14 @@ fn app(runs_dir: &Path, theme: Theme) -> MergescopeApp {
     MergescopeApp::new(&egui::Context::default(), settings, &config)
 }
 
+/// A window whose selected method is the slow fixture, with `delay_ms` set in its form.
+fn app_with_slow_plugin(runs_dir: &Path, delay_ms: i64) -> MergescopeApp {
+    let mut a = app(runs_dir, Theme::Light);
+    a.session.load_plugin_file(&slow_plugin(), false).unwrap();
+    a.session.form.as_mut().unwrap().fields[0].value = mergescope_gui::form::FieldValue::Int(delay_ms);
+    a
+}
+
 fn harness(app: MergescopeApp) -> Harness<'static, MergescopeApp> {
     Harness::builder()
         .with_size(egui::vec2(1360.0, 820.0))
@@ -206,10 +214,7 @@ fn merge_three_methods_by_clicking_and_compare_them() {
 #[test]
 fn frames_keep_coming_during_a_run_and_cancel_stops_it() {
     let runs = tempfile::tempdir().unwrap();
-    let mut a = app(runs.path(), Theme::Dark);
-    a.session.load_plugin_file(&slow_plugin(), false).unwrap();
-    a.session.form.as_mut().unwrap().fields[0].value = mergescope_gui::form::FieldValue::Int(2000);
-    let mut h = harness(a);
+    let mut h = harness(app_with_slow_plugin(runs.path(), 2000));
     h.run_steps(2);
     h.get_by_label("▶ Run merge").click();
     step_until(&mut h, "the run to start", |a| {
@@ -237,16 +242,26 @@ fn frames_keep_coming_during_a_run_and_cancel_stops_it() {
     assert!(!r.output.exists(), "a cancelled run leaves no output");
     assert!(r.eval.is_none());
     h.get_by_label("cancelled");
+
+    // Closing a window with an unsaved session asks first.
+    h.input_mut()
+        .viewports
+        .entry(egui::ViewportId::ROOT)
+        .or_default()
+        .events
+        .push(egui::ViewportEvent::Close);
+    h.run_steps(2);
+    h.get_by_label("Save the session before closing?");
+    h.get_by_label("Cancel").click();
+    h.run_steps(2);
+    assert!(h.query_by_label("Save the session before closing?").is_none());
 }
 
 #[test]
 fn bad_parameters_and_bad_inputs_are_flagged_before_a_run() {
     let runs = tempfile::tempdir().unwrap();
-    let mut a = app(runs.path(), Theme::Light);
-    a.session.load_plugin_file(&slow_plugin(), false).unwrap();
     // A negative delay is out of the schema's range: the form flags it and Run is refused.
-    a.session.form.as_mut().unwrap().fields[0].value = mergescope_gui::form::FieldValue::Int(-5);
-    let mut h = harness(a);
+    let mut h = harness(app_with_slow_plugin(runs.path(), -5));
     h.run_steps(2);
     assert!(h.get_all_by_label_contains("is out of range").count() >= 1);
     assert!(h.state().session.can_run().is_err());

@@ -9,9 +9,16 @@ use std::path::Path;
 const CHECKPOINTS: &[&str] = &["safetensors"];
 const PROJECTS: &[&str] = &["msproj", "json"];
 
-/// Adds a checkpoint or sharded folder as an expert; plugin libraries go to `load_plugin`.
+/// Whether `path` is a shared library (by extension: a dropped plugin may have any name).
+pub fn is_library(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| ["so", "dylib", "dll"].contains(&e.to_ascii_lowercase().as_str()))
+}
+
+/// Adds a checkpoint or sharded folder as an expert; a shared library is offered as a plugin.
 pub fn add_path(session: &mut Session, view: &mut ViewState, path: &Path) {
-    if mergescope_engine::plugin::discovery::is_plugin_file(path) {
+    if is_library(path) {
         request_plugin(session, view, path);
     } else if !session.inputs.add_expert(path, None) {
         view.toast(&format!("'{}' is already an input", path.display()));
@@ -42,6 +49,17 @@ pub fn pick_experts(session: &mut Session) {
         for f in files {
             session.inputs.add_expert(&f, None);
         }
+        session.dirty = true;
+    }
+}
+
+/// Asks for a folder of shards (with `model.safetensors.index.json`) to add as an expert.
+pub fn pick_expert_folder(session: &mut Session) {
+    if let Some(dir) = rfd::FileDialog::new()
+        .set_title("Sharded expert checkpoint (folder)")
+        .pick_folder()
+    {
+        session.inputs.add_expert(&dir, None);
         session.dirty = true;
     }
 }

@@ -219,6 +219,13 @@ pub fn inputs_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
             if ui.button("Add experts…").on_hover_text("Ctrl+E").clicked() {
                 dialogs::pick_experts(session);
             }
+            if ui
+                .button("Add folder…")
+                .on_hover_text("A sharded checkpoint: a folder with model.safetensors.index.json")
+                .clicked()
+            {
+                dialogs::pick_expert_folder(session);
+            }
             if !session.inputs.experts.is_empty() && ui.button("Clear").clicked() {
                 session.inputs.experts.clear();
                 session.inputs.recheck();

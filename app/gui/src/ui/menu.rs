@@ -84,6 +84,9 @@ pub fn menu_bar(ui: &mut Ui, app: &mut MergescopeApp) {
             {
                 dialogs::pick_experts(&mut app.session);
             }
+            if ui.button("Add sharded expert (folder)…").clicked() {
+                dialogs::pick_expert_folder(&mut app.session);
+            }
             if ui.button("Load plugin…").clicked() {
                 dialogs::pick_plugin(&mut app.session, &mut app.view);
             }

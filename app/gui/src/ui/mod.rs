@@ -37,6 +37,10 @@ pub struct ViewState {
     pub message: Option<(String, Instant)>,
     /// Frames drawn (the responsiveness test counts them while a job runs).
     pub frames: u64,
+    /// The close-with-unsaved-merges dialog is open.
+    pub confirm_close: bool,
+    /// The user chose to close; the next close request goes through.
+    pub closing: bool,
 }
 
 impl Default for ViewState {
@@ -51,6 +55,8 @@ impl Default for ViewState {
             renaming: None,
             message: None,
             frames: 0,
+            confirm_close: false,
+            closing: false,
         }
     }
 }
