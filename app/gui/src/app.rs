@@ -165,7 +165,7 @@ impl MergescopeApp {
                 ui.spinner();
             }
             let n = self.session.registry.plugins.len();
-            ui.label(RichText::new(format!("{n} methods")).weak());
+            ui.label(RichText::new(format!("{n} method{}", if n == 1 { "" } else { "s" })).weak());
             ui.separator();
             let running = self.session.runs.iter().filter(|r| r.status.is_active()).count();
             ui.label(RichText::new(format!("{running} running or queued")).weak());

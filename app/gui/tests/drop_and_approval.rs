@@ -43,6 +43,8 @@ fn dropped_checkpoints_become_experts_and_outside_plugins_ask_for_approval_once(
     unsafe {
         std::env::set_var("MERGESCOPE_CONFIG_DIR", root.path().join("config"));
         std::env::set_var("MERGESCOPE_PLUGIN_HOME", root.path().join("user-plugins"));
+        // An empty cache: no demo benchmark of the user's fills the inputs.
+        std::env::set_var("MERGESCOPE_CACHE_DIR", root.path().join("cache"));
     }
     let config = SessionConfig {
         plugin_dirs: Vec::new(),

@@ -265,7 +265,8 @@ fn chart_ui(ui: &mut Ui, session: &Session, view: &ViewState) {
         .legend(Legend::default())
         .height(220.0)
         .include_y(0.0)
-        .include_y(125.0)
+        // Headroom above 100 % for the legend, one line per series.
+        .include_y(110.0 + 12.0 * series as f64)
         .allow_zoom(false)
         .allow_drag(false)
         .allow_scroll(false)
