@@ -595,6 +595,27 @@ pub fn build(
     })
 }
 
+/// Builds with `build_into` into a staging sibling of `dir`, then moves the result into place:
+/// what `dir` held (an older build) is removed only once the new build is complete, so a
+/// failed or cancelled build leaves it as it was. The CLI's `demo build --force` and the
+/// GUI's rebuild of an outdated cache both go through here.
+pub fn build_replacing(dir: &Path, build_into: impl FnOnce(&Path) -> Result<Benchmark>) -> Result<Benchmark> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let staging = dir.with_file_name(format!(".{name}.new-{}", std::process::id()));
+    let built = build_into(&staging)?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| EngineError::io("cannot replace", dir, e))?;
+    }
+    std::fs::rename(&staging, dir).map_err(|e| EngineError::io("cannot move the build to", dir, e))?;
+    Ok(Benchmark {
+        dir: dir.to_path_buf(),
+        ..built
+    })
+}
+
 impl Benchmark {
     /// Opens a built benchmark folder and checks that its files are there.
     pub fn open(dir: &Path) -> Result<Benchmark> {
@@ -842,6 +863,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("already exists"), "{e}");
+        // Replacing: a failed build leaves the old folder as it was; a finished one takes its place.
+        let e = build_replacing(&a, |_| Err(EngineError::Cancelled)).unwrap_err();
+        assert!(matches!(e, EngineError::Cancelled));
+        assert_eq!(Benchmark::open(&a).unwrap().manifest, built.manifest);
+        let replaced = build_replacing(&a, |staging| {
+            build(
+                Arch::Mlp,
+                &tasks,
+                &tiny(1),
+                staging,
+                &dev,
+                &mut |_| {},
+                &AtomicBool::new(false),
+            )
+        })
+        .unwrap();
+        assert_eq!(replaced.dir, a);
+        assert_eq!(Benchmark::open(&a).unwrap().manifest.recipe, built.manifest.recipe);
+        let leftovers: Vec<_> = std::fs::read_dir(a.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "no staging folder is left behind: {leftovers:?}");
         let e = opened
             .evaluator(&tasks, Some(&["mnsit".to_owned()]), SplitKind::Test, &dev)
             .err()

@@ -41,7 +41,7 @@ pub struct BuildJob {
     pub arch: Arch,
     /// Seed.
     pub seed: u64,
-    /// Folder to build into (must not exist).
+    /// Folder to build into (an outdated build there is replaced when the new one is done).
     pub dir: PathBuf,
 }
 
@@ -373,8 +373,11 @@ impl Worker {
                 });
             }
         };
-        let b = demo::build(job.arch, &tasks, &recipe, &job.dir, &device, &mut progress, cancel)
-            .map_err(|e| e.to_string())?;
+        // An outdated build in `dir` is replaced only once the new one is complete.
+        let b = demo::build_replacing(&job.dir, |staging| {
+            demo::build(job.arch, &tasks, &recipe, staging, &device, &mut progress, cancel)
+        })
+        .map_err(|e| e.to_string())?;
         Ok(Event::Built(id, Box::new(b)))
     }
 }

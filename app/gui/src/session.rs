@@ -279,17 +279,18 @@ impl Session {
             }
         };
         if dir.exists() {
-            // An outdated build: keep it until the new one is complete.
             match Benchmark::open(&dir) {
                 Ok(b) if b.is_current() => {
                     self.use_benchmark(b);
                     return;
                 }
-                _ => {
+                // Outdated (another recipe version): rebuilt, and replaced once complete.
+                Ok(_) => {}
+                Err(e) => {
                     self.note(
                         Level::Error,
                         format!(
-                            "'{}' holds an outdated or broken demo build; rebuild it with \
+                            "'{}' is not a usable demo build ({e}); remove it, or rebuild it with \
                              `mergescope demo build --arch {arch} --force`",
                             dir.display()
                         ),

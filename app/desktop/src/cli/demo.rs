@@ -3,7 +3,7 @@
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use mergescope_engine::data::benchmark_tasks;
-use mergescope_engine::demo::{Benchmark, BuildProgress, Recipe, build, built_demos, demo_dir};
+use mergescope_engine::demo::{Benchmark, BuildProgress, Recipe, build, build_replacing, built_demos, demo_dir};
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::nn::Arch;
 use std::path::PathBuf;
@@ -93,11 +93,6 @@ fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
                 dir.display()
             );
         }
-        let staging = dir.with_file_name(format!(
-            ".{}.new-{}",
-            dir.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
-            std::process::id()
-        ));
         let bar = super::progress_bar(args.quiet);
         let recipe = Recipe::default_for(arch, args.seed);
         let mut on_progress = |p: &BuildProgress| {
@@ -106,15 +101,12 @@ fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
             let loss = p.loss.map(|l| format!(" loss {l:.3}")).unwrap_or_default();
             bar.set_message(format!("{arch}: {}{loss}", p.stage));
         };
-        let built = build(arch, &tasks, &recipe, &staging, &device, &mut on_progress, cancel);
+        // An old build is replaced only once the new one is complete.
+        let built = build_replacing(&dir, |staging| {
+            build(arch, &tasks, &recipe, staging, &device, &mut on_progress, cancel)
+        });
         bar.finish_and_clear();
-        let built = built?;
-        // Swap the finished build into place; an old build is removed only now.
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).with_context(|| format!("cannot replace '{}'", dir.display()))?;
-        }
-        std::fs::rename(&staging, &dir).with_context(|| format!("cannot move the build to '{}'", dir.display()))?;
-        let b = Benchmark { dir, ..built };
+        let b = built?;
         let secs: f64 = b.manifest.seconds.values().sum();
         eprintln!("{arch}: built in {secs:.0} s");
         print_benchmark(&b);
