@@ -164,10 +164,9 @@ impl ParamForm {
     /// The error of field `i` alone, if its value would be rejected by a run.
     pub fn field_error(&self, i: usize, n_experts: usize) -> Option<String> {
         let f = self.fields.get(i)?;
-        let schema: Vec<ParamSchema> = self.fields.iter().map(|f| f.schema.clone()).collect();
         let mut one = Map::new();
         one.insert(f.schema.name.clone(), f.to_json());
-        resolve_params(&self.method, &schema, &one, n_experts.max(1)).err()
+        resolve_params(&self.method, std::slice::from_ref(&f.schema), &one, n_experts.max(1)).err()
     }
 
     /// Validates the whole form for `n_experts` experts.

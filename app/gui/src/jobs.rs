@@ -165,16 +165,21 @@ impl JobQueue {
         }
     }
 
+    /// Forgets the cancel flag of a job that has ended.
+    fn forget_ended(&mut self, e: &Event) {
+        if matches!(
+            e,
+            Event::Merged(..) | Event::Built(..) | Event::Failed(..) | Event::Cancelled(_)
+        ) {
+            self.cancels.remove(&e.id());
+        }
+    }
+
     /// Events since the last call.
     pub fn poll(&mut self) -> Vec<Event> {
         let events: Vec<Event> = self.events.try_iter().collect();
         for e in &events {
-            if matches!(
-                e,
-                Event::Merged(..) | Event::Built(..) | Event::Failed(..) | Event::Cancelled(_)
-            ) {
-                self.cancels.remove(&e.id());
-            }
+            self.forget_ended(e);
         }
         events
     }
@@ -182,12 +187,7 @@ impl JobQueue {
     /// Blocks until the next event or the timeout (for tests and headless use).
     pub fn wait(&mut self, timeout: Duration) -> Option<Event> {
         let e = self.events.recv_timeout(timeout).ok()?;
-        if matches!(
-            e,
-            Event::Merged(..) | Event::Built(..) | Event::Failed(..) | Event::Cancelled(_)
-        ) {
-            self.cancels.remove(&e.id());
-        }
+        self.forget_ended(&e);
         Some(e)
     }
 }

@@ -186,8 +186,9 @@ pub enum SortKey {
     Seconds,
 }
 
-/// Sorts `runs` by `key` (runs without a value last, whatever the direction).
-pub fn sort_runs(runs: &mut [RunRecord], key: &SortKey, descending: bool) {
+/// Sorts `runs` (records or references to them) by `key` (runs without a value last,
+/// whatever the direction).
+pub fn sort_runs<R: std::borrow::Borrow<RunRecord>>(runs: &mut [R], key: &SortKey, descending: bool) {
     let num = |r: &RunRecord| -> Option<f64> {
         match key {
             SortKey::Id => Some(r.id as f64),
@@ -200,6 +201,7 @@ pub fn sort_runs(runs: &mut [RunRecord], key: &SortKey, descending: bool) {
     };
     runs.sort_by(|a, b| {
         use std::cmp::Ordering;
+        let (a, b) = (a.borrow(), b.borrow());
         let ord = if *key == SortKey::Method {
             a.method.cmp(&b.method).then(a.id.cmp(&b.id))
         } else {
@@ -215,7 +217,7 @@ pub fn sort_runs(runs: &mut [RunRecord], key: &SortKey, descending: bool) {
 }
 
 /// The task names of the evaluated runs, in first-seen order.
-pub fn task_names(runs: &[RunRecord]) -> Vec<String> {
+pub fn task_names<'a>(runs: impl IntoIterator<Item = &'a RunRecord>) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     for r in runs {
         for t in r.eval.iter().flat_map(|e| &e.tasks) {

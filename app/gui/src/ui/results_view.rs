@@ -88,13 +88,13 @@ fn status_cell(ui: &mut Ui, r: &RunRecord) {
 
 /// The results table.
 fn table_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
-    let mut rows: Vec<RunRecord> = session.runs.iter().filter(|r| !r.status.is_active()).cloned().collect();
+    let mut rows: Vec<&RunRecord> = session.runs.iter().filter(|r| !r.status.is_active()).collect();
     if rows.is_empty() {
         ui.label(RichText::new("No merges yet: pick a method and press Run merge.").weak());
         return;
     }
     sort_runs(&mut rows, &view.sort, view.descending);
-    let tasks = task_names(&rows);
+    let tasks = task_names(rows.iter().copied());
     egui::ScrollArea::horizontal().id_salt("results-scroll").show(ui, |ui| {
         egui::Grid::new("results")
             .striped(true)
@@ -225,7 +225,7 @@ fn chart_ui(ui: &mut Ui, session: &Session, view: &ViewState) {
     if runs.is_empty() {
         return;
     }
-    let tasks = task_names(&runs.iter().map(|r| (*r).clone()).collect::<Vec<_>>());
+    let tasks = task_names(runs.iter().copied());
     let series = runs.len() + usize::from(session.benchmark.is_some());
     let width = 0.8 / series as f64;
     let mut charts = Vec::new();
