@@ -21,8 +21,8 @@
  *   - Optional functions are nullable function pointers; check for NULL before calling.
  *   - A new major version renames the entry symbol (mergescope_plugin_entry_v2, ...), so an old
  *     host can never call a new layout.
- *   - Model-level methods (MS_KIND_MODEL_LEVEL) are reserved: their session table comes in a
- *     later minor version, looked up through get_extension.
+ *   - Model-level methods (MS_KIND_MODEL_LEVEL, ABI 1.1) fill run_model, which the host calls
+ *     once with an ms_session_api_v1; a 1.0 host refuses them by their minor version.
  *
  * Ownership:
  *   - Tensors are opaque handles (ms_tensor_handle) owned by the host; 0 is never valid.
@@ -96,7 +96,7 @@ extern "C" {
 /* Major ABI version: a host only loads plugins of exactly this major. */
 #define MS_ABI_MAJOR 1u
 /* Minor ABI version: a host loads plugins whose minor is at most its own. */
-#define MS_ABI_MINOR 0u
+#define MS_ABI_MINOR 1u
 
 /* Name of the exported static ms_plugin_header. */
 #define MS_HEADER_SYMBOL "mergescope_plugin_header"
@@ -158,8 +158,8 @@ typedef struct ms_plugin_header {
 typedef uint32_t ms_plugin_kind;
 /* Per-tensor method: the host streams the model and calls merge_tensor per tensor. */
 #define MS_KIND_PER_TENSOR 1u
-/* Model-level method (data-driven or iterative). Reserved: its session table is appended in a
- * later minor version, looked up through get_extension. */
+/* Model-level method (data-driven or iterative, ABI 1.1): the host calls run_model once with an
+ * ms_session_api_v1 giving whole models, calibration data, gradients and fine-tuning. */
 #define MS_KIND_MODEL_LEVEL 2u
 
 /* Capability bit: one instance may be called from several threads at once. */
@@ -457,6 +457,116 @@ typedef struct ms_host_api_v1 {
 } ms_host_api_v1;
 
 /* ---------------------------------------------------------------------------------------- */
+/* Model-level sessions (ABI 1.1)                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Objectives for ms_session_api_v1.loss_and_grad. */
+typedef uint32_t ms_objective;
+/* Mean cross-entropy against the labels of the calibration examples. */
+#define MS_OBJECTIVE_CROSS_ENTROPY 0u
+/* Mean entropy of the predicted class distribution; uses no labels (AdaMerging's objective). */
+#define MS_OBJECTIVE_ENTROPY 1u
+
+/* Optimisers for ms_session_api_v1.finetune. */
+typedef uint32_t ms_optimizer_kind;
+/* Plain stochastic gradient descent. */
+#define MS_OPTIMIZER_SGD 0u
+/* SGD with momentum 0.9. */
+#define MS_OPTIMIZER_MOMENTUM 1u
+/* AdamW (beta = 0.9, 0.999). */
+#define MS_OPTIMIZER_ADAMW 2u
+
+/* `task` argument of session functions that stands for every task: evaluate then gives the
+ * means over tasks and loss_and_grad the sum of the per-task objectives. */
+#define MS_ALL_TASKS SIZE_MAX
+
+/* Loss and accuracy of a candidate model, written by ms_session_api_v1.evaluate. */
+typedef struct ms_eval_metrics {
+    /* sizeof(ms_eval_metrics) as the plugin knows it. */
+    size_t struct_size;
+    /* Mean cross-entropy. */
+    double loss;
+    /* Fraction classified correctly. */
+    double accuracy;
+    /* Examples evaluated. */
+    uint64_t examples;
+} ms_eval_metrics;
+
+/* Settings of ms_session_api_v1.finetune. */
+typedef struct ms_finetune_options {
+    /* sizeof(ms_finetune_options) as the plugin knows it. */
+    size_t struct_size;
+    /* Optimiser steps. */
+    uint64_t steps;
+    /* Learning rate. */
+    double learning_rate;
+    /* Examples per step (0: the whole training split, full-batch gradient descent). */
+    uint64_t batch_size;
+    /* One of the MS_OPTIMIZER_* values. */
+    ms_optimizer_kind optimizer;
+    /* Decoupled weight decay (AdamW only). */
+    double weight_decay;
+    /* Seed of the batch order. */
+    uint64_t seed;
+} ms_finetune_options;
+
+/*
+ * The session a model-level method runs in (ABI 1.1): whole models as tensor handles, the
+ * tasks' calibration data, and training services. A *candidate* is an array of tensor_count
+ * handles in the session's tensor order (base, experts and results all use it).
+ *
+ * Data: evaluate and loss_and_grad use each task's calibration examples (the first ones of its
+ * train split, 100 by default), finetune its train split; no function touches the test split.
+ *
+ * Threading and lifetime as in ms_host_api_v1: call only on the thread inside run_model, with
+ * the pointer it received. Handles live until run_model returns or until released (by
+ * ms_host_api_v1.release or release_since).
+ */
+typedef struct ms_session_api_v1 {
+    /* sizeof(ms_session_api_v1) as the host knows it. */
+    size_t struct_size;
+    /* Host state; pass it back as the first argument of every function. */
+    void *ctx;
+    /* Number of tensors of a candidate. */
+    size_t (*tensor_count)(void *ctx);
+    /* Name, role and shape of tensor `index` (offset 0, count = tensor_count); the pointers in
+     * `out` stay valid until run_model returns. */
+    ms_status (*tensor_info)(void *ctx, size_t index, ms_tensor_info *out);
+    /* Number of experts; expert t was fine-tuned on task t. */
+    size_t (*expert_count)(void *ctx);
+    /* Name of task `task` (valid until run_model returns). */
+    ms_status (*task_name)(void *ctx, size_t task, ms_str *out);
+    /* A handle to tensor `index` of the base model. */
+    ms_status (*base_tensor)(void *ctx, size_t index, ms_tensor_handle *out);
+    /* A handle to tensor `index` of expert `expert`. */
+    ms_status (*expert_tensor)(void *ctx, size_t expert, size_t index, ms_tensor_handle *out);
+    /* Loss and accuracy of `candidate` on the calibration examples of `task` (or MS_ALL_TASKS:
+     * means over tasks). */
+    ms_status (*evaluate)(void *ctx, const ms_tensor_handle *candidate, size_t n, size_t task, ms_eval_metrics *out);
+    /* The objective (MS_OBJECTIVE_*) of `candidate` on the calibration examples of `task` (or
+     * the sum over tasks for MS_ALL_TASKS) and, when `grads` is not NULL, its gradient with
+     * respect to every candidate tensor (n handles written to `grads`). */
+    ms_status (*loss_and_grad)(void *ctx, const ms_tensor_handle *candidate, size_t n, size_t task,
+                               ms_objective objective, double *loss, ms_tensor_handle *grads);
+    /* Fine-tunes `candidate` on the train split of `task` with that task's frozen head; writes
+     * the n tensors of the result to `out`. */
+    ms_status (*finetune)(void *ctx, const ms_tensor_handle *candidate, size_t n, size_t task,
+                          const ms_finetune_options *options, ms_tensor_handle *out);
+    /* Records `candidate` as the next iterate of the method's trajectory, with a label and a
+     * JSON object of metrics (may be empty). The last iterate is the partial result kept when
+     * the run is cancelled. */
+    ms_status (*report_iterate)(void *ctx, const ms_tensor_handle *candidate, size_t n, ms_str label,
+                                ms_str metrics_json);
+    /* A mark of the handles made so far, for release_since. */
+    uint64_t (*mark)(void *ctx);
+    /* Releases every handle made after `mark` except the n_keep handles in `keep`, so an
+     * iterative method keeps its memory flat. */
+    ms_status (*release_since)(void *ctx, uint64_t mark, const ms_tensor_handle *keep, size_t n_keep);
+    /* Looks up an optional session extension by id; NULL when the host has none. */
+    const void *(*get_extension)(void *ctx, ms_str id);
+} ms_session_api_v1;
+
+/* ---------------------------------------------------------------------------------------- */
 /* The plugin's table                                                                        */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -510,6 +620,11 @@ typedef struct ms_plugin_api_v1 {
     /* Optional: capabilities of this instance when they depend on its parameters (for example
      * MS_CAP_ELEMENTWISE only for some settings); the static `capabilities` when NULL. */
     uint64_t (*instance_capabilities)(void *instance);
+    /* ABI 1.1; required for MS_KIND_MODEL_LEVEL, NULL for per-tensor methods. Runs the whole
+     * merge in `session` and writes the n_out (= tensor_count) handles of the merged model to
+     * `out`. */
+    ms_status (*run_model)(void *instance, const ms_host_api_v1 *host, const ms_session_api_v1 *session,
+                           ms_tensor_handle *out, size_t n_out);
 } ms_plugin_api_v1;
 
 /* Signature of the entry function exported as MS_ENTRY_SYMBOL_V1. Returns the plugin's static
@@ -520,6 +635,10 @@ typedef const ms_plugin_api_v1 *(*ms_entry_v1_fn)(void);
  * the last field of v1.0, so it stays the same when later minors append fields. */
 #define MS_PLUGIN_API_V1_MIN_SIZE \
     (offsetof(ms_plugin_api_v1, instance_capabilities) + sizeof(uint64_t (*)(void *)))
+
+/* Byte size of the v1.1 prefix of ms_plugin_api_v1 (through run_model): the smallest table of a
+ * model-level plugin. */
+#define MS_PLUGIN_API_V1_1_MIN_SIZE (offsetof(ms_plugin_api_v1, run_model) + sizeof(void *))
 
 /* Defines the exported header of a plugin built against this header (use once, at file scope):
  *     MS_DEFINE_PLUGIN_HEADER();

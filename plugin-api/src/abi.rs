@@ -1,4 +1,5 @@
-//! The raw C ABI, version 1. Every type here is `#[repr(C)]` and mirrored one to one in
+//! The raw C ABI, version 1 (minor 1 added model-level methods: [`SessionApiV1`] and
+//! `PluginApiV1::run_model`). Every type here is `#[repr(C)]` and mirrored one to one in
 //! `include/mergescope_plugin.h`; a test keeps the two in sync.
 //!
 //! Compatibility rules (CLAP-style): tables start with `struct_size` and only ever grow at the
@@ -12,7 +13,7 @@ pub const MAGIC: [u8; 8] = *b"MRGSCOPE";
 /// Major ABI version: a host only loads plugins of exactly this major.
 pub const ABI_MAJOR: u32 = 1;
 /// Minor ABI version: a host loads plugins whose minor is at most its own.
-pub const ABI_MINOR: u32 = 0;
+pub const ABI_MINOR: u32 = 1;
 
 /// Name of the exported static [`PluginHeader`].
 pub const HEADER_SYMBOL: &str = "mergescope_plugin_header";
@@ -92,8 +93,8 @@ pub struct PluginHeader {
 pub type PluginKind = u32;
 /// Per-tensor method: the host streams the model and calls `merge_tensor` per tensor.
 pub const KIND_PER_TENSOR: PluginKind = 1;
-/// Model-level method (data-driven or iterative). Reserved: its session table is appended in a
-/// later minor version, looked up through `get_extension`.
+/// Model-level method (data-driven or iterative, ABI 1.1): the host calls `run_model` once with
+/// a [`SessionApiV1`] giving whole models, calibration data, gradients and fine-tuning.
 pub const KIND_MODEL_LEVEL: PluginKind = 2;
 
 /// Capability bit: one instance may be called from several threads at once.
@@ -449,6 +450,142 @@ pub struct HostApiV1 {
     ) -> Status,
 }
 
+/// Objectives for `SessionApiV1::loss_and_grad`.
+pub type Objective = u32;
+/// Mean cross-entropy against the labels of the calibration examples.
+pub const OBJECTIVE_CROSS_ENTROPY: Objective = 0;
+/// Mean entropy of the predicted class distribution; uses no labels (AdaMerging's objective).
+pub const OBJECTIVE_ENTROPY: Objective = 1;
+
+/// Optimisers for `SessionApiV1::finetune`.
+pub type OptimizerKind = u32;
+/// Plain stochastic gradient descent.
+pub const OPTIMIZER_SGD: OptimizerKind = 0;
+/// SGD with momentum 0.9.
+pub const OPTIMIZER_MOMENTUM: OptimizerKind = 1;
+/// AdamW (β = 0.9, 0.999).
+pub const OPTIMIZER_ADAMW: OptimizerKind = 2;
+
+/// `task` argument of session functions that stands for every task: `evaluate` then gives the
+/// means over tasks and `loss_and_grad` the sum of the per-task objectives.
+pub const ALL_TASKS: usize = usize::MAX;
+
+/// Loss and accuracy of a candidate model, written by `SessionApiV1::evaluate`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EvalMetrics {
+    /// `size_of::<EvalMetrics>()` as the plugin knows it.
+    pub struct_size: usize,
+    /// Mean cross-entropy.
+    pub loss: f64,
+    /// Fraction classified correctly.
+    pub accuracy: f64,
+    /// Examples evaluated.
+    pub examples: u64,
+}
+
+/// Settings of `SessionApiV1::finetune`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FinetuneOptions {
+    /// `size_of::<FinetuneOptions>()` as the plugin knows it.
+    pub struct_size: usize,
+    /// Optimiser steps.
+    pub steps: u64,
+    /// Learning rate.
+    pub learning_rate: f64,
+    /// Examples per step (0: the whole training split, full-batch gradient descent).
+    pub batch_size: u64,
+    /// One of the `OPTIMIZER_*` values.
+    pub optimizer: OptimizerKind,
+    /// Decoupled weight decay (AdamW only).
+    pub weight_decay: f64,
+    /// Seed of the batch order.
+    pub seed: u64,
+}
+
+/// The session a model-level method runs in (ABI 1.1): whole models as tensor handles, the
+/// tasks' calibration data, and training services. A *candidate* is an array of
+/// `tensor_count` handles in the session's tensor order (base, experts and results all use it).
+///
+/// Data: `evaluate` and `loss_and_grad` use each task's calibration examples (the first ones of
+/// its train split, 100 by default), `finetune` its train split; no function touches the test
+/// split, which is kept for the final evaluation.
+///
+/// Threading and lifetime as in [`HostApiV1`]: call only on the thread inside `run_model`, with
+/// the pointer it received. Handles live until `run_model` returns or until released (by
+/// `HostApiV1::release` or `release_since`).
+#[repr(C)]
+pub struct SessionApiV1 {
+    /// `size_of::<SessionApiV1>()` as the host knows it.
+    pub struct_size: usize,
+    /// Host state; pass it back as the first argument of every function.
+    pub ctx: *mut c_void,
+    /// Number of tensors of a candidate.
+    pub tensor_count: unsafe extern "C" fn(ctx: *mut c_void) -> usize,
+    /// Name, role and shape of tensor `index` (`offset` 0, `count` = `tensor_count`); the
+    /// pointers in `out` stay valid until `run_model` returns.
+    pub tensor_info: unsafe extern "C" fn(ctx: *mut c_void, index: usize, out: *mut TensorInfo) -> Status,
+    /// Number of experts; expert t was fine-tuned on task t.
+    pub expert_count: unsafe extern "C" fn(ctx: *mut c_void) -> usize,
+    /// Name of task `task` (valid until `run_model` returns).
+    pub task_name: unsafe extern "C" fn(ctx: *mut c_void, task: usize, out: *mut Str) -> Status,
+    /// A handle to tensor `index` of the base model.
+    pub base_tensor: unsafe extern "C" fn(ctx: *mut c_void, index: usize, out: *mut TensorHandle) -> Status,
+    /// A handle to tensor `index` of expert `expert`.
+    pub expert_tensor:
+        unsafe extern "C" fn(ctx: *mut c_void, expert: usize, index: usize, out: *mut TensorHandle) -> Status,
+    /// Loss and accuracy of `candidate` on the calibration examples of `task` (or
+    /// [`ALL_TASKS`]: means over tasks).
+    pub evaluate: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        candidate: *const TensorHandle,
+        n: usize,
+        task: usize,
+        out: *mut EvalMetrics,
+    ) -> Status,
+    /// The objective (`OBJECTIVE_*`) of `candidate` on the calibration examples of `task` (or
+    /// the sum over tasks for [`ALL_TASKS`]) and, when `grads` is not null, its gradient with
+    /// respect to every candidate tensor (`n` handles written to `grads`).
+    pub loss_and_grad: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        candidate: *const TensorHandle,
+        n: usize,
+        task: usize,
+        objective: Objective,
+        loss: *mut f64,
+        grads: *mut TensorHandle,
+    ) -> Status,
+    /// Fine-tunes `candidate` on the train split of `task` with that task's frozen head; writes
+    /// the `n` tensors of the result to `out`.
+    pub finetune: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        candidate: *const TensorHandle,
+        n: usize,
+        task: usize,
+        options: *const FinetuneOptions,
+        out: *mut TensorHandle,
+    ) -> Status,
+    /// Records `candidate` as the next iterate of the method's trajectory, with a label and a
+    /// JSON object of metrics (may be empty). The last iterate is the partial result kept when
+    /// the run is cancelled.
+    pub report_iterate: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        candidate: *const TensorHandle,
+        n: usize,
+        label: Str,
+        metrics_json: Str,
+    ) -> Status,
+    /// A mark of the handles made so far, for `release_since`.
+    pub mark: unsafe extern "C" fn(ctx: *mut c_void) -> u64,
+    /// Releases every handle made after `mark` except the `n_keep` handles in `keep`, so an
+    /// iterative method keeps its memory flat.
+    pub release_since:
+        unsafe extern "C" fn(ctx: *mut c_void, mark: u64, keep: *const TensorHandle, n_keep: usize) -> Status,
+    /// Looks up an optional session extension by id; null when the host has none.
+    pub get_extension: unsafe extern "C" fn(ctx: *mut c_void, id: Str) -> *const c_void,
+}
+
 /// The plugin's table, returned by the entry function. Static for the life of the process.
 #[repr(C)]
 pub struct PluginApiV1 {
@@ -516,6 +653,18 @@ pub struct PluginApiV1 {
     /// Optional: capabilities of this instance when they depend on its parameters (for example
     /// `CAP_ELEMENTWISE` only for some settings); the static `capabilities` when null.
     pub instance_capabilities: Option<unsafe extern "C" fn(instance: *mut c_void) -> u64>,
+    /// ABI 1.1; required for `KIND_MODEL_LEVEL`, null for per-tensor methods. Runs the whole
+    /// merge in `session` and writes the `n_out` (= `tensor_count`) handles of the merged model
+    /// to `out`.
+    pub run_model: Option<
+        unsafe extern "C" fn(
+            instance: *mut c_void,
+            host: *const HostApiV1,
+            session: *const SessionApiV1,
+            out: *mut TensorHandle,
+            n_out: usize,
+        ) -> Status,
+    >,
 }
 
 /// Signature of the entry function exported as [`ENTRY_SYMBOL_V1`].
@@ -526,6 +675,11 @@ pub type EntryV1 = unsafe extern "C" fn() -> *const PluginApiV1;
 /// versions do not make 1.0 plugins look too short.
 pub const PLUGIN_API_V1_MIN_SIZE: usize =
     core::mem::offset_of!(PluginApiV1, instance_capabilities) + core::mem::size_of::<usize>();
+
+/// Byte size of the v1.1 prefix of [`PluginApiV1`] (through `run_model`): the smallest table of a
+/// model-level plugin.
+pub const PLUGIN_API_V1_1_MIN_SIZE: usize =
+    core::mem::offset_of!(PluginApiV1, run_model) + core::mem::size_of::<usize>();
 
 // SAFETY: the tables hold pointers to 'static data and functions only; they are immutable.
 unsafe impl Sync for PluginApiV1 {}

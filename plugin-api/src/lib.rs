@@ -5,10 +5,13 @@
 //!   or host it.
 //! - [`sdk`]: a safe Rust layer for plugin authors: implement [`sdk::MergeMethod`] and call
 //!   [`export_plugin!`]. Panics never cross the boundary.
+//! - [`model`]: the same for model-level methods (ABI 1.1): implement [`model::ModelMethod`]
+//!   against a [`model::Session`] and call [`export_model_plugin!`].
 //!
 //! See `plugin-api/README.md` for a step-by-step guide in Rust and in C.
 
 pub mod abi;
+pub mod model;
 pub mod sdk;
 
 pub use sdk::{CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta};

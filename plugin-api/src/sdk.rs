@@ -53,7 +53,7 @@ pub struct Host<'a> {
     api: &'a HostApiV1,
 }
 
-fn check(status: Status) -> Result<()> {
+pub(crate) fn check(status: Status) -> Result<()> {
     if status == abi::STATUS_OK {
         Ok(())
     } else if status == abi::STATUS_CANCELLED {
@@ -816,30 +816,43 @@ unsafe impl Sync for StaticTable {}
 // SAFETY: as above.
 unsafe impl Send for StaticTable {}
 
-#[doc(hidden)]
-pub fn build_table<M: MergeMethod>(version: &'static str) -> StaticTable {
-    let d = M::descriptor();
-    let version = if d.version.is_empty() { version } else { d.version };
-    let schema = schema_json(&d.params);
+/// The descriptor's strings, owned, and the table's fields common to both kinds of method.
+pub(crate) fn table_parts(d: &Descriptor, crate_version: &'static str) -> (Vec<String>, [Str; 6]) {
+    let version = if d.version.is_empty() { crate_version } else { d.version };
     let strings = vec![
         d.id.to_owned(),
         d.name.to_owned(),
         version.to_owned(),
         d.description.to_owned(),
         d.help.to_owned(),
-        schema,
+        schema_json(&d.params),
     ];
-    let s = |i: usize| Str::new(&strings[i]);
+    // The `Str`s point into the heap buffers of `strings`, which do not move with the Vec.
+    let s: [Str; 6] = std::array::from_fn(|i| Str::new(&strings[i]));
+    (strings, s)
+}
+
+impl StaticTable {
+    /// Wraps a table and the strings it points into.
+    pub(crate) fn new(api: abi::PluginApiV1, strings: Vec<String>) -> StaticTable {
+        StaticTable { api, _strings: strings }
+    }
+}
+
+#[doc(hidden)]
+pub fn build_table<M: MergeMethod>(version: &'static str) -> StaticTable {
+    let d = M::descriptor();
+    let (strings, [id, name, version, description, help, schema]) = table_parts(&d, version);
     let api = abi::PluginApiV1 {
         struct_size: std::mem::size_of::<abi::PluginApiV1>(),
-        id: s(0),
-        name: s(1),
-        version: s(2),
-        description: s(3),
-        help: s(4),
+        id,
+        name,
+        version,
+        description,
+        help,
         kind: abi::KIND_PER_TENSOR,
         capabilities: d.capabilities,
-        params_schema_json: s(5),
+        params_schema_json: schema,
         create: create_impl::<M>,
         destroy: destroy_impl::<M>,
         prepare_passes: Some(prepare_passes_impl::<M>),
@@ -848,12 +861,12 @@ pub fn build_table<M: MergeMethod>(version: &'static str) -> StaticTable {
         merge_tensor: merge_tensor_impl::<M>,
         get_extension: None,
         instance_capabilities: Some(instance_capabilities_impl::<M>),
+        run_model: None,
     };
-    // The `Str`s point into the heap buffers of `strings`, which do not move with the Vec.
-    StaticTable { api, _strings: strings }
+    StaticTable::new(api, strings)
 }
 
-unsafe fn experts_slice(experts: *const TensorHandle, n: usize) -> Result<Vec<Tensor>> {
+pub(crate) unsafe fn experts_slice(experts: *const TensorHandle, n: usize) -> Result<Vec<Tensor>> {
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -871,13 +884,18 @@ fn base_opt(base: TensorHandle) -> Option<Tensor> {
     (base != 0).then_some(Tensor(base))
 }
 
-unsafe extern "C" fn create_impl<M: MergeMethod>(
+/// The body of `create` for any kind of method: `make` builds the instance.
+///
+/// # Safety
+/// The pointers are those the host passed to `create`.
+pub(crate) unsafe fn create_with<M: 'static>(
     host: *const HostApiV1,
     params: *const ParamValue,
     n_params: usize,
     n_experts: usize,
     seed: u64,
     out: *mut *mut c_void,
+    make: fn(&Host<'_>, &Params<'_>, CreateContext) -> Result<M>,
 ) -> Status {
     // SAFETY: the host passes its table for this call.
     let Some(h) = (unsafe { Host::from_raw(host) }) else {
@@ -889,14 +907,26 @@ unsafe extern "C" fn create_impl<M: MergeMethod>(
     guard(Some(h), || {
         // SAFETY: the host passes `n_params` values.
         let p = unsafe { Params::from_raw(params, n_params) };
-        let inst = M::create(&h, &p, CreateContext { n_experts, seed })?;
+        let inst = make(&h, &p, CreateContext { n_experts, seed })?;
         // SAFETY: `out` was checked for null.
         unsafe { *out = Box::into_raw(Box::new(inst)).cast::<c_void>() };
         Ok(())
     })
 }
 
-unsafe extern "C" fn destroy_impl<M: MergeMethod>(instance: *mut c_void) {
+unsafe extern "C" fn create_impl<M: MergeMethod>(
+    host: *const HostApiV1,
+    params: *const ParamValue,
+    n_params: usize,
+    n_experts: usize,
+    seed: u64,
+    out: *mut *mut c_void,
+) -> Status {
+    // SAFETY: forwarded from the host.
+    unsafe { create_with(host, params, n_params, n_experts, seed, out, M::create) }
+}
+
+pub(crate) unsafe extern "C" fn destroy_impl<M: 'static>(instance: *mut c_void) {
     if instance.is_null() {
         return;
     }
@@ -907,7 +937,7 @@ unsafe extern "C" fn destroy_impl<M: MergeMethod>(instance: *mut c_void) {
     });
 }
 
-unsafe fn instance<'a, M>(instance: *mut c_void) -> Result<&'a mut M> {
+pub(crate) unsafe fn instance<'a, M>(instance: *mut c_void) -> Result<&'a mut M> {
     // SAFETY: the host passes the pointer `create` returned, used by one thread at a time.
     unsafe { instance.cast::<M>().as_mut() }.ok_or(Error::Message("null instance".into()))
 }
@@ -1007,6 +1037,16 @@ unsafe extern "C" fn merge_tensor_impl<M: MergeMethod>(
 #[macro_export]
 macro_rules! export_plugin {
     ($method:ty) => {
+        $crate::__export_table!($crate::sdk::build_table::<$method>);
+    };
+}
+
+/// The static header and the v1 entry returning the table `$build` makes (shared by
+/// [`export_plugin!`] and [`export_model_plugin!`](crate::export_model_plugin)).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_table {
+    ($build:path) => {
         #[unsafe(no_mangle)]
         #[used]
         pub static mergescope_plugin_header: $crate::abi::PluginHeader = $crate::abi::PluginHeader {
@@ -1020,7 +1060,7 @@ macro_rules! export_plugin {
         pub extern "C" fn mergescope_plugin_entry_v1() -> *const $crate::abi::PluginApiV1 {
             static TABLE: ::std::sync::OnceLock<$crate::sdk::StaticTable> = ::std::sync::OnceLock::new();
             let status = $crate::sdk::guard(None, || {
-                TABLE.get_or_init(|| $crate::sdk::build_table::<$method>(env!("CARGO_PKG_VERSION")));
+                TABLE.get_or_init(|| $build(env!("CARGO_PKG_VERSION")));
                 Ok(())
             });
             match TABLE.get() {

@@ -123,6 +123,45 @@ static const ms_plugin_api_v1 probe_plugin_api = {
                    const ms_tensor_handle *, size_t, ms_tensor_handle *)),                   /* merge_tensor */
     FN(const void *, (ms_str)),                                                              /* get_extension */
     FN(uint64_t, (void *)),                                                                  /* instance_capabilities */
+    FN(ms_status, (void *, const ms_host_api_v1 *, const ms_session_api_v1 *, ms_tensor_handle *,
+                   size_t)),                                                                 /* run_model */
+};
+
+static const ms_eval_metrics probe_eval_metrics = {
+    sizeof(ms_eval_metrics), /* struct_size */
+    0.0,                     /* loss */
+    0.0,                     /* accuracy */
+    (uint64_t)0,             /* examples */
+};
+
+static const ms_finetune_options probe_finetune_options = {
+    sizeof(ms_finetune_options), /* struct_size */
+    (uint64_t)0,                 /* steps */
+    0.0,                         /* learning_rate */
+    (uint64_t)0,                 /* batch_size */
+    (ms_optimizer_kind)0,        /* optimizer */
+    0.0,                         /* weight_decay */
+    (uint64_t)0,                 /* seed */
+};
+
+static const ms_session_api_v1 probe_session_api = {
+    sizeof(ms_session_api_v1), /* struct_size */
+    NULL,                      /* ctx */
+    FN(size_t, (void *)),                                                                   /* tensor_count */
+    FN(ms_status, (void *, size_t, ms_tensor_info *)),                                      /* tensor_info */
+    FN(size_t, (void *)),                                                                   /* expert_count */
+    FN(ms_status, (void *, size_t, ms_str *)),                                              /* task_name */
+    FN(ms_status, (void *, size_t, ms_tensor_handle *)),                                    /* base_tensor */
+    FN(ms_status, (void *, size_t, size_t, ms_tensor_handle *)),                            /* expert_tensor */
+    FN(ms_status, (void *, const ms_tensor_handle *, size_t, size_t, ms_eval_metrics *)),   /* evaluate */
+    FN(ms_status, (void *, const ms_tensor_handle *, size_t, size_t, ms_objective, double *,
+                   ms_tensor_handle *)),                                                    /* loss_and_grad */
+    FN(ms_status, (void *, const ms_tensor_handle *, size_t, size_t, const ms_finetune_options *,
+                   ms_tensor_handle *)),                                                    /* finetune */
+    FN(ms_status, (void *, const ms_tensor_handle *, size_t, ms_str, ms_str)),              /* report_iterate */
+    FN(uint64_t, (void *)),                                                                 /* mark */
+    FN(ms_status, (void *, uint64_t, const ms_tensor_handle *, size_t)),                    /* release_since */
+    FN(const void *, (void *, ms_str)),                                                     /* get_extension */
 };
 
 static const ms_entry_v1_fn probe_entry = FN(const ms_plugin_api_v1 *, (void));
@@ -143,6 +182,8 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_INT(ms_stack_op),
     PROBE_INT(ms_elect_rule),
     PROBE_INT(ms_disjoint_op),
+    PROBE_INT(ms_objective),
+    PROBE_INT(ms_optimizer_kind),
     PROBE_TYPE(ms_entry_v1_fn),
 
     PROBE_TYPE(ms_str),
@@ -228,6 +269,7 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_FIELD(ms_plugin_api_v1, merge_tensor),
     PROBE_FIELD(ms_plugin_api_v1, get_extension),
     PROBE_FIELD(ms_plugin_api_v1, instance_capabilities),
+    PROBE_FIELD(ms_plugin_api_v1, run_model),
 
     /* constants, in the order of abi.rs */
     PROBE_STR(MS_MAGIC),
@@ -298,6 +340,45 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_CONST(MS_DISJOINT_MEAN),
     PROBE_CONST(MS_DISJOINT_MAX),
     PROBE_CONST(MS_PLUGIN_API_V1_MIN_SIZE),
+    PROBE_CONST(MS_PLUGIN_API_V1_1_MIN_SIZE),
+    PROBE_CONST(MS_OBJECTIVE_CROSS_ENTROPY),
+    PROBE_CONST(MS_OBJECTIVE_ENTROPY),
+    PROBE_CONST(MS_OPTIMIZER_SGD),
+    PROBE_CONST(MS_OPTIMIZER_MOMENTUM),
+    PROBE_CONST(MS_OPTIMIZER_ADAMW),
+    PROBE_CONST(MS_ALL_TASKS),
+
+    PROBE_TYPE(ms_eval_metrics),
+    PROBE_FIELD(ms_eval_metrics, struct_size),
+    PROBE_FIELD(ms_eval_metrics, loss),
+    PROBE_FIELD(ms_eval_metrics, accuracy),
+    PROBE_FIELD(ms_eval_metrics, examples),
+
+    PROBE_TYPE(ms_finetune_options),
+    PROBE_FIELD(ms_finetune_options, struct_size),
+    PROBE_FIELD(ms_finetune_options, steps),
+    PROBE_FIELD(ms_finetune_options, learning_rate),
+    PROBE_FIELD(ms_finetune_options, batch_size),
+    PROBE_FIELD(ms_finetune_options, optimizer),
+    PROBE_FIELD(ms_finetune_options, weight_decay),
+    PROBE_FIELD(ms_finetune_options, seed),
+
+    PROBE_TYPE(ms_session_api_v1),
+    PROBE_FIELD(ms_session_api_v1, struct_size),
+    PROBE_FIELD(ms_session_api_v1, ctx),
+    PROBE_FIELD(ms_session_api_v1, tensor_count),
+    PROBE_FIELD(ms_session_api_v1, tensor_info),
+    PROBE_FIELD(ms_session_api_v1, expert_count),
+    PROBE_FIELD(ms_session_api_v1, task_name),
+    PROBE_FIELD(ms_session_api_v1, base_tensor),
+    PROBE_FIELD(ms_session_api_v1, expert_tensor),
+    PROBE_FIELD(ms_session_api_v1, evaluate),
+    PROBE_FIELD(ms_session_api_v1, loss_and_grad),
+    PROBE_FIELD(ms_session_api_v1, finetune),
+    PROBE_FIELD(ms_session_api_v1, report_iterate),
+    PROBE_FIELD(ms_session_api_v1, mark),
+    PROBE_FIELD(ms_session_api_v1, release_since),
+    PROBE_FIELD(ms_session_api_v1, get_extension),
 };
 
 /* Returns the facts and writes their number to `n`. */
@@ -315,5 +396,6 @@ const uint8_t *ms_probe_magic_init(void) {
  * the sum of their struct_size fields, which the test also checks. */
 size_t ms_probe_struct_sizes(void) {
     return probe_str.len + probe_param_value.list_len + probe_tensor_info.struct_size + probe_host_api.struct_size +
-           probe_plugin_api.struct_size + (probe_entry == NULL ? 0 : 1);
+           probe_plugin_api.struct_size + probe_eval_metrics.struct_size + probe_finetune_options.struct_size +
+           probe_session_api.struct_size + (probe_entry == NULL ? 0 : 1);
 }

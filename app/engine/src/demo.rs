@@ -671,6 +671,30 @@ impl Benchmark {
         self.manifest.tasks.iter().map(|t| t.name.as_str()).collect()
     }
 
+    /// The frozen head of every task of the benchmark, by task name.
+    pub fn heads(&self, device: &Device) -> Result<BTreeMap<String, Head>> {
+        let heads = load_params(&self.heads_path(), device)?;
+        self.manifest
+            .tasks
+            .iter()
+            .map(|t| {
+                let get = |k: String| {
+                    heads.get(&k).cloned().ok_or_else(|| {
+                        EngineError::Invalid(format!(
+                            "'{}' has no tensor '{k}': rebuild the benchmark (mergescope demo build --force)",
+                            self.heads_path().display()
+                        ))
+                    })
+                };
+                let head = Head {
+                    weight: get(format!("{}.weight", t.name))?,
+                    bias: get(format!("{}.bias", t.name))?,
+                };
+                Ok((t.name.clone(), head))
+            })
+            .collect()
+    }
+
     /// An evaluator on `split` of the benchmark's tasks (all, or those named in `only`), with
     /// the experts' accuracies as normalisers. `tasks` is the task data (see
     /// [`crate::data::benchmark_tasks`]); every benchmark task must be among it.
@@ -690,7 +714,7 @@ impl Benchmark {
                 )));
             }
         }
-        let heads = load_params(&self.heads_path(), device)?;
+        let mut heads = self.heads(device)?;
         let mut list = Vec::new();
         for t in &self.manifest.tasks {
             if only.is_some_and(|o| !o.contains(&t.name)) {
@@ -703,17 +727,16 @@ impl Benchmark {
                     t.name
                 ))
             })?;
-            let get = |k: String| {
-                heads.get(&k).cloned().ok_or_else(|| {
-                    EngineError::Invalid(format!("'{}' has no tensor '{k}'", self.heads_path().display()))
-                })
-            };
+            let head = heads.remove(&t.name).ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "'{}' has no head for task '{}'",
+                    self.heads_path().display(),
+                    t.name
+                ))
+            })?;
             list.push(EvalTask {
                 data,
-                head: Head {
-                    weight: get(format!("{}.weight", t.name))?,
-                    bias: get(format!("{}.bias", t.name))?,
-                },
+                head,
                 reference: Some(t.expert_accuracy.get(split)),
             });
         }

@@ -5,6 +5,8 @@
 //!   tensor table (over candle) they call back into.
 //! - [`merge`] / [`executor`]: validated merge requests streamed tensor by tensor on worker
 //!   threads inside a memory budget, written atomically by [`writer`].
+//! - [`model_merge`]: model-level methods (ABI 1.1) run once over whole models in a session on a
+//!   benchmark's tasks, with their trajectories.
 //! - [`data`]: image-classification tasks (the demo benchmark's data) read from safetensors.
 //! - [`recipe`]: the TOML recipe that the GUI saves and the CLI runs.
 //! - [`bench`]: synthetic LLM-shaped checkpoints for the throughput benchmark.
@@ -20,6 +22,7 @@ pub mod error;
 pub mod eval;
 pub mod executor;
 pub mod merge;
+pub mod model_merge;
 pub mod nn;
 pub mod plugin;
 pub mod recipe;

@@ -50,13 +50,26 @@ fn instance_for<'p>(
     n_experts: usize,
     env: CallEnv<'_>,
 ) -> Result<(Instance<'p>, ResolvedParams)> {
-    if plugin.info.kind != "per-tensor" {
+    if plugin.is_model_level() {
         return Err(EngineError::Invalid(format!(
-            "method '{}' is a {} method; this version of mergescope runs per-tensor methods only",
-            plugin.id(),
-            plugin.info.kind
+            "method '{}' is a model-level method: it evaluates candidates on the tasks' calibration data, so it \
+             needs a benchmark (heads and tasks): pass --benchmark demo (or a benchmark folder)",
+            plugin.id()
         )));
     }
+    create_instance(plugin, params, seed, has_base, n_experts, env)
+}
+
+/// Validates the inputs and parameters of a merge and creates the plugin's instance (either
+/// kind of method).
+pub(crate) fn create_instance<'p>(
+    plugin: &'p Plugin,
+    params: &Value,
+    seed: u64,
+    has_base: bool,
+    n_experts: usize,
+    env: CallEnv<'_>,
+) -> Result<(Instance<'p>, ResolvedParams)> {
     if n_experts == 0 {
         return Err(EngineError::Invalid(
             "a merge needs at least one expert checkpoint (--expert PATH)".into(),
@@ -304,7 +317,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()> {
+pub(crate) fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()> {
     for c in inputs {
         let hit = same_file(out, &c.path) || c.files.iter().any(|f| same_file(out, &f.path));
         if hit {
@@ -328,15 +341,126 @@ fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()> {
     Ok(())
 }
 
-fn file_desc(c: &Checkpoint) -> ModelDesc {
+pub(crate) fn file_desc(c: &Checkpoint) -> ModelDesc {
     c.tensors
         .iter()
         .map(|(k, t)| (k.clone(), (t.dtype, t.shape.clone())))
         .collect()
 }
 
-fn file_label(p: &Path) -> String {
+pub(crate) fn file_label(p: &Path) -> String {
     format!("'{}'", p.display())
+}
+
+/// What a merge writes: the tensors the method merges, every output tensor with its dtype, the
+/// tensors copied unchanged, and how many are left out.
+pub(crate) struct Plan {
+    pub(crate) items: Vec<PlanItem>,
+    pub(crate) outputs: Vec<OutputTensor>,
+    pub(crate) copies: Vec<TensorEntry>,
+    pub(crate) skipped: usize,
+}
+
+/// Plans the output from the compatibility check's fate of each tensor of `reference`.
+pub(crate) fn plan_outputs(
+    fates: &BTreeMap<String, TensorFate>,
+    reference: &Checkpoint,
+    out_dtype: Option<OutDType>,
+) -> Plan {
+    let mut items = Vec::new();
+    let mut outputs = Vec::new();
+    let mut copies = Vec::new();
+    let mut skipped = 0;
+    for (name, fate) in fates {
+        let t = &reference.tensors[name];
+        match fate {
+            TensorFate::Merge => {
+                items.push(PlanItem {
+                    name: name.clone(),
+                    shape: t.shape.clone(),
+                });
+                let dtype = out_dtype.map_or(t.dtype, OutDType::dtype);
+                outputs.push(OutputTensor {
+                    name: name.clone(),
+                    dtype,
+                    shape: t.shape.clone(),
+                });
+            }
+            TensorFate::Copy(_) => {
+                let dtype = match out_dtype {
+                    Some(d) if t.dtype.is_float() => d.dtype(),
+                    _ => t.dtype,
+                };
+                outputs.push(OutputTensor {
+                    name: name.clone(),
+                    dtype,
+                    shape: t.shape.clone(),
+                });
+                copies.push(t.clone());
+            }
+            TensorFate::Skip(_) => skipped += 1,
+        }
+    }
+
+    Plan {
+        items,
+        outputs,
+        copies,
+        skipped,
+    }
+}
+
+/// The header metadata of a merge's output: method, plugin version, parameters, seed, inputs
+/// (role, file name, size), app version and notes, so any merge can be replayed.
+pub(crate) fn output_metadata(
+    plugin: &Plugin,
+    params_json: &Value,
+    seed: u64,
+    models: &[&Checkpoint],
+    has_base: bool,
+    notes: &[String],
+) -> BTreeMap<String, String> {
+    let inputs: Vec<Value> = models
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let role = if has_base && i == 0 { "base" } else { "expert" };
+            let name = c
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            serde_json::json!({"role": role, "name": name, "bytes": c.total_bytes()})
+        })
+        .collect();
+    let mut metadata = BTreeMap::new();
+    metadata.insert("format".to_owned(), "pt".to_owned());
+    metadata.insert("mergescope.version".to_owned(), env!("CARGO_PKG_VERSION").to_owned());
+    metadata.insert("mergescope.method".to_owned(), plugin.id().to_owned());
+    metadata.insert("mergescope.plugin_version".to_owned(), plugin.version().to_owned());
+    metadata.insert("mergescope.params".to_owned(), params_json.to_string());
+    metadata.insert("mergescope.seed".to_owned(), seed.to_string());
+    metadata.insert("mergescope.inputs".to_owned(), Value::from(inputs).to_string());
+    if !notes.is_empty() {
+        metadata.insert("mergescope.notes".to_owned(), Value::from(notes.to_vec()).to_string());
+    }
+    metadata
+}
+
+/// Writes tensors copied unchanged from `reference` (converted when the output dtype differs).
+pub(crate) fn write_copies(writer: &OutputWriter, reference: &Checkpoint, copies: &[TensorEntry]) -> Result<()> {
+    for t in copies {
+        let out_dtype = writer.dtype(&t.name).unwrap_or(t.dtype);
+        if out_dtype == t.dtype {
+            writer.write(&t.name, 0, reference.raw_bytes(t))?;
+        } else {
+            let v = decode_f32_vec(t.dtype, reference.raw_bytes(t));
+            let mut bytes = Vec::new();
+            encode_f32(out_dtype, &v, &mut bytes);
+            writer.write(&t.name, 0, &bytes)?;
+        }
+    }
+    Ok(())
 }
 
 /// Merges checkpoint files with `plugin`, streaming tensor by tensor.
@@ -367,69 +491,15 @@ pub fn merge_files(
     let report = compat::check(&labels, &descs[0], &others, req.on_missing).map_err(EngineError::Incompatible)?;
     let reference = models[0];
 
-    let mut items = Vec::new();
-    let mut outputs = Vec::new();
-    let mut copies = Vec::new();
-    let mut skipped = 0;
-    for (name, fate) in &report.fates {
-        let t = &reference.tensors[name];
-        match fate {
-            TensorFate::Merge => {
-                items.push(PlanItem {
-                    name: name.clone(),
-                    shape: t.shape.clone(),
-                });
-                let dtype = req.out_dtype.map_or(t.dtype, OutDType::dtype);
-                outputs.push(OutputTensor {
-                    name: name.clone(),
-                    dtype,
-                    shape: t.shape.clone(),
-                });
-            }
-            TensorFate::Copy(_) => {
-                let dtype = match req.out_dtype {
-                    Some(d) if t.dtype.is_float() => d.dtype(),
-                    _ => t.dtype,
-                };
-                outputs.push(OutputTensor {
-                    name: name.clone(),
-                    dtype,
-                    shape: t.shape.clone(),
-                });
-                copies.push(t.clone());
-            }
-            TensorFate::Skip(_) => skipped += 1,
-        }
-    }
+    let Plan {
+        items,
+        outputs,
+        copies,
+        skipped,
+    } = plan_outputs(&report.fates, reference, req.out_dtype);
 
-    let inputs: Vec<Value> = models
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let role = if base.is_some() && i == 0 { "base" } else { "expert" };
-            let name = c
-                .path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            serde_json::json!({"role": role, "name": name, "bytes": c.total_bytes()})
-        })
-        .collect();
     let params_json = resolved.to_json();
-    let mut metadata = BTreeMap::new();
-    metadata.insert("format".to_owned(), "pt".to_owned());
-    metadata.insert("mergescope.version".to_owned(), env!("CARGO_PKG_VERSION").to_owned());
-    metadata.insert("mergescope.method".to_owned(), plugin.id().to_owned());
-    metadata.insert("mergescope.plugin_version".to_owned(), plugin.version().to_owned());
-    metadata.insert("mergescope.params".to_owned(), params_json.to_string());
-    metadata.insert("mergescope.seed".to_owned(), req.seed.to_string());
-    metadata.insert("mergescope.inputs".to_owned(), Value::from(inputs).to_string());
-    if !report.notes.is_empty() {
-        metadata.insert(
-            "mergescope.notes".to_owned(),
-            Value::from(report.notes.clone()).to_string(),
-        );
-    }
+    let metadata = output_metadata(plugin, &params_json, req.seed, &models, base.is_some(), &report.notes);
 
     let shard_bytes = match req.shard_bytes {
         Some(0) => None,
@@ -438,17 +508,7 @@ pub fn merge_files(
         None => None,
     };
     let writer = OutputWriter::create(&req.out, &outputs, &metadata, shard_bytes, req.overwrite)?;
-    for t in &copies {
-        let out_dtype = writer.dtype(&t.name).unwrap_or(t.dtype);
-        if out_dtype == t.dtype {
-            writer.write(&t.name, 0, reference.raw_bytes(t))?;
-        } else {
-            let v = decode_f32_vec(t.dtype, reference.raw_bytes(t));
-            let mut bytes = Vec::new();
-            encode_f32(out_dtype, &v, &mut bytes);
-            writer.write(&t.name, 0, &bytes)?;
-        }
-    }
+    write_copies(&writer, reference, &copies)?;
     let run = Run {
         instance: &instance,
         plugin_id: plugin.id(),

@@ -183,6 +183,7 @@ static const ms_plugin_api_v1 TABLE = {
     merge_tensor,                                                            /* merge_tensor */
     NULL,                                                                    /* get_extension */
     NULL,                                                                    /* instance_capabilities */
+    NULL,                                                                    /* run_model (ABI 1.1) */
 };
 
 MS_DEFINE_PLUGIN_HEADER();

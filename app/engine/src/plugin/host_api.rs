@@ -66,6 +66,45 @@ impl<'a> CallCtx<'a> {
             .and_then(Option::as_ref)
     }
 
+    /// The handle the next `insert` will return minus one: a mark for [`CallCtx::release_since`].
+    pub fn mark(&self) -> u64 {
+        self.tensors.len() as u64
+    }
+
+    /// Frees every tensor made after `mark` except the handles in `keep`; unknown handles in
+    /// `keep` are an error (nothing is freed then).
+    pub fn release_since(&mut self, mark: u64, keep: &[TensorHandle]) -> Result<(), String> {
+        if let Some(bad) = keep.iter().find(|h| self.get(**h).is_none()) {
+            return Err(format!("release_since: cannot keep unknown or released handle {bad}"));
+        }
+        for i in (mark as usize).min(self.tensors.len())..self.tensors.len() {
+            if !keep.contains(&(i as TensorHandle + 1)) {
+                self.tensors[i] = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records an error for the plugin's current call.
+    pub fn fail(&mut self, message: String) {
+        self.error = Some(message);
+    }
+
+    /// The device tensors live on.
+    pub fn device(&self) -> &Device {
+        self.device
+    }
+
+    /// The job's cancel flag.
+    pub fn cancel_flag(&self) -> &AtomicBool {
+        self.cancel
+    }
+
+    /// Writes a log line attributed to the plugin.
+    pub fn log(&self, level: abi::LogLevel, message: &str) {
+        (self.log)(level, message);
+    }
+
     fn tensor(&self, h: TensorHandle) -> HResult<&Tensor> {
         self.get(h).ok_or_else(|| {
             HostError::Invalid(format!(

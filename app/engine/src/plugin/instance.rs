@@ -4,6 +4,7 @@
 use super::host_api::{CallCtx, LogSink};
 use super::loader::Plugin;
 use super::schema::{ParamValue, ResolvedParams};
+use super::session::{SessionCtx, SessionModel, Trajectory};
 use crate::error::{EngineError, Result};
 use candle_core::{Device, Tensor};
 use mergescope_plugin_api::abi::{self, HostApiV1, Status, Str, TensorHandle, TensorInfo};
@@ -296,6 +297,69 @@ impl<'p> Instance<'p> {
             tensor: call.name.to_owned(),
             message: format!("it returned handle {out}, which is not a tensor of this call"),
         })
+    }
+}
+
+/// What a model-level run left: the merged tensors (or why there are none) and the trajectory.
+pub struct ModelRunOutput {
+    /// The merged model in the session's order, or the failure (`Cancelled` included).
+    pub result: Result<Vec<Tensor>>,
+    /// The iterates the method reported (the last one is the partial result of a cancelled run).
+    pub trajectory: Trajectory,
+}
+
+impl Instance<'_> {
+    /// Runs a model-level method over `model`. `on_iterate` sees each reported iterate's label.
+    pub fn run_model(
+        &self,
+        env: CallEnv<'_>,
+        model: &SessionModel<'_>,
+        on_iterate: &mut dyn FnMut(&str),
+    ) -> ModelRunOutput {
+        let Some(run) = self.plugin.api.run_model.filter(|_| self.plugin.is_model_level()) else {
+            return ModelRunOutput {
+                result: Err(call_error(
+                    self.plugin,
+                    "(run_model)",
+                    abi::STATUS_UNSUPPORTED,
+                    Some("it is not a model-level method".into()),
+                )),
+                trajectory: Trajectory::default(),
+            };
+        };
+        let mut call = CallCtx::new(env.device, env.cancel, env.log);
+        let host = call.table();
+        let mut session = match SessionCtx::new(model, &mut call, on_iterate) {
+            Ok(s) => s,
+            Err(e) => {
+                return ModelRunOutput {
+                    result: Err(e),
+                    trajectory: Trajectory::default(),
+                };
+            }
+        };
+        let table = session.table();
+        let n = model.names.len();
+        let mut out = vec![0 as TensorHandle; n];
+        // SAFETY: live instance; both tables point at contexts that outlive the call.
+        let status = unsafe { run(self.ptr, &host, &table, out.as_mut_ptr(), n) };
+        let trajectory = std::mem::take(&mut session.trajectory);
+        drop(session);
+        let result = if status == abi::STATUS_OK {
+            out.iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    call.get(*h).cloned().ok_or_else(|| EngineError::Plugin {
+                        plugin: self.plugin.id().to_owned(),
+                        tensor: model.names[i].clone(),
+                        message: format!("it returned handle {h}, which is not a live tensor of the run"),
+                    })
+                })
+                .collect()
+        } else {
+            Err(call_error(self.plugin, "(run_model)", status, call.error.take()))
+        };
+        ModelRunOutput { result, trajectory }
     }
 }
 

@@ -117,6 +117,11 @@ impl Plugin {
         &self.info.params
     }
 
+    /// Whether this is a model-level method (run once over whole models in a session).
+    pub fn is_model_level(&self) -> bool {
+        self.info.kind == "model-level"
+    }
+
     /// Whether `cap` (an `abi::CAP_*` bit) is set in the static capabilities.
     pub fn has_capability(&self, cap: u64) -> bool {
         self.info.capabilities & cap != 0
@@ -262,7 +267,21 @@ pub fn load_plugin_as(path: &Path, origin: PluginOrigin) -> Result<Plugin, Plugi
     }
     let kind = match api.kind {
         abi::KIND_PER_TENSOR => "per-tensor",
-        abi::KIND_MODEL_LEVEL => "model-level",
+        abi::KIND_MODEL_LEVEL => {
+            // Read `run_model` only when the plugin's table is long enough to have it.
+            let has_run = api.struct_size >= abi::PLUGIN_API_V1_1_MIN_SIZE && api.run_model.is_some();
+            if !has_run {
+                return Err(PluginError::Malformed {
+                    path: p,
+                    reason: format!(
+                        "it is a model-level method but its table (ABI {maj}.{min}, {} bytes) has no run_model \
+                         function; model-level methods need ABI 1.1: rebuild it against plugin-api 1.1 or newer",
+                        api.struct_size
+                    ),
+                });
+            }
+            "model-level"
+        }
         k => {
             return Err(PluginError::Malformed {
                 path: p,

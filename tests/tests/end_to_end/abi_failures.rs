@@ -78,13 +78,26 @@ fn assert_close(got: &MemModel, name: &str, shape: &[usize], want: &[f32]) {
 fn good_plugins_load() {
     let wa = load(WEIGHT_AVERAGE);
     assert_eq!(wa.id(), "weight-average");
-    assert_eq!(wa.info.abi, "1.0");
+    assert_eq!(wa.info.abi, format!("{}.{}", abi::ABI_MAJOR, abi::ABI_MINOR));
     // Loading the same library twice is fine (libraries are never unloaded).
     assert_eq!(load(WEIGHT_AVERAGE).id(), "weight-average");
     // The fixtures that fail only at merge time load normally.
     assert_eq!(load("mstest_panics").id(), "mstest-panics");
     assert_eq!(load("mstest_nan_output").id(), "mstest-nan-output");
     assert_eq!(load("mstest_wrong_shape").id(), "mstest-wrong-shape");
+}
+
+/// ABI 1.1 only appended fields: a plugin built against 1.0 (short table, minor 0) still loads
+/// and merges, and its absent `run_model` is never read.
+#[test]
+fn abi_1_0_plugins_keep_loading() {
+    let p = load("mstest_abi_1_0");
+    assert_eq!(p.info.abi, "1.0");
+    assert!(!p.is_model_level());
+    let a = model(&[("w", &[2], &[1.0, 2.0])]);
+    let b = model(&[("w", &[2], &[5.0, 6.0])]);
+    let out = merge_in_memory(&p, &serde_json::json!({}), 0, None, &[a, b]).unwrap();
+    assert_eq!(out["w"].data, vec![1.0, 2.0]);
 }
 
 #[test]
@@ -102,7 +115,7 @@ fn wrong_magic_is_not_a_plugin() {
 #[test]
 fn other_major_is_refused_with_both_versions() {
     let msg = refusal("mstest_major_mismatch");
-    assert_contains(&msg, &["ABI 2.0", "1.0"]);
+    assert_contains(&msg, &["ABI 2.0", &format!("ABI 1.{}", abi::ABI_MINOR)]);
 }
 
 #[test]

@@ -21,8 +21,8 @@ use std::collections::BTreeMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::mem::{align_of, offset_of, size_of};
 
-const ABI_RS: &str = include_str!("../../plugin-api/src/abi.rs");
-const HEADER: &str = include_str!("../../plugin-api/include/mergescope_plugin.h");
+const ABI_RS: &str = include_str!("../../../plugin-api/src/abi.rs");
+const HEADER: &str = include_str!("../../../plugin-api/include/mergescope_plugin.h");
 
 /// Macros of the header that are helpers, not mirrors of something in abi.rs.
 const HEADER_HELPERS: &[&str] = &[
@@ -47,6 +47,8 @@ const TYPE_NAMES: &[(&str, &str)] = &[
     ("StackOp", "ms_stack_op"),
     ("ElectRule", "ms_elect_rule"),
     ("DisjointOp", "ms_disjoint_op"),
+    ("Objective", "ms_objective"),
+    ("OptimizerKind", "ms_optimizer_kind"),
     ("EntryV1", "ms_entry_v1_fn"),
     ("Str", "ms_str"),
     ("PluginHeader", "ms_plugin_header"),
@@ -54,6 +56,9 @@ const TYPE_NAMES: &[(&str, &str)] = &[
     ("TensorInfo", "ms_tensor_info"),
     ("HostApiV1", "ms_host_api_v1"),
     ("PluginApiV1", "ms_plugin_api_v1"),
+    ("EvalMetrics", "ms_eval_metrics"),
+    ("FinetuneOptions", "ms_finetune_options"),
+    ("SessionApiV1", "ms_session_api_v1"),
 ];
 
 /// One fact from the C probe (mirrors `ms_probe_entry` in layout_probe.c).
@@ -172,6 +177,8 @@ fn rust_facts() -> BTreeMap<String, Value> {
     int_type!(f, StackOp);
     int_type!(f, ElectRule);
     int_type!(f, DisjointOp);
+    int_type!(f, Objective);
+    int_type!(f, OptimizerKind);
 
     #[allow(dead_code)]
     fn pin_entry(e: EntryV1) -> unsafe extern "C" fn() -> *const PluginApiV1 {
@@ -266,6 +273,45 @@ fn rust_facts() -> BTreeMap<String, Value> {
             unsafe extern "C" fn(Ctx, *const HostApiV1, *const TensorInfo, H, *const H, usize, *mut H) -> Status,
         get_extension: Option<unsafe extern "C" fn(Str) -> *const c_void>,
         instance_capabilities: Option<unsafe extern "C" fn(Ctx) -> u64>,
+        run_model: Option<unsafe extern "C" fn(Ctx, *const HostApiV1, *const SessionApiV1, *mut H, usize) -> Status>,
+    });
+    layout!(
+        f,
+        EvalMetrics {
+            struct_size: usize,
+            loss: f64,
+            accuracy: f64,
+            examples: u64,
+        }
+    );
+    layout!(
+        f,
+        FinetuneOptions {
+            struct_size: usize,
+            steps: u64,
+            learning_rate: f64,
+            batch_size: u64,
+            optimizer: OptimizerKind,
+            weight_decay: f64,
+            seed: u64,
+        }
+    );
+    layout!(f, SessionApiV1 {
+        struct_size: usize,
+        ctx: Ctx,
+        tensor_count: unsafe extern "C" fn(Ctx) -> usize,
+        tensor_info: unsafe extern "C" fn(Ctx, usize, *mut TensorInfo) -> Status,
+        expert_count: unsafe extern "C" fn(Ctx) -> usize,
+        task_name: unsafe extern "C" fn(Ctx, usize, *mut Str) -> Status,
+        base_tensor: unsafe extern "C" fn(Ctx, usize, *mut H) -> Status,
+        expert_tensor: unsafe extern "C" fn(Ctx, usize, usize, *mut H) -> Status,
+        evaluate: unsafe extern "C" fn(Ctx, *const H, usize, usize, *mut EvalMetrics) -> Status,
+        loss_and_grad: unsafe extern "C" fn(Ctx, *const H, usize, usize, Objective, *mut f64, *mut H) -> Status,
+        finetune: unsafe extern "C" fn(Ctx, *const H, usize, usize, *const FinetuneOptions, *mut H) -> Status,
+        report_iterate: unsafe extern "C" fn(Ctx, *const H, usize, Str, Str) -> Status,
+        mark: unsafe extern "C" fn(Ctx) -> u64,
+        release_since: unsafe extern "C" fn(Ctx, u64, *const H, usize) -> Status,
+        get_extension: unsafe extern "C" fn(Ctx, Str) -> *const c_void,
     });
 
     f.insert("str MS_MAGIC".into(), Value::Bytes(MAGIC.to_vec()));
@@ -344,6 +390,13 @@ fn rust_facts() -> BTreeMap<String, Value> {
         DISJOINT_MEAN,
         DISJOINT_MAX,
         PLUGIN_API_V1_MIN_SIZE,
+        PLUGIN_API_V1_1_MIN_SIZE,
+        OBJECTIVE_CROSS_ENTROPY,
+        OBJECTIVE_ENTROPY,
+        OPTIMIZER_SGD,
+        OPTIMIZER_MOMENTUM,
+        OPTIMIZER_ADAMW,
+        ALL_TASKS,
     );
     f
 }
@@ -464,7 +517,12 @@ fn header_helpers_agree() {
     let sizes = unsafe { ms_probe_struct_sizes() };
     assert_eq!(
         sizes,
-        size_of::<TensorInfo>() + size_of::<HostApiV1>() + size_of::<PluginApiV1>()
+        size_of::<TensorInfo>()
+            + size_of::<HostApiV1>()
+            + size_of::<PluginApiV1>()
+            + size_of::<EvalMetrics>()
+            + size_of::<FinetuneOptions>()
+            + size_of::<SessionApiV1>()
     );
     // The minimum table is the ABI 1.0 layout, which ends with `instance_capabilities`; it must
     // not grow when later minors append fields.

@@ -1,0 +1,15 @@
+//! mergescope's end-to-end tests, in one binary: one link of the engine and candle instead of
+//! one per file, which keeps a clean build's time and disk use down. `golden_cart` and
+//! `golden_dare` are binaries of their own: they link their plugin's rlib for its helpers, and
+//! two plugin rlibs in one binary would export the plugin entry symbol twice.
+
+mod abi_failures;
+mod abi_header_sync;
+mod abi_host_ops;
+mod engine_merge;
+mod golden_consensus;
+mod golden_task_arithmetic;
+mod golden_ties;
+mod golden_weight_average;
+mod model_level;
+mod oracle_task_vectors;

@@ -1,0 +1,264 @@
+//! Model-level methods (ABI 1.1) through the same loader as the per-tensor ones, run in a real
+//! session: a small MLP backbone, three real tasks with frozen random heads, and one expert per
+//! task fine-tuned from the base. Checks behaviour with numbers: AdaMerging lowers the entropy
+//! and moves its coefficients; Frank-Wolfe lowers the calibration loss with a non-negative FW
+//! gap; a cancelled run hands back its last iterate.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use candle_core::{Device, Tensor};
+use mergescope_engine::data::{TaskData, demo_tasks};
+use mergescope_engine::model_merge::run_model_in_memory;
+use mergescope_engine::nn::{Arch, Head};
+use mergescope_engine::plugin::session::{SessionModel, SessionTask};
+use mergescope_engine::train::{BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask, fine_tune};
+use mergescope_tests::load;
+use serde_json::{Value, json};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+const TASKS: [&str; 3] = ["mnist", "fashion_mnist", "optdigits"];
+
+struct Fixture {
+    tasks: Vec<TaskData>,
+    heads: Vec<Head>,
+    base: Vec<Tensor>,
+    experts: Vec<Vec<Tensor>>,
+    names: Vec<String>,
+    shapes: Vec<Vec<usize>>,
+}
+
+fn fixture() -> Fixture {
+    let dev = Device::Cpu;
+    let all = demo_tasks().unwrap();
+    let tasks: Vec<TaskData> = TASKS
+        .iter()
+        .map(|n| all.iter().find(|t| t.name == *n).unwrap().clone())
+        .collect();
+    let arch = Arch::Mlp;
+    let base = arch.init(7, &dev).unwrap();
+    let heads: Vec<Head> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Head::init(arch.feature_dim(), t.classes.len(), 100 + i as u64, &dev).unwrap())
+        .collect();
+    let cfg = TrainConfig {
+        optim: OptimConfig::momentum(0.05),
+        batch: BatchSize::Size(64),
+        budget: Budget::Steps(40),
+        seed: 1,
+        augment_shift: 0,
+    };
+    let names: Vec<String> = base.keys().cloned().collect();
+    let experts = tasks
+        .iter()
+        .zip(&heads)
+        .map(|(t, h)| {
+            let task = TrainTask {
+                data: Examples {
+                    images: &t.train.images,
+                    labels: &t.train.labels,
+                },
+                head: h,
+            };
+            let tuned = fine_tune(arch, &base, &[task], &cfg, &dev, &mut |_| {}, &AtomicBool::new(false)).unwrap();
+            names.iter().map(|k| tuned.backbone[k].clone()).collect()
+        })
+        .collect();
+    Fixture {
+        shapes: names.iter().map(|k| base[k].dims().to_vec()).collect(),
+        base: names.iter().map(|k| base[k].clone()).collect(),
+        names,
+        experts,
+        heads,
+        tasks,
+    }
+}
+
+fn model(f: &Fixture) -> SessionModel<'_> {
+    SessionModel {
+        arch: Arch::Mlp,
+        names: f.names.clone(),
+        shapes: f.shapes.clone(),
+        base: f.base.clone(),
+        experts: f.experts.clone(),
+        tasks: f
+            .tasks
+            .iter()
+            .zip(&f.heads)
+            .map(|(data, head)| SessionTask {
+                data,
+                head: head.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn metric(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("metric '{key}' missing in {v}"))
+}
+
+#[test]
+fn model_level_plugins_load_through_the_common_door() {
+    for lib in ["mergescope_plugin_adamerging", "mergescope_plugin_frank_wolfe"] {
+        let p = load(lib);
+        assert!(p.is_model_level(), "{lib}: {}", p.info.kind);
+        assert_eq!(p.info.abi, "1.1");
+    }
+}
+
+#[test]
+fn adamerging_lowers_entropy_and_moves_its_coefficients() {
+    let f = fixture();
+    let m = model(&f);
+    let plugin = load("mergescope_plugin_adamerging");
+    let params = json!({"steps": 40, "lr": 0.01, "report_every": 5});
+    let out = run_model_in_memory(
+        &plugin,
+        &params,
+        0,
+        &m,
+        &Device::Cpu,
+        &AtomicBool::new(false),
+        &mut |_| {},
+    )
+    .unwrap();
+    let merged = out.result.unwrap();
+    assert_eq!(merged.len(), f.names.len());
+    let its = &out.trajectory.iterates;
+    // Steps 0, 5, …, 35 and the final one.
+    assert_eq!(out.trajectory.reported, 9);
+    assert_eq!(its.first().unwrap().label, "step 0");
+    assert_eq!(its.last().unwrap().label, "step 40");
+    let first = metric(&its[0].metrics, "loss");
+    let last = metric(&its.last().unwrap().metrics, "loss");
+    assert!(last < first - 1e-3, "entropy did not fall: {first} → {last}");
+    let lambda: Vec<f64> = its.last().unwrap().metrics["lambda"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    // Layer-wise: one coefficient per task and tensor, all inside the clamp.
+    assert_eq!(lambda.len(), 3 * f.names.len());
+    assert!(lambda.iter().all(|l| (0.0..=1.0).contains(l)), "{lambda:?}");
+    let moved = lambda.iter().map(|l| (l - 0.3).abs()).fold(0.0, f64::max);
+    assert!(moved > 0.05, "coefficients stayed at the init: {lambda:?}");
+    // The first iterate is exactly task arithmetic at λ = 0.3.
+    let ta = &its[0].tensors;
+    for (p, t) in ta.iter().enumerate() {
+        let want = (&f.base[p]
+            + ((&f.experts[0][p] + &f.experts[1][p]).unwrap() + &f.experts[2][p])
+                .unwrap()
+                .broadcast_sub(&(&f.base[p] * 3.0).unwrap())
+                .unwrap()
+                * 0.3)
+            .unwrap();
+        let diff = (t - want)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-5, "tensor {}: TA init off by {diff}", f.names[p]);
+    }
+}
+
+#[test]
+fn frank_wolfe_hard_lowers_the_calibration_loss() {
+    let f = fixture();
+    let m = model(&f);
+    let plugin = load("mergescope_plugin_frank_wolfe");
+    let params = json!({"iterations": 4, "init": "base"});
+    let out = run_model_in_memory(
+        &plugin,
+        &params,
+        0,
+        &m,
+        &Device::Cpu,
+        &AtomicBool::new(false),
+        &mut |_| {},
+    )
+    .unwrap();
+    out.result.unwrap();
+    let its = &out.trajectory.iterates;
+    assert_eq!(its.len(), 5, "init and four iterations");
+    let losses: Vec<f64> = its[1..].iter().map(|i| metric(&i.metrics, "loss_before")).collect();
+    let init_loss = metric(&its[0].metrics, "loss");
+    assert!((losses[0] - init_loss).abs() < 1e-4, "{losses:?} vs {init_loss}");
+    // From the base, γ_0 = 1 jumps to the best expert, which lowers the summed loss.
+    assert!(losses[1] < losses[0], "{losses:?}");
+    for it in &its[1..] {
+        let gap = metric(&it.metrics, "fw_gap");
+        assert!(gap.is_finite());
+        assert!(metric(&it.metrics, "gamma") > 0.0);
+    }
+    // Step 1 (γ = 1) lands exactly on the vertex it names.
+    let v = its[1].metrics["vertex"].as_u64().unwrap() as usize;
+    for (p, t) in its[1].tensors.iter().enumerate() {
+        let diff = (t - &f.experts[v][p])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-6);
+    }
+}
+
+#[test]
+fn frank_wolfe_soft_mixes_vertices_on_the_simplex() {
+    let f = fixture();
+    let m = model(&f);
+    let plugin = load("mergescope_plugin_frank_wolfe");
+    let params = json!({"variant": "soft", "iterations": 2, "init": "base", "soft_steps": 8, "soft_lr": 0.1});
+    let out = run_model_in_memory(
+        &plugin,
+        &params,
+        0,
+        &m,
+        &Device::Cpu,
+        &AtomicBool::new(false),
+        &mut |_| {},
+    )
+    .unwrap();
+    out.result.unwrap();
+    for it in &out.trajectory.iterates[1..] {
+        let lambda: Vec<f64> = it.metrics["lambda"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(lambda.len(), 3);
+        assert!(
+            lambda.iter().all(|l| *l >= 0.0) && lambda.iter().sum::<f64>() <= 1.0 + 1e-9,
+            "{lambda:?}"
+        );
+    }
+}
+
+#[test]
+fn a_cancelled_run_keeps_its_last_iterate() {
+    let f = fixture();
+    let m = model(&f);
+    let plugin = load("mergescope_plugin_adamerging");
+    let cancel = AtomicBool::new(false);
+    let mut seen = 0;
+    let params = json!({"steps": 200, "report_every": 2});
+    let out = run_model_in_memory(&plugin, &params, 0, &m, &Device::Cpu, &cancel, &mut |_| {
+        seen += 1;
+        if seen == 3 {
+            cancel.store(true, Ordering::Relaxed);
+        }
+    })
+    .unwrap();
+    assert!(matches!(out.result, Err(mergescope_engine::EngineError::Cancelled)));
+    assert_eq!(out.trajectory.reported, 3);
+    assert_eq!(out.trajectory.iterates.last().unwrap().label, "step 4");
+}
