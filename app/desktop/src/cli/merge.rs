@@ -4,10 +4,12 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use mergescope_engine::compat::MissingPolicy;
 use mergescope_engine::data::SplitKind;
+use mergescope_engine::data::benchmark_tasks;
 use mergescope_engine::demo::resolve_benchmark;
 use mergescope_engine::device::{DeviceChoice, device_name, open_device};
 use mergescope_engine::dtype::OutDType;
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress, merge_files};
+use mergescope_engine::model_merge::merge_model_files;
 use mergescope_engine::recipe::{Recipe, parse_size};
 use mergescope_plugin_api::abi;
 use std::path::{Path, PathBuf};
@@ -66,8 +68,9 @@ pub struct MergeArgs {
     /// Evaluate the result per task right after the merge (as `mergescope eval`).
     #[arg(long)]
     pub eval: bool,
-    /// Benchmark for --eval (`demo`, `demo/<arch>`, `demo/<arch>-seed<N>` or a folder); without
-    /// --base/--expert its base and experts are the inputs.
+    /// Benchmark for --eval and for model-level methods' calibration data (`demo`,
+    /// `demo/<arch>`, `demo/<arch>-seed<N>` or a folder); without --base/--expert its base and
+    /// experts are the inputs.
     #[arg(long, value_name = "SPEC")]
     pub benchmark: Option<String>,
 }
@@ -185,6 +188,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
     let on_progress = |p: &Progress| {
         let label = match p.phase {
             Phase::Statistics(n) => format!("statistics pass {}", n + 1),
+            Phase::Merge if plugin.is_model_level() => format!("{}: {}", plugin.id(), p.tensor),
             Phase::Merge => format!("merging ({})", plugin.id()),
         };
         if let Some(permille) = (p.done * 1000).checked_div(p.total) {
@@ -206,16 +210,40 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
     };
     // Ctrl-C (or SIGTERM) cancels cleanly: workers stop and the temporary output is removed.
     let cancel = super::cancel_on_ctrl_c();
-    let report = merge_files(
-        &plugin,
-        &req,
-        &opts,
-        Observer {
-            progress: &on_progress,
-            log: &on_log,
-        },
-        cancel,
-    );
+    let observer = Observer {
+        progress: &on_progress,
+        log: &on_log,
+    };
+    let report = if plugin.is_model_level() {
+        // Data-driven methods evaluate candidates on the benchmark's calibration data.
+        let base = req
+            .base
+            .as_deref()
+            .with_context(|| format!("method '{}' starts from the base model: pass --base PATH", plugin.id()))?;
+        let (_, arch) = super::eval::load_backbone(base)?;
+        let spec = args.benchmark.as_deref().unwrap_or("demo");
+        let bench = resolve_benchmark(spec, arch)
+            .with_context(|| format!("method '{}' needs the benchmark its experts were tuned on", plugin.id()))?;
+        let tasks = benchmark_tasks(None)?;
+        merge_model_files(&plugin, &req, &bench, &tasks, &opts, observer, cancel).map(|r| {
+            if let Some(label) = &r.partial {
+                bar.suspend(|| eprintln!("cancelled: wrote the last iterate ('{label}') as a partial result"));
+            }
+            if let Some(t) = &r.trajectory_file {
+                bar.suspend(|| {
+                    eprintln!(
+                        "trajectory: {} of {} iterates -> {}",
+                        r.iterates.len(),
+                        r.reported,
+                        t.display()
+                    )
+                });
+            }
+            r.merge
+        })
+    } else {
+        merge_files(&plugin, &req, &opts, observer, cancel)
+    };
     bar.finish_and_clear();
     let report = report?;
     let gb = report.input_bytes as f64 / 1e9;
