@@ -9,6 +9,7 @@ use mergescope_engine::demo::{self, Benchmark, BuildProgress, load_params};
 use mergescope_engine::device::{DeviceChoice, device_name, open_device};
 use mergescope_engine::eval::{EvalReport, Evaluator};
 use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer, Phase, Progress, merge_files};
+use mergescope_engine::model_merge::merge_model_files;
 use mergescope_engine::nn::Arch;
 use mergescope_engine::plugin::Plugin;
 use mergescope_plugin_api::abi;
@@ -262,15 +263,20 @@ impl Worker {
             device: device.clone(),
             ..ExecOptions::default()
         };
+        let model_level = job.plugin.is_model_level();
+        if model_level && self.tasks.is_none() {
+            self.tasks = Some(benchmark_tasks(None).map_err(|e| e.to_string())?);
+        }
         let last = Mutex::new(Instant::now() - Duration::from_secs(1));
         let progress = |p: &Progress| {
             let fraction = if p.total == 0 {
-                1.0
+                if model_level { 0.0 } else { 1.0 }
             } else {
                 p.done as f32 / p.total as f32
             };
             let stage = match p.phase {
                 Phase::Statistics(n) => format!("statistics pass {}", n + 1),
+                Phase::Merge if model_level => format!("optimising: {}", p.tensor),
                 Phase::Merge => "merging".to_owned(),
             };
             if let Ok(mut t) = last.lock()
@@ -287,16 +293,27 @@ impl Worker {
                 text: text.to_owned(),
             })
         };
-        let report = merge_files(
-            &job.plugin,
-            &job.request,
-            &opts,
-            Observer {
-                progress: &progress,
-                log: &log,
-            },
-            cancel,
-        )
+        let observer = Observer {
+            progress: &progress,
+            log: &log,
+        };
+        let report = if model_level {
+            let bench = job.benchmark.as_ref().ok_or_else(|| {
+                format!(
+                    "'{}' evaluates candidates on a benchmark's calibration data: open a benchmark (Benchmark menu) first",
+                    job.plugin.id()
+                )
+            })?;
+            let tasks = self.tasks.as_deref().unwrap_or_default();
+            merge_model_files(&job.plugin, &job.request, bench, tasks, &opts, observer, cancel).map(|r| {
+                if let Some(label) = &r.partial {
+                    log(abi::LOG_WARN, &format!("cancelled: kept the last iterate ('{label}') as a partial result"));
+                }
+                r.merge
+            })
+        } else {
+            merge_files(&job.plugin, &job.request, &opts, observer, cancel)
+        }
         .map_err(|e| e.to_string())?;
         let eval = match &job.benchmark {
             Some(b) => {
