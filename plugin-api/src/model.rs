@@ -95,28 +95,27 @@ impl<'a> Session<'a> {
         unsafe { s.as_str() }.map_err(|_| Error::Message("task name is not UTF-8".into()))
     }
 
-    /// The base model's tensors.
-    pub fn base(&self) -> Result<Vec<Tensor>> {
+    /// One handle per session tensor from `get(index, &mut handle)`.
+    fn model_tensors(&self, get: impl Fn(usize, &mut TensorHandle) -> Status) -> Result<Vec<Tensor>> {
         (0..self.tensor_count())
             .map(|i| {
                 let mut h = 0;
-                // SAFETY: valid table; `h` is writable.
-                check(unsafe { (self.api.base_tensor)(self.api.ctx, i, &mut h) })?;
+                check(get(i, &mut h))?;
                 Ok(Tensor(h))
             })
             .collect()
     }
 
+    /// The base model's tensors.
+    pub fn base(&self) -> Result<Vec<Tensor>> {
+        // SAFETY: valid table; `h` is writable.
+        self.model_tensors(|i, h| unsafe { (self.api.base_tensor)(self.api.ctx, i, h) })
+    }
+
     /// Expert `expert`'s tensors.
     pub fn expert(&self, expert: usize) -> Result<Vec<Tensor>> {
-        (0..self.tensor_count())
-            .map(|i| {
-                let mut h = 0;
-                // SAFETY: valid table; `h` is writable.
-                check(unsafe { (self.api.expert_tensor)(self.api.ctx, expert, i, &mut h) })?;
-                Ok(Tensor(h))
-            })
-            .collect()
+        // SAFETY: valid table; `h` is writable.
+        self.model_tensors(|i, h| unsafe { (self.api.expert_tensor)(self.api.ctx, expert, i, h) })
     }
 
     /// Loss and accuracy of `candidate` on the calibration examples of `tasks`.

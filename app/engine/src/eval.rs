@@ -162,7 +162,13 @@ pub fn summarise(split: SplitKind, tasks: Vec<TaskScore>) -> EvalReport {
 }
 
 /// (correct predictions, summed cross-entropy, examples) of one task.
-fn score(arch: Arch, backbone: &Params, head: &Head, images: &Tensor, labels: &Tensor) -> Result<(usize, f64, usize)> {
+pub(crate) fn score(
+    arch: Arch,
+    backbone: &Params,
+    head: &Head,
+    images: &Tensor,
+    labels: &Tensor,
+) -> Result<(usize, f64, usize)> {
     let n = labels.dims()[0];
     let (mut correct, mut loss_sum) = (0usize, 0f64);
     let mut from = 0;

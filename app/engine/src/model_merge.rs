@@ -4,7 +4,7 @@
 //! cancelled run that reported iterates still writes its last one, marked partial.
 
 use crate::checkpoint::Checkpoint;
-use crate::compat::{self, TensorFate};
+use crate::compat;
 use crate::data::TaskData;
 use crate::demo::Benchmark;
 use crate::dtype::DType;
@@ -208,18 +208,12 @@ pub fn merge_model_files(
     let model = SessionModel {
         arch: bench.manifest.arch,
         shapes: plan.items.iter().map(|i| i.shape.clone()).collect(),
-        names,
-        base: base_tensors,
         experts: experts
             .iter()
-            .map(|c| {
-                load_tensors(
-                    c,
-                    &plan.items.iter().map(|i| i.name.clone()).collect::<Vec<_>>(),
-                    device,
-                )
-            })
+            .map(|c| load_tensors(c, &names, device))
             .collect::<Result<_>>()?,
+        names,
+        base: base_tensors,
         tasks: session_tasks,
     };
 
@@ -279,10 +273,7 @@ pub fn merge_model_files(
         Some(traj_path)
     };
 
-    let shard_bytes = match req.shard_bytes {
-        Some(0) | None => None,
-        Some(b) => Some(b),
-    };
+    let shard_bytes = req.shard_bytes.filter(|b| *b > 0);
     let writer = OutputWriter::create(&req.out, &plan.outputs, &metadata, shard_bytes, req.overwrite)?;
     write_copies(&writer, &base, &plan.copies)?;
     for (name, t) in model.names.iter().zip(&merged) {
@@ -294,16 +285,11 @@ pub fn merge_model_files(
         writer.write(name, 0, &bytes)?;
     }
     let files = writer.commit()?;
-    let copied = report
-        .fates
-        .values()
-        .filter(|f| matches!(f, TensorFate::Copy(_)))
-        .count();
     Ok(ModelMergeReport {
         merge: MergeReport {
             files,
             merged: model.names.len(),
-            copied,
+            copied: plan.copies.len(),
             skipped: plan.skipped,
             notes: report.notes,
             input_bytes: models.iter().map(|c| c.total_bytes()).sum(),

@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use mergescope_engine::data::{TaskData, demo_tasks};
 use mergescope_engine::model_merge::run_model_in_memory;
 use mergescope_engine::nn::{Arch, Head};
+use mergescope_engine::plugin::instance::ModelRunOutput;
 use mergescope_engine::plugin::session::{SessionModel, SessionTask};
 use mergescope_engine::train::{BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask, fine_tune};
 use mergescope_tests::load;
@@ -93,6 +94,21 @@ fn model(f: &Fixture) -> SessionModel<'_> {
     }
 }
 
+/// Runs the plugin library `lib` with `params` on the fixture, never cancelled.
+fn run(lib: &str, f: &Fixture, params: Value) -> ModelRunOutput {
+    let m = model(f);
+    run_model_in_memory(
+        &load(lib),
+        &params,
+        0,
+        &m,
+        &Device::Cpu,
+        &AtomicBool::new(false),
+        &mut |_| {},
+    )
+    .unwrap()
+}
+
 fn metric(v: &Value, key: &str) -> f64 {
     v[key]
         .as_f64()
@@ -111,19 +127,11 @@ fn model_level_plugins_load_through_the_common_door() {
 #[test]
 fn adamerging_lowers_entropy_and_moves_its_coefficients() {
     let f = fixture();
-    let m = model(&f);
-    let plugin = load("mergescope_plugin_adamerging");
-    let params = json!({"steps": 40, "lr": 0.01, "report_every": 5});
-    let out = run_model_in_memory(
-        &plugin,
-        &params,
-        0,
-        &m,
-        &Device::Cpu,
-        &AtomicBool::new(false),
-        &mut |_| {},
-    )
-    .unwrap();
+    let out = run(
+        "mergescope_plugin_adamerging",
+        &f,
+        json!({"steps": 40, "lr": 0.01, "report_every": 5}),
+    );
     let merged = out.result.unwrap();
     assert_eq!(merged.len(), f.names.len());
     let its = &out.trajectory.iterates;
@@ -170,19 +178,11 @@ fn adamerging_lowers_entropy_and_moves_its_coefficients() {
 #[test]
 fn frank_wolfe_hard_lowers_the_calibration_loss() {
     let f = fixture();
-    let m = model(&f);
-    let plugin = load("mergescope_plugin_frank_wolfe");
-    let params = json!({"iterations": 4, "init": "base"});
-    let out = run_model_in_memory(
-        &plugin,
-        &params,
-        0,
-        &m,
-        &Device::Cpu,
-        &AtomicBool::new(false),
-        &mut |_| {},
-    )
-    .unwrap();
+    let out = run(
+        "mergescope_plugin_frank_wolfe",
+        &f,
+        json!({"iterations": 4, "init": "base"}),
+    );
     out.result.unwrap();
     let its = &out.trajectory.iterates;
     assert_eq!(its.len(), 5, "init and four iterations");
@@ -214,19 +214,11 @@ fn frank_wolfe_hard_lowers_the_calibration_loss() {
 #[test]
 fn frank_wolfe_soft_mixes_vertices_on_the_simplex() {
     let f = fixture();
-    let m = model(&f);
-    let plugin = load("mergescope_plugin_frank_wolfe");
-    let params = json!({"variant": "soft", "iterations": 2, "init": "base", "soft_steps": 8, "soft_lr": 0.1});
-    let out = run_model_in_memory(
-        &plugin,
-        &params,
-        0,
-        &m,
-        &Device::Cpu,
-        &AtomicBool::new(false),
-        &mut |_| {},
-    )
-    .unwrap();
+    let out = run(
+        "mergescope_plugin_frank_wolfe",
+        &f,
+        json!({"variant": "soft", "iterations": 2, "init": "base", "soft_steps": 8, "soft_lr": 0.1}),
+    );
     out.result.unwrap();
     for it in &out.trajectory.iterates[1..] {
         let lambda: Vec<f64> = it.metrics["lambda"]

@@ -36,7 +36,7 @@ pub struct EvalArgs {
 }
 
 /// The backbone in `path` and the architecture its tensor names and shapes match.
-pub fn load_backbone(path: &Path) -> anyhow::Result<(Params, Option<Arch>)> {
+fn load_backbone(path: &Path) -> anyhow::Result<(Params, Option<Arch>)> {
     let (device, _) = open_device(DeviceChoice::Cpu);
     let p = load_params(path, &device)?;
     let arch = Arch::detect(p.iter().map(|(k, t)| (k.as_str(), t.dims())));

@@ -2,6 +2,7 @@
 
 use anyhow::{Context as _, bail};
 use clap::Args;
+use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::compat::MissingPolicy;
 use mergescope_engine::data::SplitKind;
 use mergescope_engine::data::benchmark_tasks;
@@ -10,6 +11,7 @@ use mergescope_engine::device::{DeviceChoice, device_name, open_device};
 use mergescope_engine::dtype::OutDType;
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress, merge_files};
 use mergescope_engine::model_merge::merge_model_files;
+use mergescope_engine::nn::Arch;
 use mergescope_engine::recipe::{Recipe, parse_size};
 use mergescope_plugin_api::abi;
 use std::path::{Path, PathBuf};
@@ -220,7 +222,9 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
             .base
             .as_deref()
             .with_context(|| format!("method '{}' starts from the base model: pass --base PATH", plugin.id()))?;
-        let (_, arch) = super::eval::load_backbone(base)?;
+        // The architecture from the base's header (names and shapes), without reading its data.
+        let header = Checkpoint::open(base)?;
+        let arch = Arch::detect(header.tensors.iter().map(|(k, t)| (k.as_str(), t.shape.as_slice())));
         let spec = args.benchmark.as_deref().unwrap_or("demo");
         let bench = resolve_benchmark(spec, arch)
             .with_context(|| format!("method '{}' needs the benchmark its experts were tuned on", plugin.id()))?;

@@ -100,11 +100,6 @@ impl<'a> CallCtx<'a> {
         self.cancel
     }
 
-    /// Writes a log line attributed to the plugin.
-    pub fn log(&self, level: abi::LogLevel, message: &str) {
-        (self.log)(level, message);
-    }
-
     fn tensor(&self, h: TensorHandle) -> HResult<&Tensor> {
         self.get(h).ok_or_else(|| {
             HostError::Invalid(format!(

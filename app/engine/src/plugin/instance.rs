@@ -316,7 +316,14 @@ impl Instance<'_> {
         model: &SessionModel<'_>,
         on_iterate: &mut dyn FnMut(&str),
     ) -> ModelRunOutput {
-        let Some(run) = self.plugin.api.run_model.filter(|_| self.plugin.is_model_level()) else {
+        // A per-tensor plugin's table may end before `run_model` (ABI 1.0): read the field only
+        // for model-level plugins, whose table length the loader checked.
+        let run = if self.plugin.is_model_level() {
+            self.plugin.api.run_model
+        } else {
+            None
+        };
+        let Some(run) = run else {
             return ModelRunOutput {
                 result: Err(call_error(
                     self.plugin,

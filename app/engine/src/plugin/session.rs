@@ -8,7 +8,7 @@ use crate::data::{SplitKind, TaskData};
 use crate::error::{EngineError, Result};
 use crate::nn::{Arch, Head, Params, images_tensor, labels_tensor};
 use crate::train::{self, BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask};
-use candle_core::{D, DType, Tensor, Var};
+use candle_core::{D, Tensor, Var};
 use mergescope_plugin_api::abi::{self, EvalMetrics, FinetuneOptions, SessionApiV1, Status, Str, TensorHandle};
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -188,6 +188,28 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
         Ok(p)
     }
 
+    /// Registers `tensors` in the arena and writes their handles to the plugin's `out` array of
+    /// `n` handles.
+    fn insert_all(
+        &mut self,
+        tensors: Vec<Tensor>,
+        out: *mut TensorHandle,
+        n: usize,
+    ) -> std::result::Result<(), String> {
+        if out.is_null() {
+            return Err("null output pointer".into());
+        }
+        if tensors.len() != n {
+            return Err(format!("internal: {} tensors for {n} handles", tensors.len()));
+        }
+        // SAFETY: checked for null; the plugin gives room for `n` handles.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out, n) };
+        for (d, t) in dst.iter_mut().zip(tensors) {
+            *d = self.call_mut().insert(t);
+        }
+        Ok(())
+    }
+
     fn task_list(&self, task: usize) -> std::result::Result<Vec<usize>, String> {
         let n = self.model.tasks.len();
         if task == abi::ALL_TASKS {
@@ -209,18 +231,17 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
         let backbone: Params = backbone.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
         let (mut loss, mut acc, mut examples) = (0.0, 0.0, 0u64);
         for &t in tasks {
-            let logits = self.logits(&backbone, t)?;
-            let labels = &self.calibration[t].labels;
-            let l = candle_nn::loss::cross_entropy(&logits, labels)?.to_scalar::<f32>()?;
-            let correct = logits
-                .argmax(D::Minus1)?
-                .eq(labels)?
-                .to_dtype(DType::F32)?
-                .mean_all()?
-                .to_scalar::<f32>()?;
-            loss += f64::from(l);
-            acc += f64::from(correct);
-            examples += labels.dims()[0] as u64;
+            let c = &self.calibration[t];
+            let (correct, loss_sum, n) = crate::eval::score(
+                self.model.arch,
+                &backbone,
+                &self.model.tasks[t].head,
+                &c.images,
+                &c.labels,
+            )?;
+            loss += loss_sum / n as f64;
+            acc += correct as f64 / n as f64;
+            examples += n as u64;
         }
         let n = tasks.len().max(1) as f64;
         Ok(EvalMetrics {
@@ -496,14 +517,10 @@ unsafe extern "C" fn s_loss_and_grad(
         let tasks = s.task_list(task)?;
         let (value, g) = s.objective(&p, &tasks, objective, !grads.is_null())?;
         write(loss, value)?;
-        if let Some(g) = g {
-            // SAFETY: the plugin gives room for `n` handles (checked non-null above).
-            let dst = unsafe { std::slice::from_raw_parts_mut(grads, n) };
-            for (d, t) in dst.iter_mut().zip(g) {
-                *d = s.call_mut().insert(t);
-            }
+        match g {
+            Some(g) => s.insert_all(g, grads, n),
+            None => Ok(()),
         }
-        Ok(())
     })
 }
 
@@ -531,18 +548,18 @@ unsafe extern "C" fn s_finetune(
         if out.is_null() {
             return Err("null output pointer".into());
         }
-        let tuned = s.finetune(&p, task, o).map_err(engine_err)?;
-        let model = s.model;
-        // SAFETY: checked for null; room for `n` handles.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out, n) };
-        for (d, name) in dst.iter_mut().zip(&model.names) {
-            let t = tuned
-                .get(name)
-                .ok_or_else(|| format!("fine-tuning lost tensor '{name}'"))?
-                .clone();
-            *d = s.call_mut().insert(t);
-        }
-        Ok(())
+        let mut tuned = s.finetune(&p, task, o).map_err(engine_err)?;
+        let ordered = s
+            .model
+            .names
+            .iter()
+            .map(|name| {
+                tuned
+                    .remove(name)
+                    .ok_or_else(|| format!("fine-tuning lost tensor '{name}'"))
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        s.insert_all(ordered, out, n)
     })
 }
 
