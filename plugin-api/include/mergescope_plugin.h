@@ -566,6 +566,30 @@ typedef struct ms_session_api_v1 {
     const void *(*get_extension)(void *ctx, ms_str id);
 } ms_session_api_v1;
 
+/* Id of the diagonal-Fisher session extension (ms_session_fisher_v1), for
+ * ms_session_api_v1.get_extension. */
+#define MS_SESSION_EXT_FISHER_V1 "mergescope.session.fisher.v1"
+
+/* Which label the Fisher extension differentiates the log-likelihood of. */
+typedef uint32_t ms_fisher_labels;
+/* The example's true label (the empirical Fisher). */
+#define MS_FISHER_LABELS_TRUE 0u
+/* The candidate's own prediction (argmax; uses no labels). */
+#define MS_FISHER_LABELS_PREDICTED 1u
+
+/* Session extension MS_SESSION_EXT_FISHER_V1: the diagonal Fisher information of a candidate,
+ * for Fisher-weighted averaging. Static; call its functions with the session's ctx, under the
+ * session's threading rules. */
+typedef struct ms_session_fisher_v1 {
+    /* sizeof(ms_session_fisher_v1) as the host knows it. */
+    size_t struct_size;
+    /* Mean over the calibration examples of `task` of the squared per-example gradient of
+     * log p(y | x) with respect to every candidate tensor (`labels`: which y); writes n handles
+     * to `out`. */
+    ms_status (*diag_fisher)(void *ctx, const ms_tensor_handle *candidate, size_t n, size_t task,
+                             ms_fisher_labels labels, ms_tensor_handle *out);
+} ms_session_fisher_v1;
+
 /* ---------------------------------------------------------------------------------------- */
 /* The plugin's table                                                                        */
 /* ---------------------------------------------------------------------------------------- */

@@ -586,6 +586,37 @@ pub struct SessionApiV1 {
     pub get_extension: unsafe extern "C" fn(ctx: *mut c_void, id: Str) -> *const c_void,
 }
 
+/// Id of the diagonal-Fisher session extension ([`SessionFisherV1`]), for
+/// `SessionApiV1::get_extension`.
+pub const SESSION_EXT_FISHER_V1: &str = "mergescope.session.fisher.v1";
+
+/// Which label the Fisher extension differentiates the log-likelihood of.
+pub type FisherLabels = u32;
+/// The example's true label (the empirical Fisher).
+pub const FISHER_LABELS_TRUE: FisherLabels = 0;
+/// The candidate's own prediction (argmax; uses no labels).
+pub const FISHER_LABELS_PREDICTED: FisherLabels = 1;
+
+/// Session extension [`SESSION_EXT_FISHER_V1`]: the diagonal Fisher information of a candidate,
+/// for Fisher-weighted averaging. Static; call its functions with the session's `ctx`, under the
+/// session's threading rules.
+#[repr(C)]
+pub struct SessionFisherV1 {
+    /// `size_of::<SessionFisherV1>()` as the host knows it.
+    pub struct_size: usize,
+    /// Mean over the calibration examples of `task` of the squared per-example gradient of
+    /// log p(y | x) with respect to every candidate tensor (`labels`: which y); writes `n`
+    /// handles to `out`.
+    pub diag_fisher: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        candidate: *const TensorHandle,
+        n: usize,
+        task: usize,
+        labels: FisherLabels,
+        out: *mut TensorHandle,
+    ) -> Status,
+}
+
 /// The plugin's table, returned by the entry function. Static for the life of the process.
 #[repr(C)]
 pub struct PluginApiV1 {

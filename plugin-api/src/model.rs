@@ -203,6 +203,30 @@ impl<'a> Session<'a> {
         })
     }
 
+    /// The diagonal Fisher information of `candidate` on the calibration data of `task`: per
+    /// tensor, the mean over examples of the squared gradient of log p(y | x), with y the true
+    /// label (`abi::FISHER_LABELS_TRUE`) or the candidate's prediction
+    /// (`abi::FISHER_LABELS_PREDICTED`). Needs the host's [`abi::SESSION_EXT_FISHER_V1`].
+    pub fn diag_fisher(&self, candidate: &[Tensor], task: usize, labels: abi::FisherLabels) -> Result<Vec<Tensor>> {
+        // SAFETY: valid table; the id is borrowed for the call.
+        let ext = unsafe { (self.api.get_extension)(self.api.ctx, Str::new(abi::SESSION_EXT_FISHER_V1)) };
+        // SAFETY: the host returns null or its static table for this id.
+        let ext = unsafe { ext.cast::<abi::SessionFisherV1>().as_ref() }.ok_or_else(|| {
+            Error::Message(format!(
+                "this host has no '{}' session extension: update mergescope",
+                abi::SESSION_EXT_FISHER_V1
+            ))
+        })?;
+        if ext.struct_size < std::mem::size_of::<abi::SessionFisherV1>() {
+            return Err(Error::Message("the host's Fisher extension table is too short".into()));
+        }
+        let c = handles(candidate);
+        let mut out = vec![0 as TensorHandle; c.len()];
+        // SAFETY: valid extension of this session; `out` has room for `c.len()` handles.
+        check(unsafe { (ext.diag_fisher)(self.api.ctx, c.as_ptr(), c.len(), task, labels, out.as_mut_ptr()) })?;
+        Ok(out.into_iter().map(Tensor).collect())
+    }
+
     /// A mark of the handles made so far.
     pub fn mark(&self) -> u64 {
         // SAFETY: valid table.
@@ -373,6 +397,12 @@ pub fn dots(host: &Host<'_>, a: &[Tensor], b: &[Tensor]) -> Result<Vec<f64>> {
         return Err(Error::Message(format!("dots: {} and {} tensors", a.len(), b.len())));
     }
     a.iter().zip(b).map(|(x, y)| host.dot(*x, *y)).collect()
+}
+
+/// `v` as a JSON number, or `null` when it is not finite (JSON has no NaN or ∞): for the
+/// metrics of [`Session::report_iterate`].
+pub fn json_number(v: f64) -> String {
+    if v.is_finite() { format!("{v}") } else { "null".into() }
 }
 
 /// Adam (Kingma & Ba) on a vector of coefficients, with bias correction: what data-driven

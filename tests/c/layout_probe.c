@@ -164,6 +164,12 @@ static const ms_session_api_v1 probe_session_api = {
     FN(const void *, (void *, ms_str)),                                                     /* get_extension */
 };
 
+static const ms_session_fisher_v1 probe_session_fisher = {
+    sizeof(ms_session_fisher_v1), /* struct_size */
+    FN(ms_status, (void *, const ms_tensor_handle *, size_t, size_t, ms_fisher_labels,
+                   ms_tensor_handle *)), /* diag_fisher */
+};
+
 static const ms_entry_v1_fn probe_entry = FN(const ms_plugin_api_v1 *, (void));
 
 /* ---- the facts ------------------------------------------------------------------------- */
@@ -379,6 +385,14 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_FIELD(ms_session_api_v1, mark),
     PROBE_FIELD(ms_session_api_v1, release_since),
     PROBE_FIELD(ms_session_api_v1, get_extension),
+
+    PROBE_STR(MS_SESSION_EXT_FISHER_V1),
+    PROBE_INT(ms_fisher_labels),
+    PROBE_CONST(MS_FISHER_LABELS_TRUE),
+    PROBE_CONST(MS_FISHER_LABELS_PREDICTED),
+    PROBE_TYPE(ms_session_fisher_v1),
+    PROBE_FIELD(ms_session_fisher_v1, struct_size),
+    PROBE_FIELD(ms_session_fisher_v1, diag_fisher),
 };
 
 /* Returns the facts and writes their number to `n`. */
@@ -397,5 +411,5 @@ const uint8_t *ms_probe_magic_init(void) {
 size_t ms_probe_struct_sizes(void) {
     return probe_str.len + probe_param_value.list_len + probe_tensor_info.struct_size + probe_host_api.struct_size +
            probe_plugin_api.struct_size + probe_eval_metrics.struct_size + probe_finetune_options.struct_size +
-           probe_session_api.struct_size + (probe_entry == NULL ? 0 : 1);
+           probe_session_api.struct_size + probe_session_fisher.struct_size + (probe_entry == NULL ? 0 : 1);
 }

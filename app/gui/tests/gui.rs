@@ -283,6 +283,15 @@ fn snapshots_of_the_main_screens() {
     h.snapshot("main_window_light");
     assert_eq!(h.ctx.theme(), egui::Theme::Light);
 
+    // The method list, grouped by kind, every method visible.
+    h.get(by().role(egui::accesskit::Role::ComboBox).label("Method"))
+        .click();
+    h.run_steps(2);
+    h.snapshot("method_list_light");
+    h.get(by().role(egui::accesskit::Role::ComboBox).label("Method"))
+        .click();
+    h.run_steps(2);
+
     choose_method(&mut h, "Task arithmetic");
     h.get_by_label("▶ Run merge").click();
     choose_method(&mut h, "TIES-Merging");

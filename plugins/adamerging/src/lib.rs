@@ -4,7 +4,7 @@
 //! calibration data; the gradient of the objective with respect to λ_t^p is ⟨∇_θp L, τ_t^p⟩.
 
 use mergescope_plugin_api::abi::{self, CAP_NEEDS_BASE, ROLE_MATRIX};
-use mergescope_plugin_api::model::{Adam, ModelMethod, Session, Tasks, combine, dots};
+use mergescope_plugin_api::model::{Adam, ModelMethod, Session, Tasks, combine, dots, json_number};
 use mergescope_plugin_api::{CreateContext, Descriptor, Error, Host, ParamSpec, Params, Result, Tensor};
 
 const HELP: &str = "AdaMerging (Yang et al., ICLR 2024) and AdaMerging+CART (seed 001, Eq. 8).\n\
@@ -201,13 +201,9 @@ impl AdaMerging {
     fn metrics(&self, loss: f64, lambda: &[f64]) -> String {
         let mean = lambda.iter().sum::<f64>() / lambda.len().max(1) as f64;
         let values: Vec<String> = lambda.iter().map(|v| format!("{v:.6}")).collect();
-        let loss = if loss.is_finite() {
-            format!("{loss}")
-        } else {
-            "null".into()
-        };
         format!(
-            "{{\"loss\":{loss},\"mean_lambda\":{mean:.6},\"lambda\":[{}]}}",
+            "{{\"loss\":{},\"mean_lambda\":{mean:.6},\"lambda\":[{}]}}",
+            json_number(loss),
             values.join(",")
         )
     }

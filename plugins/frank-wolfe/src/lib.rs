@@ -9,7 +9,7 @@ pub mod algo;
 
 use algo::StepRule;
 use mergescope_plugin_api::abi::{self, CAP_NEEDS_BASE};
-use mergescope_plugin_api::model::{Adam, ModelMethod, Session, Tasks, combine, dots};
+use mergescope_plugin_api::model::{Adam, ModelMethod, Session, Tasks, combine, dots, json_number};
 use mergescope_plugin_api::{CreateContext, Descriptor, Error, Host, ParamSpec, Params, Result, Tensor};
 
 const HELP: &str = "Frank-Wolfe merging (Chen et al., seed 000). Minimises the calibration loss ℓ(θ) over \
@@ -173,7 +173,7 @@ impl ModelMethod for FrankWolfe {
             }
         };
         let loss0 = session.loss(&theta, Tasks::All, self.objective)?;
-        session.report_iterate(&theta, "init", &format!("{{\"loss\":{}}}", json_num(loss0)))?;
+        session.report_iterate(&theta, "init", &format!("{{\"loss\":{}}}", json_number(loss0)))?;
         for t in 0..self.iterations {
             host.check_cancelled()?;
             host.report_progress(t as f64 / self.iterations as f64);
@@ -204,8 +204,8 @@ impl ModelMethod for FrankWolfe {
             theta = next;
             let metrics = format!(
                 "{{\"loss_before\":{},\"fw_gap\":{},{info}}}",
-                json_num(loss),
-                json_num(gap)
+                json_number(loss),
+                json_number(gap)
             );
             session.report_iterate(&theta, &format!("iteration {}", t + 1), &metrics)?;
         }
@@ -237,7 +237,10 @@ impl FrankWolfe {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let moved = picks.iter().filter(|p| p.is_some()).count();
-            Ok((next, format!("\"gamma\":{},\"tensors_moved\":{moved}", json_num(gamma))))
+            Ok((
+                next,
+                format!("\"gamma\":{},\"tensors_moved\":{moved}", json_number(gamma)),
+            ))
         } else {
             let i = algo::argmin(task_scores);
             let next = combine(
@@ -245,7 +248,7 @@ impl FrankWolfe {
                 &[theta, &experts[i]],
                 |_, m| if m == 0 { 1.0 - gamma } else { gamma },
             )?;
-            Ok((next, format!("\"gamma\":{},\"vertex\":{i}", json_num(gamma))))
+            Ok((next, format!("\"gamma\":{},\"vertex\":{i}", json_number(gamma))))
         }
     }
 
@@ -288,7 +291,7 @@ impl FrankWolfe {
         let lambda = weights.lambda();
         let next = candidate(&lambda)?;
         let picks_json: Vec<String> = picks.iter().map(usize::to_string).collect();
-        let lambda_json: Vec<String> = lambda.iter().map(|v| json_num(*v)).collect();
+        let lambda_json: Vec<String> = lambda.iter().map(|v| json_number(*v)).collect();
         Ok((
             next,
             format!(
@@ -311,11 +314,6 @@ fn cosine_sum(host: &Host<'_>, g: &[Tensor], theta: &[Tensor]) -> Result<f64> {
         }
     }
     Ok(s)
-}
-
-/// A finite JSON number (non-finite values become null).
-fn json_num(v: f64) -> String {
-    if v.is_finite() { format!("{v}") } else { "null".into() }
 }
 
 mergescope_plugin_api::export_model_plugin!(FrankWolfe);

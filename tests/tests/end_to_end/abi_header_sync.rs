@@ -59,6 +59,8 @@ const TYPE_NAMES: &[(&str, &str)] = &[
     ("EvalMetrics", "ms_eval_metrics"),
     ("FinetuneOptions", "ms_finetune_options"),
     ("SessionApiV1", "ms_session_api_v1"),
+    ("FisherLabels", "ms_fisher_labels"),
+    ("SessionFisherV1", "ms_session_fisher_v1"),
 ];
 
 /// One fact from the C probe (mirrors `ms_probe_entry` in layout_probe.c).
@@ -179,6 +181,7 @@ fn rust_facts() -> BTreeMap<String, Value> {
     int_type!(f, DisjointOp);
     int_type!(f, Objective);
     int_type!(f, OptimizerKind);
+    int_type!(f, FisherLabels);
 
     #[allow(dead_code)]
     fn pin_entry(e: EntryV1) -> unsafe extern "C" fn() -> *const PluginApiV1 {
@@ -313,6 +316,14 @@ fn rust_facts() -> BTreeMap<String, Value> {
         release_since: unsafe extern "C" fn(Ctx, u64, *const H, usize) -> Status,
         get_extension: unsafe extern "C" fn(Ctx, Str) -> *const c_void,
     });
+    layout!(f, SessionFisherV1 {
+        struct_size: usize,
+        diag_fisher: unsafe extern "C" fn(Ctx, *const H, usize, usize, FisherLabels, *mut H) -> Status,
+    });
+    f.insert(
+        "str MS_SESSION_EXT_FISHER_V1".into(),
+        Value::Bytes(SESSION_EXT_FISHER_V1.as_bytes().to_vec()),
+    );
 
     f.insert("str MS_MAGIC".into(), Value::Bytes(MAGIC.to_vec()));
     f.insert(
@@ -397,6 +408,8 @@ fn rust_facts() -> BTreeMap<String, Value> {
         OPTIMIZER_MOMENTUM,
         OPTIMIZER_ADAMW,
         ALL_TASKS,
+        FISHER_LABELS_TRUE,
+        FISHER_LABELS_PREDICTED,
     );
     f
 }
@@ -523,6 +536,7 @@ fn header_helpers_agree() {
             + size_of::<EvalMetrics>()
             + size_of::<FinetuneOptions>()
             + size_of::<SessionApiV1>()
+            + size_of::<SessionFisherV1>()
     );
     // The minimum table is the ABI 1.0 layout, which ends with `instance_capabilities`; it must
     // not grow when later minors append fields.

@@ -117,7 +117,12 @@ fn metric(v: &Value, key: &str) -> f64 {
 
 #[test]
 fn model_level_plugins_load_through_the_common_door() {
-    for lib in ["mergescope_plugin_adamerging", "mergescope_plugin_frank_wolfe"] {
+    for lib in [
+        "mergescope_plugin_adamerging",
+        "mergescope_plugin_frank_wolfe",
+        "mergescope_plugin_mima",
+        "mergescope_plugin_fisher",
+    ] {
         let p = load(lib);
         assert!(p.is_model_level(), "{lib}: {}", p.info.kind);
         assert_eq!(p.info.abi, "1.1");
@@ -233,6 +238,112 @@ fn frank_wolfe_soft_mixes_vertices_on_the_simplex() {
             "{lambda:?}"
         );
     }
+}
+
+/// MIMA with the fixture experts' recipe (momentum 0.05, batch 64, S = 40 steps per task).
+fn mima(rounds: u64, extra: Value) -> Value {
+    let mut p = json!({"rounds": rounds, "total_steps": 40, "optimizer": "momentum", "lr": 0.05});
+    p.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    p
+}
+
+/// Largest |a − b| over two models' tensors.
+fn max_abs_diff(a: &[Tensor], b: &[Tensor]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            (x - y)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        })
+        .fold(0.0, f32::max)
+}
+
+/// Seed 003, Prop. 1 and Fig. 5: with the same budget S per task, more rounds of averaging make
+/// the final task vectors θ_t − θ0 point the same way, while each round's updates stay far less
+/// aligned. And TA with λ = 1/T is exactly the uniform average (003 §2.1 step 4).
+#[test]
+fn mima_task_vectors_align_as_rounds_grow() {
+    let f = fixture();
+    let one = run("mergescope_plugin_mima", &f, mima(1, json!({})));
+    let four = run("mergescope_plugin_mima", &f, mima(4, json!({})));
+    assert_eq!(one.trajectory.reported, 1);
+    assert_eq!(four.trajectory.reported, 4);
+    let labels: Vec<&str> = four.trajectory.iterates.iter().map(|i| i.label.as_str()).collect();
+    assert_eq!(labels, ["round 1", "round 2", "round 3", "round 4"]);
+    let cos = |o: &ModelRunOutput| metric(&o.trajectory.iterates.last().unwrap().metrics, "task_vector_cosine");
+    let (c1, c4) = (cos(&one), cos(&four));
+    assert!(c4 > c1 + 0.2, "mean pairwise cosine of τ: N=1 {c1:.3}, N=4 {c4:.3}");
+    let per_round: Vec<f64> = four
+        .trajectory
+        .iterates
+        .iter()
+        .map(|i| metric(&i.metrics, "task_vector_cosine"))
+        .collect();
+    eprintln!("MIMA mean pairwise cos(τ): N=1 {c1:.3}, N=4 per round {per_round:.3?}");
+    assert!(per_round.windows(2).all(|w| w[1] > w[0]), "{per_round:?}");
+    let update = metric(&four.trajectory.iterates[3].metrics, "update_cosine");
+    assert!(update < c4, "round-4 updates cos {update:.3} vs task vectors {c4:.3}");
+    // N = 1 is independent fine-tuning: the round's updates are the task vectors.
+    let first = &one.trajectory.iterates[0].metrics;
+    assert!((metric(first, "update_cosine") - c1).abs() < 1e-9, "{first}");
+
+    // The default final merge is the last average; TA at λ = 1/T gives the same model.
+    let avg = four.result.unwrap();
+    assert!(max_abs_diff(&avg, &four.trajectory.iterates[3].tensors) == 0.0);
+    let ta = run(
+        "mergescope_plugin_mima",
+        &f,
+        mima(4, json!({"final": "task-arithmetic", "ta_lambda": 1.0 / 3.0})),
+    )
+    .result
+    .unwrap();
+    let d = max_abs_diff(&avg, &ta);
+    assert!(d < 1e-5, "TA(1/T) differs from the uniform average by {d}");
+}
+
+/// Fisher merging is an element-wise convex combination of the experts, tends to the uniform
+/// average as ε grows, and on the experts' calibration data beats the uniform average it starts
+/// from (Matena & Raffel, 2022, Fig. 1's ordering).
+#[test]
+fn fisher_merging_weights_experts_by_their_information() {
+    let f = fixture();
+    let out = run("mergescope_plugin_fisher", &f, json!({}));
+    let labels: Vec<&str> = out.trajectory.iterates.iter().map(|i| i.label.as_str()).collect();
+    assert_eq!(labels, ["uniform average", "fisher-weighted"]);
+    let loss = |i: usize| metric(&out.trajectory.iterates[i].metrics, "loss");
+    eprintln!("Fisher: calibration loss uniform {:.4}, fisher {:.4}", loss(0), loss(1));
+    assert!(loss(1) < loss(0), "uniform {} vs fisher {}", loss(0), loss(1));
+    let merged = out.result.unwrap();
+    for (p, m) in merged.iter().enumerate() {
+        let stack = Tensor::stack(&f.experts.iter().map(|e| e[p].clone()).collect::<Vec<_>>(), 0).unwrap();
+        let lo = (stack.min(0).unwrap() - 1e-6).unwrap();
+        let hi = (stack.max(0).unwrap() + 1e-6).unwrap();
+        let inside = m.ge(&lo).unwrap().mul(&m.le(&hi).unwrap()).unwrap();
+        let outside = m.elem_count()
+            - inside
+                .to_dtype(candle_core::DType::F32)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap() as usize;
+        assert_eq!(outside, 0, "tensor {p}: {outside} entries outside the experts' range");
+    }
+    let moved = max_abs_diff(&merged, &out.trajectory.iterates[0].tensors);
+    assert!(moved > 1e-4, "the Fisher merge equals the average (max |Δ| {moved})");
+    let flat = run("mergescope_plugin_fisher", &f, json!({"min_fisher": 1e9}))
+        .result
+        .unwrap();
+    let d = max_abs_diff(&flat, &out.trajectory.iterates[0].tensors);
+    assert!(d < 1e-5, "ε = 1e9 should give the average; max |Δ| {d}");
 }
 
 #[test]

@@ -316,6 +316,55 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
         run().map_err(|e| e.to_string())
     }
 
+    /// Mean over task `t`'s calibration examples of the squared gradient of log p(y | x), one
+    /// example at a time, per session tensor; y is the true label or the candidate's argmax.
+    fn diag_fisher(&self, backbone: &Params, t: usize, predicted: bool) -> Result<Vec<Tensor>> {
+        let vars: Vec<Var> = self
+            .model
+            .names
+            .iter()
+            .map(|k| Ok(Var::from_tensor(&backbone[k].detach())?))
+            .collect::<Result<_>>()?;
+        let p: Params = self
+            .model
+            .names
+            .iter()
+            .zip(&vars)
+            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+            .collect();
+        let c = &self.calibration[t];
+        let n = c.images.dim(0)?;
+        let mut sums: Vec<Tensor> = vars
+            .iter()
+            .map(|v| v.as_tensor().zeros_like())
+            .collect::<candle_core::Result<_>>()?;
+        for i in 0..n {
+            if self.call().cancel_flag().load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(EngineError::Cancelled);
+            }
+            let x = c.images.narrow(0, i, 1)?;
+            let features = self.model.arch.features(&p, &x)?;
+            let log_p = candle_nn::ops::log_softmax(&self.model.tasks[t].head.logits(&features)?, D::Minus1)?;
+            let y = if predicted {
+                log_p.argmax_keepdim(D::Minus1)?
+            } else {
+                c.labels.narrow(0, i, 1)?.unsqueeze(1)?
+            };
+            let log_likelihood = log_p.gather(&y, D::Minus1)?.sum_all()?;
+            let store = log_likelihood.backward()?;
+            for (sum, v) in sums.iter_mut().zip(&vars) {
+                if let Some(g) = store.get(v.as_tensor()) {
+                    *sum = (&*sum + g.sqr()?)?;
+                }
+            }
+        }
+        let scale = 1.0 / n.max(1) as f64;
+        Ok(sums
+            .into_iter()
+            .map(|s| s.affine(scale, 0.0))
+            .collect::<candle_core::Result<_>>()?)
+    }
+
     fn finetune(&self, start: &Params, task: usize, o: &FinetuneOptions) -> Result<Params> {
         let optim = match o.optimizer {
             abi::OPTIMIZER_SGD => OptimConfig::sgd(o.learning_rate),
@@ -619,8 +668,48 @@ unsafe extern "C" fn s_release_since(ctx: *mut c_void, mark: u64, keep: *const T
     })
 }
 
-unsafe extern "C" fn s_get_extension(_ctx: *mut c_void, _id: Str) -> *const c_void {
-    std::ptr::null()
+/// The host's diagonal-Fisher extension table.
+static FISHER_V1: abi::SessionFisherV1 = abi::SessionFisherV1 {
+    struct_size: std::mem::size_of::<abi::SessionFisherV1>(),
+    diag_fisher: s_diag_fisher,
+};
+
+unsafe extern "C" fn s_get_extension(_ctx: *mut c_void, id: Str) -> *const c_void {
+    // SAFETY: a borrowed string valid for the call.
+    match unsafe { id.as_str() } {
+        Ok(abi::SESSION_EXT_FISHER_V1) => (&raw const FISHER_V1).cast(),
+        _ => std::ptr::null(),
+    }
+}
+
+unsafe extern "C" fn s_diag_fisher(
+    ctx: *mut c_void,
+    candidate: *const TensorHandle,
+    n: usize,
+    task: usize,
+    labels: abi::FisherLabels,
+    out: *mut TensorHandle,
+) -> Status {
+    with_session(ctx, |s| {
+        let p = s.candidate(candidate, n)?;
+        if task >= s.model.tasks.len() {
+            return Err(format!(
+                "diag_fisher needs one task (0..{}), not {task}",
+                s.model.tasks.len()
+            ));
+        }
+        let predicted = match labels {
+            abi::FISHER_LABELS_TRUE => false,
+            abi::FISHER_LABELS_PREDICTED => true,
+            k => {
+                return Err(format!(
+                    "unknown Fisher labels {k}; use FISHER_LABELS_TRUE or FISHER_LABELS_PREDICTED"
+                ));
+            }
+        };
+        let f = s.diag_fisher(&p, task, predicted).map_err(engine_err)?;
+        s.insert_all(f, out, n)
+    })
 }
 
 #[cfg(test)]

@@ -35,10 +35,24 @@ pub fn method_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
     egui::ComboBox::from_label("Method")
         .selected_text(selected_text)
         .width(200.0)
+        // Every method visible without scrolling (the popup still stops at the window's edge).
+        .height(f32::INFINITY)
         .show_ui(ui, |ui| {
-            for p in &session.registry.plugins {
-                ui.selectable_value(&mut chosen, p.id().to_owned(), &p.info.name)
-                    .on_hover_text(&p.info.description);
+            for (model_level, heading) in [(false, "Per tensor"), (true, "Model level · calibration data")] {
+                let group: Vec<_> = session
+                    .registry
+                    .plugins
+                    .iter()
+                    .filter(|p| p.is_model_level() == model_level)
+                    .collect();
+                if group.is_empty() {
+                    continue;
+                }
+                ui.label(RichText::new(heading).weak().small());
+                for p in group {
+                    ui.selectable_value(&mut chosen, p.id().to_owned(), &p.info.name)
+                        .on_hover_text(&p.info.description);
+                }
             }
         });
     if chosen != current {
