@@ -541,3 +541,107 @@ fn eval_and_merge_eval_on_a_benchmark() {
     let e = env.fails(&["eval", "--checkpoint", &expert, "--benchmark", &b, "--split", "train"]);
     assert!(e.contains("use test or calibration"), "{e}");
 }
+
+/// `compare` runs per-tensor and model-level methods on a benchmark, picks λ by calibration
+/// accuracy (checked against `eval --split calibration` of merges at each grid value), and
+/// its table agrees with `eval` of the checkpoints it leaves; it never overwrites a table.
+#[test]
+fn compare_writes_a_results_table_that_eval_confirms() {
+    let env = Env::new();
+    let bench = env.path("bench");
+    tiny_benchmark(&bench);
+    let b = bench.to_string_lossy().into_owned();
+    let out_dir = env.path("cmp");
+    let o = out_dir.to_string_lossy().into_owned();
+    let args = [
+        "compare",
+        "--benchmark",
+        &b,
+        "--arch",
+        "mlp",
+        "--methods",
+        "weight-average,task-arithmetic,fisher",
+        "--lambda-grid",
+        "0.2,1.0",
+        "--out-dir",
+        &o,
+        "-q",
+    ];
+    let stdout = env.ok(&args);
+    let md = std::fs::read_to_string(out_dir.join("results.md")).unwrap();
+    assert!(stdout.contains(&md), "stdout shows the table");
+    for row in [
+        "| Pretrained (base) |",
+        "| Individual (experts) |",
+        "| Weight averaging | defaults |",
+        "| Fisher merging | defaults |",
+    ] {
+        assert!(md.contains(row), "{row} missing in:\n{md}");
+    }
+    let csv = std::fs::read_to_string(out_dir.join("results.csv")).unwrap();
+    let average = |method: &str| -> (String, f64) {
+        let line = csv
+            .lines()
+            .find(|l| l.starts_with(&format!("\"{method}\"")) && l.contains(",average,"))
+            .unwrap_or_else(|| panic!("no average row for {method} in\n{csv}"));
+        let cols: Vec<&str> = line.split(',').collect();
+        (cols[1].trim_matches('"').to_owned(), cols[3].parse().unwrap())
+    };
+    // Each table entry is what `eval` says about the checkpoint left behind.
+    for method in ["weight-average", "task-arithmetic", "fisher"] {
+        let ckpt = out_dir
+            .join(format!("{method}.safetensors"))
+            .to_string_lossy()
+            .into_owned();
+        let j: serde_json::Value =
+            serde_json::from_str(&env.ok(&["eval", "--checkpoint", &ckpt, "--benchmark", &b, "--json"])).unwrap();
+        let want = j["report"]["mean_accuracy"].as_f64().unwrap();
+        let (_, got) = average(method);
+        assert!((got - want).abs() < 1e-12, "{method}: table {got} vs eval {want}");
+    }
+    // λ: the grid value whose merge is more accurate on the calibration split.
+    let calib = |lambda: &str| -> f64 {
+        let path = env
+            .path(&format!("ta-{lambda}.safetensors"))
+            .to_string_lossy()
+            .into_owned();
+        env.ok(&[
+            "merge",
+            "--method",
+            "task-arithmetic",
+            "--benchmark",
+            &b,
+            "--param",
+            &format!("lambda={lambda}"),
+            "--out",
+            &path,
+            "-q",
+        ]);
+        let j: serde_json::Value = serde_json::from_str(&env.ok(&[
+            "eval",
+            "--checkpoint",
+            &path,
+            "--benchmark",
+            &b,
+            "--split",
+            "calibration",
+            "--json",
+        ]))
+        .unwrap();
+        j["report"]["mean_accuracy"].as_f64().unwrap()
+    };
+    let (low, high) = (calib("0.2"), calib("1.0"));
+    let expected = if high > low {
+        "λ = 1 (calibration)"
+    } else {
+        "λ = 0.2 (calibration)"
+    };
+    assert_eq!(
+        average("task-arithmetic").0,
+        expected,
+        "calibration accuracy 0.2: {low}, 1.0: {high}"
+    );
+    // A second run must not replace the first one's results.
+    let e = env.fails(&args);
+    assert!(e.contains("--overwrite"), "{e}");
+}

@@ -13,6 +13,7 @@
 
 pub mod bench;
 pub mod checkpoint;
+pub mod compare;
 pub mod compat;
 pub mod data;
 pub mod demo;

@@ -1,6 +1,7 @@
 //! Command-line parsing and dispatch. Each subcommand lives in its own module.
 
 mod bench;
+mod compare;
 mod demo;
 mod eval;
 mod gui;
@@ -49,6 +50,8 @@ pub enum Command {
     },
     /// Evaluate a backbone checkpoint per task on a benchmark.
     Eval(eval::EvalArgs),
+    /// Run every method on a benchmark and write a results table (Markdown and CSV).
+    Compare(compare::CompareArgs),
     /// Open the desktop window (the default when no subcommand is given).
     Gui(gui::GuiArgs),
 }
@@ -100,6 +103,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Some(Command::Bench(args)) => bench::run(&cli.plugin_dirs, args),
         Some(Command::Demo { command }) => demo::run(command),
         Some(Command::Eval(args)) => eval::run(&args),
+        Some(Command::Compare(args)) => compare::run(&cli.plugin_dirs, args),
         Some(Command::Gui(args)) => gui::run(&cli.plugin_dirs, &args),
         None => gui::run(&cli.plugin_dirs, &gui::GuiArgs::default()),
     }

@@ -1,0 +1,152 @@
+//! `mergescope compare`: every installed method (or those named) on a benchmark, written as a
+//! Markdown and a CSV table of per-task, average and normalised test accuracy.
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use mergescope_engine::compare::{CompareConfig, compare, default_lambda_grid};
+use mergescope_engine::data::benchmark_tasks;
+use mergescope_engine::demo::resolve_benchmark;
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_engine::merge::ExecOptions;
+use mergescope_engine::nn::Arch;
+use mergescope_engine::plugin::loader::Plugin;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// `demo` (the built demo benchmark of --arch), `demo/<arch>-seed<N>`, or a benchmark folder.
+    #[arg(long, default_value = "demo", value_name = "SPEC")]
+    pub benchmark: String,
+    /// Architecture of the demo benchmark: mlp, cnn or vit.
+    #[arg(long, default_value = "cnn")]
+    pub arch: String,
+    /// Only these methods (plugin ids, comma-separated), in this order; default: every
+    /// installed method.
+    #[arg(long, value_delimiter = ',', value_name = "A,B")]
+    pub methods: Option<Vec<String>>,
+    /// λ values searched on calibration data for methods with a `lambda` parameter
+    /// (comma-separated; default 0.1, 0.2, …, 2.0 within each method's range). `none` keeps
+    /// every method's default λ.
+    #[arg(long, value_delimiter = ',', value_name = "L1,L2")]
+    pub lambda_grid: Option<Vec<String>>,
+    /// Folder for the merged checkpoints and the tables.
+    #[arg(long, default_value = "compare", value_name = "DIR")]
+    pub out_dir: PathBuf,
+    /// Replace checkpoints and tables left in --out-dir by an earlier run.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Seed of every merge.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// cpu, cuda or metal.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+fn grid(args: &CompareArgs) -> anyhow::Result<Vec<f64>> {
+    match &args.lambda_grid {
+        None => Ok(default_lambda_grid()),
+        Some(v) if v.len() == 1 && v[0].trim() == "none" => Ok(Vec::new()),
+        Some(v) => {
+            v.iter()
+                .map(|s| {
+                    s.trim().parse::<f64>().ok().filter(|x| x.is_finite()).with_context(|| {
+                        format!("--lambda-grid: '{s}' is not a number (write e.g. 0.1,0.3,0.5 or none)")
+                    })
+                })
+                .collect()
+        }
+    }
+}
+
+pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCode> {
+    let arch = Arch::parse(&args.arch).with_context(|| format!("--arch '{}': use mlp, cnn or vit", args.arch))?;
+    let lambda_grid = grid(&args)?;
+    let device_choice = DeviceChoice::parse(&args.device)
+        .with_context(|| format!("--device '{}': use cpu, cuda or metal", args.device))?;
+    let registry = super::registry(plugin_dirs)?;
+    let chosen: Vec<Arc<Plugin>> = match &args.methods {
+        Some(ids) => ids
+            .iter()
+            .map(|id| registry.find(id.trim()).map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<_>>()?,
+        None => registry.plugins.clone(),
+    };
+    let plugins: Vec<&Plugin> = chosen.iter().map(|p| &**p).collect();
+    if plugins.is_empty() {
+        bail!("no method plugins found; see `mergescope plugins list`");
+    }
+    let md_path = args.out_dir.join("results.md");
+    let csv_path = args.out_dir.join("results.csv");
+    for p in [&md_path, &csv_path] {
+        if p.exists() && !args.overwrite {
+            bail!(
+                "'{}' exists from an earlier comparison; pass --overwrite to replace it or choose another --out-dir",
+                p.display()
+            );
+        }
+    }
+    let bench = resolve_benchmark(&args.benchmark, Some(arch))?;
+    let tasks = benchmark_tasks(None)?;
+    let (device, note) = open_device(device_choice);
+    if let Some(n) = note {
+        eprintln!("warning: {n}");
+    }
+    let opts = ExecOptions {
+        device,
+        ..ExecOptions::default()
+    };
+    let cfg = CompareConfig {
+        out_dir: args.out_dir.clone(),
+        overwrite: args.overwrite,
+        lambda_grid,
+        seed: args.seed,
+    };
+    let bar = super::progress_bar(args.quiet);
+    bar.set_length(plugins.len() as u64);
+    let ids: Vec<String> = plugins.iter().map(|p| p.id().to_owned()).collect();
+    let mut progress = |msg: &str| {
+        if let Some(i) = ids.iter().position(|id| msg.starts_with(&format!("{id}:"))) {
+            bar.set_position(i as u64);
+        }
+        bar.set_message(msg.to_owned());
+    };
+    let cancel = super::cancel_on_ctrl_c();
+    let table = compare(&plugins, &bench, &tasks, &cfg, &opts, &mut progress, cancel);
+    bar.finish_and_clear();
+    let table = table?;
+    for r in &table.rows {
+        match &r.outcome {
+            Ok(_) => eprintln!("{}: {:.1} s -> {}", r.id, r.seconds, r.output.display()),
+            Err(e) => eprintln!("{}: failed: {e}", r.id),
+        }
+    }
+    let markdown = table.markdown();
+    write_atomic(&md_path, &markdown)?;
+    write_atomic(&csv_path, &table.csv())?;
+    println!(
+        "{} benchmark '{}' (test split; λ chosen on calibration data)\n",
+        table.arch,
+        bench.dir.display()
+    );
+    println!("{markdown}");
+    eprintln!("tables: {} and {}", md_path.display(), csv_path.display());
+    Ok(if table.rows.iter().any(|r| r.outcome.is_err()) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Writes `text` to a temporary file next to `path` and renames it into place.
+fn write_atomic(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("cannot write '{}'", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot move '{}' into place", path.display()))?;
+    Ok(())
+}
