@@ -7,7 +7,7 @@ use crate::data::{SplitKind, TaskData};
 use crate::demo::{Benchmark, load_params};
 use crate::error::{EngineError, Result};
 use crate::eval::{EvalReport, Evaluator};
-use crate::merge::{ExecOptions, MergeRequest, Observer, merge_files};
+use crate::merge::{ExecOptions, MergeRequest, Observer, Progress, merge_files};
 use crate::model_merge::merge_model_files;
 use crate::plugin::loader::Plugin;
 use crate::plugin::schema::ParamType;
@@ -94,7 +94,7 @@ pub fn compare(
     task_data: &[TaskData],
     cfg: &CompareConfig,
     opts: &ExecOptions,
-    progress: &mut dyn FnMut(&str),
+    progress: &(dyn Fn(&str) + Sync),
     cancel: &AtomicBool,
 ) -> Result<CompareTable> {
     std::fs::create_dir_all(&cfg.out_dir).map_err(|e| EngineError::io("create the output folder", &cfg.out_dir, e))?;
@@ -133,7 +133,7 @@ pub fn compare(
                 for l in grid {
                     progress(&format!("{}: λ = {l} on calibration data", plugin.id()));
                     let p = Value::Object(Map::from_iter([(LAMBDA_PARAM.to_owned(), Value::from(l))]));
-                    run_one(plugin, bench, task_data, p, cfg.seed, &scratch, opts, cancel)?;
+                    run_one(plugin, bench, task_data, p, cfg.seed, &scratch, opts, cancel, progress)?;
                     tried.push((l, evaluate_file(&calibration, &scratch, device)?.mean_accuracy));
                 }
                 let _ = std::fs::remove_file(&scratch);
@@ -151,6 +151,7 @@ pub fn compare(
                 &out,
                 opts,
                 cancel,
+                progress,
             )?;
             progress(&format!("{}: evaluating", plugin.id()));
             Ok((resolved, evaluate_file(&test, &out, device)?))
@@ -216,6 +217,7 @@ pub fn choose_lambda(tried: Vec<(f64, f64)>) -> LambdaChoice {
 }
 
 /// One merge of the benchmark's base and experts into `out`; returns the resolved parameters.
+/// A model-level method's iterates and progress go to `progress`.
 #[allow(clippy::too_many_arguments)]
 fn run_one(
     plugin: &Plugin,
@@ -226,6 +228,7 @@ fn run_one(
     out: &Path,
     opts: &ExecOptions,
     cancel: &AtomicBool,
+    progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Value> {
     let req = MergeRequest {
         params,
@@ -239,7 +242,15 @@ fn run_one(
         overwrite: true,
     };
     let report = if plugin.is_model_level() {
-        merge_model_files(plugin, &req, bench, task_data, opts, Observer::silent(), cancel)?.merge
+        let id = plugin.id();
+        let on_progress = |p: &Progress| {
+            progress(&format!("{id}: {} ({:.0}%)", p.tensor, p.done as f64 / 10.0));
+        };
+        let observer = Observer {
+            progress: &on_progress,
+            log: Observer::silent().log,
+        };
+        merge_model_files(plugin, &req, bench, task_data, opts, observer, cancel)?.merge
     } else {
         merge_files(plugin, &req, opts, Observer::silent(), cancel)?
     };

@@ -127,7 +127,7 @@ pub fn run_model_in_memory(
     model: &SessionModel<'_>,
     device: &Device,
     cancel: &AtomicBool,
-    on_iterate: &mut dyn FnMut(&str),
+    on_iterate: &mut dyn FnMut(&str, f64),
 ) -> Result<ModelRunOutput> {
     let log = |_: mergescope_plugin_api::abi::LogLevel, _: &str| {};
     let env = CallEnv {
@@ -217,13 +217,12 @@ pub fn merge_model_files(
         tasks: session_tasks,
     };
 
-    let mut seen = 0u64;
-    let mut on_iterate = |label: &str| {
-        seen += 1;
+    // Progress in permille of the plugin's own fraction, labelled with its latest iterate.
+    let mut on_iterate = |label: &str, fraction: f64| {
         (observer.progress)(&Progress {
             phase: Phase::Merge,
-            done: seen,
-            total: 0,
+            done: (fraction.clamp(0.0, 1.0) * 1000.0).round() as u64,
+            total: 1000,
             tensor: label.to_owned(),
         });
     };

@@ -153,8 +153,8 @@ impl ModelMethod for AdaMerging {
         }
         let merged = build(&lambda)?;
         let loss = session.loss(&merged, Tasks::All, self.objective)?;
-        session.report_iterate(&merged, &format!("step {}", self.steps), &self.metrics(loss, &lambda))?;
         host.report_progress(1.0);
+        session.report_iterate(&merged, &format!("step {}", self.steps), &self.metrics(loss, &lambda))?;
         Ok(merged)
     }
 }

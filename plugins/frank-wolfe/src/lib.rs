@@ -207,6 +207,7 @@ impl ModelMethod for FrankWolfe {
                 json_number(loss),
                 json_number(gap)
             );
+            host.report_progress((t + 1) as f64 / self.iterations as f64);
             session.report_iterate(&theta, &format!("iteration {}", t + 1), &metrics)?;
         }
         host.report_progress(1.0);

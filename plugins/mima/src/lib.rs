@@ -156,6 +156,7 @@ impl ModelMethod for Mima {
                 json_number(tau_cos),
                 json_number(delta_cos)
             );
+            host.report_progress((round + 1) as f64 / self.rounds as f64);
             session.report_iterate(&average, &format!("round {}", round + 1), &metrics)?;
         }
         host.report_progress(1.0);

@@ -104,7 +104,7 @@ fn run(lib: &str, f: &Fixture, params: Value) -> ModelRunOutput {
         &m,
         &Device::Cpu,
         &AtomicBool::new(false),
-        &mut |_| {},
+        &mut |_, _| {},
     )
     .unwrap()
 }
@@ -352,15 +352,17 @@ fn a_cancelled_run_keeps_its_last_iterate() {
     let m = model(&f);
     let plugin = load("mergescope_plugin_adamerging");
     let cancel = AtomicBool::new(false);
-    let mut seen = 0;
+    let mut fractions = Vec::new();
     let params = json!({"steps": 200, "report_every": 2});
-    let out = run_model_in_memory(&plugin, &params, 0, &m, &Device::Cpu, &cancel, &mut |_| {
-        seen += 1;
-        if seen == 3 {
+    let out = run_model_in_memory(&plugin, &params, 0, &m, &Device::Cpu, &cancel, &mut |_, f| {
+        fractions.push(f);
+        if fractions.len() == 3 {
             cancel.store(true, Ordering::Relaxed);
         }
     })
     .unwrap();
+    // Each iterate comes with the plugin's progress: steps 0, 2, 4 of 200.
+    assert_eq!(fractions, [0.0, 0.01, 0.02]);
     assert!(matches!(out.result, Err(mergescope_engine::EngineError::Cancelled)));
     assert_eq!(out.trajectory.reported, 3);
     assert_eq!(out.trajectory.iterates.last().unwrap().label, "step 4");

@@ -110,14 +110,14 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     let bar = super::progress_bar(args.quiet);
     bar.set_length(plugins.len() as u64);
     let ids: Vec<String> = plugins.iter().map(|p| p.id().to_owned()).collect();
-    let mut progress = |msg: &str| {
+    let progress = |msg: &str| {
         if let Some(i) = ids.iter().position(|id| msg.starts_with(&format!("{id}:"))) {
             bar.set_position(i as u64);
         }
         bar.set_message(msg.to_owned());
     };
     let cancel = super::cancel_on_ctrl_c();
-    let table = compare(&plugins, &bench, &tasks, &cfg, &opts, &mut progress, cancel);
+    let table = compare(&plugins, &bench, &tasks, &cfg, &opts, &progress, cancel);
     bar.finish_and_clear();
     let table = table?;
     for r in &table.rows {

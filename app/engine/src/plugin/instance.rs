@@ -309,12 +309,13 @@ pub struct ModelRunOutput {
 }
 
 impl Instance<'_> {
-    /// Runs a model-level method over `model`. `on_iterate` sees each reported iterate's label.
+    /// Runs a model-level method over `model`. `on_iterate` sees each reported iterate's label
+    /// and the plugin's last reported progress fraction.
     pub fn run_model(
         &self,
         env: CallEnv<'_>,
         model: &SessionModel<'_>,
-        on_iterate: &mut dyn FnMut(&str),
+        on_iterate: &mut dyn FnMut(&str, f64),
     ) -> ModelRunOutput {
         // A per-tensor plugin's table may end before `run_model` (ABI 1.0): read the field only
         // for model-level plugins, whose table length the loader checked.

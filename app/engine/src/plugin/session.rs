@@ -93,8 +93,8 @@ pub struct SessionCtx<'a, 'c> {
     calibration: Vec<Calibration>,
     /// What the method reported.
     pub trajectory: Trajectory,
-    /// Receives each reported iterate's label, for progress displays.
-    on_iterate: &'a mut dyn FnMut(&str),
+    /// Receives each reported iterate's label and the plugin's last progress fraction.
+    on_iterate: &'a mut dyn FnMut(&str, f64),
 }
 
 impl<'a, 'c> SessionCtx<'a, 'c> {
@@ -102,7 +102,7 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
     pub fn new(
         model: &'a SessionModel<'a>,
         call: &'a mut CallCtx<'c>,
-        on_iterate: &'a mut dyn FnMut(&str),
+        on_iterate: &'a mut dyn FnMut(&str, f64),
     ) -> Result<SessionCtx<'a, 'c>> {
         let calibration = model
             .tasks
@@ -634,7 +634,8 @@ unsafe extern "C" fn s_report_iterate(
         };
         let tensors = s.model.names.iter().map(|k| p[k].detach()).collect();
         let index = s.trajectory.reported;
-        (s.on_iterate)(&label);
+        let fraction = s.call().progress;
+        (s.on_iterate)(&label, fraction);
         s.trajectory.push(Iterate {
             index,
             label,
