@@ -211,6 +211,49 @@ fn merge_three_methods_by_clicking_and_compare_them() {
     again.get_by_label("density=0.4");
 }
 
+/// A model-level method runs on the open benchmark's calibration data: the run shows the
+/// method's iterates and progress as it goes, and leaves the merge, its trajectory and its
+/// evaluation.
+#[test]
+fn a_model_level_method_shows_its_iterates_and_leaves_a_trajectory() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut h = harness(app(runs.path(), Theme::Light));
+    h.run_steps(3);
+    choose_method(&mut h, "Frank-Wolfe merging");
+    slider(&h, "iterations").set_value_accesskit(4.0);
+    h.run_steps(2);
+    h.get_by_label("▶ Run merge").click();
+    // What the run shows while it goes: the method's latest iterate and its progress.
+    let seen = std::cell::RefCell::new(Vec::new());
+    step_until(&mut h, "the Frank-Wolfe run", |a| {
+        if let Some(l) = a.session.runs.last().and_then(|r| r.live.as_ref()) {
+            seen.borrow_mut().push((l.stage.clone(), l.fraction));
+        }
+        last_status(a) == Some(RunStatus::Done)
+    });
+    let seen = seen.into_inner();
+    assert!(
+        seen.iter()
+            .any(|(s, f)| s.starts_with("optimising: iteration") && *f > 0.0 && *f <= 1.0),
+        "{seen:?}"
+    );
+    let r = h.state().session.runs.last().unwrap();
+    assert_eq!(r.method, "frank-wolfe");
+    assert_eq!(r.resolved["iterations"], serde_json::json!(4));
+    let trajectory = r.output.with_extension("trajectory.safetensors");
+    assert!(r.output.exists() && trajectory.exists(), "{}", trajectory.display());
+    let eval = r.eval.as_ref().expect("the merge was evaluated");
+    assert_eq!(eval.tasks.len(), 3);
+    // init + 4 iterations, each a full model in the trajectory file.
+    let iterates = mergescope_engine::checkpoint::Checkpoint::open(&trajectory)
+        .unwrap()
+        .tensors
+        .keys()
+        .filter(|k| k.starts_with("iterate."))
+        .count();
+    assert_eq!(iterates, 5);
+}
+
 #[test]
 fn frames_keep_coming_during_a_run_and_cancel_stops_it() {
     let runs = tempfile::tempdir().unwrap();
