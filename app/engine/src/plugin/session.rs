@@ -252,6 +252,25 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
         })
     }
 
+    /// One fresh autograd variable per session tensor of `backbone`, in order, and the
+    /// parameters that read them.
+    fn variables(&self, backbone: &Params) -> Result<(Vec<Var>, Params)> {
+        let vars: Vec<Var> = self
+            .model
+            .names
+            .iter()
+            .map(|k| Ok(Var::from_tensor(&backbone[k].detach())?))
+            .collect::<Result<_>>()?;
+        let p = self
+            .model
+            .names
+            .iter()
+            .zip(&vars)
+            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+            .collect();
+        Ok((vars, p))
+    }
+
     /// Σ over `tasks` of the mean objective, and its gradient per session tensor.
     fn objective(
         &self,
@@ -261,19 +280,7 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
         with_grads: bool,
     ) -> std::result::Result<(f64, Option<Vec<Tensor>>), String> {
         let run = || -> Result<(f64, Option<Vec<Tensor>>)> {
-            let vars: Vec<Var> = self
-                .model
-                .names
-                .iter()
-                .map(|k| Ok(Var::from_tensor(&backbone[k].detach())?))
-                .collect::<Result<_>>()?;
-            let p: Params = self
-                .model
-                .names
-                .iter()
-                .zip(&vars)
-                .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-                .collect();
+            let (vars, p) = self.variables(backbone)?;
             let mut total: Option<Tensor> = None;
             for &t in tasks {
                 let logits = self.logits(&p, t)?;
@@ -319,19 +326,7 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
     /// Mean over task `t`'s calibration examples of the squared gradient of log p(y | x), one
     /// example at a time, per session tensor; y is the true label or the candidate's argmax.
     fn diag_fisher(&self, backbone: &Params, t: usize, predicted: bool) -> Result<Vec<Tensor>> {
-        let vars: Vec<Var> = self
-            .model
-            .names
-            .iter()
-            .map(|k| Ok(Var::from_tensor(&backbone[k].detach())?))
-            .collect::<Result<_>>()?;
-        let p: Params = self
-            .model
-            .names
-            .iter()
-            .zip(&vars)
-            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-            .collect();
+        let (vars, p) = self.variables(backbone)?;
         let c = &self.calibration[t];
         let n = c.images.dim(0)?;
         let mut sums: Vec<Tensor> = vars
