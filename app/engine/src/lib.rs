@@ -11,6 +11,7 @@
 //! - [`recipe`]: the TOML recipe that the GUI saves and the CLI runs.
 //! - [`bench`]: synthetic LLM-shaped checkpoints for the throughput benchmark.
 
+pub mod analysis;
 pub mod bench;
 pub mod checkpoint;
 pub mod compare;
