@@ -1,4 +1,4 @@
-//! Numerical core of the analysis views: principal-component projections of checkpoints and
+//! Principal-component projections of checkpoints and
 //! trajectories through their Gram matrix (n×n for n points, never D×D), and cosine-similarity
 //! matrices of task vectors. Inputs arrive chunk by chunk (one tensor of every point at a
 //! time) and are accumulated in f64, so no model is ever flattened into one big vector.

@@ -1,0 +1,181 @@
+//! Points of an analysis read from files: whole checkpoints and the iterates of trajectory
+//! files (`<merge>.trajectory.safetensors`), optionally minus a reference (the base, for task
+//! vectors). Files are read tensor by tensor through mmap, so memory holds one tensor of every
+//! point at a time.
+
+use super::Gram;
+use crate::checkpoint::{Checkpoint, TensorEntry};
+use crate::error::{EngineError, Result};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// Labelled points and their Gram matrix.
+#[derive(Clone, Debug)]
+pub struct PointSet {
+    /// One label per point: the checkpoint's file name, or `<trajectory>: <iterate label>`.
+    pub labels: Vec<String>,
+    /// The iterate's metrics (JSON object; `null` for checkpoints).
+    pub metrics: Vec<Value>,
+    /// Which trajectory each point belongs to (index into the trajectories given), if any.
+    pub trajectory: Vec<Option<usize>>,
+    /// Inner products of the points (minus the reference, if one was given).
+    pub gram: Gram,
+}
+
+/// A tensor of the layout: name and element count.
+struct Slot {
+    name: String,
+    numel: usize,
+}
+
+/// Where a point's values come from.
+enum Source<'a> {
+    /// A checkpoint: tensor by name.
+    Checkpoint(&'a Checkpoint),
+    /// One flat iterate of a trajectory; tensors at their layout offsets.
+    Iterate(&'a Checkpoint, &'a TensorEntry),
+}
+
+fn label_of(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    name.trim_end_matches(".safetensors")
+        .trim_end_matches(".trajectory")
+        .to_owned()
+}
+
+/// The tensor layout stored in a trajectory file's header.
+fn trajectory_layout(c: &Checkpoint) -> Result<Vec<Slot>> {
+    let meta = c.metadata();
+    let raw = meta.get("mergescope.trajectory.tensors").ok_or_else(|| {
+        EngineError::Invalid(format!(
+            "'{}' is not a trajectory file (no mergescope.trajectory.tensors in its header); pass it as a checkpoint instead",
+            c.path.display()
+        ))
+    })?;
+    let v: Vec<Value> = serde_json::from_str(raw)
+        .map_err(|e| EngineError::Invalid(format!("'{}': bad tensor layout: {e}", c.path.display())))?;
+    v.iter()
+        .map(|t| {
+            let name = t["name"].as_str().unwrap_or_default().to_owned();
+            let numel = t["shape"]
+                .as_array()
+                .map(|s| s.iter().map(|d| d.as_u64().unwrap_or(0) as usize).product())
+                .unwrap_or(0);
+            Ok(Slot { name, numel })
+        })
+        .collect()
+}
+
+/// Reads `checkpoints` and the iterates of `trajectories` into a Gram matrix over the tensors
+/// of the first trajectory's layout (or, without trajectories, every float tensor of the first
+/// checkpoint), minus `reference` when given.
+pub fn gram_of_files(checkpoints: &[PathBuf], trajectories: &[PathBuf], reference: Option<&Path>) -> Result<PointSet> {
+    let ckpts: Vec<Checkpoint> = checkpoints.iter().map(|p| Checkpoint::open(p)).collect::<Result<_>>()?;
+    let trajs: Vec<Checkpoint> = trajectories
+        .iter()
+        .map(|p| Checkpoint::open(p))
+        .collect::<Result<_>>()?;
+    let reference = reference.map(Checkpoint::open).transpose()?;
+    let layout: Vec<Slot> = match (trajs.first(), ckpts.first()) {
+        (Some(t), _) => trajectory_layout(t)?,
+        (None, Some(c)) => c
+            .tensors
+            .iter()
+            .filter(|(_, t)| t.dtype.is_float())
+            .map(|(k, t)| Slot {
+                name: k.clone(),
+                numel: t.numel(),
+            })
+            .collect(),
+        (None, None) => return Err(EngineError::Invalid("no checkpoints or trajectories to analyse".into())),
+    };
+    let mut labels = Vec::new();
+    let mut metrics = Vec::new();
+    let mut membership = Vec::new();
+    let mut sources = Vec::new();
+    for (c, p) in ckpts.iter().zip(checkpoints) {
+        labels.push(label_of(p));
+        metrics.push(Value::Null);
+        membership.push(None);
+        sources.push(Source::Checkpoint(c));
+    }
+    for (i, (t, p)) in trajs.iter().zip(trajectories).enumerate() {
+        let summaries: Vec<Value> = t
+            .metadata()
+            .get("mergescope.trajectory.iterates")
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_default();
+        let mut keys: Vec<&String> = t.tensors.keys().filter(|k| k.starts_with("iterate.")).collect();
+        keys.sort();
+        for k in keys {
+            let index: u64 = k.trim_start_matches("iterate.").parse().unwrap_or(u64::MAX);
+            let s = summaries.iter().find(|s| s["index"].as_u64() == Some(index));
+            let label = s.and_then(|s| s["label"].as_str()).unwrap_or(k);
+            labels.push(format!("{}: {label}", label_of(p)));
+            metrics.push(s.map(|s| s["metrics"].clone()).unwrap_or(Value::Null));
+            membership.push(Some(i));
+            sources.push(Source::Iterate(t, &t.tensors[k]));
+        }
+    }
+    let total: usize = layout.iter().map(|s| s.numel).sum();
+    for src in &sources {
+        if let Source::Iterate(c, e) = src
+            && e.numel() != total
+        {
+            return Err(EngineError::Invalid(format!(
+                "'{}': iterates of {} values, but the layout adds up to {total}; pass trajectories of the same model",
+                c.path.display(),
+                e.numel()
+            )));
+        }
+    }
+    let mut gram = Gram::new(sources.len());
+    let mut offset = 0;
+    for slot in &layout {
+        let read = |c: &Checkpoint| -> Result<Vec<f32>> {
+            let e = c.tensors.get(&slot.name).ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "'{}' has no tensor '{}'; the points must be checkpoints of the same model",
+                    c.path.display(),
+                    slot.name
+                ))
+            })?;
+            if e.numel() != slot.numel {
+                return Err(EngineError::Invalid(format!(
+                    "'{}': tensor '{}' has {} values, expected {}",
+                    c.path.display(),
+                    slot.name,
+                    e.numel(),
+                    slot.numel
+                )));
+            }
+            Ok(c.read_f32(e))
+        };
+        let shift = reference.as_ref().map(&read).transpose()?;
+        let chunks: Vec<Vec<f32>> = sources
+            .iter()
+            .map(|s| {
+                let mut v = match s {
+                    Source::Checkpoint(c) => read(c)?,
+                    Source::Iterate(c, e) => c.read_f32_range(e, offset, slot.numel),
+                };
+                if let Some(r) = &shift {
+                    v.iter_mut().zip(r).for_each(|(x, r)| *x -= r);
+                }
+                Ok(v)
+            })
+            .collect::<Result<_>>()?;
+        let refs: Vec<&[f32]> = chunks.iter().map(Vec::as_slice).collect();
+        gram.add(&refs)?;
+        offset += slot.numel;
+    }
+    Ok(PointSet {
+        labels,
+        metrics,
+        trajectory: membership,
+        gram,
+    })
+}
