@@ -1,0 +1,339 @@
+//! The figure kinds as plain data. Analyses produce them; [`crate::csv`] and [`crate::png`]
+//! write them; the GUI draws them with egui_plot.
+
+use serde::{Deserialize, Serialize};
+
+/// A figure of one of the four kinds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Figure {
+    /// Labelled points and ordered paths (PCA projections, trajectories).
+    Scatter(Scatter),
+    /// Values over a grid (landscapes) or a labelled matrix (cosine similarity).
+    Heatmap(Heatmap),
+    /// Curves against one x axis (λ lines, spectra, R(k)/I(k)).
+    Lines(Lines),
+    /// Per-axis values of several series on a polar chart (per-task normalised accuracy).
+    Radar(Radar),
+}
+
+impl Figure {
+    /// The figure's title.
+    pub fn title(&self) -> &str {
+        match self {
+            Figure::Scatter(f) => &f.title,
+            Figure::Heatmap(f) => &f.title,
+            Figure::Lines(f) => &f.title,
+            Figure::Radar(f) => &f.title,
+        }
+    }
+}
+
+/// One labelled point.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    /// Position.
+    pub x: f64,
+    /// Position.
+    pub y: f64,
+    /// Name shown beside the point.
+    pub label: String,
+    /// Group (colour): "base", "expert", "merge", or a trajectory's name.
+    pub group: String,
+    /// Extra lines shown on hover (metrics).
+    pub info: Vec<String>,
+}
+
+/// An ordered sequence of positions drawn as arrows from one to the next.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Path {
+    /// Name in the legend.
+    pub label: String,
+    /// Positions in order.
+    pub points: Vec<[f64; 2]>,
+}
+
+/// Points and paths in a plane.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Scatter {
+    /// Title.
+    pub title: String,
+    /// Horizontal axis name.
+    pub x_label: String,
+    /// Vertical axis name.
+    pub y_label: String,
+    /// Points.
+    pub points: Vec<Point>,
+    /// Paths (trajectories), drawn under the points.
+    pub paths: Vec<Path>,
+}
+
+/// A heatmap axis: numeric grid coordinates or category names.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Axis {
+    /// Cell centres, increasing.
+    Numeric(Vec<f64>),
+    /// One name per cell.
+    Categories(Vec<String>),
+}
+
+impl Axis {
+    /// Number of cells along the axis.
+    pub fn len(&self) -> usize {
+        match self {
+            Axis::Numeric(v) => v.len(),
+            Axis::Categories(v) => v.len(),
+        }
+    }
+
+    /// Whether the axis has no cells.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The name of cell `i` (its coordinate for numeric axes).
+    pub fn name(&self, i: usize) -> String {
+        match self {
+            Axis::Numeric(v) => v.get(i).map(|x| format_number(*x)).unwrap_or_default(),
+            Axis::Categories(v) => v.get(i).cloned().unwrap_or_default(),
+        }
+    }
+
+    /// The coordinate of cell `i` (its index for categorical axes).
+    pub fn coord(&self, i: usize) -> f64 {
+        match self {
+            Axis::Numeric(v) => v.get(i).copied().unwrap_or(f64::NAN),
+            Axis::Categories(_) => i as f64,
+        }
+    }
+}
+
+/// Which colours a heatmap uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ColorScale {
+    /// Perceptually uniform, low = dark (viridis).
+    Sequential,
+    /// Blue–white–red, centred at zero (similarities).
+    Diverging,
+}
+
+/// Whether lower or higher values are better (where the best point is marked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Better {
+    /// Losses.
+    Lower,
+    /// Accuracies.
+    Higher,
+}
+
+/// Values over a grid. `values[row][col]` lies at (`x` cell `col`, `y` cell `row`); NaN marks a
+/// cell not computed (yet).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Heatmap {
+    /// Title.
+    pub title: String,
+    /// Horizontal axis name.
+    pub x_label: String,
+    /// Vertical axis name.
+    pub y_label: String,
+    /// Name of the value (colour bar).
+    pub value_label: String,
+    /// Horizontal cells.
+    pub x: Axis,
+    /// Vertical cells.
+    pub y: Axis,
+    /// Values, row-major (`y.len()` rows of `x.len()`).
+    pub values: Vec<Vec<f64>>,
+    /// Colours.
+    pub scale: ColorScale,
+    /// Mark the best cell, if the values have a direction.
+    pub better: Option<Better>,
+    /// Draw contour lines at this many levels (0: none; numeric axes only).
+    pub contours: usize,
+    /// Write each cell's value in it (small matrices).
+    pub annotate: bool,
+    /// Points and paths drawn on top, in the axes' coordinates.
+    pub overlay: Vec<Path>,
+    /// Labelled points drawn on top.
+    pub marks: Vec<Point>,
+}
+
+impl Heatmap {
+    /// The best computed cell `(row, col, value)`, by `better`.
+    pub fn best(&self) -> Option<(usize, usize, f64)> {
+        let better = self.better?;
+        let mut best: Option<(usize, usize, f64)> = None;
+        for (r, row) in self.values.iter().enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                if v.is_nan() {
+                    continue;
+                }
+                let wins = match (best, better) {
+                    (None, _) => true,
+                    (Some((_, _, b)), Better::Higher) => v > b,
+                    (Some((_, _, b)), Better::Lower) => v < b,
+                };
+                if wins {
+                    best = Some((r, c, v));
+                }
+            }
+        }
+        best
+    }
+
+    /// The smallest and largest computed values (symmetric around 0 for diverging scales).
+    pub fn range(&self) -> Option<(f64, f64)> {
+        let finite = self.values.iter().flatten().copied().filter(|v| v.is_finite());
+        let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        if lo > hi {
+            return None;
+        }
+        Some(match self.scale {
+            ColorScale::Sequential => (lo, hi),
+            ColorScale::Diverging => {
+                let m = lo.abs().max(hi.abs()).max(f64::MIN_POSITIVE);
+                (-m, m)
+            }
+        })
+    }
+}
+
+/// Which vertical axis a series is read on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Side {
+    /// The main axis.
+    Left,
+    /// The secondary axis (twin-axis plots such as R(k) and I(k)).
+    Right,
+}
+
+/// One curve.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    /// Name in the legend.
+    pub label: String,
+    /// Positions, in x order.
+    pub points: Vec<[f64; 2]>,
+    /// Axis the values are read on.
+    pub side: Side,
+    /// Dashed (reference curves: the base, the experts, "original" beside "centred").
+    pub dashed: bool,
+}
+
+/// Curves against one x axis.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Lines {
+    /// Title.
+    pub title: String,
+    /// Horizontal axis name.
+    pub x_label: String,
+    /// Main vertical axis name.
+    pub y_label: String,
+    /// Secondary vertical axis name (when some series are on the right).
+    pub y2_label: Option<String>,
+    /// Logarithmic x axis.
+    pub log_x: bool,
+    /// Logarithmic main y axis.
+    pub log_y: bool,
+    /// Curves.
+    pub series: Vec<Series>,
+    /// Mark the best point of the first series, if values have a direction.
+    pub better: Option<Better>,
+}
+
+impl Lines {
+    /// The best point `(x, y)` of the first series, by `better`.
+    pub fn best(&self) -> Option<[f64; 2]> {
+        let better = self.better?;
+        let s = self.series.first()?;
+        s.points
+            .iter()
+            .filter(|p| p[1].is_finite())
+            .copied()
+            .reduce(|a, b| match better {
+                Better::Higher if b[1] > a[1] => b,
+                Better::Lower if b[1] < a[1] => b,
+                _ => a,
+            })
+    }
+}
+
+/// Per-axis values of several series on a polar chart.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Radar {
+    /// Title.
+    pub title: String,
+    /// Axis names, clockwise from the top.
+    pub axes: Vec<String>,
+    /// `(label, one value per axis)`.
+    pub series: Vec<(String, Vec<f64>)>,
+    /// The radius of the outer ring (1.0 = the experts' 100 %).
+    pub max: f64,
+    /// A labelled reference ring drawn dashed (the experts at 1.0).
+    pub reference: Option<(String, f64)>,
+}
+
+/// A number in at most four significant digits, without trailing zeros.
+pub fn format_number(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let a = x.abs();
+    if !(1e-3..1e5).contains(&a) {
+        return format!("{x:.2e}");
+    }
+    let decimals = (3 - a.log10().floor() as i32).clamp(0, 6) as usize;
+    let s = format!("{x:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grid(values: Vec<Vec<f64>>, better: Better) -> Heatmap {
+        Heatmap {
+            title: String::new(),
+            x_label: String::new(),
+            y_label: String::new(),
+            value_label: String::new(),
+            x: Axis::Numeric(vec![0.0, 1.0]),
+            y: Axis::Numeric(vec![0.0, 1.0]),
+            values,
+            scale: ColorScale::Sequential,
+            better: Some(better),
+            contours: 0,
+            annotate: false,
+            overlay: vec![],
+            marks: vec![],
+        }
+    }
+
+    #[test]
+    fn best_cell_skips_cells_not_computed_and_follows_the_direction() {
+        let h = grid(vec![vec![0.5, f64::NAN], vec![0.9, 0.2]], Better::Higher);
+        assert_eq!(h.best(), Some((1, 0, 0.9)));
+        let h = grid(vec![vec![0.5, f64::NAN], vec![0.9, 0.2]], Better::Lower);
+        assert_eq!(h.best(), Some((1, 1, 0.2)));
+        assert_eq!(h.range(), Some((0.2, 0.9)));
+    }
+
+    #[test]
+    fn diverging_range_is_symmetric() {
+        let mut h = grid(vec![vec![-0.2, 0.7], vec![0.1, 0.3]], Better::Higher);
+        h.scale = ColorScale::Diverging;
+        assert_eq!(h.range(), Some((-0.7, 0.7)));
+    }
+
+    #[test]
+    fn numbers_keep_four_significant_digits() {
+        assert_eq!(format_number(0.30000000000000004), "0.3");
+        assert_eq!(format_number(12.3456), "12.35");
+        assert_eq!(format_number(1234.6), "1235");
+        assert_eq!(format_number(0.0125), "0.0125");
+        assert_eq!(format_number(2.5e-5), "2.50e-5");
+    }
+}
