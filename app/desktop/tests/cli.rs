@@ -645,3 +645,153 @@ fn compare_writes_a_results_table_that_eval_confirms() {
     let e = env.fails(&args);
     assert!(e.contains("--overwrite"), "{e}");
 }
+
+/// The value of `series` at `x` in a lines CSV (`series,x,value,axis`).
+fn lines_csv_value(csv: &str, series: &str, x: f64) -> f64 {
+    csv.lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .find(|c| c[0] == series && (c[1].parse::<f64>().unwrap() - x).abs() < 1e-9)
+        .unwrap_or_else(|| panic!("no {series} at {x} in\n{csv}"))[2]
+        .parse()
+        .unwrap()
+}
+
+/// A landscape point is the evaluation of the model it stands for: task arithmetic's λ line
+/// at λ = 0.5 equals `merge --method task-arithmetic --param lambda=0.5` then `eval`. The
+/// grid is cached (a second run computes nothing) and outputs are never overwritten silently.
+#[test]
+fn analyze_landscape_points_are_direct_evaluations() {
+    let env = Env::new();
+    let bench = env.path("bench");
+    tiny_benchmark(&bench);
+    let b = bench.to_string_lossy().into_owned();
+    let csv = env.path("ta.csv").to_string_lossy().into_owned();
+    let args = [
+        "analyze",
+        "landscape",
+        "--benchmark",
+        &b,
+        "--arch",
+        "mlp",
+        "--kind",
+        "ta-line",
+        "--lambdas",
+        "0:1:3",
+        "--metric",
+        "loss",
+        "--samples",
+        "0",
+        "--csv",
+        &csv,
+        "-q",
+    ];
+    let first = env.run(&args);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert!(String::from_utf8_lossy(&first.stderr).contains("3 computed, 0 from the cache"));
+    let table = std::fs::read_to_string(&csv).unwrap();
+    let merged = env.path("ta.safetensors").to_string_lossy().into_owned();
+    let base = bench.join("base.safetensors").to_string_lossy().into_owned();
+    let e1 = bench.join("experts/letters.safetensors").to_string_lossy().into_owned();
+    let e2 = bench.join("experts/mnist.safetensors").to_string_lossy().into_owned();
+    env.ok(&[
+        "merge",
+        "--method",
+        "task-arithmetic",
+        "--base",
+        &base,
+        "--expert",
+        &e1,
+        "--expert",
+        &e2,
+        "--param",
+        "lambda=0.5",
+        "--out",
+        &merged,
+        "-q",
+    ]);
+    let j: serde_json::Value =
+        serde_json::from_str(&env.ok(&["eval", "--checkpoint", &merged, "--benchmark", &b, "--json"])).unwrap();
+    let direct = j["report"]["mean_loss"].as_f64().unwrap();
+    let on_line = lines_csv_value(&table, "mean loss", 0.5);
+    assert!(
+        (on_line - direct).abs() < 1e-4 * direct.max(1.0),
+        "landscape {on_line} vs eval {direct}"
+    );
+    // λ = 0 is the base.
+    let j: serde_json::Value =
+        serde_json::from_str(&env.ok(&["eval", "--checkpoint", &base, "--benchmark", &b, "--json"])).unwrap();
+    let at_zero = lines_csv_value(&table, "mean loss", 0.0);
+    assert!((at_zero - j["report"]["mean_loss"].as_f64().unwrap()).abs() < 1e-4);
+    // The existing CSV is kept unless --overwrite; with it, the cached grid answers.
+    assert!(env.fails(&args).contains("--overwrite"));
+    let mut again = args.to_vec();
+    again.push("--overwrite");
+    let second = env.run(&again);
+    assert!(String::from_utf8_lossy(&second.stderr).contains("0 computed, 3 from the cache"));
+    let cached = std::fs::read_to_string(&csv).unwrap();
+    for x in [0.0, 0.5, 1.0] {
+        let (a, b) = (
+            lines_csv_value(&cached, "mean loss", x),
+            lines_csv_value(&table, "mean loss", x),
+        );
+        assert!((a - b).abs() < 1e-12, "cached {a} vs computed {b}");
+    }
+}
+
+/// PCA, cosine, spectrum (and R/I curves) and radar write PNGs and CSVs with the numbers the
+/// views promise: task vectors have cosine 1 with themselves, an expert scores 100 % of itself
+/// on its own task, and R(k) falls to 0 at full rank.
+#[test]
+fn analyze_views_write_pictures_and_numbers() {
+    let env = Env::new();
+    let bench = env.path("bench");
+    tiny_benchmark(&bench);
+    let b = bench.to_string_lossy().into_owned();
+    let out = |name: &str| env.path(name).to_string_lossy().into_owned();
+    let common = ["--benchmark", b.as_str(), "--arch", "mlp"];
+    let expert = bench.join("experts/mnist.safetensors").to_string_lossy().into_owned();
+    let views: [(&str, Vec<&str>); 5] = [
+        ("pca", vec!["--checkpoint", &expert]),
+        ("cosine", vec![]),
+        ("spectrum", vec![]),
+        ("spectrum", vec!["--curves"]),
+        ("radar", vec!["--checkpoint", &expert]),
+    ];
+    for (i, (view, extra)) in views.iter().enumerate() {
+        let (png, csv) = (out(&format!("{i}.png")), out(&format!("{i}.csv")));
+        let mut args = vec!["analyze", view];
+        args.extend(common);
+        args.extend(extra.iter().copied());
+        args.extend(["--png", &png, "--csv", &csv]);
+        env.ok(&args);
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[..4], b"\x89PNG", "{view}");
+    }
+    let csv = |i: usize| std::fs::read_to_string(env.path(&format!("{i}.csv"))).unwrap();
+    let pca = csv(0);
+    assert!(pca.lines().any(|l| l.starts_with("point,base,,base,")), "{pca}");
+    assert_eq!(pca.lines().filter(|l| l.starts_with("point,expert,")).count(), 2);
+    let cosine = csv(1);
+    for task in ["letters", "mnist"] {
+        let row = format!("{task},{task},");
+        let v: f64 = cosine.lines().find(|l| l.starts_with(&row)).unwrap()[row.len()..]
+            .parse()
+            .unwrap();
+        assert!((v - 1.0).abs() < 1e-9, "{cosine}");
+    }
+    let curves = csv(3);
+    let last_r = curves.lines().rfind(|l| l.starts_with("R(k) centred,")).unwrap();
+    let r: f64 = last_r.split(',').nth(2).unwrap().parse().unwrap();
+    assert!(r.abs() < 1e-9, "R at full rank: {last_r}");
+    let radar = csv(4);
+    let header: Vec<&str> = radar.lines().next().unwrap().split(',').collect();
+    let row: Vec<&str> = radar
+        .lines()
+        .find(|l| l.starts_with("mnist,"))
+        .unwrap()
+        .split(',')
+        .collect();
+    let col = header.iter().position(|h| *h == "mnist").unwrap();
+    assert_eq!(row[col].parse::<f64>().unwrap(), 1.0, "{radar}");
+}

@@ -192,18 +192,20 @@ fn scatter(root: &Area, f: &Scatter) -> Result<(), FigureError> {
             groups.push(p.group.clone());
         }
     }
-    let offset = groups.len();
-    let mut entries: Vec<(String, RGBColor)> = groups
+    for p in &f.paths {
+        if !groups.contains(&p.label) {
+            groups.push(p.label.clone());
+        }
+    }
+    let entries: Vec<(String, RGBColor)> = groups
         .iter()
         .enumerate()
         .map(|(i, g)| (g.clone(), rgb(series_color(i))))
         .collect();
-    entries.extend(
-        f.paths
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.label.clone(), rgb(series_color(offset + i)))),
-    );
+    let path_color = |i: usize| {
+        let g = groups.iter().position(|g| *g == f.paths[i].label).unwrap_or(0);
+        rgb(series_color(g))
+    };
     let main = with_legend(root, &entries)?;
     let mut chart = ChartBuilder::on(&main)
         .caption(&f.title, caption_style())
@@ -221,7 +223,7 @@ fn scatter(root: &Area, f: &Scatter) -> Result<(), FigureError> {
         .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(err)?;
-    draw_paths(&chart, &main, &f.paths, |i| rgb(series_color(offset + i)))?;
+    draw_paths(&chart, &main, &f.paths, path_color)?;
     draw_points(&chart, &main, &f.points, &groups)
 }
 
@@ -256,13 +258,14 @@ fn heatmap(root: &Area, f: &Heatmap) -> Result<(), FigureError> {
     let (_, x1) = cell_span(&f.x, f.x.len() - 1);
     let (y0, _) = cell_span(&f.y, 0);
     let (_, y1) = cell_span(&f.y, f.y.len() - 1);
-    let categorical = matches!(f.x, Axis::Categories(_));
+    let x_cat = matches!(f.x, Axis::Categories(_));
+    let y_cat = matches!(f.y, Axis::Categories(_));
     let longest = (0..f.y.len()).map(|i| f.y.name(i).chars().count()).max().unwrap_or(4) as u32;
     let mut chart = ChartBuilder::on(&main)
         .caption(&f.title, caption_style())
         .margin(15)
         .x_label_area_size(45)
-        .y_label_area_size(if categorical { 20 + 8 * longest } else { 70 })
+        .y_label_area_size(if y_cat { 40 + 8 * longest } else { 70 })
         .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(err)?;
     let mut mesh = chart.configure_mesh();
@@ -271,8 +274,11 @@ fn heatmap(root: &Area, f: &Heatmap) -> Result<(), FigureError> {
         .label_style(small(14))
         .axis_desc_style(small(16))
         .disable_mesh();
-    if categorical {
-        mesh.x_labels(0).y_labels(0);
+    if x_cat {
+        mesh.x_labels(0);
+    }
+    if y_cat {
+        mesh.y_labels(0);
     }
     mesh.draw().map_err(err)?;
     let (lo, hi) = f.range().unwrap_or((0.0, 1.0));
@@ -296,12 +302,13 @@ fn heatmap(root: &Area, f: &Heatmap) -> Result<(), FigureError> {
             }
         }
     }
-    if categorical {
-        category_labels(&chart, &main, f)?;
-    }
-    if let (Axis::Numeric(xs), Axis::Numeric(ys), true) = (&f.x, &f.y, f.contours > 0) {
+    category_labels(&chart, &main, f, x_cat, y_cat)?;
+    if f.contours > 0 && !(x_cat && y_cat) {
+        // Categorical axes contour over cell indices.
+        let xs: Vec<f64> = (0..f.x.len()).map(|i| f.x.coord(i)).collect();
+        let ys: Vec<f64> = (0..f.y.len()).map(|i| f.y.coord(i)).collect();
         for level in levels(lo, hi, f.contours) {
-            for [a, b] in contour(xs, ys, &f.values, level) {
+            for [a, b] in contour(&xs, &ys, &f.values, level) {
                 chart
                     .draw_series(std::iter::once(PathElement::new(
                         vec![(a[0], a[1]), (b[0], b[1])],
@@ -326,16 +333,17 @@ fn heatmap(root: &Area, f: &Heatmap) -> Result<(), FigureError> {
     color_bar(&bar, f, lo, hi)
 }
 
-fn category_labels(chart: &Chart, area: &Area, f: &Heatmap) -> Result<(), FigureError> {
+fn category_labels(chart: &Chart, area: &Area, f: &Heatmap, x_cat: bool, y_cat: bool) -> Result<(), FigureError> {
     let plot = chart.plotting_area();
-    for c in 0..f.x.len() {
-        let (px, _) = plot.map_coordinate(&(c as f64, f.y.coord(0) - 0.5));
-        let (_, py) = plot.map_coordinate(&(0.0, -0.5));
+    for c in (0..f.x.len()).filter(|_| x_cat) {
+        let (px, _) = plot.map_coordinate(&(c as f64, 0.0));
+        let (_, py) = plot.map_coordinate(&(0.0, cell_span(&f.y, 0).0));
+
         let style = small(13).pos(Pos::new(HPos::Center, VPos::Top));
         area.draw(&Text::new(f.x.name(c), (px, py + 6), style)).map_err(err)?;
     }
-    for r in 0..f.y.len() {
-        let (px, py) = plot.map_coordinate(&(-0.5, r as f64));
+    for r in (0..f.y.len()).filter(|_| y_cat) {
+        let (px, py) = plot.map_coordinate(&(cell_span(&f.x, 0).0, r as f64));
         let style = small(13).pos(Pos::new(HPos::Right, VPos::Center));
         area.draw(&Text::new(f.y.name(r), (px - 6, py), style)).map_err(err)?;
     }
@@ -405,7 +413,13 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
         .y_label_area_size(75)
         .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(err)?;
-    let fmt_x = |v: &f64| format_number(if f.log_x { 10f64.powf(*v) } else { *v });
+    let fmt_x = |v: &f64| {
+        if f.log_x {
+            format_significant(10f64.powf(*v), 2)
+        } else {
+            format_number(*v)
+        }
+    };
     let fmt_y = |v: &f64| format_number(if f.log_y { 10f64.powf(*v) } else { *v });
     chart
         .configure_mesh()
@@ -466,6 +480,32 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
     Ok(())
 }
 
+/// `x` with `digits` significant digits (log-axis ticks).
+fn format_significant(x: f64, digits: i32) -> String {
+    if x <= 0.0 || !x.is_finite() {
+        return format_number(x);
+    }
+    let scale = 10f64.powi(digits - 1 - x.log10().floor() as i32);
+    format_number((x * scale).round() / scale)
+}
+
+/// Round tick values (1, 2 or 5 × 10ⁿ apart) inside `[lo, hi]`, about `count` of them.
+pub fn nice_ticks(lo: f64, hi: f64, count: usize) -> Vec<f64> {
+    if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) || !lo.is_finite() || !hi.is_finite() {
+        return vec![lo];
+    }
+    let raw = (hi - lo) / count.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
+    let first = (lo / step).ceil() as i64;
+    let last = (hi / step).floor() as i64;
+    (first..=last).map(|i| i as f64 * step).collect()
+}
+
 /// Ticks and name of the secondary (right) axis over `range`, drawn at the chart's right edge.
 fn right_axis(
     chart: &Chart,
@@ -480,8 +520,7 @@ fn right_axis(
     let bottom = plot.map_coordinate(&(x_right, to_left(r0)));
     root.draw(&PathElement::new(vec![top, bottom], BLACK.stroke_width(1)))
         .map_err(err)?;
-    for k in 0..=5 {
-        let r = r0 + (r1 - r0) * f64::from(k) / 5.0;
+    for r in nice_ticks(r0, r1, 6) {
         let at = plot.map_coordinate(&(x_right, to_left(r)));
         root.draw(&PathElement::new(vec![at, (at.0 + 5, at.1)], BLACK.stroke_width(1)))
             .map_err(err)?;
@@ -594,5 +633,20 @@ pub fn better_than(better: Better, a: f64, b: f64) -> bool {
     match better {
         Better::Higher => a > b,
         Better::Lower => a < b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nice_ticks;
+
+    #[test]
+    fn ticks_are_round_and_inside_the_range() {
+        assert_eq!(nice_ticks(-0.38, 6.69, 6), vec![0.0, 2.0, 4.0, 6.0]);
+        assert_eq!(
+            nice_ticks(0.0, 1.0, 5),
+            vec![0.0, 0.2, 0.4, 0.6000000000000001, 0.8, 1.0]
+        );
+        assert_eq!(nice_ticks(1.0, 1.0, 5), vec![1.0]);
     }
 }

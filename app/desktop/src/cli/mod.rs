@@ -1,5 +1,6 @@
 //! Command-line parsing and dispatch. Each subcommand lives in its own module.
 
+mod analyze;
 mod bench;
 mod compare;
 mod demo;
@@ -52,6 +53,11 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Run every method on a benchmark and write a results table (Markdown and CSV).
     Compare(compare::CompareArgs),
+    /// Analysis views headless: PCA, cosine, spectrum, radar, landscape (PNG and CSV).
+    Analyze {
+        #[command(subcommand)]
+        command: analyze::AnalyzeCommand,
+    },
     /// Open the desktop window (the default when no subcommand is given).
     Gui(gui::GuiArgs),
 }
@@ -104,6 +110,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Some(Command::Demo { command }) => demo::run(command),
         Some(Command::Eval(args)) => eval::run(&args),
         Some(Command::Compare(args)) => compare::run(&cli.plugin_dirs, args),
+        Some(Command::Analyze { command }) => analyze::run(&command),
         Some(Command::Gui(args)) => gui::run(&cli.plugin_dirs, &args),
         None => gui::run(&cli.plugin_dirs, &gui::GuiArgs::default()),
     }

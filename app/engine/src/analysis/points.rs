@@ -71,8 +71,14 @@ fn trajectory_layout(c: &Checkpoint) -> Result<Vec<Slot>> {
 
 /// Reads `checkpoints` and the iterates of `trajectories` into a Gram matrix over the tensors
 /// of the first trajectory's layout (or, without trajectories, every float tensor of the first
-/// checkpoint), minus `reference` when given.
-pub fn gram_of_files(checkpoints: &[PathBuf], trajectories: &[PathBuf], reference: Option<&Path>) -> Result<PointSet> {
+/// checkpoint), minus `reference` when given. With `only`, just that tensor counts (per-layer
+/// similarity); iterates are still read at their layout offsets.
+pub fn gram_of_files(
+    checkpoints: &[PathBuf],
+    trajectories: &[PathBuf],
+    reference: Option<&Path>,
+    only: Option<&str>,
+) -> Result<PointSet> {
     let ckpts: Vec<Checkpoint> = checkpoints.iter().map(|p| Checkpoint::open(p)).collect::<Result<_>>()?;
     let trajs: Vec<Checkpoint> = trajectories
         .iter()
@@ -132,9 +138,22 @@ pub fn gram_of_files(checkpoints: &[PathBuf], trajectories: &[PathBuf], referenc
             )));
         }
     }
+    if let Some(name) = only
+        && !layout.iter().any(|s| s.name == name)
+    {
+        let known: Vec<&str> = layout.iter().map(|s| s.name.as_str()).collect();
+        return Err(EngineError::Param(format!(
+            "no tensor '{name}' in these checkpoints; they have: {}",
+            known.join(", ")
+        )));
+    }
     let mut gram = Gram::new(sources.len());
     let mut offset = 0;
     for slot in &layout {
+        if only.is_some_and(|name| name != slot.name) {
+            offset += slot.numel;
+            continue;
+        }
         let read = |c: &Checkpoint| -> Result<Vec<f32>> {
             let e = c.tensors.get(&slot.name).ok_or_else(|| {
                 EngineError::Invalid(format!(
@@ -178,4 +197,65 @@ pub fn gram_of_files(checkpoints: &[PathBuf], trajectories: &[PathBuf], referenc
         trajectory: membership,
         gram,
     })
+}
+
+/// Every iterate of a trajectory file as parameters (label, tensors by the stored layout), in
+/// order: for projecting a trajectory onto a landscape's plane.
+pub fn read_iterates(path: &Path, device: &candle_core::Device) -> Result<Vec<(String, crate::nn::Params)>> {
+    let c = Checkpoint::open(path)?;
+    let layout = trajectory_layout(&c)?;
+    let shapes: Vec<Vec<usize>> = {
+        let raw = c
+            .metadata()
+            .get("mergescope.trajectory.tensors")
+            .cloned()
+            .unwrap_or_default();
+        let v: Vec<Value> = serde_json::from_str(&raw).unwrap_or_default();
+        v.iter()
+            .map(|t| {
+                t["shape"]
+                    .as_array()
+                    .map(|s| s.iter().map(|d| d.as_u64().unwrap_or(0) as usize).collect())
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let summaries: Vec<Value> = c
+        .metadata()
+        .get("mergescope.trajectory.iterates")
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    let mut keys: Vec<&String> = c.tensors.keys().filter(|k| k.starts_with("iterate.")).collect();
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let e = &c.tensors[k];
+            let total: usize = layout.iter().map(|s| s.numel).sum();
+            if e.numel() != total {
+                return Err(EngineError::Invalid(format!(
+                    "'{}': {k} has {} values, but the layout adds up to {total}",
+                    path.display(),
+                    e.numel()
+                )));
+            }
+            let index: u64 = k.trim_start_matches("iterate.").parse().unwrap_or(u64::MAX);
+            let label = summaries
+                .iter()
+                .find(|s| s["index"].as_u64() == Some(index))
+                .and_then(|s| s["label"].as_str())
+                .unwrap_or(k)
+                .to_owned();
+            let mut offset = 0;
+            let mut params = crate::nn::Params::new();
+            for (slot, shape) in layout.iter().zip(&shapes) {
+                let v = c.read_f32_range(e, offset, slot.numel);
+                params.insert(
+                    slot.name.clone(),
+                    candle_core::Tensor::from_vec(v, shape.clone(), device)?,
+                );
+                offset += slot.numel;
+            }
+            Ok((label, params))
+        })
+        .collect()
 }

@@ -1,0 +1,156 @@
+//! `mergescope analyze`: the analysis views headless — PCA of checkpoints and trajectories,
+//! task-vector cosines, spectra and CART's rank curves, per-task radar charts and loss
+//! landscapes — written as PNG and CSV (the same figures the GUI draws).
+
+mod landscape;
+mod views;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand};
+use mergescope_engine::demo::{Benchmark, resolve_benchmark};
+use mergescope_engine::nn::Arch;
+use mergescope_engine::writer::write_atomic;
+use mergescope_figures::{Figure, render_png, to_csv};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Subcommand, Debug)]
+pub enum AnalyzeCommand {
+    /// Base, experts, merges and trajectories on two principal components.
+    Pca(views::PcaArgs),
+    /// Cosine similarity of the task vectors (whole model, or one tensor).
+    Cosine(views::CosineArgs),
+    /// Singular values of one weight's task matrices, or CART's R(k)/I(k) curves (--curves).
+    Spectrum(views::SpectrumArgs),
+    /// Per-task normalised accuracy of merged checkpoints on a radar chart.
+    Radar(views::RadarArgs),
+    /// Loss/accuracy over task arithmetic's λ, CART's rank × λ, or a plane of checkpoints.
+    Landscape(landscape::LandscapeArgs),
+}
+
+/// Where the inputs come from and where the figure goes; shared by every view.
+#[derive(Args, Debug)]
+pub struct Common {
+    /// `demo` (the built demo benchmark of --arch), `demo/<arch>-seed<N>`, or a benchmark
+    /// folder: gives the base and the experts unless --base/--expert are given.
+    #[arg(long, default_value = "demo", value_name = "SPEC")]
+    pub benchmark: String,
+    /// Architecture of the demo benchmark: mlp, cnn or vit.
+    #[arg(long, default_value = "cnn")]
+    pub arch: String,
+    /// Base checkpoint (instead of the benchmark's).
+    #[arg(long, value_name = "PATH", requires = "experts")]
+    pub base: Option<PathBuf>,
+    /// Expert checkpoints (instead of the benchmark's; repeatable).
+    #[arg(long = "expert", value_name = "PATH")]
+    pub experts: Vec<PathBuf>,
+    /// Write the picture here (PNG).
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    /// Write the numbers here (CSV). Without --png or --csv the CSV goes to stdout.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Picture size in pixels, WIDTHxHEIGHT.
+    #[arg(long, default_value = "1000x720", value_name = "WxH")]
+    pub size: String,
+    /// Replace --png/--csv files that exist.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+/// The base and experts an analysis runs on.
+pub struct Models {
+    pub base: PathBuf,
+    pub experts: Vec<PathBuf>,
+}
+
+impl Common {
+    /// The base and expert files: --base/--expert, or the benchmark's.
+    pub fn models(&self) -> anyhow::Result<Models> {
+        if let Some(base) = &self.base {
+            return Ok(Models {
+                base: base.clone(),
+                experts: self.experts.clone(),
+            });
+        }
+        if !self.experts.is_empty() {
+            bail!("--expert needs --base too (or leave both out to use the benchmark's)");
+        }
+        let bench = self.benchmark()?;
+        Ok(Models {
+            base: bench.base_path(),
+            experts: bench.expert_paths(),
+        })
+    }
+
+    /// The benchmark of --benchmark and --arch.
+    pub fn benchmark(&self) -> anyhow::Result<Benchmark> {
+        let arch = Arch::parse(&self.arch).with_context(|| format!("--arch '{}': use mlp, cnn or vit", self.arch))?;
+        Ok(resolve_benchmark(&self.benchmark, Some(arch))?)
+    }
+
+    fn size(&self) -> anyhow::Result<(u32, u32)> {
+        let parse = || {
+            let (w, h) = self.size.split_once(['x', 'X'])?;
+            Some((w.trim().parse().ok()?, h.trim().parse().ok()?))
+        };
+        parse()
+            .filter(|(w, h): &(u32, u32)| (200..=8000).contains(w) && (150..=8000).contains(h))
+            .with_context(|| format!("--size '{}': write WIDTHxHEIGHT in pixels, e.g. 1000x720", self.size))
+    }
+
+    /// Refuses to start when an output exists and --overwrite was not given (checked before
+    /// long computations, so no work is lost to a late refusal).
+    pub fn check_outputs(&self) -> anyhow::Result<()> {
+        self.size()?;
+        for p in [&self.png, &self.csv].into_iter().flatten() {
+            if p.exists() && !self.overwrite {
+                bail!(
+                    "'{}' exists; pass --overwrite to replace it or choose another name",
+                    p.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the figure as PNG and/or CSV (atomically), or its CSV to stdout.
+    pub fn write(&self, figure: &Figure) -> anyhow::Result<()> {
+        let (w, h) = self.size()?;
+        if let Some(p) = &self.png {
+            let bytes = render_png(figure, w, h)?;
+            write_atomic(p, &bytes)?;
+            eprintln!("picture: {}", p.display());
+        }
+        if let Some(p) = &self.csv {
+            write_atomic(p, to_csv(figure).as_bytes())?;
+            eprintln!("numbers: {}", p.display());
+        }
+        if self.png.is_none() && self.csv.is_none() {
+            print!("{}", to_csv(figure));
+        }
+        Ok(())
+    }
+}
+
+/// A file's name without `.safetensors` (and `.trajectory`).
+pub fn short_name(p: &Path) -> String {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    name.trim_end_matches(".safetensors")
+        .trim_end_matches(".trajectory")
+        .to_owned()
+}
+
+pub fn run(command: &AnalyzeCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        AnalyzeCommand::Pca(a) => views::pca(a),
+        AnalyzeCommand::Cosine(a) => views::cosine(a),
+        AnalyzeCommand::Spectrum(a) => views::spectrum(a),
+        AnalyzeCommand::Radar(a) => views::radar(a),
+        AnalyzeCommand::Landscape(a) => landscape::run(a),
+    }?;
+    Ok(ExitCode::SUCCESS)
+}
