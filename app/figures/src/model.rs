@@ -217,6 +217,8 @@ pub struct Series {
     pub side: Side,
     /// Dashed (reference curves: the base, the experts, "original" beside "centred").
     pub dashed: bool,
+    /// Palette index of the colour (default: the series' position).
+    pub color: Option<usize>,
 }
 
 /// Curves against one x axis.
@@ -279,7 +281,10 @@ pub fn format_number(x: f64) -> String {
     }
     let a = x.abs();
     if !(1e-3..1e5).contains(&a) {
-        return format!("{x:.2e}");
+        let s = format!("{x:.2e}");
+        let (mantissa, exponent) = s.split_once('e').unwrap_or((&s, "0"));
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        return format!("{mantissa}e{exponent}");
     }
     let decimals = (3 - a.log10().floor() as i32).clamp(0, 6) as usize;
     let s = format!("{x:.decimals$}");
@@ -334,6 +339,7 @@ mod tests {
         assert_eq!(format_number(12.3456), "12.35");
         assert_eq!(format_number(1234.6), "1235");
         assert_eq!(format_number(0.0125), "0.0125");
-        assert_eq!(format_number(2.5e-5), "2.50e-5");
+        assert_eq!(format_number(2.5e-5), "2.5e-5");
+        assert_eq!(format_number(1e-5), "1e-5");
     }
 }

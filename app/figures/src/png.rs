@@ -400,7 +400,7 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
             } else {
                 ""
             };
-            (format!("{}{side}", s.label), rgb(series_color(i)))
+            (format!("{}{side}", s.label), rgb(series_color(s.color.unwrap_or(i))))
         })
         .collect();
     let main = with_legend(root, &entries)?;
@@ -433,7 +433,7 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
         .draw()
         .map_err(err)?;
     let draw = |chart: &mut Chart, i: usize, s: &crate::model::Series, y: &dyn Fn(f64) -> f64| {
-        let c = rgb(series_color(i));
+        let c = rgb(series_color(s.color.unwrap_or(i)));
         let pts: Vec<(f64, f64)> = s
             .points
             .iter()
@@ -447,7 +447,7 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
             chart.draw_series(LineSeries::new(pts.clone(), style))
         };
         drawn.map_err(err)?;
-        if pts.len() <= 40 {
+        if pts.len() <= 40 && !s.dashed {
             chart
                 .draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))
                 .map_err(err)?;

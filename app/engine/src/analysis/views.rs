@@ -133,19 +133,21 @@ pub fn cosine_figure(points: &PointSet, title: &str) -> Figure {
 pub fn spectrum_figure(s: &MatrixSpectra) -> Figure {
     let mut series = Vec::new();
     for (centred, svds) in [(false, &s.original), (true, &s.centered)] {
-        for (t, svd) in s.tasks.iter().zip(svds) {
-            let kind = if centred { "centred" } else { "original" };
+        for (i, (t, svd)) in s.tasks.iter().zip(svds).enumerate() {
+            // Values below f32 round-off of the largest are numerically zero: not drawn.
+            let floor = svd.sigma.first().copied().unwrap_or(0.0) * 1e-6;
             series.push(Series {
-                label: format!("{t} ({kind})"),
+                label: if centred { format!("{t} (centred, dashed)") } else { t.clone() },
                 points: svd
                     .sigma
                     .iter()
                     .enumerate()
-                    .filter(|(_, v)| **v > 0.0)
+                    .filter(|(_, v)| **v > floor)
                     .map(|(j, v)| [(j + 1) as f64, *v])
                     .collect(),
                 side: Side::Left,
                 dashed: centred,
+                color: Some(i),
             });
         }
     }
@@ -175,24 +177,28 @@ pub fn rank_curves_figure(s: &MatrixSpectra) -> Figure {
             points: pts(&c.r_centered),
             side: Side::Left,
             dashed: false,
+            color: None,
         },
         Series {
             label: "R(k) original".into(),
             points: pts(&c.r_original),
             side: Side::Left,
             dashed: true,
+            color: None,
         },
         Series {
             label: "I(k) centred".into(),
             points: pts(&c.i_centered),
             side: Side::Right,
             dashed: false,
+            color: None,
         },
         Series {
             label: "I(k) original".into(),
             points: pts(&c.i_original),
             side: Side::Right,
             dashed: true,
+            color: None,
         },
     ];
     Figure::Lines(Lines {
@@ -309,6 +315,7 @@ pub fn line_figure(
             points: grid.xs.iter().zip(row).map(|(x, v)| [*x, *v]).collect(),
             side: Side::Left,
             dashed: false,
+            color: None,
         })
         .collect();
     let (lo, hi) = (
@@ -321,6 +328,7 @@ pub fn line_figure(
             points: vec![[lo, *v], [hi, *v]],
             side: Side::Left,
             dashed: true,
+            color: None,
         });
     }
     Figure::Lines(Lines {

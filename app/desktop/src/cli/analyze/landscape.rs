@@ -363,6 +363,7 @@ fn rank_curve(grid: &LandscapeGrid, metric: &Metric) -> mergescope_figures::Figu
             points: best,
             side: mergescope_figures::Side::Left,
             dashed: false,
+            color: None,
         }],
         better: Some(if lower {
             mergescope_figures::Better::Lower
