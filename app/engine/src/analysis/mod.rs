@@ -5,6 +5,7 @@
 
 pub mod gram;
 pub mod landscape;
+pub mod landscape_run;
 pub mod points;
 pub mod spectrum;
 pub mod views;

@@ -137,7 +137,11 @@ pub fn spectrum_figure(s: &MatrixSpectra) -> Figure {
             // Values below f32 round-off of the largest are numerically zero: not drawn.
             let floor = svd.sigma.first().copied().unwrap_or(0.0) * 1e-6;
             series.push(Series {
-                label: if centred { format!("{t} (centred, dashed)") } else { t.clone() },
+                label: if centred {
+                    format!("{t} (centred, dashed)")
+                } else {
+                    t.clone()
+                },
                 points: svd
                     .sigma
                     .iter()
