@@ -3,7 +3,7 @@
 
 use crate::session::{Level, Session, SessionConfig};
 use crate::settings::Settings;
-use crate::ui::{ViewState, dialogs, inputs_view, log_view, menu, method_view, results_view};
+use crate::ui::{ViewState, analysis_view, dialogs, inputs_view, log_view, menu, method_view, results_view};
 use egui::{RichText, Ui};
 use std::path::Path;
 use std::sync::Arc;
@@ -216,6 +216,7 @@ impl MergescopeApp {
         let ctx = ui.ctx().clone();
         dialogs::approval_ui(&ctx, &mut self.session, &mut self.view);
         dialogs::about_ui(&ctx, &mut self.view);
+        analysis_view::analysis_window(&ctx, &mut self.session, &mut self.view);
         let mut open = self.view.shortcuts;
         egui::Window::new("Keyboard shortcuts")
             .open(&mut open)

@@ -3,6 +3,7 @@
 //! [`ui`] (views that draw the session and turn clicks into session calls) → [`app`] (the
 //! eframe application that ties them to the window and the persisted [`settings`]).
 
+pub mod analysis;
 pub mod app;
 pub mod form;
 pub mod inputs;

@@ -94,6 +94,10 @@ pub struct Session {
     pub project_path: Option<PathBuf>,
     /// Whether there are changes since the last save.
     pub dirty: bool,
+    /// The analysis panel: view, figure, computation in flight.
+    pub analysis: crate::analysis::Analysis,
+    notify: Notify,
+    landscape_cache: Option<PathBuf>,
     runs_dir: PathBuf,
     jobs: JobQueue,
     job_runs: Vec<(JobId, u64)>,
@@ -126,6 +130,11 @@ impl Session {
             log: Vec::new(),
             project_path: None,
             dirty: false,
+            analysis: crate::analysis::Analysis::default(),
+            notify: notify.clone(),
+            // With a runs folder of its own (scripts, tests) the session keeps its landscape
+            // cache there; otherwise in the user's cache folder, shared across sessions.
+            landscape_cache: config.runs_dir.clone(),
             runs_dir: config.runs_dir.clone().unwrap_or_else(default_runs_dir),
             jobs: JobQueue::start(notify),
             job_runs: Vec::new(),
@@ -397,6 +406,60 @@ impl Session {
         }
     }
 
+    /// Opens the analysis panel on `kind`, computed on the inputs, the benchmark and the runs
+    /// in `selected` (their merges, evaluations and trajectories).
+    pub fn analyze(&mut self, kind: crate::analysis::ViewKind, selected: &std::collections::BTreeSet<u64>) {
+        let merges: Vec<&RunRecord> = self
+            .runs
+            .iter()
+            .filter(|r| selected.contains(&r.id) && r.status == RunStatus::Done)
+            .collect();
+        let trajectories = merges
+            .iter()
+            .map(|r| r.output.with_extension("trajectory.safetensors"))
+            .filter(|p| p.exists())
+            .collect();
+        let base_eval = self.benchmark.as_ref().map(|b| {
+            let tasks = b
+                .manifest
+                .tasks
+                .iter()
+                .map(|t| mergescope_engine::eval::TaskScore {
+                    task: t.name.clone(),
+                    accuracy: t.base_accuracy.test,
+                    loss: f64::NAN,
+                    normalized: (t.expert_accuracy.test > 0.0).then(|| t.base_accuracy.test / t.expert_accuracy.test),
+                    examples: 0,
+                })
+                .collect();
+            mergescope_engine::eval::summarise(mergescope_engine::data::SplitKind::Test, tasks)
+        });
+        let inputs = crate::analysis::AnalysisInputs {
+            base: self.inputs.base.as_ref().map(|b| b.path.clone()),
+            experts: self
+                .inputs
+                .experts
+                .iter()
+                .map(|e| (e.label.clone(), e.path.clone()))
+                .collect(),
+            merges: merges
+                .iter()
+                .map(|r| {
+                    (
+                        format!("{} {}", r.title(), r.params_summary()),
+                        r.output.clone(),
+                        r.eval.clone(),
+                    )
+                })
+                .collect(),
+            trajectories,
+            benchmark: self.benchmark.clone(),
+            base_eval,
+            cache_root: self.landscape_cache.clone(),
+        };
+        self.analysis.start(kind, inputs, self.notify.clone());
+    }
+
     /// Whether any run or build is queued or running.
     pub fn busy(&self) -> bool {
         self.build.is_some() || self.runs.iter().any(|r| r.status.is_active())
@@ -405,7 +468,7 @@ impl Session {
     /// Applies the worker's events; returns whether anything changed.
     pub fn pump(&mut self) -> bool {
         let events = self.jobs.poll();
-        let changed = !events.is_empty();
+        let changed = !events.is_empty() | self.analysis.pump();
         for e in events {
             self.apply(e);
         }

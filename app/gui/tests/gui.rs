@@ -355,3 +355,68 @@ fn snapshots_of_the_main_screens() {
     h.run_steps(3);
     h.snapshot("about_dark");
 }
+
+/// From a finished Frank-Wolfe run, two clicks (select the row, press a view) open the
+/// analysis window: the PCA shows the base, the experts, the merge and its 5-iterate
+/// trajectory; the plane landscape fills its 21 × 21 grid off the UI thread, its base cell is
+/// the base's own evaluation, and the trajectory is drawn on it.
+#[test]
+fn analysis_views_open_from_a_result_and_show_its_trajectory() {
+    use mergescope_figures::Figure;
+    let runs = tempfile::tempdir().unwrap();
+    let mut h = harness(app(runs.path(), Theme::Light));
+    h.run_steps(3);
+    choose_method(&mut h, "Frank-Wolfe merging");
+    slider(&h, "iterations").set_value_accesskit(4.0);
+    h.run_steps(2);
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "the Frank-Wolfe run", |a| {
+        last_status(a) == Some(RunStatus::Done)
+    });
+    h.state_mut().view.selected.insert(1);
+    h.state_mut().view.message = None;
+    h.run_steps(2);
+
+    h.get_by_label("PCA").click();
+    step_until(&mut h, "the PCA", |a| {
+        a.session.analysis.figure.is_some() && !a.session.analysis.running()
+    });
+    let Some(Figure::Scatter(s)) = h.state().session.analysis.figure.clone() else {
+        panic!("no PCA: {:?}", h.state().session.analysis.error)
+    };
+    let count = |g: &str| s.points.iter().filter(|p| p.group == g).count();
+    assert_eq!((count("base"), count("expert"), count("merge")), (1, 3, 1));
+    assert_eq!(s.paths.len(), 1);
+    assert_eq!(s.paths[0].points.len(), 5, "init + 4 iterations");
+    assert!(s.x_label.starts_with("PC1 (") && s.x_label.contains("% of variance"));
+    h.snapshot("analysis_pca_light");
+
+    h.get_all_by_label("Plane").last().unwrap().click();
+    step_until(&mut h, "the plane", |a| {
+        !a.session.analysis.running() && a.session.analysis.progress == Some((441, 441))
+    });
+    let Some(Figure::Heatmap(m)) = h.state().session.analysis.figure.clone() else {
+        panic!("no landscape: {:?}", h.state().session.analysis.error)
+    };
+    assert!(m.values.iter().flatten().all(|v| v.is_finite()));
+    assert_eq!(m.overlay.len(), 1);
+    assert_eq!(m.overlay[0].points.len(), 5);
+    // Cell (α, β) = (0, 0) is the base: index 5 of −0.5, −0.4, …, 1.5.
+    let bench = mergescope_engine::demo::Benchmark::open(benchmark()).unwrap();
+    let tasks = mergescope_engine::data::benchmark_tasks(None).unwrap();
+    let (device, _) = mergescope_engine::device::open_device(mergescope_engine::device::DeviceChoice::Cpu);
+    let base = mergescope_engine::demo::load_params(&bench.base_path(), &device).unwrap();
+    let direct = bench
+        .evaluator(&tasks, None, mergescope_engine::data::SplitKind::Test, &device)
+        .unwrap()
+        .subsample(100)
+        .unwrap()
+        .evaluate(&base)
+        .unwrap()
+        .mean_accuracy;
+    assert!((m.values[5][5] - direct).abs() < 1e-9, "{} vs {direct}", m.values[5][5]);
+    // The grid is cached with the session's runs: reopening computes nothing.
+    assert_eq!(std::fs::read_dir(runs.path().join("landscapes")).unwrap().count(), 1);
+    h.run_steps(2);
+    h.snapshot("analysis_plane_light");
+}

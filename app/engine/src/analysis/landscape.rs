@@ -382,19 +382,25 @@ pub fn cache_key(description: &str, inputs: &[PathBuf]) -> String {
     h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect()
 }
 
-fn cache_path(key: &str) -> Result<PathBuf> {
-    Ok(cache_dir()?.join("landscapes").join(format!("{key}.json")))
+fn cache_path(root: Option<&Path>, key: &str) -> Result<PathBuf> {
+    let root = match root {
+        Some(r) => r.to_path_buf(),
+        None => cache_dir()?,
+    };
+    Ok(root.join("landscapes").join(format!("{key}.json")))
 }
 
-/// The cached grid of `key`, if a complete or partial one was saved.
-pub fn load_cached(key: &str) -> Option<LandscapeGrid> {
-    let bytes = std::fs::read(cache_path(key).ok()?).ok()?;
+/// The cached grid of `key` under `root` (default: the cache folder), if a complete or
+/// partial one was saved.
+pub fn load_cached(root: Option<&Path>, key: &str) -> Option<LandscapeGrid> {
+    let bytes = std::fs::read(cache_path(root, key).ok()?).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
-/// Saves `grid` (complete or partial) under `key`, atomically.
-pub fn save_cached(key: &str, grid: &LandscapeGrid) -> Result<()> {
-    let path = cache_path(key)?;
+/// Saves `grid` (complete or partial) under `key` in `root` (default: the cache folder),
+/// atomically.
+pub fn save_cached(root: Option<&Path>, key: &str, grid: &LandscapeGrid) -> Result<()> {
+    let path = cache_path(root, key)?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| EngineError::io("cannot create", dir, e))?;
     }

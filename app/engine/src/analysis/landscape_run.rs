@@ -49,6 +49,8 @@ pub struct LandscapeSpec {
     pub metric: Metric,
     /// Test examples per task at each point (0: all).
     pub samples: usize,
+    /// Where grids are cached (default: the cache folder's `landscapes/`).
+    pub cache_root: Option<PathBuf>,
 }
 
 impl LandscapeSpec {
@@ -72,6 +74,7 @@ impl LandscapeSpec {
                 task: None,
             },
             samples: 100,
+            cache_root: None,
         }
     }
 }
@@ -243,7 +246,7 @@ impl PreparedLandscape {
     /// The grid to start from: the cached one (complete or partial) or an empty one.
     pub fn initial_grid(&self, use_cache: bool) -> LandscapeGrid {
         use_cache
-            .then(|| load_cached(&self.key))
+            .then(|| load_cached(self.spec.cache_root.as_deref(), &self.key))
             .flatten()
             .filter(|g| g.xs == self.xs && g.ys == self.ys)
             .unwrap_or_else(|| LandscapeGrid::new(self.xs.clone(), self.ys.clone()))
@@ -265,7 +268,7 @@ impl PreparedLandscape {
             }
         };
         let result = fill_grid(grid, &self.evaluator, &model, on_cell, cancel);
-        save_cached(&self.key, grid)?;
+        save_cached(self.spec.cache_root.as_deref(), &self.key, grid)?;
         result
     }
 

@@ -213,3 +213,38 @@ pub const SHORTCUTS: &[(&str, &str)] = &[
     ("Ctrl+Enter", "Run merge"),
     ("Esc", "Cancel the running merge"),
 ];
+
+/// Saves the analysis figure shown as PNG (`png`) or CSV, where the user picks.
+pub fn export_figure(session: &mut Session, png: bool) {
+    let Some(figure) = session.analysis.figure.clone() else {
+        return;
+    };
+    let (ext, what) = if png {
+        ("png", "PNG picture")
+    } else {
+        ("csv", "CSV numbers")
+    };
+    let Some(dest) = rfd::FileDialog::new()
+        .set_title(format!("Save the figure as {what}"))
+        .set_file_name(format!(
+            "mergescope-{}.{ext}",
+            session.analysis.kind.label().replace([' ', '/', '×'], "-")
+        ))
+        .add_filter(what, &[ext])
+        .save_file()
+    else {
+        return;
+    };
+    let bytes = if png {
+        match mergescope_figures::render_png(&figure, 1200, 860) {
+            Ok(b) => b,
+            Err(e) => return session.note(Level::Error, e.to_string()),
+        }
+    } else {
+        mergescope_figures::to_csv(&figure).into_bytes()
+    };
+    match mergescope_engine::writer::write_atomic(&dest, &bytes) {
+        Ok(()) => session.note(Level::Info, format!("figure saved to '{}'", dest.display())),
+        Err(e) => session.note(Level::Error, e.to_string()),
+    }
+}

@@ -2,7 +2,9 @@
 //! into session calls; all state that outlives a frame lives in the session (the document),
 //! the settings (persisted) or [`ViewState`] (this window's transient state).
 
+pub mod analysis_view;
 pub mod dialogs;
+pub mod figure_view;
 pub mod form_view;
 pub mod inputs_view;
 pub mod log_view;

@@ -213,6 +213,7 @@ fn actions_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
             view.selected.clear();
         }
     });
+    ui.horizontal_wrapped(|ui| crate::ui::analysis_view::open_buttons(ui, session, view));
 }
 
 /// Grouped bars: accuracy per task of each selected, evaluated merge, with the experts.

@@ -1,0 +1,376 @@
+//! The analysis views of the window, without egui: which view, on which inputs, computed on
+//! a background thread that sends figures as they improve (landscapes fill in coarse to
+//! fine) and can be cancelled. The numbers and figures come from `engine::analysis`, the
+//! same code as `mergescope analyze`.
+
+use crate::jobs::Notify;
+use crossbeam_channel::{Receiver, unbounded};
+use mergescope_engine::analysis::gram_of_files;
+use mergescope_engine::analysis::landscape::{Metric, MetricKind};
+use mergescope_engine::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
+use mergescope_engine::analysis::spectrum::{matrix_names, task_spectra};
+use mergescope_engine::analysis::views::{
+    Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
+};
+use mergescope_engine::data::benchmark_tasks;
+use mergescope_engine::demo::Benchmark;
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_engine::error::EngineError;
+use mergescope_engine::eval::EvalReport;
+use mergescope_figures::Figure;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// The views, in menu order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViewKind {
+    /// Base, experts, merges and trajectories on two principal components.
+    Pca,
+    /// Per-task normalised accuracy of the merges.
+    Radar,
+    /// Task-vector cosine similarity.
+    Cosine,
+    /// Singular values of the largest weight's task matrices.
+    Spectrum,
+    /// CART's R(k) and I(k).
+    RankCurves,
+    /// Task arithmetic's λ line.
+    TaLine,
+    /// CART's rank × λ grid.
+    CartGrid,
+    /// CART's best λ per rank.
+    CartRank,
+    /// The plane through the base and two experts.
+    Plane,
+}
+
+impl ViewKind {
+    /// Every view.
+    pub const ALL: [ViewKind; 9] = [
+        ViewKind::Pca,
+        ViewKind::Radar,
+        ViewKind::Cosine,
+        ViewKind::Spectrum,
+        ViewKind::RankCurves,
+        ViewKind::TaLine,
+        ViewKind::CartGrid,
+        ViewKind::CartRank,
+        ViewKind::Plane,
+    ];
+
+    /// Name in the view picker.
+    pub fn label(self) -> &'static str {
+        match self {
+            ViewKind::Pca => "PCA",
+            ViewKind::Radar => "Radar",
+            ViewKind::Cosine => "Cosine",
+            ViewKind::Spectrum => "Spectrum",
+            ViewKind::RankCurves => "R(k) / I(k)",
+            ViewKind::TaLine => "λ line",
+            ViewKind::CartGrid => "CART rank × λ",
+            ViewKind::CartRank => "CART rank",
+            ViewKind::Plane => "Plane",
+        }
+    }
+
+    /// Whether the view evaluates models (landscapes), so it needs a benchmark.
+    pub fn is_landscape(self) -> bool {
+        matches!(
+            self,
+            ViewKind::TaLine | ViewKind::CartGrid | ViewKind::CartRank | ViewKind::Plane
+        )
+    }
+}
+
+/// What a view is computed on, taken from the session when it starts.
+#[derive(Clone, Debug, Default)]
+pub struct AnalysisInputs {
+    /// Base checkpoint.
+    pub base: Option<PathBuf>,
+    /// Experts: label and file.
+    pub experts: Vec<(String, PathBuf)>,
+    /// Selected merges: label, file, evaluation.
+    pub merges: Vec<(String, PathBuf, Option<EvalReport>)>,
+    /// Trajectory files of the selected merges.
+    pub trajectories: Vec<PathBuf>,
+    /// The benchmark (landscapes, base evaluation on the radar).
+    pub benchmark: Option<Benchmark>,
+    /// The base's evaluation, when known (radar).
+    pub base_eval: Option<EvalReport>,
+    /// Where landscapes are cached (default: the cache folder).
+    pub cache_root: Option<PathBuf>,
+}
+
+enum Message {
+    Figure(Box<Figure>, Option<(usize, usize)>),
+    Done(Result<(), String>),
+}
+
+/// The analysis panel's state: the view shown, its figure, and the computation in flight.
+pub struct Analysis {
+    /// Whether the panel is open.
+    pub open: bool,
+    /// View shown.
+    pub kind: ViewKind,
+    /// Metric of landscapes.
+    pub metric: MetricKind,
+    /// Plane: indices of the two experts it passes through.
+    pub plane: (usize, usize),
+    /// The latest figure.
+    pub figure: Option<Figure>,
+    /// Landscape progress (cells done, total).
+    pub progress: Option<(usize, usize)>,
+    /// Why the last computation failed.
+    pub error: Option<String>,
+    /// When the computation started, while it runs.
+    pub running_since: Option<Instant>,
+    /// Seconds the last computation took.
+    pub seconds: Option<f64>,
+    /// Inputs of the figure shown.
+    pub inputs: AnalysisInputs,
+    rx: Option<Receiver<Message>>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Default for Analysis {
+    fn default() -> Self {
+        Analysis {
+            open: false,
+            kind: ViewKind::Pca,
+            metric: MetricKind::Accuracy,
+            plane: (0, 1),
+            figure: None,
+            progress: None,
+            error: None,
+            running_since: None,
+            seconds: None,
+            inputs: AnalysisInputs::default(),
+            rx: None,
+            cancel: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl Analysis {
+    /// Starts computing `kind` on `inputs` (cancelling any computation in flight).
+    pub fn start(&mut self, kind: ViewKind, inputs: AnalysisInputs, notify: Notify) {
+        self.cancel();
+        self.open = true;
+        self.kind = kind;
+        self.error = None;
+        self.progress = None;
+        self.figure = None;
+        self.seconds = None;
+        self.inputs = inputs.clone();
+        self.running_since = Some(Instant::now());
+        let (tx, rx) = unbounded();
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.cancel = cancel.clone();
+        self.rx = Some(rx);
+        let (metric, plane) = (self.metric, self.plane);
+        let spawned = std::thread::Builder::new()
+            .name("mergescope-analysis".into())
+            .spawn(move || {
+                let send = |m: Message| {
+                    let _ = tx.send(m);
+                    notify();
+                };
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    compute(kind, &inputs, metric, plane, &cancel, &mut |f, p| {
+                        send(Message::Figure(Box::new(f), p))
+                    })
+                }))
+                .unwrap_or_else(|_| Err("the analysis panicked; please report it with the log".into()));
+                send(Message::Done(result));
+            });
+        if let Err(e) = spawned {
+            self.error = Some(format!("cannot start the analysis thread: {e}"));
+            self.running_since = None;
+        }
+    }
+
+    /// Asks the computation in flight to stop (landscapes keep what they computed in the cache).
+    pub fn cancel(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a computation is in flight.
+    pub fn running(&self) -> bool {
+        self.running_since.is_some()
+    }
+
+    /// Applies the thread's messages; returns whether anything changed.
+    pub fn pump(&mut self) -> bool {
+        let Some(rx) = &self.rx else { return false };
+        let mut changed = false;
+        for m in rx.try_iter() {
+            changed = true;
+            match m {
+                Message::Figure(f, p) => {
+                    self.figure = Some(*f);
+                    self.progress = p;
+                }
+                Message::Done(r) => {
+                    self.seconds = self.running_since.map(|t| t.elapsed().as_secs_f64());
+                    self.running_since = None;
+                    if let Err(e) = r {
+                        self.error = Some(e);
+                    }
+                }
+            }
+        }
+        changed
+    }
+
+    /// Waits until the computation in flight ends (tests).
+    pub fn wait(&mut self, timeout: std::time::Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while self.running() && Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            self.pump();
+        }
+        !self.running()
+    }
+}
+
+fn compute(
+    kind: ViewKind,
+    inputs: &AnalysisInputs,
+    metric: MetricKind,
+    plane: (usize, usize),
+    cancel: &AtomicBool,
+    emit: &mut dyn FnMut(Figure, Option<(usize, usize)>),
+) -> Result<(), String> {
+    let err = |e: EngineError| e.to_string();
+    let base = inputs
+        .base
+        .clone()
+        .ok_or_else(|| "add a base checkpoint first (the analyses measure from it)".to_owned())?;
+    let experts: Vec<PathBuf> = inputs.experts.iter().map(|(_, p)| p.clone()).collect();
+    match kind {
+        ViewKind::Pca => {
+            let mut files = vec![base];
+            let mut roles = vec![Role::Base];
+            files.extend(experts.iter().cloned());
+            roles.extend(experts.iter().map(|_| Role::Expert));
+            files.extend(inputs.merges.iter().map(|(_, p, _)| p.clone()));
+            roles.extend(inputs.merges.iter().map(|_| Role::Merge));
+            let points = gram_of_files(&files, &inputs.trajectories, None, None).map_err(err)?;
+            let names: Vec<String> = inputs
+                .trajectories
+                .iter()
+                .map(|p| {
+                    p.file_name()
+                        .map(|n| n.to_string_lossy().replace(".trajectory.safetensors", ""))
+                        .unwrap_or_default()
+                })
+                .collect();
+            emit(pca_figure(&points, &roles, &names, (0, 1)).map_err(err)?, None);
+        }
+        ViewKind::Radar => {
+            let mut models: Vec<(String, EvalReport)> = Vec::new();
+            if let Some(b) = &inputs.base_eval {
+                models.push(("base".into(), b.clone()));
+            }
+            models.extend(
+                inputs
+                    .merges
+                    .iter()
+                    .filter_map(|(l, _, e)| Some((l.clone(), e.clone()?))),
+            );
+            if models.len() <= usize::from(inputs.base_eval.is_some()) {
+                return Err("select evaluated merges in the results table to draw them".into());
+            }
+            emit(radar_figure(&models).map_err(err)?, None);
+        }
+        ViewKind::Cosine => {
+            let points = gram_of_files(&experts, &[], Some(&base), None).map_err(err)?;
+            emit(
+                cosine_figure(&points, "Cosine similarity of task vectors θ − θ_base (whole model)"),
+                None,
+            );
+        }
+        ViewKind::Spectrum | ViewKind::RankCurves => {
+            let tensor = matrix_names(&base)
+                .map_err(err)?
+                .into_iter()
+                .max_by_key(|(_, (r, c))| r * c)
+                .map(|(n, _)| n)
+                .ok_or_else(|| "the base has no 2-D weights".to_owned())?;
+            let s = task_spectra(&base, &experts, &tensor).map_err(err)?;
+            emit(
+                if kind == ViewKind::Spectrum {
+                    spectrum_figure(&s)
+                } else {
+                    rank_curves_figure(&s)
+                },
+                None,
+            );
+        }
+        ViewKind::TaLine | ViewKind::CartGrid | ViewKind::CartRank | ViewKind::Plane => {
+            let bench = inputs
+                .benchmark
+                .as_ref()
+                .ok_or_else(|| "landscapes evaluate models: open a benchmark first".to_owned())?;
+            let lk = match kind {
+                ViewKind::TaLine => LandscapeKind::TaLine,
+                ViewKind::CartGrid => LandscapeKind::Cart,
+                ViewKind::CartRank => LandscapeKind::CartRank,
+                _ => LandscapeKind::Plane,
+            };
+            let mut spec = LandscapeSpec::defaults(lk);
+            spec.metric = Metric {
+                kind: metric,
+                task: None,
+            };
+            spec.cache_root = inputs.cache_root.clone();
+            if lk == LandscapeKind::Plane {
+                let a = experts.get(plane.0).cloned();
+                let b = experts.get(plane.1).cloned();
+                let (Some(a), Some(b), true) = (a, b, plane.0 != plane.1) else {
+                    return Err("a plane passes through two different experts".into());
+                };
+                spec.through = Some((a, b));
+                spec.trajectories = inputs.trajectories.clone();
+            }
+            let (device, _) = open_device(DeviceChoice::Cpu);
+            let tasks = benchmark_tasks(None).map_err(err)?;
+            let prepared = prepare_landscape(bench, &tasks, &base, &experts, &spec, &device).map_err(err)?;
+            let mut grid = prepared.initial_grid(true);
+            let total = grid.cells.len();
+            emit(
+                prepared.figure(&grid, &device).map_err(err)?,
+                Some((grid.done(), total)),
+            );
+            let mut last = Instant::now();
+            // The worker fills `grid`; a shadow copy takes each new cell so pictures can be
+            // drawn while it runs: at most every 0.3 s, and for each of the first coarse points.
+            let mut shadow = grid.clone();
+            let nx = shadow.xs.len();
+            let result = prepared.fill(
+                &mut grid,
+                &mut |r, c, report, done, total| {
+                    shadow.cells[r * nx + c] = Some(report.clone());
+                    if (done <= 4 || last.elapsed().as_secs_f64() > 0.3) && done < total {
+                        if let Ok(f) = prepared.figure(&shadow, &device) {
+                            emit(f, Some((done, total)));
+                        }
+                        last = Instant::now();
+                    }
+                },
+                cancel,
+            );
+            match result {
+                Ok(()) | Err(EngineError::Cancelled) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            emit(
+                prepared.figure(&grid, &device).map_err(err)?,
+                Some((grid.done(), total)),
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! The analysis window: pick a view (PCA, radar, cosine, spectra, landscapes), watch it
+//! compute (landscapes fill in coarse to fine; Cancel keeps what was computed in the cache),
+//! hover for values, save PNG or CSV. Opened from the results with the selected merges.
+
+use crate::analysis::ViewKind;
+use crate::session::Session;
+use crate::ui::{ViewState, dialogs, figure_view};
+use egui::{Context, RichText};
+use mergescope_engine::analysis::landscape::MetricKind;
+
+/// Buttons that open each view on the selected runs (the second click from a result).
+pub fn open_buttons(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
+    ui.label(RichText::new("Analyze:").weak());
+    for kind in ViewKind::ALL {
+        let hint = match kind {
+            ViewKind::Pca => "Base, experts, the selected merges and their trajectories on two principal components",
+            ViewKind::Radar => "Per-task normalised accuracy of the selected merges",
+            ViewKind::Cosine => "Cosine similarity of the task vectors",
+            ViewKind::Spectrum => "Singular values of the largest weight's task matrices",
+            ViewKind::RankCurves => "CART's reconstruction error R(k) and interference I(k)",
+            ViewKind::TaLine => "Accuracy of task arithmetic over λ",
+            ViewKind::CartGrid => "Accuracy of CART over rank × λ",
+            ViewKind::CartRank => "CART's accuracy at the best λ of each rank",
+            ViewKind::Plane => {
+                "Accuracy over the plane through the base and two experts, with the selected trajectories"
+            }
+        };
+        if ui.small_button(kind.label()).on_hover_text(hint).clicked() {
+            session.analyze(kind, &view.selected);
+        }
+    }
+}
+
+/// The analysis window, when open.
+pub fn analysis_window(ctx: &Context, session: &mut Session, view: &mut ViewState) {
+    let mut open = session.analysis.open;
+    egui::Window::new("Analysis")
+        .open(&mut open)
+        .default_size([760.0, 620.0])
+        .resizable(true)
+        .show(ctx, |ui| {
+            ui.horizontal_wrapped(|ui| {
+                for kind in ViewKind::ALL {
+                    if ui
+                        .selectable_label(session.analysis.kind == kind, kind.label())
+                        .clicked()
+                    {
+                        session.analyze(kind, &view.selected);
+                    }
+                }
+            });
+            let kind = session.analysis.kind;
+            if kind.is_landscape() {
+                landscape_controls(ui, session, view);
+            }
+            ui.horizontal(|ui| {
+                let a = &session.analysis;
+                if let Some(since) = a.running_since {
+                    ui.spinner();
+                    let text = match a.progress {
+                        Some((done, total)) => {
+                            format!("{done} of {total} points, {:.0} s", since.elapsed().as_secs_f64())
+                        }
+                        None => format!("computing, {:.0} s", since.elapsed().as_secs_f64()),
+                    };
+                    ui.label(text);
+                    if ui
+                        .button("Cancel")
+                        .on_hover_text("Points computed so far stay cached")
+                        .clicked()
+                    {
+                        session.analysis.cancel();
+                    }
+                } else if let Some(s) = a.seconds {
+                    let points = a
+                        .progress
+                        .map(|(d, t)| format!(" ({d} of {t} points)"))
+                        .unwrap_or_default();
+                    ui.label(RichText::new(format!("computed in {s:.1} s{points}")).weak());
+                }
+                let has = session.analysis.figure.is_some();
+                if ui.add_enabled(has, egui::Button::new("Save PNG…")).clicked() {
+                    dialogs::export_figure(session, true);
+                }
+                if ui.add_enabled(has, egui::Button::new("Save CSV…")).clicked() {
+                    dialogs::export_figure(session, false);
+                }
+            });
+            if let Some(e) = &session.analysis.error {
+                ui.label(RichText::new(e).color(ui.visuals().error_fg_color));
+            }
+            if let Some(fig) = &session.analysis.figure {
+                ui.label(RichText::new(fig.title()).strong());
+                let height = (ui.available_height() - 10.0).clamp(240.0, 460.0);
+                figure_view::figure_ui(ui, "analysis-figure", fig, height);
+            }
+        });
+    session.analysis.open = open;
+    if !open {
+        session.analysis.cancel();
+    }
+    if session.analysis.running() {
+        ctx.request_repaint_after(std::time::Duration::from_millis(200));
+    }
+}
+
+fn landscape_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
+    let mut changed = false;
+    ui.horizontal(|ui| {
+        ui.label("Metric");
+        let a = &mut session.analysis;
+        for (m, name) in [
+            (MetricKind::Accuracy, "accuracy"),
+            (MetricKind::Normalized, "normalised"),
+            (MetricKind::Loss, "loss"),
+        ] {
+            changed |= ui.selectable_value(&mut a.metric, m, name).changed();
+        }
+        if a.kind == ViewKind::Plane {
+            let names: Vec<String> = a.inputs.experts.iter().map(|(l, _)| l.clone()).collect();
+            for (which, slot) in [("through", &mut a.plane.0), ("and", &mut a.plane.1)] {
+                let label = ui.label(which);
+                egui::ComboBox::from_id_salt(which)
+                    .selected_text(names.get(*slot).cloned().unwrap_or_default())
+                    .show_ui(ui, |ui| {
+                        for (i, n) in names.iter().enumerate() {
+                            changed |= ui.selectable_value(slot, i, n).changed();
+                        }
+                    })
+                    .response
+                    .labelled_by(label.id);
+            }
+        }
+    });
+    if changed {
+        let kind = session.analysis.kind;
+        session.analyze(kind, &view.selected);
+    }
+}

@@ -1,0 +1,356 @@
+//! Any [`Figure`] drawn interactively with egui_plot (zoom, drag, hover values): the same
+//! data `mergescope analyze` renders to PNG.
+
+use egui::{Color32, Stroke, Ui};
+use egui_plot::{Arrows, HoverPosition, Legend, Line, LineStyle, Plot, PlotPoint, PlotPoints, Points, Polygon, Text};
+use mergescope_figures::colormap::{color, series_color};
+use mergescope_figures::radar::{axis_direction, polygon};
+use mergescope_figures::{Axis, Figure, Heatmap, Lines, Radar, Scatter, Side, format_number};
+
+fn c32(c: [u8; 3]) -> Color32 {
+    Color32::from_rgb(c[0], c[1], c[2])
+}
+
+/// Draws `figure` filling the available width, `height` points tall.
+pub fn figure_ui(ui: &mut Ui, id: &str, figure: &Figure, height: f32) {
+    match figure {
+        Figure::Scatter(f) => scatter(ui, id, f, height),
+        Figure::Heatmap(f) => heatmap(ui, id, f, height),
+        Figure::Lines(f) => lines(ui, id, f, height),
+        Figure::Radar(f) => radar(ui, id, f, height),
+    }
+}
+
+fn position(pos: &HoverPosition<'_>) -> PlotPoint {
+    match pos {
+        HoverPosition::NearDataPoint { position, .. } | HoverPosition::Elsewhere { position } => *position,
+    }
+}
+
+fn scatter(ui: &mut Ui, id: &str, f: &Scatter, height: f32) {
+    let mut groups: Vec<&str> = Vec::new();
+    for g in f
+        .points
+        .iter()
+        .map(|p| p.group.as_str())
+        .chain(f.paths.iter().map(|p| p.label.as_str()))
+    {
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    let colour = |g: &str| c32(series_color(groups.iter().position(|x| *x == g).unwrap_or(0)));
+    let hover_points = f.points.clone();
+    Plot::new(id)
+        .height(height)
+        .legend(Legend::default())
+        .x_axis_label(f.x_label.clone())
+        .y_axis_label(f.y_label.clone())
+        .data_aspect(1.0)
+        .label_formatter(move |pos| {
+            let at = position(pos);
+            let nearest = hover_points.iter().min_by(|a, b| {
+                let d = |p: &mergescope_figures::Point| (p.x - at.x).powi(2) + (p.y - at.y).powi(2);
+                d(a).total_cmp(&d(b))
+            })?;
+            let mut lines = vec![if nearest.label.is_empty() {
+                nearest.group.clone()
+            } else {
+                nearest.label.clone()
+            }];
+            lines.extend(nearest.info.iter().cloned());
+            Some(lines.join("\n"))
+        })
+        .show(ui, |plot| {
+            for p in &f.paths {
+                let origins: Vec<[f64; 2]> = p.points.windows(2).map(|w| w[0]).collect();
+                let tips: Vec<[f64; 2]> = p.points.windows(2).map(|w| w[1]).collect();
+                plot.arrows(
+                    Arrows::new(p.label.clone(), origins, tips)
+                        .color(colour(&p.label))
+                        .tip_length(10.0),
+                );
+            }
+            for g in &groups {
+                let pts: Vec<[f64; 2]> = f.points.iter().filter(|p| p.group == *g).map(|p| [p.x, p.y]).collect();
+                if !pts.is_empty() {
+                    plot.points(
+                        Points::new(g.to_string(), pts)
+                            .color(colour(g))
+                            .radius(5.0)
+                            .filled(true),
+                    );
+                }
+            }
+            for p in f.points.iter().filter(|p| !p.label.is_empty()) {
+                plot.text(
+                    Text::new("", PlotPoint::new(p.x, p.y), format!("  {}", p.label)).anchor(egui::Align2::LEFT_BOTTOM),
+                );
+            }
+        });
+}
+
+fn cell_span(axis: &Axis, i: usize) -> (f64, f64) {
+    match axis {
+        Axis::Categories(_) => (i as f64 - 0.5, i as f64 + 0.5),
+        Axis::Numeric(v) => {
+            let here = v[i];
+            let lo = if i > 0 {
+                (v[i - 1] + here) / 2.0
+            } else {
+                here - v.get(1).map_or(0.5, |n| (n - here) / 2.0)
+            };
+            let hi = if i + 1 < v.len() {
+                (v[i + 1] + here) / 2.0
+            } else {
+                here + if i > 0 { (here - v[i - 1]) / 2.0 } else { 0.5 }
+            };
+            (lo, hi)
+        }
+    }
+}
+
+fn cell_at(axis: &Axis, x: f64) -> Option<usize> {
+    (0..axis.len()).find(|&i| {
+        let (lo, hi) = cell_span(axis, i);
+        (lo..hi).contains(&x)
+    })
+}
+
+fn axis_names(axis: &Axis) -> Option<Vec<String>> {
+    match axis {
+        Axis::Categories(v) => Some(v.clone()),
+        Axis::Numeric(_) => None,
+    }
+}
+
+fn heatmap(ui: &mut Ui, id: &str, f: &Heatmap, height: f32) {
+    let (lo, hi) = f.range().unwrap_or((0.0, 1.0));
+    ui.horizontal(|ui| {
+        ui.label(egui::RichText::new(format!("{}: ", f.value_label)).weak());
+        for k in 0..=4 {
+            let v = lo + (hi - lo) * f64::from(k) / 4.0;
+            let c = c32(color(f.scale, v, lo, hi));
+            ui.label(egui::RichText::new("■").color(c));
+            ui.label(egui::RichText::new(format_number(v)).small());
+        }
+        if let Some((r, c, v)) = f.best() {
+            ui.separator();
+            ui.label(format!(
+                "best {} at ({}, {})",
+                format_number(v),
+                f.x.name(c),
+                f.y.name(r)
+            ));
+        }
+    });
+    let (xn, yn) = (axis_names(&f.x), axis_names(&f.y));
+    let hover = f.clone();
+    let mut plot = Plot::new(id)
+        .height(height)
+        .x_axis_label(f.x_label.clone())
+        .y_axis_label(f.y_label.clone())
+        .show_grid(false)
+        .label_formatter(move |pos| {
+            let at = position(pos);
+            let (c, r) = (cell_at(&hover.x, at.x)?, cell_at(&hover.y, at.y)?);
+            let v = hover.values.get(r)?.get(c)?;
+            Some(format!(
+                "{} = {}\n{} = {}\n{} = {}",
+                if hover.x_label.is_empty() { "x" } else { &hover.x_label },
+                hover.x.name(c),
+                if hover.y_label.is_empty() { "y" } else { &hover.y_label },
+                hover.y.name(r),
+                hover.value_label,
+                if v.is_nan() {
+                    "not computed yet".to_owned()
+                } else {
+                    format_number(*v)
+                }
+            ))
+        });
+    if let Some(names) = xn {
+        plot = plot.x_axis_formatter(move |m, _| category(&names, m.value));
+    }
+    if let Some(names) = yn {
+        plot = plot.y_axis_formatter(move |m, _| category(&names, m.value));
+    }
+    plot.show(ui, |plot| {
+        for (r, row) in f.values.iter().enumerate() {
+            for (c, v) in row.iter().enumerate() {
+                let (x0, x1) = cell_span(&f.x, c);
+                let (y0, y1) = cell_span(&f.y, r);
+                let fill = if v.is_nan() {
+                    Color32::from_gray(225)
+                } else {
+                    c32(color(f.scale, *v, lo, hi))
+                };
+                plot.polygon(
+                    Polygon::new("", PlotPoints::from(vec![[x0, y0], [x1, y0], [x1, y1], [x0, y1]]))
+                        .fill_color(fill)
+                        .stroke(Stroke::NONE)
+                        .allow_hover(false),
+                );
+                if f.annotate && !v.is_nan() {
+                    plot.text(Text::new(
+                        "",
+                        PlotPoint::new(f.x.coord(c), f.y.coord(r)),
+                        format!("{v:.2}"),
+                    ));
+                }
+            }
+        }
+        for p in &f.overlay {
+            let origins: Vec<[f64; 2]> = p.points.windows(2).map(|w| w[0]).collect();
+            let tips: Vec<[f64; 2]> = p.points.windows(2).map(|w| w[1]).collect();
+            plot.arrows(
+                Arrows::new(p.label.clone(), origins, tips)
+                    .color(Color32::WHITE)
+                    .tip_length(8.0),
+            );
+        }
+        for m in &f.marks {
+            plot.points(
+                Points::new(m.label.clone(), vec![[m.x, m.y]])
+                    .radius(5.0)
+                    .color(Color32::WHITE)
+                    .filled(true),
+            );
+            plot.text(
+                Text::new("", PlotPoint::new(m.x, m.y), format!("  {}", m.label)).anchor(egui::Align2::LEFT_BOTTOM),
+            );
+        }
+        if let Some((r, c, _)) = f.best() {
+            plot.points(
+                Points::new("best", vec![[f.x.coord(c), f.y.coord(r)]])
+                    .shape(egui_plot::MarkerShape::Cross)
+                    .radius(8.0)
+                    .color(Color32::RED),
+            );
+        }
+    });
+}
+
+fn category(names: &[String], v: f64) -> String {
+    let i = v.round();
+    if (v - i).abs() < 1e-6 && i >= 0.0 {
+        names.get(i as usize).cloned().unwrap_or_default()
+    } else {
+        String::new()
+    }
+}
+
+fn lines(ui: &mut Ui, id: &str, f: &Lines, height: f32) {
+    let (log_x, log_y) = (f.log_x, f.log_y);
+    let tx = move |x: f64| if log_x { x.log10() } else { x };
+    let ty = move |y: f64| if log_y { y.log10() } else { y };
+    let y2 = f.y2_label.clone();
+    Plot::new(id)
+        .height(height)
+        .legend(Legend::default())
+        .x_axis_label(f.x_label.clone())
+        .y_axis_label(match &y2 {
+            Some(r) => format!("{} (right-axis series: {r})", f.y_label),
+            None => f.y_label.clone(),
+        })
+        .x_axis_formatter(move |m, _| format_number(if log_x { 10f64.powf(m.value) } else { m.value }))
+        .y_axis_formatter(move |m, _| format_number(if log_y { 10f64.powf(m.value) } else { m.value }))
+        .label_formatter(move |pos| match pos {
+            HoverPosition::NearDataPoint {
+                plot_name, position, ..
+            } if !plot_name.is_empty() => Some(format!(
+                "{plot_name}\n{} → {}",
+                format_number(if log_x { 10f64.powf(position.x) } else { position.x }),
+                format_number(if log_y { 10f64.powf(position.y) } else { position.y })
+            )),
+            _ => None,
+        })
+        .show(ui, |plot| {
+            for (i, s) in f.series.iter().enumerate() {
+                let pts: Vec<[f64; 2]> = s
+                    .points
+                    .iter()
+                    .filter(|p| p[1].is_finite())
+                    .map(|p| [tx(p[0]), if s.side == Side::Left { ty(p[1]) } else { p[1] }])
+                    .collect();
+                let label = if s.side == Side::Right {
+                    format!("{} (right axis)", s.label)
+                } else {
+                    s.label.clone()
+                };
+                let mut line = Line::new(label, pts)
+                    .color(c32(series_color(s.color.unwrap_or(i))))
+                    .width(2.0);
+                if s.dashed {
+                    line = line.style(LineStyle::dashed_loose());
+                }
+                plot.line(line);
+            }
+            if let Some(b) = f.best() {
+                plot.points(
+                    Points::new("best", vec![[tx(b[0]), ty(b[1])]])
+                        .shape(egui_plot::MarkerShape::Cross)
+                        .radius(8.0)
+                        .color(Color32::RED),
+                );
+            }
+        });
+}
+
+fn radar(ui: &mut Ui, id: &str, f: &Radar, height: f32) {
+    let n = f.axes.len();
+    let hover = f.clone();
+    Plot::new(id)
+        .height(height)
+        .legend(Legend::default())
+        .data_aspect(1.0)
+        .show_axes(false)
+        .show_grid(false)
+        .label_formatter(move |pos| {
+            let at = position(pos);
+            let mut best: Option<(f64, String)> = None;
+            for (label, values) in &hover.series {
+                for (i, p) in polygon(values, hover.max).iter().take(values.len()).enumerate() {
+                    let d = (p[0] - at.x).powi(2) + (p[1] - at.y).powi(2);
+                    if best.as_ref().is_none_or(|(b, _)| d < *b) {
+                        best = Some((d, format!("{label}\n{}: {:.1} %", hover.axes[i], 100.0 * values[i])));
+                    }
+                }
+            }
+            best.filter(|(d, _)| *d < 0.01).map(|(_, t)| t)
+        })
+        .show(ui, |plot| {
+            for ring in [0.25, 0.5, 0.75, 1.0] {
+                plot.line(
+                    Line::new("", polygon(&vec![ring; n], 1.0))
+                        .color(Color32::from_gray(190))
+                        .width(1.0),
+                );
+                plot.text(Text::new("", PlotPoint::new(0.0, ring), format_number(ring * f.max)).color(Color32::GRAY));
+            }
+            for (i, name) in f.axes.iter().enumerate() {
+                let d = axis_direction(i, n);
+                plot.line(
+                    Line::new("", vec![[0.0, 0.0], d])
+                        .color(Color32::from_gray(190))
+                        .width(1.0),
+                );
+                plot.text(Text::new("", PlotPoint::new(d[0] * 1.12, d[1] * 1.12), name.clone()));
+            }
+            if let Some((label, r)) = &f.reference {
+                plot.line(
+                    Line::new(label.clone(), polygon(&vec![*r; n], f.max))
+                        .color(Color32::BLACK)
+                        .style(LineStyle::dashed_loose())
+                        .width(2.0),
+                );
+            }
+            for (i, (label, values)) in f.series.iter().enumerate() {
+                plot.line(
+                    Line::new(label.clone(), polygon(values, f.max))
+                        .color(c32(series_color(i)))
+                        .width(2.0),
+                );
+            }
+        });
+}
