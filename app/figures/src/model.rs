@@ -98,6 +98,28 @@ impl Axis {
         }
     }
 
+    /// Cell `i`'s extent: halfway to its neighbours (unit cells around the index for
+    /// categories).
+    pub fn cell_span(&self, i: usize) -> (f64, f64) {
+        match self {
+            Axis::Categories(_) => (i as f64 - 0.5, i as f64 + 0.5),
+            Axis::Numeric(v) => {
+                let here = v[i];
+                let lo = if i > 0 {
+                    (v[i - 1] + here) / 2.0
+                } else {
+                    here - v.get(1).map_or(0.5, |n| (n - here) / 2.0)
+                };
+                let hi = if i + 1 < v.len() {
+                    (v[i + 1] + here) / 2.0
+                } else {
+                    here + if i > 0 { (here - v[i - 1]) / 2.0 } else { 0.5 }
+                };
+                (lo, hi)
+            }
+        }
+    }
+
     /// The coordinate of cell `i` (its index for categorical axes).
     pub fn coord(&self, i: usize) -> f64 {
         match self {

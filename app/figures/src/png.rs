@@ -227,37 +227,16 @@ fn scatter(root: &Area, f: &Scatter) -> Result<(), FigureError> {
     draw_points(&chart, &main, &f.points, &groups)
 }
 
-/// Cell `i`'s span on an axis: halfway to its neighbours (unit cells for categories).
-fn cell_span(axis: &Axis, i: usize) -> (f64, f64) {
-    match axis {
-        Axis::Categories(_) => (i as f64 - 0.5, i as f64 + 0.5),
-        Axis::Numeric(v) => {
-            let here = v[i];
-            let prev = if i > 0 {
-                (v[i - 1] + here) / 2.0
-            } else {
-                here - (v.get(1).map_or(0.5, |n| (n - here) / 2.0))
-            };
-            let next = if i + 1 < v.len() {
-                (v[i + 1] + here) / 2.0
-            } else {
-                here + (if i > 0 { (here - v[i - 1]) / 2.0 } else { 0.5 })
-            };
-            (prev, next)
-        }
-    }
-}
-
 fn heatmap(root: &Area, f: &Heatmap) -> Result<(), FigureError> {
     if f.x.is_empty() || f.y.is_empty() {
         return Err(FigureError::Empty(f.title.clone()));
     }
     let (w, _) = root.dim_in_pixel();
     let (main, bar) = root.split_horizontally(w.saturating_sub(110));
-    let (x0, _) = cell_span(&f.x, 0);
-    let (_, x1) = cell_span(&f.x, f.x.len() - 1);
-    let (y0, _) = cell_span(&f.y, 0);
-    let (_, y1) = cell_span(&f.y, f.y.len() - 1);
+    let (x0, _) = f.x.cell_span(0);
+    let (_, x1) = f.x.cell_span(f.x.len() - 1);
+    let (y0, _) = f.y.cell_span(0);
+    let (_, y1) = f.y.cell_span(f.y.len() - 1);
     let x_cat = matches!(f.x, Axis::Categories(_));
     let y_cat = matches!(f.y, Axis::Categories(_));
     let longest = (0..f.y.len()).map(|i| f.y.name(i).chars().count()).max().unwrap_or(4) as u32;
@@ -284,8 +263,8 @@ fn heatmap(root: &Area, f: &Heatmap) -> Result<(), FigureError> {
     let (lo, hi) = f.range().unwrap_or((0.0, 1.0));
     for (r, row) in f.values.iter().enumerate() {
         for (c, &v) in row.iter().enumerate() {
-            let (xa, xb) = cell_span(&f.x, c);
-            let (ya, yb) = cell_span(&f.y, r);
+            let (xa, xb) = f.x.cell_span(c);
+            let (ya, yb) = f.y.cell_span(r);
             let fill = if v.is_nan() {
                 RGBColor(225, 225, 225)
             } else {
@@ -337,13 +316,13 @@ fn category_labels(chart: &Chart, area: &Area, f: &Heatmap, x_cat: bool, y_cat: 
     let plot = chart.plotting_area();
     for c in (0..f.x.len()).filter(|_| x_cat) {
         let (px, _) = plot.map_coordinate(&(c as f64, 0.0));
-        let (_, py) = plot.map_coordinate(&(0.0, cell_span(&f.y, 0).0));
+        let (_, py) = plot.map_coordinate(&(0.0, f.y.cell_span(0).0));
 
         let style = small(13).pos(Pos::new(HPos::Center, VPos::Top));
         area.draw(&Text::new(f.x.name(c), (px, py + 6), style)).map_err(err)?;
     }
     for r in (0..f.y.len()).filter(|_| y_cat) {
-        let (px, py) = plot.map_coordinate(&(cell_span(&f.x, 0).0, r as f64));
+        let (px, py) = plot.map_coordinate(&(f.x.cell_span(0).0, r as f64));
         let style = small(13).pos(Pos::new(HPos::Right, VPos::Center));
         area.draw(&Text::new(f.y.name(r), (px - 6, py), style)).map_err(err)?;
     }

@@ -389,6 +389,8 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     assert_eq!(s.paths.len(), 1);
     assert_eq!(s.paths[0].points.len(), 5, "init + 4 iterations");
     assert!(s.x_label.starts_with("PC1 (") && s.x_label.contains("% of variance"));
+    h.state_mut().session.analysis.seconds = Some(1.0); // timings vary from run to run
+    h.run_steps(2);
     h.snapshot("analysis_pca_light");
 
     h.get_all_by_label("Plane").last().unwrap().click();
@@ -417,6 +419,7 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     assert!((m.values[5][5] - direct).abs() < 1e-9, "{} vs {direct}", m.values[5][5]);
     // The grid is cached with the session's runs: reopening computes nothing.
     assert_eq!(std::fs::read_dir(runs.path().join("landscapes")).unwrap().count(), 1);
+    h.state_mut().session.analysis.seconds = Some(10.0);
     h.run_steps(2);
     h.snapshot("analysis_plane_light");
 }

@@ -5,7 +5,7 @@
 use super::landscape::{
     AffineFamily, LandscapeGrid, Metric, MetricKind, cache_key, cart_families, fill_grid, load_cached, save_cached,
 };
-use super::points::read_iterates;
+use super::points::{checkpoint_label, read_iterates};
 use super::views::{LandscapeLabels, landscape_figure, line_figure};
 use crate::data::{SplitKind, TaskData};
 use crate::demo::{Benchmark, load_params};
@@ -90,16 +90,6 @@ pub struct PreparedLandscape {
     marks: Vec<Point>,
     key: String,
     references: Vec<(String, f64)>,
-}
-
-fn stem(p: &Path) -> String {
-    let name = p
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    name.trim_end_matches(".safetensors")
-        .trim_end_matches(".trajectory")
-        .to_owned()
 }
 
 fn mark(x: f64, y: f64, label: &str) -> Point {
@@ -208,7 +198,7 @@ pub fn prepare_landscape(
                 EngineError::Param("a plane needs two checkpoints (experts or merges) to pass through".into())
             })?;
             let fam = AffineFamily::plane(&base, &load_params(&pa, device)?, &load_params(&pb, device)?)?;
-            let (na, nb) = (stem(&pa), stem(&pb));
+            let (na, nb) = (checkpoint_label(&pa), checkpoint_label(&pb));
             let l = labels(
                 &format!("Plane θ0 + α·(θ_{na} − θ0) + β·(θ_{nb} − θ0)"),
                 &format!("α ({na})"),
@@ -305,7 +295,10 @@ impl PreparedLandscape {
                         .iter()
                         .map(|(_, p)| self.families[0].project(p))
                         .collect::<Result<Vec<_>>>()?;
-                    overlay.push(FigPath { label: stem(t), points });
+                    overlay.push(FigPath {
+                        label: checkpoint_label(t),
+                        points,
+                    });
                 }
                 landscape_figure(grid, metric, &self.labels, overlay, self.marks.clone())
             }

@@ -11,4 +11,4 @@ pub mod spectrum;
 pub mod views;
 
 pub use gram::{Gram, Projection};
-pub use points::{PointSet, gram_of_files, read_iterates};
+pub use points::{PointSet, checkpoint_label, gram_of_files, read_iterates};

@@ -22,9 +22,10 @@ pub struct PointSet {
     pub gram: Gram,
 }
 
-/// A tensor of the layout: name and element count.
+/// A tensor of the layout: name, shape and element count.
 struct Slot {
     name: String,
+    shape: Vec<usize>,
     numel: usize,
 }
 
@@ -36,7 +37,8 @@ enum Source<'a> {
     Iterate(&'a Checkpoint, &'a TensorEntry),
 }
 
-fn label_of(path: &Path) -> String {
+/// A checkpoint's display name: its file name without `.safetensors` (and `.trajectory`).
+pub fn checkpoint_label(path: &Path) -> String {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -60,11 +62,32 @@ fn trajectory_layout(c: &Checkpoint) -> Result<Vec<Slot>> {
     v.iter()
         .map(|t| {
             let name = t["name"].as_str().unwrap_or_default().to_owned();
-            let numel = t["shape"]
+            let shape: Vec<usize> = t["shape"]
                 .as_array()
-                .map(|s| s.iter().map(|d| d.as_u64().unwrap_or(0) as usize).product())
-                .unwrap_or(0);
-            Ok(Slot { name, numel })
+                .map(|s| s.iter().map(|d| d.as_u64().unwrap_or(0) as usize).collect())
+                .unwrap_or_default();
+            let numel = if shape.is_empty() { 0 } else { shape.iter().product() };
+            Ok(Slot { name, shape, numel })
+        })
+        .collect()
+}
+
+/// The iterate tensors of a trajectory file in order, each with its label and metrics from
+/// the header's summaries.
+fn iterates(c: &Checkpoint) -> Vec<(&String, String, Value)> {
+    let summaries: Vec<Value> = c
+        .metadata()
+        .get("mergescope.trajectory.iterates")
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    let mut keys: Vec<&String> = c.tensors.keys().filter(|k| k.starts_with("iterate.")).collect();
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let index: u64 = k.trim_start_matches("iterate.").parse().unwrap_or(u64::MAX);
+            let s = summaries.iter().find(|s| s["index"].as_u64() == Some(index));
+            let label = s.and_then(|s| s["label"].as_str()).unwrap_or(k).to_owned();
+            (k, label, s.map(|s| s["metrics"].clone()).unwrap_or(Value::Null))
         })
         .collect()
 }
@@ -93,6 +116,7 @@ pub fn gram_of_files(
             .filter(|(_, t)| t.dtype.is_float())
             .map(|(k, t)| Slot {
                 name: k.clone(),
+                shape: t.shape.clone(),
                 numel: t.numel(),
             })
             .collect(),
@@ -103,25 +127,15 @@ pub fn gram_of_files(
     let mut membership = Vec::new();
     let mut sources = Vec::new();
     for (c, p) in ckpts.iter().zip(checkpoints) {
-        labels.push(label_of(p));
+        labels.push(checkpoint_label(p));
         metrics.push(Value::Null);
         membership.push(None);
         sources.push(Source::Checkpoint(c));
     }
     for (i, (t, p)) in trajs.iter().zip(trajectories).enumerate() {
-        let summaries: Vec<Value> = t
-            .metadata()
-            .get("mergescope.trajectory.iterates")
-            .and_then(|s| serde_json::from_str(s).ok())
-            .unwrap_or_default();
-        let mut keys: Vec<&String> = t.tensors.keys().filter(|k| k.starts_with("iterate.")).collect();
-        keys.sort();
-        for k in keys {
-            let index: u64 = k.trim_start_matches("iterate.").parse().unwrap_or(u64::MAX);
-            let s = summaries.iter().find(|s| s["index"].as_u64() == Some(index));
-            let label = s.and_then(|s| s["label"].as_str()).unwrap_or(k);
-            labels.push(format!("{}: {label}", label_of(p)));
-            metrics.push(s.map(|s| s["metrics"].clone()).unwrap_or(Value::Null));
+        for (k, label, m) in iterates(t) {
+            labels.push(format!("{}: {label}", checkpoint_label(p)));
+            metrics.push(m);
             membership.push(Some(i));
             sources.push(Source::Iterate(t, &t.tensors[k]));
         }
@@ -204,31 +218,9 @@ pub fn gram_of_files(
 pub fn read_iterates(path: &Path, device: &candle_core::Device) -> Result<Vec<(String, crate::nn::Params)>> {
     let c = Checkpoint::open(path)?;
     let layout = trajectory_layout(&c)?;
-    let shapes: Vec<Vec<usize>> = {
-        let raw = c
-            .metadata()
-            .get("mergescope.trajectory.tensors")
-            .cloned()
-            .unwrap_or_default();
-        let v: Vec<Value> = serde_json::from_str(&raw).unwrap_or_default();
-        v.iter()
-            .map(|t| {
-                t["shape"]
-                    .as_array()
-                    .map(|s| s.iter().map(|d| d.as_u64().unwrap_or(0) as usize).collect())
-                    .unwrap_or_default()
-            })
-            .collect()
-    };
-    let summaries: Vec<Value> = c
-        .metadata()
-        .get("mergescope.trajectory.iterates")
-        .and_then(|s| serde_json::from_str(s).ok())
-        .unwrap_or_default();
-    let mut keys: Vec<&String> = c.tensors.keys().filter(|k| k.starts_with("iterate.")).collect();
-    keys.sort();
-    keys.into_iter()
-        .map(|k| {
+    iterates(&c)
+        .into_iter()
+        .map(|(k, label, _)| {
             let e = &c.tensors[k];
             let total: usize = layout.iter().map(|s| s.numel).sum();
             if e.numel() != total {
@@ -238,20 +230,13 @@ pub fn read_iterates(path: &Path, device: &candle_core::Device) -> Result<Vec<(S
                     e.numel()
                 )));
             }
-            let index: u64 = k.trim_start_matches("iterate.").parse().unwrap_or(u64::MAX);
-            let label = summaries
-                .iter()
-                .find(|s| s["index"].as_u64() == Some(index))
-                .and_then(|s| s["label"].as_str())
-                .unwrap_or(k)
-                .to_owned();
             let mut offset = 0;
             let mut params = crate::nn::Params::new();
-            for (slot, shape) in layout.iter().zip(&shapes) {
+            for slot in &layout {
                 let v = c.read_f32_range(e, offset, slot.numel);
                 params.insert(
                     slot.name.clone(),
-                    candle_core::Tensor::from_vec(v, shape.clone(), device)?,
+                    candle_core::Tensor::from_vec(v, slot.shape.clone(), device)?,
                 );
                 offset += slot.numel;
             }

@@ -90,29 +90,9 @@ fn scatter(ui: &mut Ui, id: &str, f: &Scatter, height: f32) {
         });
 }
 
-fn cell_span(axis: &Axis, i: usize) -> (f64, f64) {
-    match axis {
-        Axis::Categories(_) => (i as f64 - 0.5, i as f64 + 0.5),
-        Axis::Numeric(v) => {
-            let here = v[i];
-            let lo = if i > 0 {
-                (v[i - 1] + here) / 2.0
-            } else {
-                here - v.get(1).map_or(0.5, |n| (n - here) / 2.0)
-            };
-            let hi = if i + 1 < v.len() {
-                (v[i + 1] + here) / 2.0
-            } else {
-                here + if i > 0 { (here - v[i - 1]) / 2.0 } else { 0.5 }
-            };
-            (lo, hi)
-        }
-    }
-}
-
 fn cell_at(axis: &Axis, x: f64) -> Option<usize> {
     (0..axis.len()).find(|&i| {
-        let (lo, hi) = cell_span(axis, i);
+        let (lo, hi) = axis.cell_span(i);
         (lo..hi).contains(&x)
     })
 }
@@ -178,8 +158,8 @@ fn heatmap(ui: &mut Ui, id: &str, f: &Heatmap, height: f32) {
     plot.show(ui, |plot| {
         for (r, row) in f.values.iter().enumerate() {
             for (c, v) in row.iter().enumerate() {
-                let (x0, x1) = cell_span(&f.x, c);
-                let (y0, y1) = cell_span(&f.y, r);
+                let (x0, x1) = f.x.cell_span(c);
+                let (y0, y1) = f.y.cell_span(r);
                 let fill = if v.is_nan() {
                     Color32::from_gray(225)
                 } else {

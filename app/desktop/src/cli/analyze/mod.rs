@@ -11,7 +11,7 @@ use mergescope_engine::demo::{Benchmark, resolve_benchmark};
 use mergescope_engine::nn::Arch;
 use mergescope_engine::writer::write_atomic;
 use mergescope_figures::{Figure, render_png, to_csv};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Subcommand, Debug)]
@@ -134,15 +134,7 @@ impl Common {
 }
 
 /// A file's name without `.safetensors` (and `.trajectory`).
-pub fn short_name(p: &Path) -> String {
-    let name = p
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    name.trim_end_matches(".safetensors")
-        .trim_end_matches(".trajectory")
-        .to_owned()
-}
+pub use mergescope_engine::analysis::checkpoint_label as short_name;
 
 pub fn run(command: &AnalyzeCommand) -> anyhow::Result<ExitCode> {
     match command {
