@@ -44,11 +44,13 @@ pub enum ViewKind {
     CartRank,
     /// The plane through the base and two experts.
     Plane,
+    /// The plane of a trajectory's first two principal directions.
+    TrajectoryPlane,
 }
 
 impl ViewKind {
     /// Every view.
-    pub const ALL: [ViewKind; 9] = [
+    pub const ALL: [ViewKind; 10] = [
         ViewKind::Pca,
         ViewKind::Radar,
         ViewKind::Cosine,
@@ -58,6 +60,7 @@ impl ViewKind {
         ViewKind::CartGrid,
         ViewKind::CartRank,
         ViewKind::Plane,
+        ViewKind::TrajectoryPlane,
     ];
 
     /// Name in the view picker.
@@ -72,6 +75,7 @@ impl ViewKind {
             ViewKind::CartGrid => "CART rank × λ",
             ViewKind::CartRank => "CART rank",
             ViewKind::Plane => "Plane",
+            ViewKind::TrajectoryPlane => "Trajectory plane",
         }
     }
 
@@ -309,7 +313,7 @@ fn compute(
                 None,
             );
         }
-        ViewKind::TaLine | ViewKind::CartGrid | ViewKind::CartRank | ViewKind::Plane => {
+        ViewKind::TaLine | ViewKind::CartGrid | ViewKind::CartRank | ViewKind::Plane | ViewKind::TrajectoryPlane => {
             let bench = inputs
                 .benchmark
                 .as_ref()
@@ -318,6 +322,7 @@ fn compute(
                 ViewKind::TaLine => LandscapeKind::TaLine,
                 ViewKind::CartGrid => LandscapeKind::Cart,
                 ViewKind::CartRank => LandscapeKind::CartRank,
+                ViewKind::TrajectoryPlane => LandscapeKind::TrajectoryPlane,
                 _ => LandscapeKind::Plane,
             };
             let mut spec = LandscapeSpec::defaults(lk);
@@ -326,6 +331,10 @@ fn compute(
                 task: None,
             };
             spec.cache_root = inputs.cache_root.clone();
+            spec.trajectories = inputs.trajectories.clone();
+            if lk == LandscapeKind::TrajectoryPlane && spec.trajectories.is_empty() {
+                return Err("select a run of a model-level method (it leaves a trajectory) first".into());
+            }
             if lk == LandscapeKind::Plane {
                 let a = experts.get(plane.0).cloned();
                 let b = experts.get(plane.1).cloned();
@@ -333,7 +342,6 @@ fn compute(
                     return Err("a plane passes through two different experts".into());
                 };
                 spec.through = Some((a, b));
-                spec.trajectories = inputs.trajectories.clone();
             }
             let (device, _) = open_device(DeviceChoice::Cpu);
             let tasks = benchmark_tasks(None).map_err(err)?;

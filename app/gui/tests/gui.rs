@@ -422,4 +422,29 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     h.state_mut().session.analysis.seconds = Some(10.0);
     h.run_steps(2);
     h.snapshot("analysis_plane_light");
+
+    // Around the trajectory itself: its 5 iterates sit where the plane says they are.
+    h.get_all_by_label("Trajectory plane").last().unwrap().click();
+    h.run_steps(2); // the click lands in the next frame
+    step_until(&mut h, "the trajectory plane", |a| {
+        !a.session.analysis.running() && a.session.analysis.progress == Some((441, 441))
+    });
+    let Some(Figure::Heatmap(t)) = h.state().session.analysis.figure.clone() else {
+        panic!("no trajectory plane: {:?}", h.state().session.analysis.error)
+    };
+    assert_eq!(t.overlay[0].points.len(), 5);
+    assert!(t.x_label.starts_with("PC1 of the iterates"));
+
+    // The radar of the run against the base, with the experts' ring.
+    h.get_all_by_label("Radar").last().unwrap().click();
+    h.run_steps(2);
+    step_until(&mut h, "the radar", |a| !a.session.analysis.running());
+    let Some(Figure::Radar(r)) = h.state().session.analysis.figure.clone() else {
+        panic!("no radar: {:?}", h.state().session.analysis.error)
+    };
+    assert_eq!(r.series.len(), 2, "base and the merge");
+    assert_eq!(r.axes.len(), 3);
+    h.state_mut().session.analysis.seconds = Some(0.0);
+    h.run_steps(2);
+    h.snapshot("analysis_radar_light");
 }

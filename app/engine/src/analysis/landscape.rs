@@ -168,6 +168,65 @@ impl AffineFamily {
         })
     }
 
+    /// The plane of a trajectory's first two principal directions (seed 001 Fig. 5 right):
+    /// origin the iterates' mean, directions of unit length (coefficients are distances in
+    /// parameter space), through the n×n Gram matrix of the centred iterates. Returns the
+    /// family and each iterate's coordinates.
+    pub fn principal_plane(iterates: &[Params]) -> Result<(AffineFamily, Vec<[f64; 2]>)> {
+        let n = iterates.len();
+        if n < 3 {
+            return Err(EngineError::Param(format!(
+                "a trajectory plane needs at least 3 iterates; this trajectory has {n}"
+            )));
+        }
+        let terms: Vec<(&Params, f64)> = iterates[1..].iter().map(|x| (x, 1.0)).collect();
+        let mean: Params = combine(&iterates[0], &terms)?
+            .into_iter()
+            .map(|(k, t)| Ok((k, t.affine(1.0 / n as f64, 0.0)?)))
+            .collect::<Result<_>>()?;
+        let centred: Vec<Params> = iterates.iter().map(|x| sub(x, &mean)).collect::<Result<_>>()?;
+        let mut g = vec![0.0; n * n];
+        for i in 0..n {
+            for j in i..n {
+                let d = dot(&centred[i], &centred[j])?;
+                g[i * n + j] = d;
+                g[j * n + i] = d;
+            }
+        }
+        let eig = faer::Mat::<f64>::from_fn(n, n, |i, j| g[i * n + j])
+            .self_adjoint_eigen(faer::Side::Lower)
+            .map_err(|e| EngineError::Invalid(format!("the eigen-decomposition did not converge: {e:?}")))?;
+        let (u, s) = (eig.U(), eig.S().column_vector());
+        let mut directions = Vec::new();
+        let mut scales = Vec::new();
+        for c in [n - 1, n - 2] {
+            let value = s[c];
+            if value <= 1e-12 * s[n - 1].max(f64::MIN_POSITIVE) {
+                return Err(EngineError::Param(
+                    "the trajectory's iterates lie on a line; a plane needs two directions".into(),
+                ));
+            }
+            let root = value.sqrt();
+            let zero: Params = mean
+                .iter()
+                .map(|(k, t)| Ok((k.clone(), t.zeros_like()?)))
+                .collect::<Result<_>>()?;
+            let weights: Vec<(&Params, f64)> = centred.iter().enumerate().map(|(j, x)| (x, u[(j, c)] / root)).collect();
+            directions.push(combine(&zero, &weights)?);
+            scales.push(root);
+        }
+        let coords = (0..n)
+            .map(|j| [u[(j, n - 1)] * scales[0], u[(j, n - 2)] * scales[1]])
+            .collect();
+        Ok((
+            AffineFamily {
+                origin: mean,
+                directions,
+            },
+            coords,
+        ))
+    }
+
     /// The coordinates of `x` projected orthogonally onto a two-direction family's plane.
     pub fn project(&self, x: &Params) -> Result<[f64; 2]> {
         let [d1, d2] = self.directions.as_slice() else {
@@ -459,6 +518,28 @@ mod tests {
                 .project(&base)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_trajectory_plane_reproduces_iterates_that_lie_in_it() {
+        // Iterates in the plane of e1 and e2 (of R³): their principal plane contains them, so
+        // the family at each iterate's coordinates is the iterate itself.
+        let pts = [[0.0, 0.0, 1.0], [2.0, 0.0, 1.0], [2.0, 1.0, 1.0], [0.0, 3.0, 1.0]];
+        let iterates: Vec<Params> = pts.iter().map(|p| params(&p.map(|x| x as f32))).collect();
+        let (fam, coords) = AffineFamily::principal_plane(&iterates).unwrap();
+        assert_eq!(values(&fam.origin), vec![1.0, 1.0, 1.0]);
+        for (x, c) in iterates.iter().zip(&coords) {
+            let back = values(&fam.at(c).unwrap());
+            for (a, b) in back.iter().zip(values(x)) {
+                assert!((a - b).abs() < 1e-5, "{back:?}");
+            }
+            let p = fam.project(x).unwrap();
+            assert!((p[0] - c[0]).abs() < 1e-5 && (p[1] - c[1]).abs() < 1e-5);
+        }
+        // Unit directions: distances in the plane are distances in parameter space.
+        let d0 = values(&fam.directions[0]);
+        assert!((d0.iter().map(|v| v * v).sum::<f32>() - 1.0).abs() < 1e-5);
+        assert!(AffineFamily::principal_plane(&iterates[..2]).is_err());
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub enum LandscapeKind {
     CartRank,
     /// θ0 + α·(A − θ0) + β·(B − θ0).
     Plane,
+    /// The plane of a trajectory's first two principal directions, around its mean.
+    TrajectoryPlane,
 }
 
 /// Everything that defines a landscape.
@@ -90,6 +92,8 @@ pub struct PreparedLandscape {
     marks: Vec<Point>,
     key: String,
     references: Vec<(String, f64)>,
+    /// The trajectory drawn on a trajectory plane, in its coordinates.
+    own_path: Option<FigPath>,
 }
 
 fn mark(x: f64, y: f64, label: &str) -> Point {
@@ -174,6 +178,7 @@ pub fn prepare_landscape(
         .collect::<Result<_>>()?;
     let mut inputs = vec![base_path.to_path_buf()];
     inputs.extend(expert_paths.iter().cloned());
+    let mut own_path = None;
     let (families, xs, ys, labels, marks) = match spec.kind {
         LandscapeKind::TaLine => (
             vec![AffineFamily::task_arithmetic(&base, &experts)?],
@@ -208,6 +213,48 @@ pub fn prepare_landscape(
             let marks = vec![mark(0.0, 0.0, "base"), mark(1.0, 0.0, &na), mark(0.0, 1.0, &nb)];
             (vec![fam], spec.range.clone(), spec.range.clone(), l, marks)
         }
+        LandscapeKind::TrajectoryPlane => {
+            let path = spec.trajectories.first().cloned().ok_or_else(|| {
+                EngineError::Param("a trajectory plane needs a trajectory (a model-level method's run)".into())
+            })?;
+            let iterates: Vec<Params> = read_iterates(&path, device)?.into_iter().map(|(_, p)| p).collect();
+            let (fam, coords) = AffineFamily::principal_plane(&iterates)?;
+            let n = spec.range.len().max(2);
+            // The grid spans the trajectory with half its extent again on each side.
+            let axis = |k: usize| -> Vec<f64> {
+                let (lo, hi) = coords.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), c| {
+                    (lo.min(c[k]), hi.max(c[k]))
+                });
+                let span = (hi - lo).max(1e-6);
+                let (a, b) = (lo - 0.5 * span, hi + 0.5 * span);
+                (0..n).map(|i| a + (b - a) * i as f64 / (n - 1) as f64).collect()
+            };
+            let (xs, ys) = (axis(0), axis(1));
+            let inside = |p: &[f64; 2]| (xs[0]..=xs[n - 1]).contains(&p[0]) && (ys[0]..=ys[n - 1]).contains(&p[1]);
+            let mut marks = Vec::new();
+            let b = fam.project(&base)?;
+            if inside(&b) {
+                marks.push(mark(b[0], b[1], "base"));
+            }
+            for (e, p) in experts.iter().zip(expert_paths) {
+                let q = fam.project(e)?;
+                if inside(&q) {
+                    marks.push(mark(q[0], q[1], &checkpoint_label(p)));
+                }
+            }
+            let name = checkpoint_label(&path);
+            own_path = Some(FigPath {
+                label: name.clone(),
+                points: coords,
+            });
+            inputs.push(path);
+            let l = labels(
+                &format!("Around the trajectory of {name}: its first two principal directions"),
+                "PC1 of the iterates (parameter distance)",
+                "PC2 of the iterates (parameter distance)",
+            );
+            (vec![fam], xs, ys, l, marks)
+        }
     };
     // The rank × λ grid serves both CART views.
     let family = if spec.kind == LandscapeKind::CartRank {
@@ -221,6 +268,7 @@ pub fn prepare_landscape(
     );
     Ok(PreparedLandscape {
         references: reference_lines(bench, &spec.metric),
+        own_path,
         spec: spec.clone(),
         families,
         evaluator,
@@ -252,7 +300,7 @@ impl PreparedLandscape {
     ) -> Result<()> {
         let model = |r: usize, c: usize| -> Result<Params> {
             match self.spec.kind {
-                LandscapeKind::Plane => self.families[0].at(&[self.xs[c], self.ys[r]]),
+                LandscapeKind::Plane | LandscapeKind::TrajectoryPlane => self.families[0].at(&[self.xs[c], self.ys[r]]),
                 LandscapeKind::TaLine => self.families[0].at(&[self.xs[c]]),
                 LandscapeKind::Cart | LandscapeKind::CartRank => self.families[r].at(&[self.xs[c]]),
             }
@@ -287,6 +335,10 @@ impl PreparedLandscape {
                     );
                 }
                 fig
+            }
+            LandscapeKind::TrajectoryPlane => {
+                let overlay = self.own_path.clone().into_iter().collect();
+                landscape_figure(grid, metric, &self.labels, overlay, self.marks.clone())
             }
             LandscapeKind::Plane => {
                 let mut overlay = Vec::new();

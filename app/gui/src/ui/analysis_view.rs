@@ -24,6 +24,9 @@ pub fn open_buttons(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) 
             ViewKind::Plane => {
                 "Accuracy over the plane through the base and two experts, with the selected trajectories"
             }
+            ViewKind::TrajectoryPlane => {
+                "Accuracy around the selected run's trajectory, on its first two principal directions"
+            }
         };
         if ui.small_button(kind.label()).on_hover_text(hint).clicked() {
             session.analyze(kind, &view.selected);

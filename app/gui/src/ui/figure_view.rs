@@ -4,6 +4,7 @@
 use egui::{Color32, Stroke, Ui};
 use egui_plot::{Arrows, HoverPosition, Legend, Line, LineStyle, Plot, PlotPoint, PlotPoints, Points, Polygon, Text};
 use mergescope_figures::colormap::{color, series_color};
+use mergescope_figures::contour::{contour, levels};
 use mergescope_figures::radar::{axis_direction, polygon};
 use mergescope_figures::{Axis, Figure, Heatmap, Lines, Radar, Scatter, Side, format_number};
 
@@ -177,6 +178,21 @@ fn heatmap(ui: &mut Ui, id: &str, f: &Heatmap, height: f32) {
                         PlotPoint::new(f.x.coord(c), f.y.coord(r)),
                         format!("{v:.2}"),
                     ));
+                }
+            }
+        }
+        if f.contours > 0 {
+            // The same level sets as the PNG (over cell indices on categorical axes).
+            let xs: Vec<f64> = (0..f.x.len()).map(|i| f.x.coord(i)).collect();
+            let ys: Vec<f64> = (0..f.y.len()).map(|i| f.y.coord(i)).collect();
+            for level in levels(lo, hi, f.contours) {
+                for [a, b] in contour(&xs, &ys, &f.values, level) {
+                    plot.line(
+                        Line::new("", vec![a, b])
+                            .color(Color32::from_white_alpha(170))
+                            .width(1.0)
+                            .allow_hover(false),
+                    );
                 }
             }
         }

@@ -24,6 +24,8 @@ pub enum Kind {
     CartRank,
     /// θ0 + α·(A − θ0) + β·(B − θ0) over --range², through the checkpoints of --through.
     Plane,
+    /// The plane of the first two principal directions of --trajectory's iterates.
+    TrajectoryPlane,
 }
 
 #[derive(Args, Debug)]
@@ -42,7 +44,8 @@ pub struct LandscapeArgs {
     /// Plane: the two checkpoints spanning it with the base: expert task names or paths.
     #[arg(long, value_delimiter = ',', value_name = "A,B")]
     pub through: Vec<String>,
-    /// Plane: coefficients of both directions as START:END:COUNT.
+    /// Plane: coefficients of both directions as START:END:COUNT (trajectory plane: only
+    /// COUNT is used; the extent follows the trajectory).
     #[arg(long, default_value = "-0.5:1.5:21", value_name = "A:B:N")]
     pub range: String,
     /// Plane: trajectories drawn on it, projected orthogonally (repeatable).
@@ -94,6 +97,7 @@ pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
         Kind::Cart => LandscapeKind::Cart,
         Kind::CartRank => LandscapeKind::CartRank,
         Kind::Plane => LandscapeKind::Plane,
+        Kind::TrajectoryPlane => LandscapeKind::TrajectoryPlane,
     };
     let bench = a.common.benchmark()?;
     let models = a.common.models()?;
