@@ -411,7 +411,7 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     let direct = bench
         .evaluator(&tasks, None, mergescope_engine::data::SplitKind::Test, &device)
         .unwrap()
-        .subsample(100)
+        .subsample(64)
         .unwrap()
         .evaluate(&base)
         .unwrap()

@@ -392,30 +392,41 @@ impl LandscapeGrid {
     }
 }
 
-/// Evaluates `model(row, col)` at every cell not yet computed, coarse to fine, calling
-/// `on_cell(row, col, report, done, total)` after each. Stops with [`EngineError::Cancelled`]
-/// when `cancel` is set; the grid keeps what was computed.
+/// Evaluates `model(row, col)` at every cell not yet computed, coarse to fine, as many cells
+/// at a time as there are worker threads, calling `on_cell(row, col, report, done, total)`
+/// after each. Stops with [`EngineError::Cancelled`] when `cancel` is set; the grid keeps what
+/// was computed.
 pub fn fill_grid(
     grid: &mut LandscapeGrid,
     evaluator: &Evaluator,
-    model: &dyn Fn(usize, usize) -> Result<Params>,
+    model: &(dyn Fn(usize, usize) -> Result<Params> + Sync),
     on_cell: &mut dyn FnMut(usize, usize, &EvalReport, usize, usize),
     cancel: &AtomicBool,
 ) -> Result<()> {
+    use rayon::prelude::*;
     let nx = grid.xs.len();
     let total = grid.cells.len();
     let mut done = grid.done();
-    for (r, c) in coarse_to_fine(nx, grid.ys.len()) {
-        if grid.cells[r * nx + c].is_some() {
-            continue;
-        }
+    let todo: Vec<(usize, usize)> = coarse_to_fine(nx, grid.ys.len())
+        .into_iter()
+        .filter(|(r, c)| grid.cells[r * nx + c].is_none())
+        .collect();
+    // Small models leave cores idle inside one evaluation: evaluate cells side by side.
+    let width = rayon::current_num_threads().max(1);
+    for chunk in todo.chunks(width) {
         if cancel.load(Ordering::Relaxed) {
             return Err(EngineError::Cancelled);
         }
-        let report = evaluator.evaluate(&model(r, c)?)?;
-        done += 1;
-        on_cell(r, c, &report, done, total);
-        grid.cells[r * nx + c] = Some(report);
+        let reports: Vec<Result<EvalReport>> = chunk
+            .par_iter()
+            .map(|&(r, c)| evaluator.evaluate(&model(r, c)?))
+            .collect();
+        for (&(r, c), report) in chunk.iter().zip(reports) {
+            let report = report?;
+            done += 1;
+            on_cell(r, c, &report, done, total);
+            grid.cells[r * nx + c] = Some(report);
+        }
     }
     Ok(())
 }

@@ -57,7 +57,7 @@ pub struct LandscapeSpec {
 
 impl LandscapeSpec {
     /// Defaults of `kind`: λ 0..1.5 (16) for the TA line, 0..2 (11) for CART, ranks 2 %…100 %,
-    /// plane −0.5..1.5 (21 × 21); mean accuracy on 100 test images per task.
+    /// plane −0.5..1.5 (21 × 21); mean accuracy on 64 test images per task (evenly spaced).
     pub fn defaults(kind: LandscapeKind) -> LandscapeSpec {
         let linspace = |a: f64, b: f64, n: usize| (0..n).map(|i| a + (b - a) * i as f64 / (n - 1) as f64).collect();
         LandscapeSpec {
@@ -75,7 +75,7 @@ impl LandscapeSpec {
                 kind: MetricKind::Accuracy,
                 task: None,
             },
-            samples: 100,
+            samples: 64,
             cache_root: None,
         }
     }

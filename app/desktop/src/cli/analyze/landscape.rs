@@ -58,7 +58,7 @@ pub struct LandscapeArgs {
     #[arg(long, value_name = "TASK")]
     pub task: Option<String>,
     /// Test examples per task at each point, evenly spaced through the split (0: all).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 64)]
     pub samples: usize,
     /// Recompute instead of reusing (or resuming) the cached grid.
     #[arg(long)]
