@@ -105,11 +105,42 @@ pub struct AnalysisInputs {
     pub base_eval: Option<EvalReport>,
     /// Where landscapes are cached (default: the cache folder).
     pub cache_root: Option<PathBuf>,
+    /// Float tensors of the base (the per-layer choices).
+    pub tensors: Vec<String>,
+    /// Task names of the benchmark (the per-task metric choices).
+    pub tasks: Vec<String>,
 }
 
 enum Message {
     Figure(Box<Figure>, Option<(usize, usize)>),
     Done(Result<(), String>),
+}
+
+/// The choices a view is computed with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ViewOptions {
+    /// Metric of landscapes.
+    pub metric: MetricKind,
+    /// Landscapes: one task's metric, or the mean over tasks (`None`).
+    pub task: Option<String>,
+    /// Plane: indices of the two experts it passes through.
+    pub plane: (usize, usize),
+    /// PCA: the components on the axes (1-based).
+    pub pcs: (usize, usize),
+    /// Cosine: one tensor (a layer), or the whole model (`None`).
+    pub tensor: Option<String>,
+}
+
+impl Default for ViewOptions {
+    fn default() -> Self {
+        ViewOptions {
+            metric: MetricKind::Accuracy,
+            task: None,
+            plane: (0, 1),
+            pcs: (1, 2),
+            tensor: None,
+        }
+    }
 }
 
 /// The analysis panel's state: the view shown, its figure, and the computation in flight.
@@ -118,10 +149,8 @@ pub struct Analysis {
     pub open: bool,
     /// View shown.
     pub kind: ViewKind,
-    /// Metric of landscapes.
-    pub metric: MetricKind,
-    /// Plane: indices of the two experts it passes through.
-    pub plane: (usize, usize),
+    /// The choices of the views.
+    pub options: ViewOptions,
     /// The latest figure.
     pub figure: Option<Figure>,
     /// Landscape progress (cells done, total).
@@ -143,8 +172,7 @@ impl Default for Analysis {
         Analysis {
             open: false,
             kind: ViewKind::Pca,
-            metric: MetricKind::Accuracy,
-            plane: (0, 1),
+            options: ViewOptions::default(),
             figure: None,
             progress: None,
             error: None,
@@ -173,7 +201,7 @@ impl Analysis {
         let cancel = Arc::new(AtomicBool::new(false));
         self.cancel = cancel.clone();
         self.rx = Some(rx);
-        let (metric, plane) = (self.metric, self.plane);
+        let options = self.options.clone();
         let spawned = std::thread::Builder::new()
             .name("mergescope-analysis".into())
             .spawn(move || {
@@ -182,7 +210,7 @@ impl Analysis {
                     notify();
                 };
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    compute(kind, &inputs, metric, plane, &cancel, &mut |f, p| {
+                    compute(kind, &inputs, &options, &cancel, &mut |f, p| {
                         send(Message::Figure(Box::new(f), p))
                     })
                 }))
@@ -242,8 +270,7 @@ impl Analysis {
 fn compute(
     kind: ViewKind,
     inputs: &AnalysisInputs,
-    metric: MetricKind,
-    plane: (usize, usize),
+    options: &ViewOptions,
     cancel: &AtomicBool,
     emit: &mut dyn FnMut(Figure, Option<(usize, usize)>),
 ) -> Result<(), String> {
@@ -271,7 +298,11 @@ fn compute(
                         .unwrap_or_default()
                 })
                 .collect();
-            emit(pca_figure(&points, &roles, &names, (0, 1)).map_err(err)?, None);
+            let (a, b) = options.pcs;
+            emit(
+                pca_figure(&points, &roles, &names, (a.max(1) - 1, b.max(1) - 1)).map_err(err)?,
+                None,
+            );
         }
         ViewKind::Radar => {
             let mut models: Vec<(String, EvalReport)> = Vec::new();
@@ -290,11 +321,11 @@ fn compute(
             emit(radar_figure(&models).map_err(err)?, None);
         }
         ViewKind::Cosine => {
-            let points = gram_of_files(&experts, &[], Some(&base), None).map_err(err)?;
-            emit(
-                cosine_figure(&points, "Cosine similarity of task vectors θ − θ_base (whole model)"),
-                None,
-            );
+            let tensor = options.tensor.as_deref();
+            let points = gram_of_files(&experts, &[], Some(&base), tensor).map_err(err)?;
+            let scope = tensor.map_or("whole model".to_owned(), |t| format!("tensor {t}"));
+            let title = format!("Cosine similarity of task vectors θ − θ_base ({scope})");
+            emit(cosine_figure(&points, &title), None);
         }
         ViewKind::Spectrum | ViewKind::RankCurves => {
             let tensor = matrix_names(&base)
@@ -327,8 +358,8 @@ fn compute(
             };
             let mut spec = LandscapeSpec::defaults(lk);
             spec.metric = Metric {
-                kind: metric,
-                task: None,
+                kind: options.metric,
+                task: options.task.clone(),
             };
             spec.cache_root = inputs.cache_root.clone();
             spec.trajectories = inputs.trajectories.clone();
@@ -336,9 +367,9 @@ fn compute(
                 return Err("select a run of a model-level method (it leaves a trajectory) first".into());
             }
             if lk == LandscapeKind::Plane {
-                let a = experts.get(plane.0).cloned();
-                let b = experts.get(plane.1).cloned();
-                let (Some(a), Some(b), true) = (a, b, plane.0 != plane.1) else {
+                let (i, j) = options.plane;
+                let (a, b) = (experts.get(i).cloned(), experts.get(j).cloned());
+                let (Some(a), Some(b), true) = (a, b, i != j) else {
                     return Err("a plane passes through two different experts".into());
                 };
                 spec.through = Some((a, b));

@@ -456,6 +456,24 @@ impl Session {
             benchmark: self.benchmark.clone(),
             base_eval,
             cache_root: self.landscape_cache.clone(),
+            tensors: self
+                .inputs
+                .base
+                .as_ref()
+                .and_then(|b| mergescope_engine::checkpoint::Checkpoint::open(&b.path).ok())
+                .map(|c| {
+                    c.tensors
+                        .iter()
+                        .filter(|(_, t)| t.dtype.is_float())
+                        .map(|(k, _)| k.clone())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            tasks: self
+                .benchmark
+                .as_ref()
+                .map(|b| b.task_names().iter().map(|t| t.to_string()).collect())
+                .unwrap_or_default(),
         };
         self.analysis.start(kind, inputs, self.notify.clone());
     }

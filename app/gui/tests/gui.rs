@@ -447,4 +447,46 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     h.state_mut().session.analysis.seconds = Some(0.0);
     h.run_steps(2);
     h.snapshot("analysis_radar_light");
+
+    // The other views, each opened by its button, checked and pictured.
+    let mut open = |h: &mut Harness<'static, MergescopeApp>, label: &str| {
+        h.get_all_by_label(label).last().unwrap().click();
+        h.run_steps(2);
+        step_until(h, label, |a| !a.session.analysis.running());
+        assert!(
+            h.state().session.analysis.error.is_none(),
+            "{:?}",
+            h.state().session.analysis.error
+        );
+        h.state_mut().session.analysis.seconds = Some(0.0);
+        h.run_steps(2);
+        h.state().session.analysis.figure.clone().unwrap()
+    };
+    // Cosine of one layer: the experts' task vectors, 1 on the diagonal.
+    h.state_mut().session.analysis.options.tensor = Some("fc1.weight".into());
+    let Figure::Heatmap(c) = open(&mut h, "Cosine") else {
+        panic!("cosine")
+    };
+    assert!(c.title.contains("tensor fc1.weight"), "{}", c.title);
+    assert!((0..3).all(|i| (c.values[i][i] - 1.0).abs() < 1e-9));
+    h.snapshot("analysis_cosine_light");
+    let Figure::Lines(sp) = open(&mut h, "Spectrum") else {
+        panic!("spectrum")
+    };
+    assert_eq!(sp.series.len(), 6, "3 tasks, original and centred");
+    h.snapshot("analysis_spectrum_light");
+    // The λ line of one task's loss.
+    h.state_mut().session.analysis.options.task = Some("mnist".into());
+    h.state_mut().session.analysis.options.metric = mergescope_engine::analysis::landscape::MetricKind::Loss;
+    let Figure::Lines(l) = open(&mut h, "λ line") else {
+        panic!("λ line")
+    };
+    assert_eq!(l.y_label, "loss on mnist");
+    assert_eq!(l.series[0].points.len(), 16);
+    h.snapshot("analysis_ta_line_light");
+    let Figure::Heatmap(g) = open(&mut h, "CART rank × λ") else {
+        panic!("CART")
+    };
+    assert_eq!((g.values.len(), g.values[0].len()), (7, 11));
+    h.snapshot("analysis_cart_light");
 }

@@ -55,6 +55,8 @@ pub fn analysis_window(ctx: &Context, session: &mut Session, view: &mut ViewStat
             let kind = session.analysis.kind;
             if kind.is_landscape() {
                 landscape_controls(ui, session, view);
+            } else if matches!(kind, ViewKind::Pca | ViewKind::Cosine) {
+                view_controls(ui, session, view);
             }
             ui.horizontal(|ui| {
                 let a = &session.analysis;
@@ -107,6 +109,65 @@ pub fn analysis_window(ctx: &Context, session: &mut Session, view: &mut ViewStat
     }
 }
 
+/// A labelled choice among `names` (or "all"/"whole model" as `None`).
+fn optional_choice(
+    ui: &mut egui::Ui,
+    id: &str,
+    label: &str,
+    none: &str,
+    names: &[String],
+    slot: &mut Option<String>,
+) -> bool {
+    let mut changed = false;
+    let label = ui.label(label);
+    egui::ComboBox::from_id_salt(id)
+        .selected_text(slot.clone().unwrap_or_else(|| none.to_owned()))
+        .show_ui(ui, |ui| {
+            changed |= ui.selectable_value(slot, None, none).changed();
+            for n in names {
+                changed |= ui.selectable_value(slot, Some(n.clone()), n).changed();
+            }
+        })
+        .response
+        .labelled_by(label.id);
+    changed
+}
+
+/// PCA: the components on the axes; cosine: the whole model or one layer.
+fn view_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
+    let mut changed = false;
+    ui.horizontal(|ui| {
+        let a = &mut session.analysis;
+        if a.kind == ViewKind::Pca {
+            let n = (a.inputs.experts.len() + a.inputs.merges.len() + 1).max(2);
+            for (which, slot) in [
+                ("x axis: PC", &mut a.options.pcs.0),
+                ("y axis: PC", &mut a.options.pcs.1),
+            ] {
+                let label = ui.label(which);
+                changed |= ui
+                    .add(egui::DragValue::new(slot).range(1..=n))
+                    .labelled_by(label.id)
+                    .changed();
+            }
+        } else {
+            let tensors = a.inputs.tensors.clone();
+            changed |= optional_choice(
+                ui,
+                "cosine-tensor",
+                "Layer",
+                "whole model",
+                &tensors,
+                &mut a.options.tensor,
+            );
+        }
+    });
+    if changed {
+        let kind = session.analysis.kind;
+        session.analyze(kind, &view.selected);
+    }
+}
+
 fn landscape_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
     let mut changed = false;
     ui.horizontal(|ui| {
@@ -117,11 +178,20 @@ fn landscape_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState
             (MetricKind::Normalized, "normalised"),
             (MetricKind::Loss, "loss"),
         ] {
-            changed |= ui.selectable_value(&mut a.metric, m, name).changed();
+            changed |= ui.selectable_value(&mut a.options.metric, m, name).changed();
         }
+        let tasks = a.inputs.tasks.clone();
+        changed |= optional_choice(
+            ui,
+            "landscape-task",
+            "of",
+            "mean over tasks",
+            &tasks,
+            &mut a.options.task,
+        );
         if a.kind == ViewKind::Plane {
             let names: Vec<String> = a.inputs.experts.iter().map(|(l, _)| l.clone()).collect();
-            for (which, slot) in [("through", &mut a.plane.0), ("and", &mut a.plane.1)] {
+            for (which, slot) in [("through", &mut a.options.plane.0), ("and", &mut a.options.plane.1)] {
                 let label = ui.label(which);
                 egui::ComboBox::from_id_salt(which)
                     .selected_text(names.get(*slot).cloned().unwrap_or_default())
