@@ -449,7 +449,7 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     h.snapshot("analysis_radar_light");
 
     // The other views, each opened by its button, checked and pictured.
-    let mut open = |h: &mut Harness<'static, MergescopeApp>, label: &str| {
+    let open = |h: &mut Harness<'static, MergescopeApp>, label: &str| {
         h.get_all_by_label(label).last().unwrap().click();
         h.run_steps(2);
         step_until(h, label, |a| !a.session.analysis.running());
