@@ -489,4 +489,18 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     };
     assert_eq!((g.values.len(), g.values[0].len()), (7, 11));
     h.snapshot("analysis_cart_light");
+    let Figure::Lines(cr) = open(&mut h, "CART rank") else {
+        panic!("CART rank")
+    };
+    // The best loss over λ of each rank is the row minimum of the grid just drawn.
+    for (row, p) in g.values.iter().zip(&cr.series[0].points) {
+        let best = row.iter().copied().fold(f64::INFINITY, f64::min);
+        assert!((p[1] - best).abs() < 1e-12);
+    }
+    h.snapshot("analysis_cart_rank_light");
+    let Figure::Lines(ri) = open(&mut h, "R(k) / I(k)") else {
+        panic!("R(k) / I(k)")
+    };
+    assert_eq!(ri.series.len(), 4);
+    h.snapshot("analysis_rank_curves_light");
 }

@@ -2,7 +2,9 @@
 //! data `mergescope analyze` renders to PNG.
 
 use egui::{Color32, Stroke, Ui};
-use egui_plot::{Arrows, HoverPosition, Legend, Line, LineStyle, Plot, PlotPoint, PlotPoints, Points, Polygon, Text};
+use egui_plot::{
+    Arrows, AxisHints, HoverPosition, Legend, Line, LineStyle, Plot, PlotPoint, PlotPoints, Points, Polygon, Text,
+};
 use mergescope_figures::colormap::{color, series_color};
 use mergescope_figures::contour::{contour, levels};
 use mergescope_figures::radar::{axis_direction, polygon};
@@ -236,29 +238,75 @@ fn category(names: &[String], v: f64) -> String {
     }
 }
 
+/// `[lo, hi]` of the finite values.
+fn span(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    let (lo, hi) = values
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    (lo <= hi).then_some((lo, if hi > lo { hi } else { lo + 1.0 }))
+}
+
 fn lines(ui: &mut Ui, id: &str, f: &Lines, height: f32) {
     let (log_x, log_y) = (f.log_x, f.log_y);
     let tx = move |x: f64| if log_x { x.log10() } else { x };
     let ty = move |y: f64| if log_y { y.log10() } else { y };
-    let y2 = f.y2_label.clone();
+    let on = |side: Side| {
+        f.series
+            .iter()
+            .filter(move |s| s.side == side)
+            .flat_map(|s| s.points.iter().map(|p| p[1]))
+    };
+    // Right-axis series are drawn mapped linearly onto the left axis's range (as in the PNG);
+    // the right axis and the hover labels show their own values.
+    let left = span(on(Side::Left).map(ty)).unwrap_or((0.0, 1.0));
+    let right = span(on(Side::Right));
+    let to_left = move |r: f64| match right {
+        Some((r0, r1)) => left.0 + (r - r0) / (r1 - r0) * (left.1 - left.0),
+        None => r,
+    };
+    let from_left = move |y: f64| match right {
+        Some((r0, r1)) => r0 + (y - left.0) / (left.1 - left.0) * (r1 - r0),
+        None => y,
+    };
+    let mut axes = vec![
+        AxisHints::new_y()
+            .label(f.y_label.clone())
+            .formatter(move |m, _| format_number(if log_y { 10f64.powf(m.value) } else { m.value })),
+    ];
+    if let (Some(label), Some(_)) = (&f.y2_label, right) {
+        axes.push(
+            AxisHints::new_y()
+                .label(label.clone())
+                .placement(egui_plot::HPlacement::Right)
+                .formatter(move |m, _| format_number(from_left(m.value))),
+        );
+    }
+    let right_names: Vec<String> = f
+        .series
+        .iter()
+        .filter(|s| s.side == Side::Right)
+        .map(|s| format!("{} (right axis)", s.label))
+        .collect();
     Plot::new(id)
         .height(height)
         .legend(Legend::default())
         .x_axis_label(f.x_label.clone())
-        .y_axis_label(match &y2 {
-            Some(r) => format!("{} (right-axis series: {r})", f.y_label),
-            None => f.y_label.clone(),
-        })
+        .custom_y_axes(axes)
         .x_axis_formatter(move |m, _| format_number(if log_x { 10f64.powf(m.value) } else { m.value }))
-        .y_axis_formatter(move |m, _| format_number(if log_y { 10f64.powf(m.value) } else { m.value }))
         .label_formatter(move |pos| match pos {
             HoverPosition::NearDataPoint {
                 plot_name, position, ..
-            } if !plot_name.is_empty() => Some(format!(
-                "{plot_name}\n{} → {}",
-                format_number(if log_x { 10f64.powf(position.x) } else { position.x }),
-                format_number(if log_y { 10f64.powf(position.y) } else { position.y })
-            )),
+            } if !plot_name.is_empty() => {
+                let y = if right_names.iter().any(|n| n == plot_name) {
+                    from_left(position.y)
+                } else if log_y {
+                    10f64.powf(position.y)
+                } else {
+                    position.y
+                };
+                let x = if log_x { 10f64.powf(position.x) } else { position.x };
+                Some(format!("{plot_name}\n{} → {}", format_number(x), format_number(y)))
+            }
             _ => None,
         })
         .show(ui, |plot| {
@@ -267,7 +315,7 @@ fn lines(ui: &mut Ui, id: &str, f: &Lines, height: f32) {
                     .points
                     .iter()
                     .filter(|p| p[1].is_finite())
-                    .map(|p| [tx(p[0]), if s.side == Side::Left { ty(p[1]) } else { p[1] }])
+                    .map(|p| [tx(p[0]), if s.side == Side::Left { ty(p[1]) } else { to_left(p[1]) }])
                     .collect();
                 let label = if s.side == Side::Right {
                     format!("{} (right axis)", s.label)
