@@ -1070,3 +1070,17 @@ macro_rules! __export_table {
         }
     };
 }
+
+/// The rank CART keeps of a matrix of full rank `r` (min(m, n)) under a rank `ratio`:
+/// ⌈r·ratio − 1e-9⌉ clamped to [0, r], so that round-off such as 25·0.08 = 2.0000000000000004
+/// does not add a rank. One rule for the cart and adamerging plugins and the host's landscapes.
+pub fn rank_from_ratio(r: usize, ratio: f64) -> usize {
+    let k = (r as f64 * ratio - 1e-9).ceil();
+    if k <= 0.0 {
+        0
+    } else if k >= r as f64 {
+        r
+    } else {
+        k as usize
+    }
+}

@@ -67,6 +67,26 @@ pub struct Scatter {
     pub paths: Vec<Path>,
 }
 
+impl Scatter {
+    /// The colour groups in first-seen order: the points' groups, then the paths not named
+    /// after one. A path shares the colour of the group of the same name (a trajectory's
+    /// iterates and its arrows).
+    pub fn groups(&self) -> Vec<&str> {
+        let mut groups: Vec<&str> = Vec::new();
+        for g in self
+            .points
+            .iter()
+            .map(|p| p.group.as_str())
+            .chain(self.paths.iter().map(|p| p.label.as_str()))
+        {
+            if !groups.contains(&g) {
+                groups.push(g);
+            }
+        }
+        groups
+    }
+}
+
 /// A heatmap axis: numeric grid coordinates or category names.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Axis {
@@ -204,11 +224,7 @@ impl Heatmap {
 
     /// The smallest and largest computed values (symmetric around 0 for diverging scales).
     pub fn range(&self) -> Option<(f64, f64)> {
-        let finite = self.values.iter().flatten().copied().filter(|v| v.is_finite());
-        let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
-        if lo > hi {
-            return None;
-        }
+        let (lo, hi) = finite_range(self.values.iter().flatten().copied())?;
         Some(match self.scale {
             ColorScale::Sequential => (lo, hi),
             ColorScale::Diverging => {
@@ -294,6 +310,15 @@ pub struct Radar {
     pub max: f64,
     /// A labelled reference ring drawn dashed (the experts at 1.0).
     pub reference: Option<(String, f64)>,
+}
+
+/// The smallest and largest finite values (NaN and ±∞ skipped), if there are any.
+pub fn finite_range(values: impl IntoIterator<Item = f64>) -> Option<(f64, f64)> {
+    let (lo, hi) = values
+        .into_iter()
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    (lo <= hi).then_some((lo, hi))
 }
 
 /// A number in at most four significant digits, without trailing zeros.

@@ -4,7 +4,7 @@
 use crate::FigureError;
 use crate::colormap::{color, series_color, text_on};
 use crate::contour::{contour, levels};
-use crate::model::{Axis, Better, Figure, Heatmap, Lines, Path, Point, Radar, Scatter, Side, format_number};
+use crate::model::{Axis, Figure, Heatmap, Lines, Path, Point, Radar, Scatter, Side, finite_range, format_number};
 use crate::radar::{axis_direction, polygon};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -65,12 +65,9 @@ fn encode_png(rgb: &[u8], w: u32, h: u32) -> Result<Vec<u8>, FigureError> {
 
 /// `[lo, hi]` of `values` widened by `pad` of the span (and to a unit span when flat).
 fn padded(values: impl Iterator<Item = f64>, pad: f64) -> (f64, f64) {
-    let (lo, hi) = values
-        .filter(|v| v.is_finite())
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    if lo > hi {
+    let Some((lo, hi)) = finite_range(values) else {
         return (0.0, 1.0);
-    }
+    };
     let span = if hi > lo { hi - lo } else { lo.abs().max(1.0) };
     (lo - pad * span, hi + pad * span)
 }
@@ -122,7 +119,7 @@ fn draw_paths(
     Ok(())
 }
 
-fn draw_points(chart: &Chart, root: &Area, points: &[Point], groups: &[String]) -> Result<(), FigureError> {
+fn draw_points(chart: &Chart, root: &Area, points: &[Point], groups: &[&str]) -> Result<(), FigureError> {
     let area = chart.plotting_area();
     for p in points {
         let g = groups.iter().position(|g| *g == p.group).unwrap_or(0);
@@ -186,21 +183,11 @@ fn scatter(root: &Area, f: &Scatter) -> Result<(), FigureError> {
         .chain(f.paths.iter().flat_map(|p| p.points.iter().map(|q| q[1])));
     let (x0, x1) = padded(xs, 0.12);
     let (y0, y1) = padded(ys, 0.12);
-    let mut groups: Vec<String> = Vec::new();
-    for p in &f.points {
-        if !groups.contains(&p.group) {
-            groups.push(p.group.clone());
-        }
-    }
-    for p in &f.paths {
-        if !groups.contains(&p.label) {
-            groups.push(p.label.clone());
-        }
-    }
+    let groups = f.groups();
     let entries: Vec<(String, RGBColor)> = groups
         .iter()
         .enumerate()
-        .map(|(i, g)| (g.clone(), rgb(series_color(i))))
+        .map(|(i, g)| (g.to_string(), rgb(series_color(i))))
         .collect();
     let path_color = |i: usize| {
         let g = groups.iter().position(|g| *g == f.paths[i].label).unwrap_or(0);
@@ -605,14 +592,6 @@ fn dashed(root: &Area, a: (i32, i32), b: (i32, i32), c: RGBColor) -> Result<(), 
             .map_err(err)?;
     }
     Ok(())
-}
-
-/// Whether a value is better than another in the given direction.
-pub fn better_than(better: Better, a: f64, b: f64) -> bool {
-    match better {
-        Better::Higher => a > b,
-        Better::Lower => a < b,
-    }
 }
 
 #[cfg(test)]

@@ -5,13 +5,13 @@
 
 use crate::jobs::Notify;
 use crossbeam_channel::{Receiver, unbounded};
-use mergescope_engine::analysis::gram_of_files;
 use mergescope_engine::analysis::landscape::{Metric, MetricKind};
 use mergescope_engine::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
 use mergescope_engine::analysis::spectrum::{matrix_names, task_spectra};
 use mergescope_engine::analysis::views::{
     Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
 };
+use mergescope_engine::analysis::{checkpoint_label, gram_of_files};
 use mergescope_engine::data::benchmark_tasks;
 use mergescope_engine::demo::Benchmark;
 use mergescope_engine::device::{DeviceChoice, open_device};
@@ -255,16 +255,6 @@ impl Analysis {
         }
         changed
     }
-
-    /// Waits until the computation in flight ends (tests).
-    pub fn wait(&mut self, timeout: std::time::Duration) -> bool {
-        let until = Instant::now() + timeout;
-        while self.running() && Instant::now() < until {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            self.pump();
-        }
-        !self.running()
-    }
 }
 
 fn compute(
@@ -289,15 +279,7 @@ fn compute(
             files.extend(inputs.merges.iter().map(|(_, p, _)| p.clone()));
             roles.extend(inputs.merges.iter().map(|_| Role::Merge));
             let points = gram_of_files(&files, &inputs.trajectories, None, None).map_err(err)?;
-            let names: Vec<String> = inputs
-                .trajectories
-                .iter()
-                .map(|p| {
-                    p.file_name()
-                        .map(|n| n.to_string_lossy().replace(".trajectory.safetensors", ""))
-                        .unwrap_or_default()
-                })
-                .collect();
+            let names: Vec<String> = inputs.trajectories.iter().map(|p| checkpoint_label(p)).collect();
             let (a, b) = options.pcs;
             emit(
                 pca_figure(&points, &roles, &names, (a.max(1) - 1, b.max(1) - 1)).map_err(err)?,

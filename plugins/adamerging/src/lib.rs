@@ -35,12 +35,11 @@ pub struct AdaMerging {
     report_every: usize,
 }
 
-/// k = ⌈ratio·min(m, n)⌉ clamped to [0, min(m, n)]; the ratio is rounded to 12 decimals first so
-/// that 3·0.32 is not taken for slightly above 0.96 (seed 001 digest, §1.7 item 1).
+/// k = ⌈ratio·min(m, n)⌉ clamped to [0, min(m, n)], with the cart plugin's tolerance for
+/// round-off (seed 001 digest, §1.7 item 1): the SDK's
+/// [`rank_from_ratio`](mergescope_plugin_api::sdk::rank_from_ratio).
 pub fn cart_rank(ratio: f64, m: usize, n: usize) -> usize {
-    let r = m.min(n);
-    let x = (ratio * r as f64 * 1e12).round() / 1e12;
-    (x.ceil().max(0.0) as usize).min(r)
+    mergescope_plugin_api::sdk::rank_from_ratio(m.min(n), ratio)
 }
 
 impl ModelMethod for AdaMerging {

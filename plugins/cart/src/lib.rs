@@ -43,17 +43,8 @@ pub struct Cart {
     n_experts: usize,
 }
 
-/// Rank k kept for a matrix of full rank `r` under `ratio`: ⌈r·ratio − 1e-9⌉ clamped to [0, r].
-pub fn rank_from_ratio(r: usize, ratio: f64) -> usize {
-    let k = (r as f64 * ratio - 1e-9).ceil();
-    if k <= 0.0 {
-        0
-    } else if k >= r as f64 {
-        r
-    } else {
-        k as usize
-    }
-}
+/// Rank k kept for a matrix of full rank `r` under `ratio` (the SDK's shared rule).
+pub use mergescope_plugin_api::sdk::rank_from_ratio;
 
 impl Cart {
     fn rank_for(&self, r: usize) -> usize {

@@ -4,13 +4,13 @@
 //! checkpoints (origin, two directions) are all such families. Grids are visited coarse to
 //! fine, so a preview appears after a few evaluations, and kept in a cache keyed by the inputs.
 
-use crate::checkpoint::Checkpoint;
 use crate::demo::cache_dir;
 use crate::error::{EngineError, Result};
 use crate::eval::{EvalReport, Evaluator};
 use crate::nn::Params;
 use crate::plugin::host_api::truncated_svd;
 use candle_core::{Device, Tensor};
+use mergescope_plugin_api::sdk::rank_from_ratio;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -247,7 +247,7 @@ impl AffineFamily {
 
 /// CART's family for each rank fraction: origin θ̄ (the experts' mean), direction
 /// Σ_t SVD_k(θ_t − θ̄) on 2-D weights (zero elsewhere: vectors stay at the mean), with
-/// k = ⌈fraction · min(m, n)⌉ as in the cart plugin. The SVD of each centred matrix is taken
+/// k = ⌈fraction · min(m, n)⌉ by the SDK's [`rank_from_ratio`], as in the cart plugin. The SVD of each centred matrix is taken
 /// once for all ranks.
 pub fn cart_families(experts: &[Params], fractions: &[f64], device: &Device) -> Result<Vec<AffineFamily>> {
     let first = experts
@@ -274,7 +274,7 @@ pub fn cart_families(experts: &[Params], fractions: &[f64], device: &Device) -> 
             let centred: Vec<f32> = (&e[name] - m_t)?.flatten_all()?.to_vec1()?;
             let (u, s, vt) = truncated_svd(&centred, m, cols, r).map_err(EngineError::Invalid)?;
             for (f, sum) in fractions.iter().zip(sums.iter_mut()) {
-                let k = rank_from_fraction(r, *f);
+                let k = rank_from_ratio(r, *f);
                 for j in 0..k {
                     for i in 0..m {
                         let ui = u[i * r + j] * s[j];
@@ -298,12 +298,6 @@ pub fn cart_families(experts: &[Params], fractions: &[f64], device: &Device) -> 
             directions: vec![d],
         })
         .collect())
-}
-
-/// k = ⌈r · fraction⌉ clamped to [0, r] (the cart plugin's rule).
-pub fn rank_from_fraction(r: usize, fraction: f64) -> usize {
-    let k = (r as f64 * fraction - 1e-9).ceil();
-    if k <= 0.0 { 0 } else { (k as usize).min(r) }
 }
 
 /// The cells of an `nx × ny` grid in coarse-to-fine order: every 2^m-th point first, then
@@ -478,12 +472,6 @@ pub fn save_cached(root: Option<&Path>, key: &str, grid: &LandscapeGrid) -> Resu
     crate::writer::write_atomic(&path, &bytes)
 }
 
-/// The float tensors of a checkpoint file as parameters on `device`.
-pub fn load(path: &Path, device: &Device) -> Result<Params> {
-    let _ = Checkpoint::open(path)?;
-    crate::demo::load_params(path, device)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,8 +565,8 @@ mod tests {
         // Rank 0: only the mean, whatever λ; vectors always stay at the mean.
         let zero = fams[1].at(&[2.0]).unwrap();
         assert_eq!(zero["b"].to_vec1::<f32>().unwrap(), vec![1.0]);
-        assert_eq!(rank_from_fraction(10, 0.08), 1);
-        assert_eq!(rank_from_fraction(64, 0.08), 6);
+        assert_eq!(rank_from_ratio(10, 0.08), 1);
+        assert_eq!(rank_from_ratio(64, 0.08), 6);
     }
 
     #[test]

@@ -13,7 +13,9 @@ use crate::error::{EngineError, Result};
 use crate::eval::{EvalReport, Evaluator};
 use crate::nn::Params;
 use candle_core::Device;
-use mergescope_figures::{Axis, Better, Figure, Lines, Path as FigPath, Point, Series, Side, format_number};
+use mergescope_figures::{
+    Axis, Better, Figure, Lines, Path as FigPath, Point, Series, Side, finite_range, format_number,
+};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
@@ -222,9 +224,7 @@ pub fn prepare_landscape(
             let n = spec.range.len().max(2);
             // The grid spans the trajectory with half its extent again on each side.
             let axis = |k: usize| -> Vec<f64> {
-                let (lo, hi) = coords.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), c| {
-                    (lo.min(c[k]), hi.max(c[k]))
-                });
+                let (lo, hi) = finite_range(coords.iter().map(|c| c[k])).unwrap_or((0.0, 0.0));
                 let span = (hi - lo).max(1e-6);
                 let (a, b) = (lo - 0.5 * span, hi + 0.5 * span);
                 (0..n).map(|i| a + (b - a) * i as f64 / (n - 1) as f64).collect()

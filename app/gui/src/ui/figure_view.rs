@@ -8,7 +8,7 @@ use egui_plot::{
 use mergescope_figures::colormap::{color, series_color};
 use mergescope_figures::contour::{contour, levels};
 use mergescope_figures::radar::{axis_direction, polygon};
-use mergescope_figures::{Axis, Figure, Heatmap, Lines, Radar, Scatter, Side, format_number};
+use mergescope_figures::{Axis, Figure, Heatmap, Lines, Radar, Scatter, Side, finite_range, format_number};
 
 fn c32(c: [u8; 3]) -> Color32 {
     Color32::from_rgb(c[0], c[1], c[2])
@@ -31,17 +31,7 @@ fn position(pos: &HoverPosition<'_>) -> PlotPoint {
 }
 
 fn scatter(ui: &mut Ui, id: &str, f: &Scatter, height: f32) {
-    let mut groups: Vec<&str> = Vec::new();
-    for g in f
-        .points
-        .iter()
-        .map(|p| p.group.as_str())
-        .chain(f.paths.iter().map(|p| p.label.as_str()))
-    {
-        if !groups.contains(&g) {
-            groups.push(g);
-        }
-    }
+    let groups = f.groups();
     let colour = |g: &str| c32(series_color(groups.iter().position(|x| *x == g).unwrap_or(0)));
     let hover_points = f.points.clone();
     Plot::new(id)
@@ -238,12 +228,9 @@ fn category(names: &[String], v: f64) -> String {
     }
 }
 
-/// `[lo, hi]` of the finite values.
+/// `[lo, hi]` of the finite values, widened to a unit span when flat.
 fn span(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
-    let (lo, hi) = values
-        .filter(|v| v.is_finite())
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    (lo <= hi).then_some((lo, if hi > lo { hi } else { lo + 1.0 }))
+    finite_range(values).map(|(lo, hi)| (lo, if hi > lo { hi } else { lo + 1.0 }))
 }
 
 fn lines(ui: &mut Ui, id: &str, f: &Lines, height: f32) {

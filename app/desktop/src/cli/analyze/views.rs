@@ -8,7 +8,9 @@ use mergescope_engine::analysis::spectrum::{matrix_names, task_spectra};
 use mergescope_engine::analysis::views::{
     Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
 };
-use mergescope_engine::data::SplitKind;
+use mergescope_engine::data::{SplitKind, benchmark_tasks};
+use mergescope_engine::demo::load_params;
+use mergescope_engine::device::{DeviceChoice, open_device};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -142,15 +144,20 @@ pub struct RadarArgs {
 pub fn radar(a: &RadarArgs) -> anyhow::Result<()> {
     a.common.check_outputs()?;
     let bench = a.common.benchmark()?;
-    let spec = bench.dir.display().to_string();
     let mut files: Vec<PathBuf> = Vec::new();
     if !a.no_base {
         files.push(bench.base_path());
     }
     files.extend(a.checkpoints.iter().cloned());
+    // One evaluator (task data converted once) for every checkpoint.
+    let (device, _) = open_device(DeviceChoice::Cpu);
+    let tasks = benchmark_tasks(a.data.as_deref())?;
+    let evaluator = bench.evaluator(&tasks, None, SplitKind::Test, &device)?;
     let mut models = Vec::new();
     for f in &files {
-        let (_, report, _) = crate::cli::eval::evaluate(f, &spec, None, SplitKind::Test, a.data.as_deref())?;
+        let report = evaluator
+            .evaluate(&load_params(f, &device)?)
+            .with_context(|| format!("cannot evaluate '{}' on '{}'", f.display(), bench.dir.display()))?;
         let label = if *f == bench.base_path() {
             "base".to_owned()
         } else {
