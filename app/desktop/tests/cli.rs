@@ -443,13 +443,17 @@ fn bad_inputs_fail_with_actionable_messages() {
 /// A small MLP benchmark on two tasks, built through the engine (a full `demo build` takes
 /// minutes; its CLI path is the same code).
 fn tiny_benchmark(dir: &Path) {
+    tiny_benchmark_of(dir, &["mnist", "letters"]);
+}
+
+fn tiny_benchmark_of(dir: &Path, names: &[&str]) {
     use mergescope_engine::demo::{Recipe, build};
     use mergescope_engine::nn::Arch;
     use mergescope_engine::train::Budget;
     let tasks: Vec<_> = mergescope_engine::data::demo_tasks()
         .unwrap()
         .into_iter()
-        .filter(|t| t.name == "mnist" || t.name == "letters")
+        .filter(|t| names.contains(&t.name.as_str()))
         .collect();
     let mut r = Recipe::default_for(Arch::Mlp, 0);
     r.pretrain.budget = Budget::Steps(20);
@@ -794,4 +798,157 @@ fn analyze_views_write_pictures_and_numbers() {
         .collect();
     let col = header.iter().position(|h| *h == "mnist").unwrap();
     assert_eq!(row[col].parse::<f64>().unwrap(), 1.0, "{radar}");
+}
+
+/// Every row of a sweep's results without its timing column, sorted.
+fn sweep_rows(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    let mut rows: Vec<String> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.rsplit_once(',').unwrap().0.to_owned())
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// A sweep killed in the middle resumes where it stopped, redoes no finished cell, and ends
+/// with exactly the rows of an uninterrupted run; its plots and fits are written; a group of
+/// one task merged by TA with λ = 1/N is that task's expert.
+#[test]
+fn a_killed_sweep_resumes_to_the_same_results() {
+    let env = Env::new();
+    let bench = env.path("bench");
+    tiny_benchmark_of(&bench, &["mnist", "letters", "fashion_mnist"]);
+    let spec = env.path("tiny.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            r#"arch = "mlp"
+benchmark = "{}"
+groups = 2
+eval_examples = 100
+[defaults]
+lr = 1e-3
+batch = 16
+steps = 20
+data_ratio = 1.0
+optimizer = "adamw"
+tasks = 2
+[grid]
+steps = [5, 10, 20]
+data_ratio = [0.5, 1.0]
+tasks = [1, 2, 3]
+[[methods]]
+plugin = "task-arithmetic"
+label = "TA"
+params = {{ lambda = "1/N" }}
+[[methods]]
+plugin = "ties"
+label = "TIES"
+"#,
+            bench.display().to_string().replace('\\', "/")
+        ),
+    )
+    .unwrap();
+    let spec_s = spec.to_string_lossy().into_owned();
+
+    let whole = env.path("whole");
+    let w = whole.to_string_lossy().into_owned();
+    let out = env.ok(&["sweep", &spec_s, "--out", &w, "--quiet"]);
+    assert!(
+        out.contains("| steps | TA |") && out.contains("| tasks | TIES |"),
+        "{out}"
+    );
+    let expected = sweep_rows(&whole);
+    for f in ["steps-loss.png", "data_ratio-accuracy.png", "tasks-loss.csv"] {
+        assert!(whole.join("plots").join(f).is_file(), "{f}");
+    }
+    assert!(
+        std::fs::read_to_string(whole.join("fits.md"))
+            .unwrap()
+            .contains("a + c/α")
+    );
+
+    // Kill a second run once some cells are written, then run it again.
+    let killed = env.path("killed");
+    let k = killed.to_string_lossy().into_owned();
+    let mut child = env
+        .cmd()
+        .args(["sweep", &spec_s, "--out", &k, "--quiet"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let results = killed.join("results.csv");
+    loop {
+        let lines = std::fs::read_to_string(&results).map_or(0, |t| t.lines().count());
+        if lines > 4 {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the sweep ended before it could be killed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let partial = sweep_rows(&killed).len();
+    assert!(
+        partial < expected.len(),
+        "killed after {partial} of {} rows",
+        expected.len()
+    );
+    let o = env.run(&["sweep", &spec_s, "--out", &k, "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("(0 reused"), "{err}");
+    assert_eq!(sweep_rows(&killed), expected);
+
+    // N = 1: task arithmetic with λ = 1 returns the group's expert.
+    let split = |l: &str| l.split(',').map(str::to_owned).collect::<Vec<_>>();
+    let rows: Vec<Vec<String>> = expected.iter().map(|l| split(l)).collect();
+    let mut checked = 0;
+    for r in rows.iter().filter(|r| r[5] == "1" && r[8] == "TA") {
+        let e = rows
+            .iter()
+            .find(|e| e[8] == "expert" && e[9] == r[9] && e[0..5] == r[0..5])
+            .unwrap();
+        assert_eq!(r[10], e[10], "accuracy of TA(N=1) vs the {} expert", r[9]);
+        let (a, b): (f64, f64) = (r[11].parse().unwrap(), e[11].parse().unwrap());
+        assert!((a - b).abs() < 1e-5, "loss {a} vs {b}");
+        checked += 1;
+    }
+    assert!(checked >= 2, "{checked}");
+
+    // Experts record their step count and training-set size (half the data at α = 0.5).
+    let meta = |f: &str| {
+        Checkpoint::open(&whole.join("models/experts").join(f)).unwrap().files[0]
+            .metadata
+            .clone()
+    };
+    let k5 = meta("lr0.001_b16_a1_adamw/mnist.k5.safetensors");
+    assert_eq!(k5["mergescope.train.steps"], "5");
+    let full: usize = k5["mergescope.train.examples"].parse().unwrap();
+    let half: usize = meta("lr0.001_b16_a0.5_adamw/mnist.k20.safetensors")["mergescope.train.examples"]
+        .parse()
+        .unwrap();
+    assert!((half as f64 / full as f64 - 0.5).abs() < 0.01, "{half} of {full}");
+
+    // A different specification in the same folder is refused, naming what differs.
+    std::fs::write(
+        &spec,
+        std::fs::read_to_string(&spec)
+            .unwrap()
+            .replace("groups = 2\n", "groups = 2\nseed = 7\n"),
+    )
+    .unwrap();
+    let o = env.run(&["sweep", &spec_s, "--out", &k, "--quiet"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("different seed"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

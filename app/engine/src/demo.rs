@@ -357,7 +357,8 @@ fn heads_params(names: &[&str], heads: &[Head]) -> Params {
         .collect()
 }
 
-fn checkpoint_metadata(arch: Arch, seed: u64, role: &str) -> BTreeMap<String, String> {
+/// The metadata every demo checkpoint carries: format, version, architecture, seed and role.
+pub fn checkpoint_metadata(arch: Arch, seed: u64, role: &str) -> BTreeMap<String, String> {
     [
         ("format", "pt".to_owned()),
         ("mergescope.version", env!("CARGO_PKG_VERSION").to_owned()),
@@ -509,6 +510,7 @@ pub fn build(
         done += expert_steps[i];
         let mut meta = checkpoint_metadata(arch, recipe.expert.seed, "expert");
         meta.insert("mergescope.demo.task".to_owned(), t.name.clone());
+        meta.extend(crate::train::train_metadata(&cfg, expert_steps[i], t.train.len()));
         save_params(
             &tmp.path().join("experts").join(format!("{}.safetensors", t.name)),
             &tuned.backbone,

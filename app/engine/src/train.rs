@@ -8,6 +8,7 @@ use crate::rng::SplitMix64;
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The update rule.
@@ -433,6 +434,34 @@ pub fn fine_tune(
     on_step: &mut dyn FnMut(&TrainProgress),
     cancel: &AtomicBool,
 ) -> Result<Finetuned> {
+    fine_tune_with_snapshots(
+        arch,
+        start,
+        tasks,
+        cfg,
+        device,
+        &[],
+        &mut |_, _| Ok(()),
+        on_step,
+        cancel,
+    )
+}
+
+/// [`fine_tune`], handing `on_snapshot(k, backbone)` a copy of the backbone after each step
+/// count `k` of `at` (the paper's protocol: the intermediate checkpoints of one run serve the
+/// smaller step counts; a snapshot equals a run of exactly `k` steps).
+#[allow(clippy::too_many_arguments)]
+pub fn fine_tune_with_snapshots(
+    arch: Arch,
+    start: &Params,
+    tasks: &[TrainTask<'_>],
+    cfg: &TrainConfig,
+    device: &Device,
+    at: &[usize],
+    on_snapshot: &mut dyn FnMut(usize, Params) -> Result<()>,
+    on_step: &mut dyn FnMut(&TrainProgress),
+    cancel: &AtomicBool,
+) -> Result<Finetuned> {
     arch.check(start)?;
     if let Some((i, _)) = tasks.iter().enumerate().find(|(_, t)| t.data.is_empty()) {
         return Err(EngineError::Invalid(format!("training task {i} has no examples")));
@@ -463,7 +492,15 @@ pub fn fine_tune(
     };
     let per_epoch = batchers.iter().map(Batcher::steps_per_epoch).max().unwrap_or(1);
     let steps = total_steps(cfg.budget, per_epoch);
-    let mut loss = |_step: usize| -> Result<Tensor> {
+    let mut loss = |step: usize| -> Result<Tensor> {
+        if step > 0 && at.contains(&step) {
+            // The variables are updated in place: the snapshot must own its storage.
+            let copy = vars
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), v.as_tensor().detach().copy()?)))
+                .collect::<Result<Params>>()?;
+            on_snapshot(step, copy)?;
+        }
         let p = from_vars(&vars);
         let mut total: Option<Tensor> = None;
         for (i, t) in tasks.iter().enumerate() {
@@ -488,11 +525,39 @@ pub fn fine_tune(
     };
     let var_list: Vec<Var> = vars.iter().map(|(_, v)| v.clone()).collect();
     let losses = optimize(var_list, cfg.optim, steps, &mut loss, on_step, cancel)?;
-    Ok(Finetuned {
-        backbone: detached(&vars),
-        losses,
-    })
+    let backbone = detached(&vars);
+    if at.contains(&steps) {
+        on_snapshot(steps, backbone.clone())?;
+    }
+    Ok(Finetuned { backbone, losses })
 }
+
+/// Checkpoint metadata describing a fine-tuning run of `steps` steps on `examples` examples:
+/// the step count is what effective task weights (seed 002, Algorithm 002-B) are computed from.
+pub fn train_metadata(cfg: &TrainConfig, steps: usize, examples: usize) -> BTreeMap<String, String> {
+    let optimizer = match cfg.optim.kind {
+        OptimizerKind::Sgd => "sgd",
+        OptimizerKind::Momentum => "momentum",
+        OptimizerKind::AdamW => "adamw",
+    };
+    let batch = match cfg.batch {
+        BatchSize::Full => "full".to_owned(),
+        BatchSize::Size(b) => b.to_string(),
+    };
+    [
+        (STEPS_KEY, steps.to_string()),
+        ("mergescope.train.lr", cfg.optim.lr.to_string()),
+        ("mergescope.train.batch", batch),
+        ("mergescope.train.optimizer", optimizer.to_owned()),
+        ("mergescope.train.examples", examples.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// Metadata key of a fine-tuned checkpoint's step count.
+pub const STEPS_KEY: &str = "mergescope.train.steps";
 
 #[cfg(test)]
 mod tests {
@@ -565,6 +630,53 @@ mod tests {
         assert_eq!(hot.len(), 1);
         let (y, x) = (hot[0] / 28, hot[0] % 28);
         assert!((8..=12).contains(&y) && (8..=12).contains(&x));
+    }
+
+    /// The intermediate checkpoint after k steps of a longer run is the model a run of exactly
+    /// k steps ends at (so one run serves every smaller step count of a sweep).
+    #[test]
+    fn snapshots_equal_shorter_runs() {
+        let dev = Device::Cpu;
+        let tasks = crate::data::demo_tasks().unwrap();
+        let t = &tasks[4];
+        let head = Head::init(128, 10, 1, &dev).unwrap();
+        let task = TrainTask {
+            data: Examples {
+                images: &t.train.images[..128 * 784],
+                labels: &t.train.labels[..128],
+            },
+            head: &head,
+        };
+        let base = Arch::Mlp.init(0, &dev).unwrap();
+        let cfg = |steps| TrainConfig {
+            optim: OptimConfig::adamw(1e-3, 0.0),
+            batch: BatchSize::Size(32),
+            budget: Budget::Steps(steps),
+            seed: 3,
+            augment_shift: 1,
+        };
+        let no = AtomicBool::new(false);
+        let mut snaps = BTreeMap::new();
+        let long = fine_tune_with_snapshots(
+            Arch::Mlp,
+            &base,
+            &[task],
+            &cfg(9),
+            &dev,
+            &[3, 9],
+            &mut |k, p| {
+                snaps.insert(k, crate::nn::to_host(&p)?);
+                Ok(())
+            },
+            &mut |_| {},
+            &no,
+        )
+        .unwrap();
+        assert_eq!(snaps.keys().copied().collect::<Vec<_>>(), [3, 9]);
+        let short = fine_tune(Arch::Mlp, &base, &[task], &cfg(3), &dev, &mut |_| {}, &no).unwrap();
+        assert_eq!(snaps[&3], crate::nn::to_host(&short.backbone).unwrap());
+        assert_eq!(snaps[&9], crate::nn::to_host(&long.backbone).unwrap());
+        assert_ne!(snaps[&3], snaps[&9], "the snapshot owns its storage");
     }
 
     #[test]

@@ -67,15 +67,25 @@ fn heatmap(f: &Heatmap) -> String {
     out
 }
 
+/// One row per point; a `standard_error` column when some series has error bars.
 fn lines(f: &Lines) -> String {
-    let mut out = format!("series,{},value,axis\n", field(&f.x_label));
+    let with_errors = f.series.iter().any(|s| !s.errors.is_empty());
+    let mut out = format!(
+        "series,{},value,axis{}\n",
+        field(&f.x_label),
+        if with_errors { ",standard_error" } else { "" }
+    );
     for s in &f.series {
         let axis = match s.side {
             Side::Left => f.y_label.as_str(),
             Side::Right => f.y2_label.as_deref().unwrap_or("right"),
         };
-        for p in &s.points {
-            let _ = writeln!(out, "{},{},{},{}", field(&s.label), num(p[0]), num(p[1]), field(axis));
+        for (i, p) in s.points.iter().enumerate() {
+            let _ = write!(out, "{},{},{},{}", field(&s.label), num(p[0]), num(p[1]), field(axis));
+            if with_errors {
+                let _ = write!(out, ",{}", s.errors.get(i).map_or(String::new(), |e| num(*e)));
+            }
+            out.push('\n');
         }
     }
     out

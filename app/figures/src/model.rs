@@ -257,6 +257,28 @@ pub struct Series {
     pub dashed: bool,
     /// Palette index of the colour (default: the series' position).
     pub color: Option<usize>,
+    /// Half-width of an error bar at each point (standard errors), or empty for none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<f64>,
+}
+
+impl Series {
+    /// A solid left-axis curve in the palette colour of its position, without error bars.
+    pub fn new(label: impl Into<String>, points: Vec<[f64; 2]>) -> Series {
+        Series {
+            label: label.into(),
+            points,
+            side: Side::Left,
+            dashed: false,
+            color: None,
+            errors: Vec::new(),
+        }
+    }
+
+    /// The error bar's half-width at point `i` (0 when there is none).
+    pub fn error(&self, i: usize) -> f64 {
+        self.errors.get(i).copied().filter(|e| e.is_finite()).unwrap_or(0.0)
+    }
 }
 
 /// Curves against one x axis.
@@ -278,6 +300,9 @@ pub struct Lines {
     pub series: Vec<Series>,
     /// Mark the best point of the first series, if values have a direction.
     pub better: Option<Better>,
+    /// Short statements shown in the plot's corner (a fitted law, a prediction's verdict).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl Lines {

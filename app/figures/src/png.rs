@@ -354,7 +354,15 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
     let ty = |y: f64| if f.log_y { y.log10() } else { y };
     let on = |side: Side| f.series.iter().filter(move |s| s.side == side);
     let (x0, x1) = padded(f.series.iter().flat_map(|s| s.points.iter().map(|p| tx(p[0]))), 0.03);
-    let (y0, y1) = padded(on(Side::Left).flat_map(|s| s.points.iter().map(|p| ty(p[1]))), 0.06);
+    let (y0, y1) = padded(
+        on(Side::Left).flat_map(|s| {
+            s.points.iter().enumerate().flat_map(|(i, p)| {
+                let e = s.error(i);
+                [ty(p[1] - e), ty(p[1] + e)]
+            })
+        }),
+        0.06,
+    );
     let has_right = on(Side::Right).next().is_some();
     let entries: Vec<(String, RGBColor)> = f
         .series
@@ -413,6 +421,30 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
             chart.draw_series(LineSeries::new(pts.clone(), style))
         };
         drawn.map_err(err)?;
+        for (i, p) in s.points.iter().enumerate() {
+            let e = s.error(i);
+            if e > 0.0 && p[1].is_finite() {
+                let x = tx(p[0]);
+                let (lo, hi) = (y(p[1] - e), y(p[1] + e));
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(x, lo), (x, hi)],
+                        c.stroke_width(1),
+                    )))
+                    .map_err(err)?;
+                let (a, b) = (
+                    chart.plotting_area().map_coordinate(&(x, lo)),
+                    chart.plotting_area().map_coordinate(&(x, hi)),
+                );
+                for end in [a, b] {
+                    root.draw(&PathElement::new(
+                        vec![(end.0 - 4, end.1), (end.0 + 4, end.1)],
+                        c.stroke_width(1),
+                    ))
+                    .map_err(err)?;
+                }
+            }
+        }
         if pts.len() <= 40 && !s.dashed {
             chart
                 .draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))
@@ -430,6 +462,15 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
             format!("best {} at {}", format_number(best[1]), format_number(best[0])),
             (at.0 + 10, at.1 + 6),
             small(14).color(&RED),
+        ))
+        .map_err(err)?;
+    }
+    for (k, note) in f.notes.iter().enumerate() {
+        let at = chart.plotting_area().map_coordinate(&(x0, y1));
+        root.draw(&Text::new(
+            note.clone(),
+            (at.0 + 8, at.1 + 6 + 18 * k as i32),
+            small(14).color(&BLACK),
         ))
         .map_err(err)?;
     }

@@ -102,6 +102,7 @@ fn lines_scatter_and_radar_draw_their_series_colours() {
                 side: Side::Left,
                 dashed: false,
                 color: None,
+                errors: Vec::new(),
             },
             Series {
                 label: "I(k)".into(),
@@ -109,9 +110,11 @@ fn lines_scatter_and_radar_draw_their_series_colours() {
                 side: Side::Right,
                 dashed: true,
                 color: None,
+                errors: Vec::new(),
             },
         ],
         better: None,
+        notes: Vec::new(),
     });
     let scatter = Figure::Scatter(Scatter {
         title: "PCA".into(),

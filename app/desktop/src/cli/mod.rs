@@ -9,6 +9,7 @@ mod gui;
 mod inspect;
 mod merge;
 mod plugins;
+mod sweep;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -58,6 +59,9 @@ pub enum Command {
         #[command(subcommand)]
         command: analyze::AnalyzeCommand,
     },
+    /// Fine-tuning sweeps of seed 002: experts over a hyperparameter grid, merged per task
+    /// group, evaluated, with the scaling laws fitted (resumable).
+    Sweep(sweep::SweepArgs),
     /// Open the desktop window (the default when no subcommand is given).
     Gui(gui::GuiArgs),
 }
@@ -111,6 +115,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Some(Command::Eval(args)) => eval::run(&args),
         Some(Command::Compare(args)) => compare::run(&cli.plugin_dirs, args),
         Some(Command::Analyze { command }) => analyze::run(&command),
+        Some(Command::Sweep(args)) => sweep::run(&cli.plugin_dirs, args),
         Some(Command::Gui(args)) => gui::run(&cli.plugin_dirs, &args),
         None => gui::run(&cli.plugin_dirs, &gui::GuiArgs::default()),
     }

@@ -387,7 +387,9 @@ fn rank_curve(grid: &LandscapeGrid, metric: &Metric) -> Figure {
             side: Side::Left,
             dashed: false,
             color: None,
+            errors: Vec::new(),
         }],
         better: Some(if lower { Better::Lower } else { Better::Higher }),
+        notes: Vec::new(),
     })
 }

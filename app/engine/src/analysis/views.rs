@@ -152,6 +152,7 @@ pub fn spectrum_figure(s: &MatrixSpectra) -> Figure {
                 side: Side::Left,
                 dashed: centred,
                 color: Some(i),
+                errors: Vec::new(),
             });
         }
     }
@@ -167,6 +168,7 @@ pub fn spectrum_figure(s: &MatrixSpectra) -> Figure {
         log_y: true,
         series,
         better: None,
+        notes: Vec::new(),
     })
 }
 
@@ -182,6 +184,7 @@ pub fn rank_curves_figure(s: &MatrixSpectra) -> Figure {
             side: Side::Left,
             dashed: false,
             color: None,
+            errors: Vec::new(),
         },
         Series {
             label: "R(k) original".into(),
@@ -189,6 +192,7 @@ pub fn rank_curves_figure(s: &MatrixSpectra) -> Figure {
             side: Side::Left,
             dashed: true,
             color: None,
+            errors: Vec::new(),
         },
         Series {
             label: "I(k) centred".into(),
@@ -196,6 +200,7 @@ pub fn rank_curves_figure(s: &MatrixSpectra) -> Figure {
             side: Side::Right,
             dashed: false,
             color: None,
+            errors: Vec::new(),
         },
         Series {
             label: "I(k) original".into(),
@@ -203,6 +208,7 @@ pub fn rank_curves_figure(s: &MatrixSpectra) -> Figure {
             side: Side::Right,
             dashed: true,
             color: None,
+            errors: Vec::new(),
         },
     ];
     Figure::Lines(Lines {
@@ -217,6 +223,7 @@ pub fn rank_curves_figure(s: &MatrixSpectra) -> Figure {
         log_y: false,
         series,
         better: None,
+        notes: Vec::new(),
     })
 }
 
@@ -320,6 +327,7 @@ pub fn line_figure(
             side: Side::Left,
             dashed: false,
             color: None,
+            errors: Vec::new(),
         })
         .collect();
     let (lo, hi) = (
@@ -333,6 +341,7 @@ pub fn line_figure(
             side: Side::Left,
             dashed: true,
             color: None,
+            errors: Vec::new(),
         });
     }
     Figure::Lines(Lines {
@@ -348,5 +357,6 @@ pub fn line_figure(
         } else {
             Better::Higher
         }),
+        notes: Vec::new(),
     })
 }

@@ -1,0 +1,187 @@
+//! `mergescope sweep`: seed 002's fine-tuning sweeps: fine-tune experts over a grid of
+//! hyperparameters, merge seeded task groups with several methods, evaluate every task, write
+//! the results as they come (a killed sweep resumes), and draw the scaling plots with the laws
+//! fitted.
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use mergescope_engine::data::benchmark_tasks;
+use mergescope_engine::demo::resolve_benchmark;
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_engine::merge::ExecOptions;
+use mergescope_engine::nn::Arch;
+use mergescope_engine::plugin::loader::Plugin;
+use mergescope_engine::scaling::sweep::run::{RESULTS_FILE, SPEC_FILE};
+use mergescope_engine::scaling::sweep::store::read_rows;
+use mergescope_engine::scaling::sweep::{
+    SweepInputs, SweepProgress, SweepSpec, analyse, fits_markdown, run_sweep, write_plots,
+};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    /// The sweep's TOML specification (see `--print-spec` for a commented starting point).
+    #[arg(value_name = "SPEC.toml", conflicts_with = "preset")]
+    pub spec: Option<PathBuf>,
+    /// A built-in sweep: `paper-002` (seed 002's protocol scaled to the demo benchmark).
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Architecture for a preset: mlp, cnn or vit.
+    #[arg(long, default_value = "mlp")]
+    pub arch: String,
+    /// Sweep folder: results.csv, plots/, fits.md, the checkpoints. Running the same command
+    /// again resumes a killed sweep. Default: sweeps/<preset or spec name>-<arch>.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Print the specification (of --preset or SPEC.toml) as TOML and exit.
+    #[arg(long)]
+    pub print_spec: bool,
+    /// Only redraw the plots from the folder's results (also while a sweep runs).
+    #[arg(long)]
+    pub plots_only: bool,
+    /// Size of the PNG plots, WIDTHxHEIGHT.
+    #[arg(long, default_value = "1100x760")]
+    pub size: String,
+    /// cpu, cuda or metal.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+fn spec_of(args: &SweepArgs) -> anyhow::Result<(SweepSpec, String)> {
+    match (&args.spec, &args.preset) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read '{}'", path.display()))?;
+            let spec = SweepSpec::from_toml(&text).with_context(|| format!("in '{}'", path.display()))?;
+            let stem = path
+                .file_stem()
+                .map_or("sweep".into(), |s| s.to_string_lossy().into_owned());
+            Ok((spec, stem))
+        }
+        (None, Some(name)) => {
+            let arch =
+                Arch::parse(&args.arch).with_context(|| format!("--arch '{}': use mlp, cnn or vit", args.arch))?;
+            Ok((SweepSpec::preset(name, arch)?, name.clone()))
+        }
+        (None, None) => bail!("give a specification file or --preset paper-002 (see `mergescope sweep --help`)"),
+    }
+}
+
+fn size(s: &str) -> anyhow::Result<(u32, u32)> {
+    s.split_once(['x', 'X'])
+        .and_then(|(w, h)| Some((w.trim().parse().ok()?, h.trim().parse().ok()?)))
+        .filter(|(w, h): &(u32, u32)| (300..=8000).contains(w) && (200..=8000).contains(h))
+        .with_context(|| format!("--size '{s}': write WIDTHxHEIGHT in pixels, e.g. 1100x760"))
+}
+
+fn minutes(s: f64) -> String {
+    if s < 90.0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{:.1} min", s / 60.0)
+    }
+}
+
+/// Redraws the plots of the sweep in `out` from its results; prints the fits.
+fn plots(out: &Path, spec: &SweepSpec, (w, h): (u32, u32)) -> anyhow::Result<()> {
+    let rows = read_rows(&out.join(RESULTS_FILE))?;
+    let results = analyse(spec, &rows);
+    let written = write_plots(out, &results, w, h)?;
+    println!("{}", fits_markdown(&results));
+    eprintln!(
+        "plots: {} ({} files), fits: {}",
+        out.join("plots").display(),
+        written.len() - 1,
+        out.join("fits.md").display()
+    );
+    Ok(())
+}
+
+pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode> {
+    let wh = size(&args.size)?;
+    if args.plots_only {
+        let Some(out) = &args.out else {
+            bail!("--plots-only needs --out DIR (the sweep folder)");
+        };
+        let path = out.join(SPEC_FILE);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("'{}' holds no sweep (no {SPEC_FILE})", out.display()))?;
+        plots(out, &SweepSpec::from_toml(&text)?, wh)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (spec, name) = spec_of(&args)?;
+    if args.print_spec {
+        print!("{}", spec.to_toml()?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("sweeps").join(format!("{name}-{}", spec.arch)));
+    let device_choice = DeviceChoice::parse(&args.device)
+        .with_context(|| format!("--device '{}': use cpu, cuda or metal", args.device))?;
+    let registry = super::registry(plugin_dirs)?;
+    let chosen: Vec<Arc<Plugin>> = spec
+        .methods
+        .iter()
+        .map(|m| registry.find(&m.plugin).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
+    let plugins: Vec<&Plugin> = chosen.iter().map(|p| &**p).collect();
+    let bench = resolve_benchmark(&spec.benchmark, Some(spec.arch()?))?;
+    let tasks = benchmark_tasks(None)?;
+    let (device, note) = open_device(device_choice);
+    if let Some(n) = note {
+        eprintln!("warning: {n}");
+    }
+    let opts = ExecOptions {
+        device,
+        ..ExecOptions::default()
+    };
+    let bar = super::progress_bar(args.quiet);
+    let progress = |p: &SweepProgress| {
+        bar.set_position((p.fraction() * 1000.0) as u64);
+        let eta = p.eta.map_or(String::new(), |s| format!(", {} left", minutes(s)));
+        bar.set_message(format!("{}/{} cells{eta}: {}", p.cells_done, p.cells, p.stage));
+    };
+    let cancel = super::cancel_on_ctrl_c();
+    eprintln!("sweep '{}' into {}", name, out.display());
+    let inputs = SweepInputs {
+        spec: &spec,
+        bench: &bench,
+        tasks: &tasks,
+        plugins: &plugins,
+        out_dir: &out,
+        opts: &opts,
+    };
+    let outcome = run_sweep(&inputs, &progress, cancel);
+    bar.finish_and_clear();
+    match outcome {
+        Ok(s) => {
+            eprintln!(
+                "{} cells ({} reused from an earlier run), {} fine-tuning runs, {} -> {}",
+                s.cells,
+                s.reused,
+                s.runs_trained,
+                minutes(s.seconds),
+                s.results.display()
+            );
+            plots(&out, &spec, wh)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(mergescope_engine::error::EngineError::Cancelled) => {
+            eprintln!(
+                "cancelled: the finished cells are in {}; run the same command again to resume",
+                out.join(RESULTS_FILE).display()
+            );
+            if out.join(RESULTS_FILE).exists() {
+                plots(&out, &spec, wh)?;
+            }
+            Ok(ExitCode::from(130))
+        }
+        Err(e) => Err(e.into()),
+    }
+}

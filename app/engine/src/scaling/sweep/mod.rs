@@ -1,0 +1,16 @@
+//! Fine-tuning sweeps (seed 002, Algorithm 002-A at scale): vary the experts' fine-tuning
+//! hyperparameters and the number of tasks, merge seeded task groups with several methods,
+//! evaluate every task, and fit the scaling laws over the results.
+//!
+//! [`spec`] says what is varied (TOML, the `paper-002` preset), [`run`] does the work and
+//! resumes a killed sweep from [`store`]'s results file, [`plots`] turns the rows into the
+//! paper's plots with the laws fitted.
+
+pub mod plots;
+pub mod run;
+pub mod spec;
+pub mod store;
+
+pub use plots::{VariableResult, analyse, figures, fits_markdown, write_plots};
+pub use run::{SweepInputs, SweepProgress, SweepSummary, run_sweep};
+pub use spec::{SweepSpec, Variable};
