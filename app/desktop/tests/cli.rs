@@ -894,16 +894,29 @@ label = "TIES"
     }
     child.kill().unwrap();
     child.wait().unwrap();
-    let partial = sweep_rows(&killed).len();
+    let partial = sweep_rows(&killed);
     assert!(
-        partial < expected.len(),
-        "killed after {partial} of {} rows",
+        partial.len() < expected.len(),
+        "killed after {} of {} rows",
+        partial.len(),
         expected.len()
     );
+    // Every finished cell is reused: each expert row is a cell, a merge cell has a row per task.
+    let cells: std::collections::BTreeSet<String> = partial
+        .iter()
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            if f[8] == "expert" { l.clone() } else { f[..9].join(",") }
+        })
+        .collect();
     let o = env.run(&["sweep", &spec_s, "--out", &k, "--quiet"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!err.contains("(0 reused"), "{err}");
+    assert!(
+        err.contains(&format!("({} reused", cells.len())),
+        "{} cells were finished: {err}",
+        cells.len()
+    );
     assert_eq!(sweep_rows(&killed), expected);
 
     // N = 1: task arithmetic with λ = 1 returns the group's expert.
@@ -935,6 +948,55 @@ label = "TIES"
         .parse()
         .unwrap();
     assert!((half as f64 / full as f64 - 0.5).abs() < 0.01, "{half} of {full}");
+
+    // Effective weights from the recorded step counts: K = 5, 10, 20 give 1/7, 2/7, 4/7.
+    let base = bench.join("base.safetensors").to_string_lossy().into_owned();
+    let exp = |f: &str| {
+        whole
+            .join("models/experts/lr0.001_b16_a1_adamw")
+            .join(f)
+            .to_string_lossy()
+            .into_owned()
+    };
+    let (e5, e10, e20) = (
+        exp("mnist.k5.safetensors"),
+        exp("letters.k10.safetensors"),
+        exp("fashion_mnist.k20.safetensors"),
+    );
+    let b = bench.to_string_lossy().into_owned();
+    let common = ["--benchmark", b.as_str(), "--arch", "mlp", "--base", base.as_str()];
+    let with = |cmd: &str, extra: &[&str]| {
+        let mut v = vec!["analyze", cmd];
+        v.extend(common);
+        v.extend(["--expert", &e5, "--expert", &e10, "--expert", &e20]);
+        v.extend(extra);
+        v.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let args = with("weights", &[]);
+    let csv = env.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let lambda: Vec<f64> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(1).unwrap().parse().unwrap())
+        .collect();
+    for (got, want) in lambda.iter().zip([1.0 / 7.0, 2.0 / 7.0, 4.0 / 7.0]) {
+        assert!((got - want).abs() < 1e-9, "{csv}");
+    }
+    // The heterogeneity proxy: one row per task with before, after and a signed δ.
+    let args = with("heterogeneity", &["--mask", "dare", "--drop", "0.3"]);
+    let csv = env.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    assert!(csv.lines().next().unwrap().contains("after DARE (drop 0.3)"), "{csv}");
+    // The bound: four variants (χ² × constant), each split into stability and optimisation.
+    let args = with(
+        "bound",
+        &["--examples", "8", "--csv", &env.path("bound.csv").to_string_lossy()],
+    );
+    let out = env.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.contains("| mnist | 0.333 | 5 | 16 |"), "{out}");
+    let csv = std::fs::read_to_string(env.path("bound.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 5, "{csv}");
+    assert!(csv.contains("standard χ², constant 12"), "{csv}");
 
     // A different specification in the same folder is refused, naming what differs.
     std::fs::write(

@@ -1,7 +1,7 @@
 //! Figures as CSV: the numbers behind every picture, one row per point or cell (long format),
 //! so they can be re-plotted elsewhere.
 
-use crate::model::{Figure, Heatmap, Lines, Radar, Scatter, Side};
+use crate::model::{Bars, Figure, Heatmap, Lines, Radar, Scatter, Side};
 use std::fmt::Write;
 
 /// Quotes a CSV field when it needs it.
@@ -24,6 +24,7 @@ pub fn to_csv(figure: &Figure) -> String {
         Figure::Heatmap(f) => heatmap(f),
         Figure::Lines(f) => lines(f),
         Figure::Radar(f) => radar(f),
+        Figure::Bars(f) => bars(f),
     }
 }
 
@@ -87,6 +88,25 @@ fn lines(f: &Lines) -> String {
             }
             out.push('\n');
         }
+    }
+    out
+}
+
+/// One row per category, one column per series.
+fn bars(f: &Bars) -> String {
+    let mut out = field(&f.x_label);
+    for (label, _) in &f.series {
+        out.push(',');
+        out.push_str(&field(label));
+    }
+    out.push('\n');
+    for (c, name) in f.categories.iter().enumerate() {
+        out.push_str(&field(name));
+        for (_, values) in &f.series {
+            out.push(',');
+            out.push_str(&values.get(c).map_or(String::new(), |v| num(*v)));
+        }
+        out.push('\n');
     }
     out
 }

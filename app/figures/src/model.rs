@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A figure of one of the four kinds.
+/// A figure of one of the five kinds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Figure {
     /// Labelled points and ordered paths (PCA projections, trajectories).
@@ -14,6 +14,8 @@ pub enum Figure {
     Lines(Lines),
     /// Per-axis values of several series on a polar chart (per-task normalised accuracy).
     Radar(Radar),
+    /// Bars per category, grouped or stacked (heterogeneity, task weights, bound terms).
+    Bars(Bars),
 }
 
 impl Figure {
@@ -24,6 +26,7 @@ impl Figure {
             Figure::Heatmap(f) => &f.title,
             Figure::Lines(f) => &f.title,
             Figure::Radar(f) => &f.title,
+            Figure::Bars(f) => &f.title,
         }
     }
 }
@@ -335,6 +338,78 @@ pub struct Radar {
     pub max: f64,
     /// A labelled reference ring drawn dashed (the experts at 1.0).
     pub reference: Option<(String, f64)>,
+}
+
+/// Bars over named categories: one bar per series side by side, or the series stacked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Bars {
+    /// Title.
+    pub title: String,
+    /// Category axis name.
+    pub x_label: String,
+    /// Value axis name.
+    pub y_label: String,
+    /// Category names, left to right.
+    pub categories: Vec<String>,
+    /// `(label, one value per category)`; values may be negative (drawn below zero).
+    pub series: Vec<(String, Vec<f64>)>,
+    /// Stack the series (their sum is the bar's height) instead of grouping them.
+    pub stacked: bool,
+    /// Short statements shown under the title (warnings, totals).
+    pub notes: Vec<String>,
+}
+
+impl Bars {
+    /// The value range the bars span, zero included.
+    pub fn range(&self) -> (f64, f64) {
+        let n = self.categories.len();
+        let extents: Vec<f64> = if self.stacked {
+            (0..n)
+                .flat_map(|c| {
+                    let vals = self.series.iter().filter_map(move |(_, v)| v.get(c).copied());
+                    let pos: f64 = vals.clone().filter(|v| *v > 0.0).sum();
+                    let neg: f64 = vals.filter(|v| *v < 0.0).sum();
+                    [pos, neg]
+                })
+                .collect()
+        } else {
+            self.series.iter().flat_map(|(_, v)| v.iter().copied()).collect()
+        };
+        let (lo, hi) = finite_range(extents.into_iter().chain([0.0])).unwrap_or((0.0, 1.0));
+        if hi > lo { (lo, hi) } else { (lo, lo + 1.0) }
+    }
+
+    /// Each bar's extent `(series, category, x0, x1, y0, y1)` in axis units: category `c`
+    /// spans `[c − 0.4, c + 0.4]`; grouped bars split it, stacked bars pile up from zero
+    /// (positive values upward, negative downward).
+    pub fn rects(&self) -> Vec<(usize, usize, f64, f64, f64, f64)> {
+        let k = self.series.len().max(1) as f64;
+        let mut out = Vec::new();
+        for c in 0..self.categories.len() {
+            let (mut up, mut down) = (0.0, 0.0);
+            for (s, (_, values)) in self.series.iter().enumerate() {
+                let Some(v) = values.get(c).copied().filter(|v| v.is_finite()) else {
+                    continue;
+                };
+                let x = c as f64;
+                if self.stacked {
+                    let (y0, y1) = if v >= 0.0 {
+                        up += v;
+                        (up - v, up)
+                    } else {
+                        down += v;
+                        (down, down - v)
+                    };
+                    out.push((s, c, x - 0.35, x + 0.35, y0, y1));
+                } else {
+                    let w = 0.8 / k;
+                    let x0 = x - 0.4 + w * s as f64;
+                    out.push((s, c, x0, x0 + w * 0.9, v.min(0.0), v.max(0.0)));
+                }
+            }
+        }
+        out
+    }
 }
 
 /// The smallest and largest finite values (NaN and ±∞ skipped), if there are any.

@@ -4,7 +4,9 @@
 use crate::FigureError;
 use crate::colormap::{color, series_color, text_on};
 use crate::contour::{contour, levels};
-use crate::model::{Axis, Figure, Heatmap, Lines, Path, Point, Radar, Scatter, Side, finite_range, format_number};
+use crate::model::{
+    Axis, Bars, Figure, Heatmap, Lines, Path, Point, Radar, Scatter, Side, finite_range, format_number,
+};
 use crate::radar::{axis_direction, polygon};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -49,6 +51,7 @@ pub fn render_png(figure: &Figure, width: u32, height: u32) -> Result<Vec<u8>, F
             Figure::Heatmap(f) => heatmap(&root, f)?,
             Figure::Lines(f) => lines(&root, f)?,
             Figure::Radar(f) => radar(&root, f)?,
+            Figure::Bars(f) => bars(&root, f)?,
         }
         root.present().map_err(err)?;
     }
@@ -483,6 +486,75 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
             draw(&mut chart, i, s, &to_left)?;
         }
         right_axis(&chart, root, f, x1, (r0, r1), &to_left)?;
+    }
+    Ok(())
+}
+
+fn bars(root: &Area, f: &Bars) -> Result<(), FigureError> {
+    let entries: Vec<(String, RGBColor)> = f
+        .series
+        .iter()
+        .enumerate()
+        .map(|(i, (label, _))| (label.clone(), rgb(series_color(i))))
+        .collect();
+    let main = with_legend(root, &entries)?;
+    let root = &main;
+    let (lo, hi) = f.range();
+    let pad = 0.08 * (hi - lo);
+    let n = f.categories.len().max(1) as f64;
+    let notes_height = 18 * f.notes.len() as u32;
+    let mut chart = ChartBuilder::on(root)
+        .caption(&f.title, caption_style())
+        .margin(15)
+        .margin_bottom(15 + notes_height)
+        .x_label_area_size(60)
+        .y_label_area_size(75)
+        .build_cartesian_2d(-0.6..n - 0.4, (lo - if lo < 0.0 { pad } else { 0.0 })..hi + pad)
+        .map_err(err)?;
+    let fmt_y = |v: &f64| format_number(*v);
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc(&f.y_label)
+        .x_desc(&f.x_label)
+        .y_label_formatter(&fmt_y)
+        .label_style(small(14))
+        .axis_desc_style(small(16))
+        .light_line_style(RGBColor(240, 240, 240))
+        .draw()
+        .map_err(err)?;
+    for (s, _, x0, x1, y0, y1) in f.rects() {
+        let c = rgb(series_color(s));
+        chart
+            .draw_series(std::iter::once(Rectangle::new([(x0, y0), (x1, y1)], c.filled())))
+            .map_err(err)?;
+    }
+    chart
+        .draw_series(std::iter::once(PathElement::new(
+            vec![(-0.6, 0.0), (n - 0.4, 0.0)],
+            BLACK.stroke_width(1),
+        )))
+        .map_err(err)?;
+    for (c, name) in f.categories.iter().enumerate() {
+        let at = chart
+            .plotting_area()
+            .map_coordinate(&(c as f64, lo.min(0.0) - if lo < 0.0 { pad } else { 0.0 }));
+        root.draw(&Text::new(
+            name.clone(),
+            (at.0, at.1 + 8),
+            small(14).pos(Pos::new(HPos::Center, VPos::Top)),
+        ))
+        .map_err(err)?;
+    }
+    let bottom = root.dim_in_pixel().1 as i32 - notes_height as i32 - 8;
+    for (k, note) in f.notes.iter().enumerate() {
+        root.draw(&Text::new(
+            note.clone(),
+            (20, bottom + 18 * k as i32),
+            small(14).color(&BLACK),
+        ))
+        .map_err(err)?;
     }
     Ok(())
 }

@@ -3,7 +3,9 @@
 
 use crate::session::{Level, Session, SessionConfig};
 use crate::settings::Settings;
-use crate::ui::{ViewState, analysis_view, dialogs, inputs_view, log_view, menu, method_view, results_view};
+use crate::ui::{
+    ViewState, analysis_view, dialogs, experiments_view, inputs_view, log_view, menu, method_view, results_view,
+};
 use egui::{RichText, Ui};
 use std::path::Path;
 use std::sync::Arc;
@@ -170,6 +172,19 @@ impl MergescopeApp {
             let running = self.session.runs.iter().filter(|r| r.status.is_active()).count();
             ui.label(RichText::new(format!("{running} running or queued")).weak());
             ui.separator();
+            if let Some(p) = self
+                .session
+                .experiments
+                .progress
+                .as_ref()
+                .filter(|_| self.session.experiments.running())
+            {
+                let text = format!("sweep: {} / {} cells", p.cells_done, p.cells);
+                if ui.button(text).on_hover_text("Show the Experiments window").clicked() {
+                    self.session.open_experiments();
+                }
+                ui.separator();
+            }
             if let Some((msg, at)) = &self.view.message {
                 if at.elapsed() < Duration::from_secs(6) {
                     ui.label(msg);
@@ -217,6 +232,7 @@ impl MergescopeApp {
         dialogs::approval_ui(&ctx, &mut self.session, &mut self.view);
         dialogs::about_ui(&ctx, &mut self.view);
         analysis_view::analysis_window(&ctx, &mut self.session, &mut self.view);
+        experiments_view::experiments_window(&ctx, &mut self.session);
         let mut open = self.view.shortcuts;
         egui::Window::new("Keyboard shortcuts")
             .open(&mut open)
@@ -233,7 +249,7 @@ impl MergescopeApp {
         self.view.shortcuts = open;
         self.guard_close(ui);
         self.settings.device = self.session.device;
-        if self.session.busy() {
+        if self.session.busy() || self.session.experiments.running() {
             // Elapsed times tick even when no progress event comes.
             ctx.request_repaint_after(Duration::from_millis(250));
         }

@@ -5,6 +5,7 @@
 
 pub mod analysis;
 pub mod app;
+pub mod experiments;
 pub mod form;
 pub mod inputs;
 pub mod jobs;

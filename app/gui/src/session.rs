@@ -96,6 +96,8 @@ pub struct Session {
     pub dirty: bool,
     /// The analysis panel: view, figure, computation in flight.
     pub analysis: crate::analysis::Analysis,
+    /// The Experiments panel: the fine-tuning sweep being edited, run and plotted.
+    pub experiments: crate::experiments::Experiments,
     notify: Notify,
     landscape_cache: Option<PathBuf>,
     runs_dir: PathBuf,
@@ -103,6 +105,18 @@ pub struct Session {
     job_runs: Vec<(JobId, u64)>,
     next_run: u64,
     started: Instant,
+}
+
+/// Where sweep folders go: `sweeps/` in the session's own runs folder when it has one
+/// (scripts, tests), otherwise in the cache folder, shared across sessions so that a sweep
+/// resumes in a later one.
+fn sweeps_root(config: &SessionConfig) -> PathBuf {
+    match &config.runs_dir {
+        Some(d) => d.join("sweeps"),
+        None => demo::cache_dir()
+            .unwrap_or_else(|_| std::env::temp_dir().join("mergescope"))
+            .join("sweeps"),
+    }
 }
 
 fn default_runs_dir() -> PathBuf {
@@ -131,6 +145,7 @@ impl Session {
             project_path: None,
             dirty: false,
             analysis: crate::analysis::Analysis::default(),
+            experiments: crate::experiments::Experiments::new(sweeps_root(config)),
             notify: notify.clone(),
             // With a runs folder of its own (scripts, tests) the session keeps its landscape
             // cache there; otherwise in the user's cache folder, shared across sessions.
@@ -478,6 +493,32 @@ impl Session {
         self.analysis.start(kind, inputs, self.notify.clone());
     }
 
+    /// Opens the Experiments window (on the `paper-002` preset for the open benchmark the
+    /// first time).
+    pub fn open_experiments(&mut self) {
+        let installed: Vec<&str> = self.registry.plugins.iter().map(|p| p.id()).collect();
+        self.experiments.configure(self.benchmark.as_ref(), &installed);
+        self.experiments.open = true;
+    }
+
+    /// Starts (or resumes: finished cells in the folder are reused) the sweep being edited;
+    /// a refusal is shown in the Experiments window.
+    pub fn start_sweep(&mut self) {
+        match self
+            .experiments
+            .prepare(&self.registry, self.benchmark.as_ref(), self.device)
+        {
+            Ok(job) => {
+                self.note(
+                    Level::Info,
+                    format!("sweep '{}' into '{}'", self.experiments.name, job.folder.display()),
+                );
+                self.experiments.start(job, self.notify.clone());
+            }
+            Err(e) => self.experiments.error = Some(e),
+        }
+    }
+
     /// Whether any run or build is queued or running.
     pub fn busy(&self) -> bool {
         self.build.is_some() || self.runs.iter().any(|r| r.status.is_active())
@@ -486,7 +527,10 @@ impl Session {
     /// Applies the worker's events; returns whether anything changed.
     pub fn pump(&mut self) -> bool {
         let events = self.jobs.poll();
-        let changed = !events.is_empty() | self.analysis.pump();
+        let changed = !events.is_empty() | self.analysis.pump() | self.experiments.pump();
+        for (error, text) in self.experiments.take_notes() {
+            self.note(if error { Level::Error } else { Level::Info }, text);
+        }
         for e in events {
             self.apply(e);
         }

@@ -219,6 +219,16 @@ pub fn export_figure(session: &mut Session, png: bool) {
     let Some(figure) = session.analysis.figure.clone() else {
         return;
     };
+    let name = format!(
+        "mergescope-{}",
+        session.analysis.kind.label().replace([' ', '/', '×'], "-")
+    );
+    save_figure(session, &figure, &name, png);
+}
+
+/// Saves `figure` as PNG (`png`) or CSV where the user picks (`name` is the suggested file
+/// name, without extension); the outcome goes to the log.
+pub fn save_figure(session: &mut Session, figure: &mergescope_figures::Figure, name: &str, png: bool) {
     let (ext, what) = if png {
         ("png", "PNG picture")
     } else {
@@ -226,22 +236,19 @@ pub fn export_figure(session: &mut Session, png: bool) {
     };
     let Some(dest) = rfd::FileDialog::new()
         .set_title(format!("Save the figure as {what}"))
-        .set_file_name(format!(
-            "mergescope-{}.{ext}",
-            session.analysis.kind.label().replace([' ', '/', '×'], "-")
-        ))
+        .set_file_name(format!("{name}.{ext}"))
         .add_filter(what, &[ext])
         .save_file()
     else {
         return;
     };
     let bytes = if png {
-        match mergescope_figures::render_png(&figure, 1200, 860) {
+        match mergescope_figures::render_png(figure, 1200, 860) {
             Ok(b) => b,
             Err(e) => return session.note(Level::Error, e.to_string()),
         }
     } else {
-        mergescope_figures::to_csv(&figure).into_bytes()
+        mergescope_figures::to_csv(figure).into_bytes()
     };
     match mergescope_engine::writer::write_atomic(&dest, &bytes) {
         Ok(()) => session.note(Level::Info, format!("figure saved to '{}'", dest.display())),

@@ -3,12 +3,13 @@
 
 use egui::{Color32, Stroke, Ui};
 use egui_plot::{
-    Arrows, AxisHints, HoverPosition, Legend, Line, LineStyle, Plot, PlotPoint, PlotPoints, Points, Polygon, Text,
+    Arrows, AxisHints, Corner, HoverPosition, Legend, Line, LineStyle, Plot, PlotPoint, PlotPoints, Points, Polygon,
+    Text,
 };
 use mergescope_figures::colormap::{color, series_color};
 use mergescope_figures::contour::{contour, levels};
 use mergescope_figures::radar::{axis_direction, polygon};
-use mergescope_figures::{Axis, Figure, Heatmap, Lines, Radar, Scatter, Side, finite_range, format_number};
+use mergescope_figures::{Axis, Figure, Heatmap, Lines, Radar, Scatter, Series, Side, finite_range, format_number};
 
 fn c32(c: [u8; 3]) -> Color32 {
     Color32::from_rgb(c[0], c[1], c[2])
@@ -19,9 +20,53 @@ pub fn figure_ui(ui: &mut Ui, id: &str, figure: &Figure, height: f32) {
     match figure {
         Figure::Scatter(f) => scatter(ui, id, f, height),
         Figure::Heatmap(f) => heatmap(ui, id, f, height),
-        Figure::Lines(f) => lines(ui, id, f, height),
+        Figure::Lines(f) => lines(ui, id, f, height, false),
         Figure::Radar(f) => radar(ui, id, f, height),
+        Figure::Bars(f) => super::bars_view::bars(ui, id, f, height),
     }
+}
+
+/// As [`figure_ui`], for small plots with many curves: line plots get a small legend in the
+/// corner with the fewest points (other figures are drawn as [`figure_ui`] draws them).
+pub fn figure_ui_compact(ui: &mut Ui, id: &str, figure: &Figure, height: f32) {
+    match figure {
+        Figure::Lines(f) => lines(ui, id, f, height, true),
+        other => figure_ui(ui, id, other, height),
+    }
+}
+
+/// The corner of the points' bounding box holding the fewest of them (a legend there hides
+/// the least), preferring the top right.
+fn emptiest_corner(points: &[[f64; 2]]) -> Corner {
+    let (Some((x0, x1)), Some((y0, y1))) = (span(points.iter().map(|p| p[0])), span(points.iter().map(|p| p[1])))
+    else {
+        return Corner::RightTop;
+    };
+    let count = |corner: Corner| {
+        let (left, top) = match corner {
+            Corner::LeftTop => (true, true),
+            Corner::RightTop => (false, true),
+            Corner::LeftBottom => (true, false),
+            Corner::RightBottom => (false, false),
+        };
+        points
+            .iter()
+            .filter(|p| {
+                let fx = (p[0] - x0) / (x1 - x0);
+                let fy = (p[1] - y0) / (y1 - y0);
+                (if left { fx < 0.5 } else { fx > 0.5 }) && (if top { fy > 0.6 } else { fy < 0.4 })
+            })
+            .count()
+    };
+    [
+        Corner::RightTop,
+        Corner::LeftTop,
+        Corner::RightBottom,
+        Corner::LeftBottom,
+    ]
+    .into_iter()
+    .min_by_key(|c| count(*c))
+    .unwrap_or(Corner::RightTop)
 }
 
 fn position(pos: &HoverPosition<'_>) -> PlotPoint {
@@ -233,10 +278,59 @@ fn span(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     finite_range(values).map(|(lo, hi)| (lo, if hi > lo { hi } else { lo + 1.0 }))
 }
 
-fn lines(ui: &mut Ui, id: &str, f: &Lines, height: f32) {
+/// Draws `notes` as small lines; returns the height they took.
+fn notes_ui(ui: &mut Ui, notes: &[String]) -> f32 {
+    let top = ui.cursor().top();
+    for note in notes {
+        ui.small(note);
+    }
+    ui.cursor().top() - top
+}
+
+/// Vertical error bars with small caps (`cap`: half their width in plot units) at each point
+/// of `s` that has one, and a marker at every point (a one-point curve shows too).
+fn error_bars(
+    plot: &mut egui_plot::PlotUi<'_>,
+    s: &Series,
+    name: &str,
+    colour: Color32,
+    x: &dyn Fn(f64) -> f64,
+    y: &dyn Fn(f64) -> f64,
+    cap: f64,
+) {
+    let mut markers = Vec::new();
+    for (i, p) in s.points.iter().enumerate() {
+        if !p[1].is_finite() {
+            continue;
+        }
+        let (px, e) = (x(p[0]), s.error(i));
+        markers.push([px, y(p[1])]);
+        let (lo, hi) = (y(p[1] - e), y(p[1] + e));
+        if e <= 0.0 || !lo.is_finite() || !hi.is_finite() {
+            continue;
+        }
+        let segment =
+            |a: [f64; 2], b: [f64; 2]| Line::new(name, vec![a, b]).color(colour).width(1.2).allow_hover(false);
+        plot.line(segment([px, lo], [px, hi]));
+        for end in [lo, hi] {
+            plot.line(segment([px - cap, end], [px + cap, end]));
+        }
+    }
+    plot.points(Points::new(name, markers).color(colour).radius(3.0).filled(true));
+}
+
+fn lines(ui: &mut Ui, id: &str, f: &Lines, height: f32, compact: bool) {
     let (log_x, log_y) = (f.log_x, f.log_y);
     let tx = move |x: f64| if log_x { x.log10() } else { x };
     let ty = move |y: f64| if log_y { y.log10() } else { y };
+    // Notes go above the plot, within the height asked for.
+    let height = if f.notes.is_empty() {
+        height
+    } else {
+        (height - notes_ui(ui, &f.notes)).max(120.0)
+    };
+    let x_span = span(f.series.iter().flat_map(|s| s.points.iter().map(|p| tx(p[0])))).unwrap_or((0.0, 1.0));
+    let cap = 0.008 * (x_span.1 - x_span.0);
     let on = |side: Side| {
         f.series
             .iter()
@@ -274,9 +368,26 @@ fn lines(ui: &mut Ui, id: &str, f: &Lines, height: f32) {
         .filter(|s| s.side == Side::Right)
         .map(|s| format!("{} (right axis)", s.label))
         .collect();
+    let legend = if compact {
+        let drawn: Vec<[f64; 2]> = f
+            .series
+            .iter()
+            .flat_map(|s| {
+                s.points
+                    .iter()
+                    .map(move |p| [tx(p[0]), if s.side == Side::Left { ty(p[1]) } else { to_left(p[1]) }])
+            })
+            .filter(|p| p[0].is_finite() && p[1].is_finite())
+            .collect();
+        Legend::default()
+            .text_style(egui::TextStyle::Small)
+            .position(emptiest_corner(&drawn))
+    } else {
+        Legend::default()
+    };
     Plot::new(id)
         .height(height)
-        .legend(Legend::default())
+        .legend(legend)
         .x_axis_label(f.x_label.clone())
         .custom_y_axes(axes)
         .x_axis_formatter(move |m, _| format_number(if log_x { 10f64.powf(m.value) } else { m.value }))
@@ -316,6 +427,16 @@ fn lines(ui: &mut Ui, id: &str, f: &Lines, height: f32) {
                     line = line.style(LineStyle::dashed_loose());
                 }
                 plot.line(line);
+                if !s.errors.is_empty() {
+                    let name = if s.side == Side::Right {
+                        format!("{} (right axis)", s.label)
+                    } else {
+                        s.label.clone()
+                    };
+                    let y: &dyn Fn(f64) -> f64 = if s.side == Side::Left { &ty } else { &to_left };
+                    let colour = c32(series_color(s.color.unwrap_or(i)));
+                    error_bars(plot, s, &name, colour, &tx, y, cap);
+                }
             }
             if let Some(b) = f.best() {
                 plot.points(

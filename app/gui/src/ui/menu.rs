@@ -146,6 +146,14 @@ pub fn menu_bar(ui: &mut Ui, app: &mut MergescopeApp) {
             }
             ui.separator();
             ui.checkbox(&mut app.settings.show_log, "Log panel");
+            ui.separator();
+            if ui
+                .button("Experiments: fine-tuning sweeps…")
+                .on_hover_text("Seed 002's sweeps: fine-tune, merge, evaluate and fit the scaling laws")
+                .clicked()
+            {
+                app.session.open_experiments();
+            }
         });
         ui.menu_button("Help", |ui| {
             if ui.button("Keyboard shortcuts").clicked() {

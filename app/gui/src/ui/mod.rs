@@ -3,7 +3,9 @@
 //! the settings (persisted) or [`ViewState`] (this window's transient state).
 
 pub mod analysis_view;
+pub mod bars_view;
 pub mod dialogs;
+pub mod experiments_view;
 pub mod figure_view;
 pub mod form_view;
 pub mod inputs_view;

@@ -3,6 +3,7 @@
 //! landscapes — written as PNG and CSV (the same figures the GUI draws).
 
 mod landscape;
+mod seed002;
 mod views;
 
 use anyhow::{Context as _, bail};
@@ -26,6 +27,12 @@ pub enum AnalyzeCommand {
     Radar(views::RadarArgs),
     /// Loss/accuracy over task arithmetic's λ, CART's rank × λ, or a plane of checkpoints.
     Landscape(landscape::LandscapeArgs),
+    /// Seed 002: ‖τ_i − Σλτ‖² per task before and after a TIES or DARE mask, with δ_i.
+    Heterogeneity(seed002::HeterogeneityArgs),
+    /// Seed 002: effective task weights K_i / Σ K_j from the experts' recorded step counts.
+    Weights(seed002::WeightsArgs),
+    /// Seed 002: the excess-risk bound, σ² and ζ² estimated from calibration gradients.
+    Bound(seed002::BoundArgs),
 }
 
 /// Where the inputs come from and where the figure goes; shared by every view.
@@ -143,6 +150,9 @@ pub fn run(command: &AnalyzeCommand) -> anyhow::Result<ExitCode> {
         AnalyzeCommand::Spectrum(a) => views::spectrum(a),
         AnalyzeCommand::Radar(a) => views::radar(a),
         AnalyzeCommand::Landscape(a) => landscape::run(a),
+        AnalyzeCommand::Heterogeneity(a) => seed002::heterogeneity(a),
+        AnalyzeCommand::Weights(a) => seed002::weights(a),
+        AnalyzeCommand::Bound(a) => seed002::bound_view(a),
     }?;
     Ok(ExitCode::SUCCESS)
 }

@@ -476,11 +476,7 @@ enum Cell {
 }
 
 fn row_id(r: &Row) -> String {
-    if r.method == EXPERT {
-        r.cell() + "|" + &r.task
-    } else {
-        r.cell()
-    }
+    r.cell()
 }
 
 /// Checks that `out_dir` is empty or holds the same sweep (same benchmark, seed, evaluation and

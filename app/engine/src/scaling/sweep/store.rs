@@ -40,9 +40,14 @@ pub struct Row {
 pub type CellKey = String;
 
 impl Row {
-    /// The key of the cell the row belongs to.
+    /// The key of the cell the row belongs to (an expert's cell is its one task).
     pub fn cell(&self) -> CellKey {
-        cell_key(&self.hyper, self.group, &self.method)
+        let key = cell_key(&self.hyper, self.group, &self.method);
+        if self.method == EXPERT {
+            key + "|" + &self.task
+        } else {
+            key
+        }
     }
 
     fn to_line(&self) -> String {
@@ -268,7 +273,16 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let (_, rows) = ResultsFile::open(&path, &two).unwrap();
         assert_eq!(rows, done);
-        assert_eq!(read_rows(&path).unwrap(), done, "the file itself was cleaned");
+        // Experts' cells are one row each, one per task: both are kept.
+        let mut f = ResultsFile::open(&path, &|r: &Row| Some(if r.method == EXPERT { 1 } else { 2 }))
+            .unwrap()
+            .0;
+        let experts = [row(0, "a", EXPERT), row(0, "b", EXPERT)].map(|r| Row { group: None, ..r });
+        f.append(&experts).unwrap();
+        drop(f);
+        let (_, rows) = ResultsFile::open(&path, &|r: &Row| Some(if r.method == EXPERT { 1 } else { 2 })).unwrap();
+        assert_eq!(rows.len(), 4, "{rows:?}");
+        assert_eq!(read_rows(&path).unwrap()[..2], done, "the file itself was cleaned");
         std::fs::write(&path, "x,y\n1,2\n").unwrap();
         let e = ResultsFile::open(&path, &two).err().unwrap().to_string();
         assert!(e.contains("not a sweep results file"), "{e}");

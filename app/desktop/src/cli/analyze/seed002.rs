@@ -1,0 +1,227 @@
+//! Seed 002's views headless: the heterogeneity proxy under TIES/DARE masks, the effective
+//! task weights from the experts' recorded step counts, and the excess-risk bound with σ²/ζ²
+//! estimated from calibration gradients.
+
+use super::{Common, short_name};
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+use mergescope_engine::checkpoint::Checkpoint;
+use mergescope_engine::data::benchmark_tasks;
+use mergescope_engine::demo::load_params;
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_engine::scaling::bound::{BoundInputs, ChiSquare, TaskTerms, bound};
+use mergescope_engine::scaling::estimate::gradient_statistics;
+use mergescope_engine::scaling::views::{
+    Mask, bound_figure, heterogeneity_figure, heterogeneity_of_files, train_facts, variant_name, weights_figure,
+};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum MaskKind {
+    Ties,
+    Dare,
+}
+
+#[derive(Args, Debug)]
+pub struct HeterogeneityArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// The mask: TIES (trim + sign election) or DARE (random drop).
+    #[arg(long, value_enum, default_value = "ties")]
+    pub mask: MaskKind,
+    /// TIES: fraction of each task vector kept.
+    #[arg(long, default_value_t = 0.2)]
+    pub density: f64,
+    /// DARE: drop probability.
+    #[arg(long, default_value_t = 0.5)]
+    pub drop: f64,
+    /// DARE: seed of the draws.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct WeightsArgs {
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args, Debug)]
+pub struct BoundArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Merge weights λ_i, comma-separated (normalised to sum 1); default 1/N each.
+    #[arg(long, value_delimiter = ',', value_name = "L1,L2")]
+    pub lambda: Option<Vec<f64>>,
+    /// Smoothness constant L (assumed).
+    #[arg(long, default_value_t = 1.0)]
+    pub smoothness: f64,
+    /// PL-type constant C (assumed).
+    #[arg(long, default_value_t = 1.0)]
+    pub pl: f64,
+    /// Δ0 = f̃(x0) − f̃_inf; default: the λ-weighted calibration loss at the base (f̃_inf = 0).
+    #[arg(long)]
+    pub delta0: Option<f64>,
+    /// Calibration examples per task for σ² and ζ².
+    #[arg(long, default_value_t = 50)]
+    pub examples: usize,
+    /// Learning rate η when the experts do not record one.
+    #[arg(long)]
+    pub lr: Option<f64>,
+}
+
+fn names(experts: &[PathBuf]) -> Vec<String> {
+    experts.iter().map(|p| short_name(p)).collect()
+}
+
+pub fn heterogeneity(a: &HeterogeneityArgs) -> anyhow::Result<()> {
+    a.common.check_outputs()?;
+    let m = a.common.models()?;
+    let mask = match a.mask {
+        MaskKind::Ties if (0.0..=1.0).contains(&a.density) => Mask::Ties { density: a.density },
+        MaskKind::Dare if (0.0..1.0).contains(&a.drop) => Mask::Dare {
+            drop: a.drop,
+            seed: a.seed,
+        },
+        _ => bail!("--density must be in [0, 1] and --drop in [0, 1)"),
+    };
+    let h = heterogeneity_of_files(&m.base, &m.experts, None, mask)?;
+    let tasks = names(&m.experts);
+    for (i, t) in tasks.iter().enumerate() {
+        eprintln!(
+            "{t}: before {:.4}, after {:.4}, δ {:+.4}",
+            h.before[i], h.after[i], h.delta[i]
+        );
+    }
+    a.common.write(&heterogeneity_figure(&tasks, &h, mask))
+}
+
+pub fn weights(a: &WeightsArgs) -> anyhow::Result<()> {
+    a.common.check_outputs()?;
+    let m = a.common.models()?;
+    let facts = train_facts(&m.experts)?;
+    let steps: Vec<f64> = facts.iter().map(|f| f.steps).collect();
+    a.common.write(&weights_figure(&names(&m.experts), &steps))
+}
+
+pub fn bound_view(a: &BoundArgs) -> anyhow::Result<()> {
+    a.common.check_outputs()?;
+    let m = a.common.models()?;
+    let bench = a.common.benchmark()?;
+    let facts = train_facts(&m.experts)?;
+    let n = m.experts.len();
+    let lambdas = a.lambda.clone().unwrap_or_else(|| vec![1.0 / n as f64; n]);
+    if lambdas.len() != n {
+        bail!("--lambda: {} values for {n} experts", lambdas.len());
+    }
+    // Each expert's task: its metadata, else the benchmark's order.
+    let task_names: Vec<String> = m
+        .experts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let meta = Checkpoint::open(p)?
+                .files
+                .first()
+                .map(|f| f.metadata.clone())
+                .unwrap_or_default();
+            meta.get("mergescope.demo.task")
+                .cloned()
+                .or_else(|| bench.task_names().get(i).map(|s| (*s).to_owned()))
+                .with_context(|| format!("'{}' names no task (mergescope.demo.task metadata)", p.display()))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let (device, _) = open_device(DeviceChoice::Cpu);
+    let heads = bench.heads(&device)?;
+    let data = benchmark_tasks(None)?;
+    let pairs = task_names
+        .iter()
+        .map(|t| {
+            let d = data
+                .iter()
+                .find(|d| &d.name == t)
+                .with_context(|| format!("no data for task '{t}'"))?;
+            let h = heads
+                .get(t)
+                .with_context(|| format!("the benchmark has no head for task '{t}'"))?;
+            Ok((d, h))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let base = load_params(&m.base, &device)?;
+    let started = std::time::Instant::now();
+    let stats = gradient_statistics(
+        bench.manifest.arch,
+        &base,
+        &pairs,
+        &lambdas,
+        a.examples,
+        &device,
+        &AtomicBool::new(false),
+    )?;
+    let total: f64 = lambdas.iter().sum();
+    let delta0 = a
+        .delta0
+        .unwrap_or_else(|| stats.loss.iter().zip(&lambdas).map(|(l, w)| l * w / total).sum());
+    let lr =
+        a.lr.or_else(|| facts.iter().find_map(|f| f.lr))
+            .context("the experts record no learning rate: pass --lr")?;
+    let tasks: Vec<TaskTerms> = facts
+        .iter()
+        .zip(&lambdas)
+        .enumerate()
+        .map(|(i, (f, l))| {
+            Ok(TaskTerms {
+                lambda: *l,
+                steps: f.steps,
+                batch: f.batch.or(f.examples).context("an expert records no batch size")?,
+                examples: f.examples.context("an expert records no training-set size")?,
+                sigma2: stats.sigma2[i],
+                zeta2: stats.zeta2[i],
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    eprintln!(
+        "σ², ζ² from {} calibration examples per task in {:.1} s",
+        stats.examples,
+        started.elapsed().as_secs_f64()
+    );
+    println!("| task | λ | K | b | n | σ² | ζ² |\n|---|---|---|---|---|---|---|");
+    for (t, x) in task_names.iter().zip(&tasks) {
+        println!(
+            "| {t} | {:.3} | {} | {} | {} | {:.4e} | {:.4e} |",
+            x.lambda / total,
+            x.steps,
+            x.batch,
+            x.examples,
+            x.sigma2,
+            x.zeta2
+        );
+    }
+    let mut variants = Vec::new();
+    for chi in [ChiSquare::AsPrinted, ChiSquare::Standard] {
+        for constant in [5.0, 12.0] {
+            let b = bound(&BoundInputs {
+                tasks: tasks.clone(),
+                lr,
+                smoothness: a.smoothness,
+                pl: a.pl,
+                delta0,
+                last_constant: constant,
+                chi,
+            });
+            println!(
+                "{}: stability {:.4e}, optimisation {:.4e}, total {:.4e}",
+                variant_name(chi, constant),
+                b.stability,
+                b.optimisation,
+                b.total()
+            );
+            variants.push((variant_name(chi, constant), b));
+        }
+    }
+    for w in variants.first().map(|(_, b)| b.warnings.clone()).unwrap_or_default() {
+        println!("warning: {w}");
+    }
+    a.common.write(&bound_figure(&variants))
+}

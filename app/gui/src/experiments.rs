@@ -1,0 +1,754 @@
+//! The Experiments panel's state, without egui: a fine-tuning sweep being edited (seed 002's
+//! `paper-002` preset for the open benchmark to start), the folder it runs in, the sweep on a
+//! background thread (progress, cancel; Resume starts it again on the same folder, which
+//! reuses every finished cell), and the scaling results read back from the folder's results
+//! file whenever cells finish, so the plots fill in while it runs. The work is
+//! `engine::scaling::sweep`, the same code as `mergescope sweep`.
+
+use crate::jobs::Notify;
+use crossbeam_channel::{Receiver, unbounded};
+use mergescope_engine::data::benchmark_tasks;
+use mergescope_engine::demo::{Benchmark, resolve_benchmark};
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_engine::error::EngineError;
+use mergescope_engine::merge::ExecOptions;
+use mergescope_engine::nn::Arch;
+use mergescope_engine::plugin::{Plugin, Registry};
+use mergescope_engine::scaling::sweep::plots::PLOTS_DIR;
+use mergescope_engine::scaling::sweep::run::RESULTS_FILE;
+use mergescope_engine::scaling::sweep::spec::{Grid, MethodSpec};
+use mergescope_engine::scaling::sweep::store::{Row, read_rows};
+use mergescope_engine::scaling::sweep::{
+    SweepInputs, SweepProgress, SweepSpec, Variable, VariableResult, analyse, figures, run_sweep, write_plots,
+};
+use mergescope_engine::train::OptimizerKind;
+use mergescope_figures::Figure;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The built-in sweeps.
+pub const PRESETS: [&str; 1] = ["paper-002"];
+
+/// Size of the PNG plots written into the sweep folder when a sweep finishes (as the CLI).
+const PLOT_SIZE: (u32, u32) = (1100, 760);
+
+/// The name of `var` in the form ("steps K").
+pub fn short_label(var: Variable) -> &'static str {
+    match var {
+        Variable::Steps => "steps K",
+        Variable::Batch => "batch size b",
+        Variable::LearningRate => "learning rate η",
+        Variable::DataRatio => "data ratio α",
+        Variable::Optimizer => "optimiser",
+        Variable::Tasks => "tasks N",
+    }
+}
+
+fn join<T: ToString>(values: &[T]) -> String {
+    values.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// The values the grid tries for `var`, as the form shows them ("50, 100, 200").
+pub fn grid_text(grid: &Grid, var: Variable) -> String {
+    match var {
+        Variable::Steps => join(&grid.steps),
+        Variable::Batch => join(&grid.batch),
+        Variable::LearningRate => join(&grid.lr),
+        Variable::DataRatio => join(&grid.data_ratio),
+        Variable::Optimizer => grid.optimizer.join(", "),
+        Variable::Tasks => join(&grid.tasks),
+    }
+}
+
+/// Why an item of the grid of `var` does not parse, naming the field and how to write it.
+fn not_a(var: Variable, item: &str, what: &str, example: &str) -> String {
+    format!(
+        "{}: '{item}' is not {what}; write the values separated by commas, e.g. {example}",
+        short_label(var)
+    )
+}
+
+fn whole_numbers(var: Variable, items: &[&str], example: &str) -> Result<Vec<usize>, String> {
+    items
+        .iter()
+        .map(|s| s.parse::<usize>().map_err(|_| not_a(var, s, "a whole number", example)))
+        .collect()
+}
+
+fn numbers(var: Variable, items: &[&str], example: &str) -> Result<Vec<f64>, String> {
+    items
+        .iter()
+        .map(|s| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| not_a(var, s, "a number", example))
+        })
+        .collect()
+}
+
+/// Sets the grid of `var` from `text` (values separated by commas; empty: only the default).
+/// The error names the field and the value that does not parse, and leaves `grid` unchanged.
+pub fn set_grid(grid: &mut Grid, var: Variable, text: &str) -> Result<(), String> {
+    let items: Vec<&str> = text
+        .split([',', ';'])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    match var {
+        Variable::Steps => grid.steps = whole_numbers(var, &items, "50, 100, 200")?,
+        Variable::Batch => grid.batch = whole_numbers(var, &items, "16, 32, 64")?,
+        Variable::Tasks => grid.tasks = whole_numbers(var, &items, "2, 3, 4")?,
+        Variable::LearningRate => grid.lr = numbers(var, &items, "0.0002, 0.0005, 0.002")?,
+        Variable::DataRatio => grid.data_ratio = numbers(var, &items, "0.25, 0.5, 1")?,
+        Variable::Optimizer => {
+            if let Some(bad) = items.iter().find(|s| OptimizerKind::parse(s).is_none()) {
+                return Err(not_a(var, bad, "an optimiser", "sgd, momentum, adamw"));
+            }
+            grid.optimizer = items.iter().map(|s| s.to_ascii_lowercase()).collect();
+        }
+    }
+    Ok(())
+}
+
+/// One grid of the form: the text as typed, and why it does not parse.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GridField {
+    /// The hyperparameter.
+    pub variable: Variable,
+    /// Values separated by commas.
+    pub text: String,
+    /// Why the text does not parse (the specification keeps its last good grid meanwhile).
+    pub error: Option<String>,
+}
+
+/// How the last sweep of the window ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Every cell is in the results file.
+    Finished {
+        /// Cells in the sweep.
+        cells: usize,
+        /// Cells found finished in the folder.
+        reused: usize,
+        /// Fine-tuning runs made.
+        runs_trained: usize,
+        /// Seconds it took.
+        seconds: f64,
+        /// The plots folder written, or why it could not be.
+        plots: Result<PathBuf, String>,
+    },
+    /// Cancelled; the finished cells stay in the results file.
+    Cancelled {
+        /// Cells finished.
+        cells_done: usize,
+        /// Cells in the sweep.
+        cells: usize,
+    },
+}
+
+impl Outcome {
+    /// One line for the window and the log.
+    pub fn text(&self) -> String {
+        match self {
+            Outcome::Finished {
+                cells,
+                reused,
+                runs_trained,
+                seconds,
+                ..
+            } => format!(
+                "done: {cells} cells ({reused} reused from the folder), {runs_trained} fine-tuning runs in {}",
+                crate::ui::time_text(*seconds, None).trim_end_matches(" elapsed")
+            ),
+            Outcome::Cancelled { cells_done, cells } => format!(
+                "cancelled at {cells_done} of {cells} cells: the finished ones stay in {RESULTS_FILE}; Resume continues from there"
+            ),
+        }
+    }
+}
+
+/// Everything a sweep runs on, gathered on the UI thread when it starts.
+pub struct SweepJob {
+    /// The specification.
+    pub spec: SweepSpec,
+    /// The benchmark whose base and heads start every run.
+    pub benchmark: Benchmark,
+    /// The method plugins, one per method of the specification.
+    pub plugins: Vec<Arc<Plugin>>,
+    /// The sweep folder.
+    pub folder: PathBuf,
+    /// Where tensors live.
+    pub device: DeviceChoice,
+}
+
+enum Message {
+    Progress(SweepProgress),
+    Results(Vec<Row>, Vec<VariableResult>),
+    Done(Result<Outcome, String>),
+}
+
+/// The Experiments panel's state: the sweep being edited, its folder, the job in flight and
+/// the results read from the folder.
+pub struct Experiments {
+    /// Whether the window is open.
+    pub open: bool,
+    /// The preset the specification started from, or the TOML file's stem.
+    pub name: String,
+    /// The sweep being edited (the grids hold the last text that parsed).
+    pub spec: SweepSpec,
+    /// The grids as typed, in [`Variable::ALL`] order.
+    pub grids: Vec<GridField>,
+    /// The sweep folder: results.csv, the checkpoints, plots/ and fits.md.
+    pub folder: PathBuf,
+    /// Whether the user picked the folder (otherwise it follows the name and the arch).
+    pub folder_chosen: bool,
+    /// Where the running (or last) sweep stands.
+    pub progress: Option<SweepProgress>,
+    /// When the running sweep started.
+    pub running_since: Option<Instant>,
+    /// Why the last sweep, or the last action, failed.
+    pub error: Option<String>,
+    /// How the last sweep ended.
+    pub outcome: Option<Outcome>,
+    /// The rows of the folder's results file, as last read.
+    pub rows: Vec<Row>,
+    /// The results along every swept variable.
+    pub results: Vec<VariableResult>,
+    /// The accuracy and loss figures of each result, in the same order.
+    pub figures: Vec<[(String, Figure); 2]>,
+    /// The variable whose plots are shown.
+    pub variable: Option<Variable>,
+    sweeps_root: PathBuf,
+    configured: bool,
+    notes: Vec<(bool, String)>,
+    rx: Option<Receiver<Message>>,
+    cancel: Arc<AtomicBool>,
+}
+
+/// The benchmark's name in a specification: its folder.
+pub fn benchmark_id(b: &Benchmark) -> String {
+    b.dir.display().to_string()
+}
+
+fn file_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+impl Experiments {
+    /// A closed panel whose sweep folders go under `sweeps_root`.
+    pub fn new(sweeps_root: PathBuf) -> Experiments {
+        let mut e = Experiments {
+            open: false,
+            name: PRESETS[0].to_owned(),
+            spec: preset_spec(PRESETS[0], Arch::Cnn),
+            grids: Vec::new(),
+            folder: PathBuf::new(),
+            folder_chosen: false,
+            progress: None,
+            running_since: None,
+            error: None,
+            outcome: None,
+            rows: Vec::new(),
+            results: Vec::new(),
+            figures: Vec::new(),
+            variable: None,
+            sweeps_root,
+            configured: false,
+            notes: Vec::new(),
+            rx: None,
+            cancel: Arc::new(AtomicBool::new(false)),
+        };
+        e.grids = fields(&e.spec.grid);
+        e.folder = e.default_folder();
+        e
+    }
+
+    /// The folder sweep folders go under by default.
+    pub fn sweeps_root(&self) -> &Path {
+        &self.sweeps_root
+    }
+
+    /// Starts from the first preset for `bench` the first time the panel opens.
+    pub fn configure(&mut self, bench: Option<&Benchmark>, installed: &[&str]) {
+        if !self.configured {
+            self.reset_to_preset(PRESETS[0], bench, installed);
+            self.configured = true;
+        }
+    }
+
+    /// Replaces the specification by preset `name` for `bench`'s architecture (CNN without
+    /// one), keeping the methods whose plugins are installed.
+    pub fn reset_to_preset(&mut self, name: &str, bench: Option<&Benchmark>, installed: &[&str]) {
+        let arch = bench.map_or(Arch::Cnn, |b| b.manifest.arch);
+        let mut spec = preset_spec(name, arch);
+        spec.methods.retain(|m| installed.contains(&m.plugin.as_str()));
+        if let Some(b) = bench {
+            spec.benchmark = benchmark_id(b);
+        }
+        self.name = name.to_owned();
+        self.set_spec(spec);
+    }
+
+    /// The preset's own entry for `plugin` (its label and parameters), if it has one.
+    pub fn preset_method(&self, plugin: &str) -> Option<MethodSpec> {
+        let arch = self.spec.arch().unwrap_or(Arch::Cnn);
+        PRESETS
+            .iter()
+            .filter_map(|p| SweepSpec::preset(p, arch).ok())
+            .flat_map(|s| s.methods)
+            .find(|m| m.plugin == plugin)
+    }
+
+    /// Uses `spec`: the form's grids follow it, the folder too unless the user chose one, and
+    /// the results there are read back.
+    pub fn set_spec(&mut self, spec: SweepSpec) {
+        self.spec = spec;
+        self.grids = fields(&self.spec.grid);
+        if !self.folder_chosen {
+            self.folder = self.default_folder();
+        }
+        self.reload();
+    }
+
+    /// `sweeps/<name>-<arch>` under the sweeps root.
+    pub fn default_folder(&self) -> PathBuf {
+        self.sweeps_root
+            .join(format!("{}-{}", file_safe(&self.name), file_safe(&self.spec.arch)))
+    }
+
+    /// The folder as the window shows it: `sweeps/…` when under the sweeps root.
+    pub fn folder_label(&self) -> String {
+        match self.folder.strip_prefix(&self.sweeps_root) {
+            Ok(rest) => Path::new("sweeps").join(rest).display().to_string(),
+            Err(_) => self.folder.display().to_string(),
+        }
+    }
+
+    /// Runs the sweep in `folder` from now on; its results are read back.
+    pub fn set_folder(&mut self, folder: PathBuf) {
+        self.folder = folder;
+        self.folder_chosen = true;
+        self.reload();
+    }
+
+    /// The folder's results file.
+    pub fn results_file(&self) -> PathBuf {
+        self.folder.join(RESULTS_FILE)
+    }
+
+    /// Whether the folder holds results (a sweep to resume or to look at).
+    pub fn has_results(&self) -> bool {
+        self.results_file().is_file()
+    }
+
+    /// Reads the folder's results again (none when it has no results file).
+    pub fn reload(&mut self) {
+        let path = self.results_file();
+        self.rows = if path.is_file() {
+            match read_rows(&path) {
+                Ok(rows) => rows,
+                Err(e) => {
+                    self.error = Some(format!("{e}; pick another sweep folder (Folder…)"));
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        self.reanalyse();
+    }
+
+    /// Recomputes the results and figures from the rows for the current specification.
+    pub fn reanalyse(&mut self) {
+        let results = analyse(&self.spec, &self.rows);
+        self.set_results(results);
+    }
+
+    fn set_results(&mut self, results: Vec<VariableResult>) {
+        self.figures = results.iter().map(figures).collect();
+        self.results = results;
+        if !self
+            .variable
+            .is_some_and(|v| self.results.iter().any(|r| r.variable == v))
+        {
+            self.variable = self.results.first().map(|r| r.variable);
+        }
+    }
+
+    /// The index of the shown variable's result (and figures).
+    pub fn shown(&self) -> Option<usize> {
+        let v = self.variable?;
+        self.results.iter().position(|r| r.variable == v)
+    }
+
+    /// Applies the text of grid field `i`; returns whether the specification changed.
+    pub fn apply_grid_text(&mut self, i: usize) -> bool {
+        let Some(field) = self.grids.get_mut(i) else {
+            return false;
+        };
+        let before = self.spec.grid.clone();
+        match set_grid(&mut self.spec.grid, field.variable, &field.text) {
+            Ok(()) => field.error = None,
+            Err(e) => field.error = Some(e),
+        }
+        self.spec.grid != before
+    }
+
+    /// Adds (with the preset's label and parameters when it has them) or removes the method
+    /// of `plugin`.
+    pub fn set_method(&mut self, plugin: &str, on: bool) {
+        let has = self.spec.methods.iter().any(|m| m.plugin == plugin);
+        if on && !has {
+            let m = self.preset_method(plugin).unwrap_or_else(|| MethodSpec {
+                plugin: plugin.to_owned(),
+                label: None,
+                params: Default::default(),
+            });
+            self.spec.methods.push(m);
+        } else if !on {
+            self.spec.methods.retain(|m| m.plugin != plugin);
+        }
+    }
+
+    /// The open benchmark when the specification names it.
+    fn matching<'b>(&self, open: Option<&'b Benchmark>) -> Option<&'b Benchmark> {
+        open.filter(|b| benchmark_id(b) == self.spec.benchmark)
+    }
+
+    /// Whether the sweep can run: every grid parses and the specification is valid for the
+    /// open benchmark (when it is the sweep's) and the installed plugins.
+    pub fn check(&self, open: Option<&Benchmark>, installed: &[&str]) -> Result<(), String> {
+        if let Some(e) = self.grids.iter().find_map(|g| g.error.clone()) {
+            return Err(e);
+        }
+        let pool = self.matching(open).map_or(usize::MAX, |b| b.manifest.tasks.len());
+        self.spec.validate(pool, installed).map_err(|e| e.to_string())
+    }
+
+    /// Reads a specification from a TOML file; the folder follows its name.
+    pub fn load_toml(&mut self, path: &Path) -> Result<(), String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+        let spec = SweepSpec::from_toml(&text).map_err(|e| format!("in '{}': {e}", path.display()))?;
+        self.name = path
+            .file_stem()
+            .map_or("sweep".to_owned(), |s| s.to_string_lossy().into_owned());
+        self.error = None;
+        self.set_spec(spec);
+        Ok(())
+    }
+
+    /// Writes the specification as TOML (atomically).
+    pub fn save_toml(&self, path: &Path) -> Result<(), String> {
+        let text = self.spec.to_toml().map_err(|e| e.to_string())?;
+        mergescope_engine::writer::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())
+    }
+
+    /// What the sweep needs, from the registry, the open benchmark (or the one the
+    /// specification names) and the device; the error says what to fix.
+    pub fn prepare(
+        &self,
+        registry: &Registry,
+        open: Option<&Benchmark>,
+        device: DeviceChoice,
+    ) -> Result<SweepJob, String> {
+        let installed: Vec<&str> = registry.plugins.iter().map(|p| p.id()).collect();
+        self.check(open, &installed)?;
+        let benchmark = match self.matching(open) {
+            Some(b) => b.clone(),
+            None => resolve_benchmark(&self.spec.benchmark, self.spec.arch().ok())
+                .map_err(|e| format!("the sweep's benchmark '{}': {e}", self.spec.benchmark))?,
+        };
+        let plugins = self
+            .spec
+            .methods
+            .iter()
+            .map(|m| registry.find(&m.plugin))
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(SweepJob {
+            spec: self.spec.clone(),
+            benchmark,
+            plugins,
+            folder: self.folder.clone(),
+            device,
+        })
+    }
+
+    /// Starts `job` on a background thread (after cancelling any sweep in flight); `notify`
+    /// wakes the window on progress.
+    pub fn start(&mut self, job: SweepJob, notify: Notify) {
+        self.cancel();
+        self.error = None;
+        self.outcome = None;
+        self.progress = None;
+        self.running_since = Some(Instant::now());
+        let (tx, rx) = unbounded();
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.cancel = cancel.clone();
+        self.rx = Some(rx);
+        let spawned = std::thread::Builder::new()
+            .name("mergescope-sweep".into())
+            .spawn(move || {
+                let send = |m: Message| {
+                    let _ = tx.send(m);
+                    notify();
+                };
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&job, &cancel, &send)))
+                    .unwrap_or_else(|_| Err("the sweep panicked; please report it with the log".into()));
+                send(Message::Done(result));
+            });
+        if let Err(e) = spawned {
+            self.error = Some(format!("cannot start the sweep thread: {e}"));
+            self.running_since = None;
+        }
+    }
+
+    /// Asks the sweep in flight to stop after the step or cell it is on.
+    pub fn cancel(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a sweep is in flight.
+    pub fn running(&self) -> bool {
+        self.running_since.is_some()
+    }
+
+    /// Applies the thread's messages; returns whether anything changed.
+    pub fn pump(&mut self) -> bool {
+        let Some(rx) = &self.rx else { return false };
+        let messages: Vec<Message> = rx.try_iter().collect();
+        let changed = !messages.is_empty();
+        for m in messages {
+            match m {
+                Message::Progress(p) => self.progress = Some(p),
+                Message::Results(rows, results) => {
+                    self.rows = rows;
+                    self.set_results(results);
+                }
+                Message::Done(r) => {
+                    self.running_since = None;
+                    self.rx = None;
+                    match r {
+                        Ok(outcome) => {
+                            self.notes.push((false, format!("sweep: {}", outcome.text())));
+                            if let Outcome::Finished { plots: Err(e), .. } = &outcome {
+                                self.notes.push((true, format!("sweep plots not written: {e}")));
+                            }
+                            self.outcome = Some(outcome);
+                        }
+                        Err(e) => {
+                            self.notes.push((true, format!("sweep failed: {e}")));
+                            self.error = Some(e);
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        changed
+    }
+
+    /// The log lines of finished sweeps since the last call (`true`: an error).
+    pub fn take_notes(&mut self) -> Vec<(bool, String)> {
+        std::mem::take(&mut self.notes)
+    }
+}
+
+/// The preset `name` for `arch` (the first preset when the name is unknown).
+fn preset_spec(name: &str, arch: Arch) -> SweepSpec {
+    match SweepSpec::preset(name, arch) {
+        Ok(s) => s,
+        Err(_) => minimal_spec(arch),
+    }
+}
+
+/// A one-point sweep, should no preset be available.
+fn minimal_spec(arch: Arch) -> SweepSpec {
+    SweepSpec {
+        arch: arch.name().to_owned(),
+        benchmark: "demo".into(),
+        seed: 0,
+        groups: 3,
+        mode: Default::default(),
+        aggregate: Default::default(),
+        eval_examples: None,
+        defaults: mergescope_engine::scaling::sweep::spec::Hyper {
+            lr: 5e-4,
+            batch: 64,
+            steps: 300,
+            data_ratio: 1.0,
+            optimizer: "adamw".into(),
+            tasks: 2,
+        },
+        grid: Grid::default(),
+        methods: Vec::new(),
+    }
+}
+
+fn fields(grid: &Grid) -> Vec<GridField> {
+    Variable::ALL
+        .into_iter()
+        .map(|v| GridField {
+            variable: v,
+            text: grid_text(grid, v),
+            error: None,
+        })
+        .collect()
+}
+
+/// Engine messages written for the CLI, worded for the window.
+fn for_window(e: &EngineError) -> String {
+    e.to_string()
+        .replace("choose another --out folder", "pick another sweep folder (Folder…)")
+        .replace(
+            "choose an empty or new --out folder",
+            "pick an empty or new sweep folder (Folder…)",
+        )
+}
+
+/// What the progress callback has already passed on.
+struct Relay {
+    sent: Instant,
+    cells_read: Option<usize>,
+    last: Option<SweepProgress>,
+}
+
+/// Reads the results file and sends the rows and their analysis.
+fn send_results(job: &SweepJob, send: &(dyn Fn(Message) + Sync)) -> Option<Vec<VariableResult>> {
+    let rows = read_rows(&job.folder.join(RESULTS_FILE)).ok()?;
+    let results = analyse(&job.spec, &rows);
+    send(Message::Results(rows, results.clone()));
+    Some(results)
+}
+
+/// Runs the sweep, passing on progress (at most every 0.1 s, and every new stage) and the
+/// results whenever a cell finishes.
+fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Message) + Sync)) -> Result<Outcome, String> {
+    let tasks = benchmark_tasks(None).map_err(|e| e.to_string())?;
+    let (device, _) = open_device(job.device);
+    let opts = ExecOptions {
+        device,
+        ..ExecOptions::default()
+    };
+    let plugins: Vec<&Plugin> = job.plugins.iter().map(|p| &**p).collect();
+    let inputs = SweepInputs {
+        spec: &job.spec,
+        bench: &job.benchmark,
+        tasks: &tasks,
+        plugins: &plugins,
+        out_dir: &job.folder,
+        opts: &opts,
+    };
+    let relay = Mutex::new(Relay {
+        sent: Instant::now(),
+        cells_read: None,
+        last: None,
+    });
+    let progress = |p: &SweepProgress| {
+        let mut r = relay.lock().unwrap_or_else(|e| e.into_inner());
+        r.last = Some(p.clone());
+        let new_cells = r.cells_read != Some(p.cells_done);
+        if new_cells {
+            r.cells_read = Some(p.cells_done);
+            send_results(job, send);
+        }
+        if new_cells || r.sent.elapsed() >= Duration::from_millis(100) {
+            r.sent = Instant::now();
+            send(Message::Progress(p.clone()));
+        }
+    };
+    let outcome = run_sweep(&inputs, &progress, cancel);
+    let last = relay.into_inner().unwrap_or_else(|e| e.into_inner()).last;
+    if let Some(p) = &last {
+        send(Message::Progress(p.clone()));
+    }
+    let results = send_results(job, send);
+    match outcome {
+        Ok(s) => {
+            let plots = write_plots(&job.folder, &results.unwrap_or_default(), PLOT_SIZE.0, PLOT_SIZE.1)
+                .map(|_| job.folder.join(PLOTS_DIR))
+                .map_err(|e| e.to_string());
+            Ok(Outcome::Finished {
+                cells: s.cells,
+                reused: s.reused,
+                runs_trained: s.runs_trained,
+                seconds: s.seconds,
+                plots,
+            })
+        }
+        Err(EngineError::Cancelled) => Ok(Outcome::Cancelled {
+            cells_done: last.as_ref().map_or(0, |p| p.cells_done),
+            cells: last.as_ref().map_or(0, |p| p.cells),
+        }),
+        Err(e) => Err(for_window(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grids_parse_from_text_and_name_the_field_that_does_not() {
+        let mut g = Grid::default();
+        set_grid(&mut g, Variable::Steps, " 50, 100,200 ,").unwrap();
+        assert_eq!(g.steps, [50, 100, 200]);
+        set_grid(&mut g, Variable::LearningRate, "2e-4; 0.001").unwrap();
+        assert_eq!(g.lr, [2e-4, 1e-3]);
+        set_grid(&mut g, Variable::Optimizer, "SGD, adamw").unwrap();
+        assert_eq!(g.optimizer, ["sgd", "adamw"]);
+        assert_eq!(grid_text(&g, Variable::Steps), "50, 100, 200");
+        let e = set_grid(&mut g, Variable::Steps, "50, 1o0").unwrap_err();
+        assert!(e.starts_with("steps K: '1o0' is not a whole number"), "{e}");
+        assert_eq!(g.steps, [50, 100, 200], "a bad text leaves the grid as it was");
+        let e = set_grid(&mut g, Variable::DataRatio, "0.5, half").unwrap_err();
+        assert!(e.contains("data ratio α") && e.contains("'half'"), "{e}");
+        let e = set_grid(&mut g, Variable::Optimizer, "lion").unwrap_err();
+        assert!(e.contains("sgd, momentum, adamw"), "{e}");
+        set_grid(&mut g, Variable::Tasks, "").unwrap();
+        assert!(g.tasks.is_empty(), "empty: only the default");
+    }
+
+    #[test]
+    fn the_preset_keeps_installed_methods_and_the_folder_follows_its_name() {
+        let root = tempfile::tempdir().unwrap();
+        let mut e = Experiments::new(root.path().join("sweeps"));
+        e.reset_to_preset("paper-002", None, &["ties", "task-arithmetic"]);
+        let plugins: Vec<&str> = e.spec.methods.iter().map(|m| m.plugin.as_str()).collect();
+        assert_eq!(plugins, ["task-arithmetic", "ties"]);
+        assert_eq!(e.folder, root.path().join("sweeps").join("paper-002-cnn"));
+        assert_eq!(
+            e.folder_label(),
+            Path::new("sweeps").join("paper-002-cnn").display().to_string()
+        );
+        e.set_method("ties", false);
+        e.set_method("dare", true);
+        assert_eq!(e.spec.methods[1].name(), "DARE", "the preset's label and parameters");
+        e.grids[0].text = "10, x".into();
+        assert!(!e.apply_grid_text(0));
+        let why = e.check(None, &["task-arithmetic", "dare"]).unwrap_err();
+        assert!(why.starts_with("steps K"), "{why}");
+        e.grids[0].text = "10, 20".into();
+        assert!(e.apply_grid_text(0));
+        e.check(None, &["task-arithmetic", "dare"]).unwrap();
+        let path = root.path().join("mine.toml");
+        e.save_toml(&path).unwrap();
+        let mut back = Experiments::new(root.path().join("sweeps"));
+        back.load_toml(&path).unwrap();
+        assert_eq!(back.spec, e.spec);
+        assert_eq!(back.folder, root.path().join("sweeps").join("mine-cnn"));
+        std::fs::write(&path, "arch = 3").unwrap();
+        let err = back.load_toml(&path).unwrap_err();
+        assert!(err.contains("mine.toml"), "{err}");
+    }
+}

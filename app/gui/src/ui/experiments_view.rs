@@ -1,0 +1,543 @@
+//! The Experiments window: a fine-tuning sweep (seed 002) specified in a compact form, run
+//! off the UI thread with progress, Cancel and Resume, and its scaling plots filling in as
+//! cells finish: accuracy and loss per swept variable with standard-error bars, the fitted
+//! laws, and the paper's prediction with each method's verdict.
+
+use crate::experiments::{PRESETS, short_label};
+use crate::session::{Level, Session};
+use crate::ui::{dialogs, figure_view, time_text};
+use egui::{Context, RichText, Ui};
+use mergescope_engine::scaling::fit::Direction;
+use mergescope_engine::scaling::sweep::spec::{Aggregate, Mode};
+use mergescope_engine::scaling::sweep::{SweepSpec, Variable};
+use serde_json::Value;
+use std::time::Duration;
+
+/// Width of the specification column.
+const FORM_WIDTH: f32 = 390.0;
+
+/// The Experiments window, when open.
+pub fn experiments_window(ctx: &Context, session: &mut Session) {
+    let mut open = session.experiments.open;
+    egui::Window::new("Experiments: fine-tuning sweeps")
+        .open(&mut open)
+        .default_pos([16.0, 32.0])
+        .default_size([1320.0, 740.0])
+        .resizable(true)
+        .show(ctx, |ui| {
+            ui.horizontal_top(|ui| {
+                ui.vertical(|ui| {
+                    ui.set_width(FORM_WIDTH);
+                    egui::ScrollArea::vertical()
+                        .id_salt("sweep-form")
+                        .auto_shrink([false, true])
+                        .show(ui, |ui| form_ui(ui, session));
+                });
+                ui.separator();
+                ui.vertical(|ui| {
+                    run_ui(ui, session);
+                    ui.separator();
+                    results_ui(ui, session);
+                });
+            });
+        });
+    session.experiments.open = open;
+    if session.experiments.running() {
+        // Elapsed times tick even when no progress comes.
+        ctx.request_repaint_after(Duration::from_millis(250));
+    }
+}
+
+fn installed(session: &Session) -> Vec<String> {
+    session.registry.plugins.iter().map(|p| p.id().to_owned()).collect()
+}
+
+/// The specification: preset, benchmark, folder, TOML, hyperparameters, evaluation, methods.
+fn form_ui(ui: &mut Ui, session: &mut Session) {
+    let running = session.experiments.running();
+    ui.add_enabled_ui(!running, |ui| {
+        let before = session.experiments.spec.clone();
+        source_ui(ui, session);
+        ui.separator();
+        hyper_ui(ui, session);
+        ui.separator();
+        evaluation_ui(ui, &mut session.experiments.spec);
+        ui.separator();
+        methods_ui(ui, session);
+        if session.experiments.spec != before {
+            session.experiments.reanalyse();
+        }
+    });
+    ui.add_space(4.0);
+    let ids = installed(session);
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let e = &session.experiments;
+    match e.check(session.benchmark.as_ref(), &ids) {
+        Ok(()) => {
+            let swept: Vec<&str> = e.spec.swept().into_iter().map(short_label).collect();
+            ui.label(
+                RichText::new(format!(
+                    "{} sweep points; swept: {}",
+                    e.spec.points().len(),
+                    if swept.is_empty() {
+                        "nothing".to_owned()
+                    } else {
+                        swept.join(", ")
+                    }
+                ))
+                .weak(),
+            );
+        }
+        // A grid that does not parse is already named under the grids.
+        Err(_) if e.grids.iter().any(|g| g.error.is_some()) => {}
+        Err(why) => {
+            ui.label(RichText::new(why).color(ui.visuals().error_fg_color));
+        }
+    }
+}
+
+/// Preset, benchmark, folder, and the TOML file.
+fn source_ui(ui: &mut Ui, session: &mut Session) {
+    ui.horizontal(|ui| {
+        let label = ui.label("Preset");
+        let mut chosen = None;
+        egui::ComboBox::from_id_salt("sweep-preset")
+            .selected_text(session.experiments.name.clone())
+            .show_ui(ui, |ui| {
+                for p in PRESETS {
+                    if ui.selectable_label(session.experiments.name == p, p).clicked() {
+                        chosen = Some(p);
+                    }
+                }
+            })
+            .response
+            .labelled_by(label.id)
+            .on_hover_text("Seed 002's protocol scaled to the demo benchmark; choosing it resets the form");
+        if ui
+            .small_button("Reset")
+            .on_hover_text("Back to the preset's values")
+            .clicked()
+        {
+            chosen = Some(PRESETS[0]);
+        }
+        if let Some(p) = chosen {
+            let ids = installed(session);
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            session.experiments.reset_to_preset(p, session.benchmark.as_ref(), &ids);
+        }
+    });
+    benchmark_row(ui, session);
+    ui.horizontal(|ui| {
+        ui.label("Folder");
+        ui.label(RichText::new(session.experiments.folder_label()).monospace())
+            .on_hover_text(session.experiments.folder.display().to_string());
+        if ui
+            .small_button("Folder…")
+            .on_hover_text("Where the results, checkpoints and plots go; a folder with results resumes")
+            .clicked()
+            && let Some(dir) = rfd::FileDialog::new()
+                .set_title("Sweep folder")
+                .set_directory(session.experiments.sweeps_root())
+                .pick_folder()
+        {
+            session.experiments.set_folder(dir);
+        }
+    });
+    ui.horizontal(|ui| {
+        if ui.button("Load TOML…").clicked() {
+            load_toml(session);
+        }
+        if ui.button("Save TOML…").clicked() {
+            save_toml(session);
+        }
+    });
+}
+
+fn benchmark_row(ui: &mut Ui, session: &mut Session) {
+    let e = &session.experiments;
+    ui.horizontal_wrapped(|ui| {
+        ui.label("Benchmark");
+        let open = session.benchmark.as_ref();
+        match open.filter(|b| crate::experiments::benchmark_id(b) == e.spec.benchmark) {
+            Some(b) => {
+                let name = b
+                    .dir
+                    .file_name()
+                    .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+                ui.label(format!(
+                    "{} seed {} · {} tasks ({name})",
+                    b.manifest.arch,
+                    b.manifest.seed,
+                    b.manifest.tasks.len()
+                ))
+                .on_hover_text(b.dir.display().to_string());
+            }
+            None => {
+                ui.label(RichText::new(format!("{} ({})", e.spec.benchmark, e.spec.arch)).monospace());
+            }
+        }
+    });
+    if let Some(b) = session.benchmark.clone()
+        && crate::experiments::benchmark_id(&b) != session.experiments.spec.benchmark
+        && ui
+            .small_button("Use the open benchmark")
+            .on_hover_text(b.dir.display().to_string())
+            .clicked()
+    {
+        let spec = &mut session.experiments.spec;
+        spec.benchmark = crate::experiments::benchmark_id(&b);
+        spec.arch = b.manifest.arch.name().to_owned();
+    }
+}
+
+fn load_toml(session: &mut Session) {
+    let Some(path) = rfd::FileDialog::new()
+        .set_title("Load a sweep specification")
+        .add_filter("TOML", &["toml"])
+        .pick_file()
+    else {
+        return;
+    };
+    match session.experiments.load_toml(&path) {
+        Ok(()) => session.note(
+            Level::Info,
+            format!("sweep specification read from '{}'", path.display()),
+        ),
+        Err(e) => session.experiments.error = Some(e),
+    }
+}
+
+fn save_toml(session: &mut Session) {
+    let Some(path) = rfd::FileDialog::new()
+        .set_title("Save the sweep specification")
+        .set_file_name(format!("{}.toml", session.experiments.name))
+        .add_filter("TOML", &["toml"])
+        .save_file()
+    else {
+        return;
+    };
+    match session.experiments.save_toml(&path) {
+        Ok(()) => session.note(
+            Level::Info,
+            format!("sweep specification saved to '{}'", path.display()),
+        ),
+        Err(e) => session.experiments.error = Some(e),
+    }
+}
+
+/// The default of `var` as a widget labelled `label`.
+fn default_widget(ui: &mut Ui, spec: &mut SweepSpec, var: Variable, label: egui::Id, pool: usize) {
+    let d = &mut spec.defaults;
+    let r = match var {
+        Variable::LearningRate => ui.add(
+            egui::DragValue::new(&mut d.lr)
+                .speed(1e-5)
+                .range(1e-7..=1.0)
+                .max_decimals(6),
+        ),
+        Variable::Batch => ui.add(egui::DragValue::new(&mut d.batch).range(1..=4096)),
+        Variable::Steps => ui.add(egui::DragValue::new(&mut d.steps).range(1..=1_000_000)),
+        Variable::DataRatio => ui.add(egui::DragValue::new(&mut d.data_ratio).speed(0.01).range(0.01..=1.0)),
+        Variable::Tasks => ui.add(egui::DragValue::new(&mut d.tasks).range(1..=pool.max(1))),
+        Variable::Optimizer => {
+            egui::ComboBox::from_id_salt("sweep-optimizer")
+                .selected_text(d.optimizer.clone())
+                .width(80.0)
+                .show_ui(ui, |ui| {
+                    for o in ["sgd", "momentum", "adamw"] {
+                        ui.selectable_value(&mut d.optimizer, o.to_owned(), o);
+                    }
+                })
+                .response
+        }
+    };
+    r.labelled_by(label);
+}
+
+/// The hyperparameters: each one's default and the values its grid tries.
+fn hyper_ui(ui: &mut Ui, session: &mut Session) {
+    let pool = session.benchmark.as_ref().map_or(64, |b| b.manifest.tasks.len());
+    let e = &mut session.experiments;
+    egui::Grid::new("sweep-hyper")
+        .num_columns(3)
+        .spacing([8.0, 4.0])
+        .show(ui, |ui| {
+            ui.label(RichText::new("Hyperparameter").strong());
+            ui.label(RichText::new("Default").strong());
+            ui.label(RichText::new("Grid (values tried, commas)").strong());
+            ui.end_row();
+            for i in 0..e.grids.len() {
+                let var = e.grids[i].variable;
+                let label = ui.label(short_label(var)).on_hover_text(var.label());
+                default_widget(ui, &mut e.spec, var, label.id, pool);
+                let bad = e.grids[i].error.is_some();
+                let mut edit = egui::TextEdit::singleline(&mut e.grids[i].text).desired_width(150.0);
+                if bad {
+                    edit = edit.text_color(ui.visuals().error_fg_color);
+                }
+                let r = ui
+                    .add(edit)
+                    .labelled_by(label.id)
+                    .on_hover_text("Empty: only the default");
+                if r.changed() {
+                    e.apply_grid_text(i);
+                }
+                ui.end_row();
+            }
+        });
+    for g in &e.grids {
+        if let Some(msg) = &g.error {
+            ui.label(RichText::new(msg).color(ui.visuals().error_fg_color).small());
+        }
+    }
+}
+
+/// Task groups, seed, mode, aggregation and evaluation size.
+fn evaluation_ui(ui: &mut Ui, spec: &mut SweepSpec) {
+    ui.horizontal(|ui| {
+        let label = ui.label("groups G");
+        ui.add(egui::DragValue::new(&mut spec.groups).range(1..=100))
+            .labelled_by(label.id)
+            .on_hover_text("Random task groups per N; error bars are standard errors over them");
+        let label = ui.label("seed");
+        ui.add(egui::DragValue::new(&mut spec.seed).range(0..=u64::MAX))
+            .labelled_by(label.id);
+    });
+    ui.horizontal(|ui| {
+        ui.label("Mode");
+        ui.radio_value(&mut spec.mode, Mode::OneAtATime, "one at a time");
+        ui.radio_value(&mut spec.mode, Mode::Grid, "full grid");
+    });
+    ui.horizontal(|ui| {
+        ui.label("Aggregate");
+        ui.radio_value(&mut spec.aggregate, Aggregate::Mean, "mean over tasks");
+        ui.radio_value(&mut spec.aggregate, Aggregate::Union, "union of test sets");
+    });
+    ui.horizontal(|ui| {
+        let label = ui.label("eval examples / task");
+        let mut all = spec.eval_examples.is_none();
+        if ui.checkbox(&mut all, "all").changed() {
+            spec.eval_examples = if all { None } else { Some(200) };
+        }
+        if let Some(n) = &mut spec.eval_examples {
+            ui.add(egui::DragValue::new(n).range(1..=100_000)).labelled_by(label.id);
+        }
+    });
+}
+
+fn params_text(params: &std::collections::BTreeMap<String, Value>) -> String {
+    params
+        .iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => format!("{k} = {s}"),
+            v => format!("{k} = {v}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The methods: a checkbox per installed plugin (the preset's label and parameters when it has
+/// them); methods of plugins not installed stay listed until unticked.
+fn methods_ui(ui: &mut Ui, session: &mut Session) {
+    ui.label(RichText::new("Methods").strong());
+    let plugins: Vec<(String, String)> = session
+        .registry
+        .plugins
+        .iter()
+        .map(|p| (p.id().to_owned(), p.info.name.clone()))
+        .collect();
+    let e = &mut session.experiments;
+    for (id, name) in &plugins {
+        let current = e.spec.methods.iter().find(|m| &m.plugin == id).cloned();
+        let mut on = current.is_some();
+        ui.horizontal(|ui| {
+            if ui.checkbox(&mut on, name).changed() {
+                e.set_method(id, on);
+            }
+            if let Some(m) = current {
+                let mut detail = format!("as '{}'", m.name());
+                if !m.params.is_empty() {
+                    detail.push_str(&format!(": {}", params_text(&m.params)));
+                }
+                ui.label(RichText::new(detail).weak().small());
+            }
+        });
+    }
+    let missing: Vec<String> = e
+        .spec
+        .methods
+        .iter()
+        .filter(|m| !plugins.iter().any(|(id, _)| *id == m.plugin))
+        .map(|m| m.plugin.clone())
+        .collect();
+    for plugin in missing {
+        ui.horizontal(|ui| {
+            let mut on = true;
+            if ui.checkbox(&mut on, &plugin).changed() {
+                e.set_method(&plugin, false);
+            }
+            ui.label(
+                RichText::new("not installed: untick it, or load its plugin")
+                    .color(ui.visuals().error_fg_color)
+                    .small(),
+            );
+        });
+    }
+}
+
+/// Run, Resume, Cancel, the progress, and how the last sweep ended.
+fn run_ui(ui: &mut Ui, session: &mut Session) {
+    let ids = installed(session);
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let running = session.experiments.running();
+    let ready = session.experiments.check(session.benchmark.as_ref(), &ids).is_ok();
+    let has_results = session.experiments.has_results();
+    ui.horizontal(|ui| {
+        let run = ui
+            .add_enabled(
+                ready && !running,
+                egui::Button::new(RichText::new("▶ Run sweep").strong()).min_size(egui::vec2(120.0, 26.0)),
+            )
+            .on_hover_text("Fine-tune, merge and evaluate every cell into the folder; cells already there are reused");
+        let resume = ui
+            .add_enabled(ready && !running && has_results, egui::Button::new("⟳ Resume"))
+            .on_hover_text("Start again on the same folder: the finished cells are skipped");
+        if run.clicked() || resume.clicked() {
+            session.start_sweep();
+        }
+        if ui
+            .add_enabled(running, egui::Button::new("■ Cancel"))
+            .on_hover_text("Stop after the current step; the finished cells stay in the folder")
+            .clicked()
+        {
+            session.experiments.cancel();
+        }
+        if running {
+            ui.spinner();
+        }
+    });
+    let e = &session.experiments;
+    if let Some(p) = &e.progress {
+        ui.horizontal(|ui| {
+            ui.add(
+                egui::ProgressBar::new(p.fraction() as f32)
+                    .desired_width(360.0)
+                    .text(p.stage.clone())
+                    .animate(running),
+            );
+            ui.label(RichText::new(format!("{} / {} cells", p.cells_done, p.cells)).strong());
+            ui.label(RichText::new(time_text(p.elapsed, p.eta.filter(|_| running))).weak());
+        });
+    }
+    if let Some(o) = &e.outcome {
+        ui.label(RichText::new(o.text()).weak());
+    }
+    if let Some(err) = &e.error {
+        ui.label(RichText::new(err).color(ui.visuals().error_fg_color));
+    }
+}
+
+fn direction_text(d: Direction) -> &'static str {
+    match d {
+        Direction::Decreasing => "falls",
+        Direction::Increasing => "rises",
+        Direction::UShaped => "U-shaped",
+    }
+}
+
+/// The variable picker, the accuracy and loss plots side by side, and the fits.
+fn results_ui(ui: &mut Ui, session: &mut Session) {
+    let e = &mut session.experiments;
+    if e.rows.is_empty() || e.results.is_empty() {
+        ui.label(RichText::new("No results yet: Run fills the plots in as the cells finish.").weak());
+        return;
+    }
+    ui.horizontal_wrapped(|ui| {
+        ui.label("Plots against");
+        let vars: Vec<Variable> = e.results.iter().map(|r| r.variable).collect();
+        for v in vars {
+            if ui.selectable_label(e.variable == Some(v), v.label()).clicked() {
+                e.variable = Some(v);
+            }
+        }
+    });
+    let Some(i) = e.shown() else { return };
+    // Room below the plots: their buttons, the fits' heading and a row per fit.
+    let below = 90.0 + 24.0 * (e.results[i].fits.len() + 1) as f32;
+    let height = (ui.available_height() - below).clamp(220.0, 560.0);
+    let figures = e.figures[i].clone();
+    let mut save = None;
+    ui.columns(2, |cols| {
+        for (col, (name, figure)) in cols.iter_mut().zip(&figures) {
+            col.label(RichText::new(figure.title()).strong());
+            figure_view::figure_ui_compact(col, &format!("sweep-{name}"), figure, height);
+            col.horizontal(|ui| {
+                if ui.button("Save PNG…").clicked() {
+                    save = Some((figure.clone(), name.clone(), true));
+                }
+                if ui.button("Save CSV…").clicked() {
+                    save = Some((figure.clone(), name.clone(), false));
+                }
+            });
+        }
+    });
+    fits_ui(ui, session, i);
+    if let Some((figure, name, png)) = save {
+        let file = format!("sweep-{}-{name}", session.experiments.name);
+        dialogs::save_figure(session, &figure, &file, png);
+    }
+}
+
+/// The laws fitted to each method's loss along the shown variable.
+fn fits_ui(ui: &mut Ui, session: &Session, i: usize) {
+    let r = &session.experiments.results[i];
+    let Some(law) = r.variable.law() else {
+        ui.label(RichText::new("The optimiser is categorical: no law is fitted.").weak());
+        return;
+    };
+    ui.label(
+        RichText::new(format!(
+            "Fits of the loss: {}; seed 002 predicts it {} as {} grows",
+            law.formula(),
+            direction_text(law.predicted()),
+            short_label(r.variable)
+        ))
+        .strong(),
+    );
+    if r.fits.is_empty() {
+        ui.label(
+            RichText::new(format!(
+                "No fit yet: the law needs at least {} values of {} with results.",
+                law.basis(1.0).len(),
+                short_label(r.variable)
+            ))
+            .weak(),
+        );
+        return;
+    }
+    let steps = r.variable == Variable::Steps;
+    egui::Grid::new("sweep-fits")
+        .striped(true)
+        .spacing([14.0, 3.0])
+        .show(ui, |ui| {
+            let mut headers = vec!["Method", "Law", "R²", "Loss over the grid", "Verdict"];
+            if steps {
+                headers.push("K*");
+            }
+            for h in headers {
+                ui.label(RichText::new(h).strong());
+            }
+            ui.end_row();
+            for f in &r.fits {
+                ui.label(&f.method);
+                ui.label(law.formula());
+                ui.label(format!("{:.3}", f.loss.r_squared));
+                ui.label(direction_text(f.measured));
+                ui.label(f.verdict.text());
+                if steps {
+                    ui.label(f.loss.optimum().map_or("–".to_owned(), |k| format!("{k:.0}")));
+                }
+                ui.end_row();
+            }
+        });
+}

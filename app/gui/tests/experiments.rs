@@ -1,0 +1,310 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The Experiments window driven by clicks (egui_kittest, through its AccessKit tree) on a
+//! small real benchmark: open it from the View menu, shrink the `paper-002` preset to a tiny
+//! sweep in its form, run it, cancel it, resume it, and check the results file, the plots
+//! (against `analyse()` of that file) and the fits table; plus a snapshot of the window.
+
+use egui::accesskit::Role;
+use egui_kittest::Harness;
+use egui_kittest::kittest::{Queryable as _, by};
+use mergescope_engine::scaling::sweep::spec::{EXPERT, Hyper, task_groups};
+use mergescope_engine::scaling::sweep::store::read_rows;
+use mergescope_engine::scaling::sweep::{SweepSpec, Variable, analyse, figures};
+use mergescope_gui::experiments::Outcome;
+use mergescope_gui::settings::{Settings, Theme};
+use mergescope_gui::{MergescopeApp, SessionConfig};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A three-task MLP benchmark built once (the same small build as the window's other tests).
+fn benchmark() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        use mergescope_engine::demo::{Recipe, build};
+        use mergescope_engine::nn::Arch;
+        use mergescope_engine::train::Budget;
+        let root = tempfile::tempdir().unwrap().keep();
+        let dir = root.join("bench");
+        let tasks: Vec<_> = mergescope_engine::data::demo_tasks()
+            .unwrap()
+            .into_iter()
+            .filter(|t| ["mnist", "letters", "fashion_mnist"].contains(&t.name.as_str()))
+            .collect();
+        let mut r = Recipe::default_for(Arch::Mlp, 0);
+        r.pretrain.budget = Budget::Steps(30);
+        r.head.budget = Budget::Steps(60);
+        r.expert.budget = Budget::Steps(40);
+        let (device, _) = mergescope_engine::device::open_device(mergescope_engine::device::DeviceChoice::Cpu);
+        build(Arch::Mlp, &tasks, &r, &dir, &device, &mut |_| {}, &Default::default()).unwrap();
+        dir
+    })
+}
+
+fn harness(runs_dir: &Path) -> Harness<'static, MergescopeApp> {
+    let settings = Settings {
+        theme: Theme::Light,
+        ..Settings::default()
+    };
+    let config = SessionConfig {
+        plugin_dirs: Vec::new(),
+        runs_dir: Some(runs_dir.to_path_buf()),
+        benchmark: Some(benchmark().to_path_buf()),
+        build_demo_if_missing: false,
+        demo_arch: None,
+    };
+    let app = MergescopeApp::new(&egui::Context::default(), settings, &config);
+    Harness::builder()
+        .with_size(egui::vec2(1360.0, 820.0))
+        .build_ui_state(|ui, app: &mut MergescopeApp| app.show(ui), app)
+}
+
+/// Steps frames until `done` holds (or fails after 90 s), checking that frames keep coming.
+fn step_until(h: &mut Harness<'static, MergescopeApp>, what: &str, done: impl Fn(&MergescopeApp) -> bool) {
+    let start = Instant::now();
+    while !done(h.state()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "timed out waiting for {what}"
+        );
+        let frames = h.state().view.frames;
+        h.step();
+        assert!(h.state().view.frames > frames, "the window draws while the sweep runs");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    h.run_steps(3);
+}
+
+/// Types `text` into the grid field of `name` (its whole value replaced).
+fn set_grid(h: &mut Harness<'static, MergescopeApp>, name: &str, text: &str) {
+    h.get(by().role(Role::TextInput).label(name))
+        .set_text_value_accesskit(text);
+    h.run_steps(2);
+}
+
+/// Sets the number field labelled `name`.
+fn set_number(h: &mut Harness<'static, MergescopeApp>, name: &str, value: f64) {
+    h.get(by().role(Role::SpinButton).label(name))
+        .set_value_accesskit(value);
+    h.run_steps(2);
+}
+
+/// The cells a sweep has: each point's task groups merged by each method, and the experts of
+/// those groups (one cell per run and task, whatever N).
+fn expected_cells(spec: &SweepSpec, pool: usize) -> usize {
+    let mut experts = BTreeSet::new();
+    let mut merges = 0;
+    for h in spec.points() {
+        for group in task_groups(pool, h.tasks, spec.groups, spec.seed) {
+            for t in group {
+                experts.insert((format!("{:?}", Hyper { tasks: 0, ..h.clone() }), t));
+            }
+            merges += spec.methods.len();
+        }
+    }
+    experts.len() + merges
+}
+
+/// The finished cells in a results file.
+fn cells_in(path: &Path) -> usize {
+    let rows = read_rows(path).unwrap();
+    let cells: BTreeSet<String> = rows
+        .iter()
+        .map(|r| {
+            if r.method == EXPERT {
+                format!("{}|{}", r.cell(), r.task)
+            } else {
+                r.cell()
+            }
+        })
+        .collect();
+    cells.len()
+}
+
+fn running(a: &MergescopeApp) -> bool {
+    a.session.experiments.running()
+}
+
+#[test]
+fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut h = harness(runs.path());
+    h.run_steps(3);
+
+    // Two clicks: the View menu, its Experiments entry.
+    h.get_by_label("View").click();
+    h.run_steps(2);
+    h.get_by_label("Experiments: fine-tuning sweeps…").click();
+    h.run_steps(3);
+    let e = &h.state().session.experiments;
+    assert!(e.open);
+    assert_eq!(e.name, "paper-002");
+    assert_eq!(e.spec.arch, "mlp", "the preset for the open benchmark's arch");
+    let methods: Vec<&str> = e.spec.methods.iter().map(|m| m.name()).collect();
+    assert_eq!(
+        &methods[..2],
+        ["TA (λ=1/N)", "TIES"],
+        "the preset's methods that are installed"
+    );
+    // Keep task arithmetic and TIES: untick the others (DARE and AdaMerging, where their
+    // plugins are built) by their checkboxes.
+    let others: Vec<String> = h
+        .state()
+        .session
+        .registry
+        .plugins
+        .iter()
+        .filter(|p| e.spec.methods.iter().any(|m| m.plugin == p.id()))
+        .filter(|p| !["task-arithmetic", "ties"].contains(&p.id()))
+        .map(|p| p.info.name.clone())
+        .collect();
+    for name in others {
+        h.get(by().role(Role::CheckBox).label(&name)).click();
+        h.run_steps(2);
+    }
+    let e = &h.state().session.experiments;
+    let methods: Vec<&str> = e.spec.methods.iter().map(|m| m.plugin.as_str()).collect();
+    assert_eq!(methods, ["task-arithmetic", "ties"]);
+    assert_eq!(e.folder, runs.path().join("sweeps").join("paper-002-mlp"));
+    // The preset merges 4 tasks (2 to 6 on its grid): the three-task benchmark refuses that,
+    // inline, and Run waits for a fix.
+    h.get_by_label_contains("4 tasks per group asked for; the benchmark has 3");
+    h.get_by_label("▶ Run sweep").click();
+    h.run_steps(2);
+    assert!(!running(h.state()), "Run is disabled while the form is invalid");
+
+    // A grid value that does not parse is named in red under the form.
+    set_grid(&mut h, "steps K", "2, 4x");
+    h.get_by_label_contains("steps K: '4x' is not a whole number");
+    assert_eq!(h.state().session.experiments.spec.grid.steps, [50, 100, 200, 300]);
+
+    // The tiny sweep: K ∈ {2, 4, 6}, N ∈ {2, 3}, two task groups, 64 test examples a task.
+    set_grid(&mut h, "steps K", "2, 4");
+    set_grid(&mut h, "learning rate η", "");
+    set_grid(&mut h, "batch size b", "");
+    set_grid(&mut h, "data ratio α", "");
+    set_grid(&mut h, "tasks N", "2, 3");
+    set_number(&mut h, "steps K", 6.0);
+    set_number(&mut h, "batch size b", 16.0);
+    set_number(&mut h, "tasks N", 2.0);
+    set_number(&mut h, "groups G", 2.0);
+    h.get(by().role(Role::CheckBox).label("all")).click();
+    h.run_steps(2);
+    set_number(&mut h, "eval examples / task", 64.0);
+    assert!(h.query_by_label_contains("is not a whole number").is_none());
+    let spec = h.state().session.experiments.spec.clone();
+    assert_eq!(spec.swept(), [Variable::Steps, Variable::Tasks]);
+    assert_eq!(
+        (spec.defaults.steps, spec.defaults.batch, spec.defaults.tasks),
+        (6, 16, 2)
+    );
+    assert_eq!((spec.groups, spec.eval_examples), (2, Some(64)));
+    h.get_by_label("4 sweep points; swept: steps K, tasks N");
+    let cells = expected_cells(&spec, 3);
+    assert_eq!(cells, 23);
+
+    // Run, then cancel once a few cells are in (the first group's two experts and its two
+    // merges).
+    h.get_by_label("▶ Run sweep").click();
+    step_until(&mut h, "the first cells", |a| {
+        a.session
+            .experiments
+            .progress
+            .as_ref()
+            .is_some_and(|p| p.cells_done >= 4)
+    });
+    assert!(running(h.state()), "the sweep was still going");
+    // In the window and in the status bar (which reopens the window).
+    assert_eq!(h.get_all_by_label_contains("/ 23 cells").count(), 2);
+    h.get_by_label("■ Cancel").click();
+    step_until(&mut h, "the cancellation", |a| !running(a));
+    let e = &h.state().session.experiments;
+    assert!(e.error.is_none(), "{:?}", e.error);
+    let Some(Outcome::Cancelled { cells_done, cells: all }) = e.outcome.clone() else {
+        panic!("not cancelled: {:?}", e.outcome)
+    };
+    assert_eq!(all, cells);
+    let results = e.results_file();
+    assert_eq!(cells_in(&results), cells_done);
+    assert!(cells_done < cells, "cancelled before the end");
+    h.get_by_label_contains("Resume continues from there");
+
+    // Resume: the finished cells are reused, the others computed; the plots fill in.
+    h.get_by_label("⟳ Resume").click();
+    step_until(&mut h, "the resumed sweep", |a| {
+        let e = &a.session.experiments;
+        !e.running() && (matches!(e.outcome, Some(Outcome::Finished { .. })) || e.error.is_some())
+    });
+    let e = &h.state().session.experiments;
+    assert!(e.error.is_none(), "{:?}", e.error);
+    let Some(Outcome::Finished {
+        cells: all,
+        reused,
+        plots,
+        ..
+    }) = e.outcome.clone()
+    else {
+        panic!("not finished: {:?}", e.outcome)
+    };
+    assert_eq!(all, cells);
+    // The merge cells come back from the file. (Experts' rows are re-done: the engine's
+    // reopening counts an expert row's cell without its task, so two experts at one setting
+    // look like an incomplete cell.)
+    assert!(reused >= 2 && reused <= cells_done, "{reused} of {cells_done} reused");
+    assert_eq!(cells_in(&results), cells, "every cell is in results.csv once");
+    let p = e.progress.clone().unwrap();
+    assert_eq!((p.cells_done, p.cells), (cells, cells));
+    // As the CLI: the plots and fits.md are written into the folder.
+    let plots = plots.unwrap();
+    assert!(plots.join("steps-loss.png").is_file() && e.folder.join("fits.md").is_file());
+
+    // What the window plots is `analyse()` of the file.
+    let rows = read_rows(&results).unwrap();
+    let expected = analyse(&e.spec, &rows);
+    assert_eq!(e.results, expected);
+    assert_eq!(e.figures.len(), 2);
+    for (shown, r) in e.figures.iter().zip(&expected) {
+        assert_eq!(shown, &figures(r));
+    }
+    let steps = &expected[0];
+    assert_eq!(steps.variable, Variable::Steps);
+    let ta = &steps.curves[0];
+    assert_eq!(ta.points.iter().map(|p| p.0).collect::<Vec<_>>(), [2.0, 4.0, 6.0]);
+    assert!(
+        ta.points.iter().all(|p| p.1.n == 2 && p.2.se > 0.0),
+        "two groups, error bars"
+    );
+    let methods: Vec<&str> = steps.fits.iter().map(|f| f.method.as_str()).collect();
+    assert_eq!(methods, ["TA (λ=1/N)", "TIES"], "a law through 3 step counts each");
+
+    // The window shows the steps plots and their fits; N's plots a click away.
+    h.get_by_label("Merged models' average accuracy against fine-tuning steps K");
+    h.get_by_label("Merged models' average loss against fine-tuning steps K");
+    h.get_by_label("Loss over the grid");
+    h.get_by_label_contains("Fits of the loss: a + c1·K + c2/√K");
+    assert_eq!(h.get_all_by_label("a + c1·K + c2/√K").count(), 2, "a row per method");
+    h.get_by_label("tasks merged N").click();
+    h.run_steps(2);
+    assert_eq!(h.state().session.experiments.variable, Some(Variable::Tasks));
+    h.get_by_label("Merged models' average loss against tasks merged N");
+    h.get_by_label_contains("No fit yet: the law needs at least 3 values of tasks N");
+    h.get_by_label("fine-tuning steps K").click();
+    h.run_steps(2);
+
+    // A picture of the window with the plots (timings vary from run to run).
+    let e = &mut h.state_mut().session.experiments;
+    if let Some(p) = &mut e.progress {
+        p.elapsed = 12.0;
+    }
+    e.outcome = Some(Outcome::Finished {
+        cells,
+        reused: 7,
+        runs_trained: 3,
+        seconds: 12.0,
+        plots: Ok(PathBuf::new()),
+    });
+    h.remove_cursor();
+    h.run_steps(3);
+    h.snapshot("experiments_light");
+}
