@@ -17,6 +17,10 @@ use mergescope_engine::demo::Benchmark;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::error::EngineError;
 use mergescope_engine::eval::EvalReport;
+use mergescope_engine::scaling::views::{
+    BoundSettings, Mask, bound_figure, bound_of_files, heterogeneity_figure, heterogeneity_of_files, train_facts,
+    weights_figure,
+};
 use mergescope_figures::Figure;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,11 +50,17 @@ pub enum ViewKind {
     Plane,
     /// The plane of a trajectory's first two principal directions.
     TrajectoryPlane,
+    /// Seed 002: the heterogeneity proxy before and after a TIES mask, with δ_i.
+    Heterogeneity,
+    /// Seed 002: effective task weights from the experts' step counts.
+    Weights,
+    /// Seed 002: the excess-risk bound's stability and optimisation parts.
+    Bound,
 }
 
 impl ViewKind {
     /// Every view.
-    pub const ALL: [ViewKind; 10] = [
+    pub const ALL: [ViewKind; 13] = [
         ViewKind::Pca,
         ViewKind::Radar,
         ViewKind::Cosine,
@@ -61,6 +71,9 @@ impl ViewKind {
         ViewKind::CartRank,
         ViewKind::Plane,
         ViewKind::TrajectoryPlane,
+        ViewKind::Heterogeneity,
+        ViewKind::Weights,
+        ViewKind::Bound,
     ];
 
     /// Name in the view picker.
@@ -76,6 +89,9 @@ impl ViewKind {
             ViewKind::CartRank => "CART rank",
             ViewKind::Plane => "Plane",
             ViewKind::TrajectoryPlane => "Trajectory plane",
+            ViewKind::Heterogeneity => "Heterogeneity",
+            ViewKind::Weights => "Task weights",
+            ViewKind::Bound => "Bound",
         }
     }
 
@@ -129,6 +145,8 @@ pub struct ViewOptions {
     pub pcs: (usize, usize),
     /// Cosine: one tensor (a layer), or the whole model (`None`).
     pub tensor: Option<String>,
+    /// Heterogeneity: the TIES mask's density.
+    pub density: f64,
 }
 
 impl Default for ViewOptions {
@@ -139,6 +157,7 @@ impl Default for ViewOptions {
             plane: (0, 1),
             pcs: (1, 2),
             tensor: None,
+            density: 0.2,
         }
     }
 }
@@ -325,6 +344,28 @@ fn compute(
                 },
                 None,
             );
+        }
+        ViewKind::Heterogeneity => {
+            let mask = Mask::Ties {
+                density: options.density,
+            };
+            let h = heterogeneity_of_files(&base, &experts, None, mask).map_err(err)?;
+            let names: Vec<String> = inputs.experts.iter().map(|(l, _)| l.clone()).collect();
+            emit(heterogeneity_figure(&names, &h, mask), None);
+        }
+        ViewKind::Weights => {
+            let steps: Vec<f64> = train_facts(&experts).map_err(err)?.iter().map(|f| f.steps).collect();
+            let names: Vec<String> = inputs.experts.iter().map(|(l, _)| l.clone()).collect();
+            emit(weights_figure(&names, &steps), None);
+        }
+        ViewKind::Bound => {
+            let bench = inputs
+                .benchmark
+                .as_ref()
+                .ok_or_else(|| "the bound measures gradients on calibration data: open a benchmark first".to_owned())?;
+            let tasks = benchmark_tasks(None).map_err(err)?;
+            let r = bound_of_files(bench, &tasks, &base, &experts, &BoundSettings::default(), cancel).map_err(err)?;
+            emit(bound_figure(&r.variants), None);
         }
         ViewKind::TaLine | ViewKind::CartGrid | ViewKind::CartRank | ViewKind::Plane | ViewKind::TrajectoryPlane => {
             let bench = inputs

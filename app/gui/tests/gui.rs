@@ -503,4 +503,36 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     };
     assert_eq!(ri.series.len(), 4);
     h.snapshot("analysis_rank_curves_light");
+
+    // Seed 002's views: the proxy equals the engine's on the same files; the demo's experts
+    // record equal step counts, so their effective weights are uniform; the bound has four
+    // variants of two stacked parts.
+    let Figure::Bars(het) = open(&mut h, "Heterogeneity") else {
+        panic!("heterogeneity")
+    };
+    let inputs = h.state().session.analysis.inputs.clone();
+    let experts: Vec<std::path::PathBuf> = inputs.experts.iter().map(|(_, p)| p.clone()).collect();
+    let direct = mergescope_engine::scaling::views::heterogeneity_of_files(
+        inputs.base.as_ref().unwrap(),
+        &experts,
+        None,
+        mergescope_engine::scaling::views::Mask::Ties { density: 0.2 },
+    )
+    .unwrap();
+    assert_eq!(het.series[0].1, direct.before);
+    assert_eq!(het.series[2].1, direct.delta);
+    let Figure::Bars(w) = open(&mut h, "Task weights") else {
+        panic!("weights")
+    };
+    assert!(
+        w.series[0].1.iter().all(|l| (l - 1.0 / 3.0).abs() < 1e-12),
+        "{:?}",
+        w.series
+    );
+    let Figure::Bars(b) = open(&mut h, "Bound") else {
+        panic!("bound")
+    };
+    assert_eq!((b.categories.len(), b.series.len()), (4, 2));
+    assert!(b.stacked && b.series[0].1.iter().all(|v| *v > 0.0));
+    h.snapshot("analysis_bound_light");
 }

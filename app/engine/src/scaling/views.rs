@@ -3,9 +3,12 @@
 //! the effective task weights from the step counts the experts record (Algorithm 002-B), and
 //! the bound's stability and optimisation parts (Algorithm 002-C).
 
-use super::bound::{Bound, ChiSquare};
+use super::bound::{Bound, BoundInputs, ChiSquare, TaskTerms, bound};
+use super::estimate::gradient_statistics;
 use super::heterogeneity::{Heterogeneity, dare_masks, heterogeneity, ties_masks};
 use crate::checkpoint::Checkpoint;
+use crate::data::TaskData;
+use crate::demo::Benchmark;
 use crate::demo::load_params;
 use crate::error::{EngineError, Result};
 use crate::train::STEPS_KEY;
@@ -226,6 +229,164 @@ pub fn variant_name(chi: ChiSquare, constant: f64) -> String {
         ChiSquare::Standard => "standard χ²",
     };
     format!("{c}, constant {}", format_number(constant))
+}
+
+/// The constants of the bound a user chooses (the rest is measured).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BoundSettings {
+    /// Merge weights λ_i (normalised); None: 1/N each.
+    pub lambdas: Option<Vec<f64>>,
+    /// Smoothness L.
+    pub smoothness: f64,
+    /// PL-type constant C.
+    pub pl: f64,
+    /// Δ0; None: the λ-weighted calibration loss at the base (f̃_inf taken as 0).
+    pub delta0: Option<f64>,
+    /// Calibration examples per task for σ² and ζ².
+    pub examples: usize,
+    /// Learning rate η when the experts record none.
+    pub lr: Option<f64>,
+}
+
+impl Default for BoundSettings {
+    fn default() -> Self {
+        BoundSettings {
+            lambdas: None,
+            smoothness: 1.0,
+            pl: 1.0,
+            delta0: None,
+            examples: 50,
+            lr: None,
+        }
+    }
+}
+
+/// A bound evaluated on checkpoints: each expert's task and terms, and the four variants
+/// (χ² as printed or standard × constant 5 or 12).
+#[derive(Clone, Debug)]
+pub struct BoundReport {
+    /// Each expert's task.
+    pub tasks: Vec<String>,
+    /// Each expert's terms (λ as given, not normalised).
+    pub terms: Vec<TaskTerms>,
+    /// The variants, named.
+    pub variants: Vec<(String, Bound)>,
+    /// Calibration examples per task used.
+    pub examples: usize,
+}
+
+/// Measures σ_i², ζ_i² at the base on `bench`'s calibration data and evaluates the bound for
+/// `experts` with what they record (K, b, n, η) and `settings`. An expert's task is its
+/// `mergescope.demo.task` metadata, else the benchmark's task at its position.
+pub fn bound_of_files(
+    bench: &Benchmark,
+    data: &[TaskData],
+    base: &Path,
+    experts: &[PathBuf],
+    settings: &BoundSettings,
+    cancel: &std::sync::atomic::AtomicBool,
+) -> Result<BoundReport> {
+    let facts = train_facts(experts)?;
+    let n = experts.len();
+    let lambdas = settings.lambdas.clone().unwrap_or_else(|| vec![1.0 / n as f64; n]);
+    if lambdas.len() != n {
+        return Err(EngineError::Param(format!(
+            "{} weights for {n} experts: give one λ per expert",
+            lambdas.len()
+        )));
+    }
+    let names = bench.task_names();
+    let tasks: Vec<String> = experts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let meta = Checkpoint::open(p)?
+                .files
+                .first()
+                .map(|f| f.metadata.clone())
+                .unwrap_or_default();
+            meta.get("mergescope.demo.task")
+                .cloned()
+                .or_else(|| names.get(i).map(|s| (*s).to_owned()))
+                .ok_or_else(|| {
+                    EngineError::Invalid(format!(
+                        "'{}' names no task (mergescope.demo.task metadata)",
+                        p.display()
+                    ))
+                })
+        })
+        .collect::<Result<_>>()?;
+    let device = candle_core::Device::Cpu;
+    let heads = bench.heads(&device)?;
+    let pairs = tasks
+        .iter()
+        .map(|t| {
+            let d = data
+                .iter()
+                .find(|d| &d.name == t)
+                .ok_or_else(|| EngineError::Invalid(format!("no task data for '{t}'")))?;
+            let h = heads
+                .get(t)
+                .ok_or_else(|| EngineError::Invalid(format!("the benchmark has no head for task '{t}'")))?;
+            Ok((d, h))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let stats = gradient_statistics(
+        bench.manifest.arch,
+        &load_params(base, &device)?,
+        &pairs,
+        &lambdas,
+        settings.examples,
+        &device,
+        cancel,
+    )?;
+    let total: f64 = lambdas.iter().sum();
+    let delta0 = settings
+        .delta0
+        .unwrap_or_else(|| stats.loss.iter().zip(&lambdas).map(|(l, w)| l * w / total).sum());
+    let lr = settings
+        .lr
+        .or_else(|| facts.iter().find_map(|f| f.lr))
+        .ok_or_else(|| EngineError::Param("the experts record no learning rate: give η".into()))?;
+    let terms: Vec<TaskTerms> = facts
+        .iter()
+        .zip(&lambdas)
+        .enumerate()
+        .map(|(i, (f, l))| {
+            let examples = f.examples.ok_or_else(|| {
+                EngineError::Invalid(format!("'{}' records no training-set size", experts[i].display()))
+            })?;
+            Ok(TaskTerms {
+                lambda: *l,
+                steps: f.steps,
+                batch: f.batch.unwrap_or(examples),
+                examples,
+                sigma2: stats.sigma2[i],
+                zeta2: stats.zeta2[i],
+            })
+        })
+        .collect::<Result<_>>()?;
+    let mut variants = Vec::new();
+    for chi in [ChiSquare::AsPrinted, ChiSquare::Standard] {
+        for constant in [5.0, 12.0] {
+            let b = bound(&BoundInputs {
+                tasks: terms.clone(),
+                lr,
+                smoothness: settings.smoothness,
+                pl: settings.pl,
+                delta0,
+                last_constant: constant,
+                chi,
+            });
+            variants.push((variant_name(chi, constant), b));
+        }
+    }
+    Ok(BoundReport {
+        tasks,
+        terms,
+        variants,
+        examples: stats.examples,
+    })
 }
 
 #[cfg(test)]

@@ -27,6 +27,15 @@ pub fn open_buttons(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) 
             ViewKind::TrajectoryPlane => {
                 "Accuracy around the selected run's trajectory, on its first two principal directions"
             }
+            ViewKind::Heterogeneity => {
+                "Seed 002: |τ_i − mean τ|² per expert before and after a TIES mask, and its signed reduction δ_i"
+            }
+            ViewKind::Weights => {
+                "Seed 002: the weights K_i / Σ K_j plain averaging gives experts trained for K_i steps"
+            }
+            ViewKind::Bound => {
+                "Seed 002: the excess-risk bound's stability and optimisation parts, σ² and ζ² from calibration gradients"
+            }
         };
         if ui.small_button(kind.label()).on_hover_text(hint).clicked() {
             session.analyze(kind, &view.selected);
@@ -55,7 +64,7 @@ pub fn analysis_window(ctx: &Context, session: &mut Session, view: &mut ViewStat
             let kind = session.analysis.kind;
             if kind.is_landscape() {
                 landscape_controls(ui, session, view);
-            } else if matches!(kind, ViewKind::Pca | ViewKind::Cosine) {
+            } else if matches!(kind, ViewKind::Pca | ViewKind::Cosine | ViewKind::Heterogeneity) {
                 view_controls(ui, session, view);
             }
             ui.horizontal(|ui| {
@@ -133,7 +142,8 @@ fn optional_choice(
     changed
 }
 
-/// PCA: the components on the axes; cosine: the whole model or one layer.
+/// PCA: the components on the axes; cosine: the whole model or one layer; heterogeneity: the
+/// TIES density.
 fn view_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
     let mut changed = false;
     ui.horizontal(|ui| {
@@ -150,6 +160,12 @@ fn view_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
                     .labelled_by(label.id)
                     .changed();
             }
+        } else if a.kind == ViewKind::Heterogeneity {
+            let label = ui.label("TIES density");
+            changed |= ui
+                .add(egui::Slider::new(&mut a.options.density, 0.01..=1.0))
+                .labelled_by(label.id)
+                .drag_stopped();
         } else {
             let tensors = a.inputs.tensors.clone();
             changed |= optional_choice(

@@ -3,16 +3,12 @@
 //! estimated from calibration gradients.
 
 use super::{Common, short_name};
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use clap::{Args, ValueEnum};
-use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::data::benchmark_tasks;
-use mergescope_engine::demo::load_params;
-use mergescope_engine::device::{DeviceChoice, open_device};
-use mergescope_engine::scaling::bound::{BoundInputs, ChiSquare, TaskTerms, bound};
-use mergescope_engine::scaling::estimate::gradient_statistics;
 use mergescope_engine::scaling::views::{
-    Mask, bound_figure, heterogeneity_figure, heterogeneity_of_files, train_facts, variant_name, weights_figure,
+    BoundSettings, Mask, bound_figure, bound_of_files, heterogeneity_figure, heterogeneity_of_files, train_facts,
+    weights_figure,
 };
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -109,85 +105,31 @@ pub fn bound_view(a: &BoundArgs) -> anyhow::Result<()> {
     a.common.check_outputs()?;
     let m = a.common.models()?;
     let bench = a.common.benchmark()?;
-    let facts = train_facts(&m.experts)?;
-    let n = m.experts.len();
-    let lambdas = a.lambda.clone().unwrap_or_else(|| vec![1.0 / n as f64; n]);
-    if lambdas.len() != n {
-        bail!("--lambda: {} values for {n} experts", lambdas.len());
-    }
-    // Each expert's task: its metadata, else the benchmark's order.
-    let task_names: Vec<String> = m
-        .experts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let meta = Checkpoint::open(p)?
-                .files
-                .first()
-                .map(|f| f.metadata.clone())
-                .unwrap_or_default();
-            meta.get("mergescope.demo.task")
-                .cloned()
-                .or_else(|| bench.task_names().get(i).map(|s| (*s).to_owned()))
-                .with_context(|| format!("'{}' names no task (mergescope.demo.task metadata)", p.display()))
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let (device, _) = open_device(DeviceChoice::Cpu);
-    let heads = bench.heads(&device)?;
-    let data = benchmark_tasks(None)?;
-    let pairs = task_names
-        .iter()
-        .map(|t| {
-            let d = data
-                .iter()
-                .find(|d| &d.name == t)
-                .with_context(|| format!("no data for task '{t}'"))?;
-            let h = heads
-                .get(t)
-                .with_context(|| format!("the benchmark has no head for task '{t}'"))?;
-            Ok((d, h))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let base = load_params(&m.base, &device)?;
+    let settings = BoundSettings {
+        lambdas: a.lambda.clone(),
+        smoothness: a.smoothness,
+        pl: a.pl,
+        delta0: a.delta0,
+        examples: a.examples,
+        lr: a.lr,
+    };
     let started = std::time::Instant::now();
-    let stats = gradient_statistics(
-        bench.manifest.arch,
-        &base,
-        &pairs,
-        &lambdas,
-        a.examples,
-        &device,
+    let r = bound_of_files(
+        &bench,
+        &benchmark_tasks(None)?,
+        &m.base,
+        &m.experts,
+        &settings,
         &AtomicBool::new(false),
     )?;
-    let total: f64 = lambdas.iter().sum();
-    let delta0 = a
-        .delta0
-        .unwrap_or_else(|| stats.loss.iter().zip(&lambdas).map(|(l, w)| l * w / total).sum());
-    let lr =
-        a.lr.or_else(|| facts.iter().find_map(|f| f.lr))
-            .context("the experts record no learning rate: pass --lr")?;
-    let tasks: Vec<TaskTerms> = facts
-        .iter()
-        .zip(&lambdas)
-        .enumerate()
-        .map(|(i, (f, l))| {
-            Ok(TaskTerms {
-                lambda: *l,
-                steps: f.steps,
-                batch: f.batch.or(f.examples).context("an expert records no batch size")?,
-                examples: f.examples.context("an expert records no training-set size")?,
-                sigma2: stats.sigma2[i],
-                zeta2: stats.zeta2[i],
-            })
-        })
-        .collect::<anyhow::Result<_>>()?;
     eprintln!(
         "σ², ζ² from {} calibration examples per task in {:.1} s",
-        stats.examples,
+        r.examples,
         started.elapsed().as_secs_f64()
     );
+    let total: f64 = r.terms.iter().map(|t| t.lambda).sum();
     println!("| task | λ | K | b | n | σ² | ζ² |\n|---|---|---|---|---|---|---|");
-    for (t, x) in task_names.iter().zip(&tasks) {
+    for (t, x) in r.tasks.iter().zip(&r.terms) {
         println!(
             "| {t} | {:.3} | {} | {} | {} | {:.4e} | {:.4e} |",
             x.lambda / total,
@@ -198,30 +140,16 @@ pub fn bound_view(a: &BoundArgs) -> anyhow::Result<()> {
             x.zeta2
         );
     }
-    let mut variants = Vec::new();
-    for chi in [ChiSquare::AsPrinted, ChiSquare::Standard] {
-        for constant in [5.0, 12.0] {
-            let b = bound(&BoundInputs {
-                tasks: tasks.clone(),
-                lr,
-                smoothness: a.smoothness,
-                pl: a.pl,
-                delta0,
-                last_constant: constant,
-                chi,
-            });
-            println!(
-                "{}: stability {:.4e}, optimisation {:.4e}, total {:.4e}",
-                variant_name(chi, constant),
-                b.stability,
-                b.optimisation,
-                b.total()
-            );
-            variants.push((variant_name(chi, constant), b));
-        }
+    for (name, b) in &r.variants {
+        println!(
+            "{name}: stability {:.4e}, optimisation {:.4e}, total {:.4e}",
+            b.stability,
+            b.optimisation,
+            b.total()
+        );
     }
-    for w in variants.first().map(|(_, b)| b.warnings.clone()).unwrap_or_default() {
+    for w in r.variants.first().map(|(_, b)| b.warnings.clone()).unwrap_or_default() {
         println!("warning: {w}");
     }
-    a.common.write(&bound_figure(&variants))
+    a.common.write(&bound_figure(&r.variants))
 }
