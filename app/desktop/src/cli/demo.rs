@@ -73,7 +73,6 @@ fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
     }
     let tasks = benchmark_tasks(args.data.as_deref())?;
     let cancel = super::cancel_on_ctrl_c();
-    let (device, _) = open_device(DeviceChoice::Cpu);
     for arch in archs {
         let dir = match &args.out {
             Some(d) => d.clone(),
@@ -93,25 +92,39 @@ fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
                 dir.display()
             );
         }
-        let bar = super::progress_bar(args.quiet);
-        let recipe = Recipe::default_for(arch, args.seed);
-        let mut on_progress = |p: &BuildProgress| {
-            bar.set_length(p.total as u64);
-            bar.set_position(p.done as u64);
-            let loss = p.loss.map(|l| format!(" loss {l:.3}")).unwrap_or_default();
-            bar.set_message(format!("{arch}: {}{loss}", p.stage));
-        };
-        // An old build is replaced only once the new one is complete.
-        let built = build_replacing(&dir, |staging| {
-            build(arch, &tasks, &recipe, staging, &device, &mut on_progress, cancel)
-        });
-        bar.finish_and_clear();
-        let b = built?;
-        let secs: f64 = b.manifest.seconds.values().sum();
-        eprintln!("{arch}: built in {secs:.0} s");
+        let b = build_with_bar(arch, args.seed, &dir, &tasks, args.quiet, cancel)?;
         print_benchmark(&b);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Builds the demo benchmark of `arch` and `seed` into `dir` with a progress bar; an old build
+/// there is replaced only once the new one is complete.
+pub fn build_with_bar(
+    arch: Arch,
+    seed: u64,
+    dir: &std::path::Path,
+    tasks: &[mergescope_engine::data::TaskData],
+    quiet: bool,
+    cancel: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<Benchmark> {
+    let (device, _) = open_device(DeviceChoice::Cpu);
+    let bar = super::progress_bar(quiet);
+    let recipe = Recipe::default_for(arch, seed);
+    let mut on_progress = |p: &BuildProgress| {
+        bar.set_length(p.total as u64);
+        bar.set_position(p.done as u64);
+        let loss = p.loss.map(|l| format!(" loss {l:.3}")).unwrap_or_default();
+        bar.set_message(format!("{arch}: {}{loss}", p.stage));
+    };
+    let built = build_replacing(dir, |staging| {
+        build(arch, tasks, &recipe, staging, &device, &mut on_progress, cancel)
+    });
+    bar.finish_and_clear();
+    let b = built?;
+    let secs: f64 = b.manifest.seconds.values().sum();
+    eprintln!("{arch}: built in {secs:.0} s");
+    Ok(b)
 }
 
 fn print_benchmark(b: &Benchmark) {

@@ -3,7 +3,7 @@
 mod analyze;
 mod bench;
 mod compare;
-mod demo;
+pub mod demo;
 mod eval;
 mod gui;
 mod inspect;

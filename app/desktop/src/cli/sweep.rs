@@ -131,12 +131,23 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         .map(|m| registry.find(&m.plugin).map_err(anyhow::Error::msg))
         .collect::<anyhow::Result<_>>()?;
     let plugins: Vec<&Plugin> = chosen.iter().map(|p| &**p).collect();
-    let bench = resolve_benchmark(&spec.benchmark, Some(spec.arch()?))?;
     let tasks = benchmark_tasks(None)?;
     let (device, note) = open_device(device_choice);
     if let Some(n) = note {
         eprintln!("warning: {n}");
     }
+    let cancel = super::cancel_on_ctrl_c();
+    let arch = spec.arch()?;
+    let bench = match resolve_benchmark(&spec.benchmark, Some(arch)) {
+        Ok(b) => b,
+        // A fresh machine: build the demo the sweep starts from (as the window does).
+        Err(e) if spec.benchmark == "demo" => {
+            eprintln!("no {arch} demo benchmark built yet: building it first ({e})");
+            let dir = mergescope_engine::demo::demo_dir(arch, 0)?;
+            super::demo::build_with_bar(arch, 0, &dir, &tasks, args.quiet, cancel)?
+        }
+        Err(e) => return Err(e.into()),
+    };
     let opts = ExecOptions {
         device,
         ..ExecOptions::default()
@@ -147,7 +158,6 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         let eta = p.eta.map_or(String::new(), |s| format!(", {} left", minutes(s)));
         bar.set_message(format!("{}/{} cells{eta}: {}", p.cells_done, p.cells, p.stage));
     };
-    let cancel = super::cancel_on_ctrl_c();
     eprintln!("sweep '{}' into {}", name, out.display());
     let inputs = SweepInputs {
         spec: &spec,
