@@ -3,8 +3,8 @@
 //! fine) and can be cancelled. The numbers and figures come from `engine::analysis`, the
 //! same code as `mergescope analyze`.
 
-use crate::jobs::Notify;
-use crossbeam_channel::{Receiver, unbounded};
+use crate::jobs::{Notify, TaskMessage, spawn_task};
+use crossbeam_channel::Receiver;
 use mergescope_engine::analysis::landscape::{Metric, MetricKind};
 use mergescope_engine::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
 use mergescope_engine::analysis::spectrum::{matrix_names, task_spectra};
@@ -127,10 +127,8 @@ pub struct AnalysisInputs {
     pub tasks: Vec<String>,
 }
 
-enum Message {
-    Figure(Box<Figure>, Option<(usize, usize)>),
-    Done(Result<(), String>),
-}
+/// A figure as it improves, with landscape progress.
+type Update = (Box<Figure>, Option<(usize, usize)>);
 
 /// The choices a view is computed with.
 #[derive(Clone, Debug, PartialEq)]
@@ -182,7 +180,7 @@ pub struct Analysis {
     pub seconds: Option<f64>,
     /// Inputs of the figure shown.
     pub inputs: AnalysisInputs,
-    rx: Option<Receiver<Message>>,
+    rx: Option<Receiver<TaskMessage<Update, ()>>>,
     cancel: Arc<AtomicBool>,
 }
 
@@ -216,29 +214,21 @@ impl Analysis {
         self.seconds = None;
         self.inputs = inputs.clone();
         self.running_since = Some(Instant::now());
-        let (tx, rx) = unbounded();
         let cancel = Arc::new(AtomicBool::new(false));
         self.cancel = cancel.clone();
-        self.rx = Some(rx);
         let options = self.options.clone();
-        let spawned = std::thread::Builder::new()
-            .name("mergescope-analysis".into())
-            .spawn(move || {
-                let send = |m: Message| {
-                    let _ = tx.send(m);
-                    notify();
-                };
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    compute(kind, &inputs, &options, &cancel, &mut |f, p| {
-                        send(Message::Figure(Box::new(f), p))
-                    })
-                }))
-                .unwrap_or_else(|_| Err("the analysis panicked; please report it with the log".into()));
-                send(Message::Done(result));
-            });
-        if let Err(e) = spawned {
-            self.error = Some(format!("cannot start the analysis thread: {e}"));
-            self.running_since = None;
+        let spawned = spawn_task(
+            "mergescope-analysis",
+            notify,
+            "the analysis panicked; please report it with the log",
+            move |send| compute(kind, &inputs, &options, &cancel, &mut |f, p| send((Box::new(f), p))),
+        );
+        match spawned {
+            Ok(rx) => self.rx = Some(rx),
+            Err(e) => {
+                self.error = Some(format!("cannot start the analysis thread: {e}"));
+                self.running_since = None;
+            }
         }
     }
 
@@ -259,11 +249,11 @@ impl Analysis {
         for m in rx.try_iter() {
             changed = true;
             match m {
-                Message::Figure(f, p) => {
+                TaskMessage::Update((f, p)) => {
                     self.figure = Some(*f);
                     self.progress = p;
                 }
-                Message::Done(r) => {
+                TaskMessage::Done(r) => {
                     self.seconds = self.running_since.map(|t| t.elapsed().as_secs_f64());
                     self.running_since = None;
                     if let Err(e) = r {

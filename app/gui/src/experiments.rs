@@ -5,8 +5,8 @@
 //! file whenever cells finish, so the plots fill in while it runs. The work is
 //! `engine::scaling::sweep`, the same code as `mergescope sweep`.
 
-use crate::jobs::Notify;
-use crossbeam_channel::{Receiver, unbounded};
+use crate::jobs::{Notify, TaskMessage, spawn_task};
+use crossbeam_channel::Receiver;
 use mergescope_engine::data::benchmark_tasks;
 use mergescope_engine::demo::{Benchmark, resolve_benchmark};
 use mergescope_engine::device::{DeviceChoice, open_device};
@@ -27,9 +27,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// The built-in sweeps.
-pub const PRESETS: [&str; 1] = ["paper-002"];
 
 /// Size of the PNG plots written into the sweep folder when a sweep finishes (as the CLI).
 const PLOT_SIZE: (u32, u32) = (1100, 760);
@@ -184,10 +181,10 @@ pub struct SweepJob {
     pub device: DeviceChoice,
 }
 
-enum Message {
+/// What the sweep thread reports while it runs.
+enum Update {
     Progress(SweepProgress),
     Results(Vec<Row>, Vec<VariableResult>),
-    Done(Result<Outcome, String>),
 }
 
 /// The Experiments panel's state: the sweep being edited, its folder, the job in flight and
@@ -224,7 +221,7 @@ pub struct Experiments {
     sweeps_root: PathBuf,
     configured: bool,
     notes: Vec<(bool, String)>,
-    rx: Option<Receiver<Message>>,
+    rx: Option<Receiver<TaskMessage<Update, Outcome>>>,
     cancel: Arc<AtomicBool>,
 }
 
@@ -250,8 +247,8 @@ impl Experiments {
     pub fn new(sweeps_root: PathBuf) -> Experiments {
         let mut e = Experiments {
             open: false,
-            name: PRESETS[0].to_owned(),
-            spec: preset_spec(PRESETS[0], Arch::Cnn),
+            name: SweepSpec::PRESETS[0].to_owned(),
+            spec: preset_spec(SweepSpec::PRESETS[0], Arch::Cnn),
             grids: Vec::new(),
             folder: PathBuf::new(),
             folder_chosen: false,
@@ -282,7 +279,7 @@ impl Experiments {
     /// Starts from the first preset for `bench` the first time the panel opens.
     pub fn configure(&mut self, bench: Option<&Benchmark>, installed: &[&str]) {
         if !self.configured {
-            self.reset_to_preset(PRESETS[0], bench, installed);
+            self.reset_to_preset(SweepSpec::PRESETS[0], bench, installed);
             self.configured = true;
         }
     }
@@ -303,7 +300,7 @@ impl Experiments {
     /// The preset's own entry for `plugin` (its label and parameters), if it has one.
     pub fn preset_method(&self, plugin: &str) -> Option<MethodSpec> {
         let arch = self.spec.arch().unwrap_or(Arch::Cnn);
-        PRESETS
+        SweepSpec::PRESETS
             .iter()
             .filter_map(|p| SweepSpec::preset(p, arch).ok())
             .flat_map(|s| s.methods)
@@ -492,24 +489,20 @@ impl Experiments {
         self.outcome = None;
         self.progress = None;
         self.running_since = Some(Instant::now());
-        let (tx, rx) = unbounded();
         let cancel = Arc::new(AtomicBool::new(false));
         self.cancel = cancel.clone();
-        self.rx = Some(rx);
-        let spawned = std::thread::Builder::new()
-            .name("mergescope-sweep".into())
-            .spawn(move || {
-                let send = |m: Message| {
-                    let _ = tx.send(m);
-                    notify();
-                };
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&job, &cancel, &send)))
-                    .unwrap_or_else(|_| Err("the sweep panicked; please report it with the log".into()));
-                send(Message::Done(result));
-            });
-        if let Err(e) = spawned {
-            self.error = Some(format!("cannot start the sweep thread: {e}"));
-            self.running_since = None;
+        let spawned = spawn_task(
+            "mergescope-sweep",
+            notify,
+            "the sweep panicked; please report it with the log",
+            move |send| work(&job, &cancel, send),
+        );
+        match spawned {
+            Ok(rx) => self.rx = Some(rx),
+            Err(e) => {
+                self.error = Some(format!("cannot start the sweep thread: {e}"));
+                self.running_since = None;
+            }
         }
     }
 
@@ -526,16 +519,16 @@ impl Experiments {
     /// Applies the thread's messages; returns whether anything changed.
     pub fn pump(&mut self) -> bool {
         let Some(rx) = &self.rx else { return false };
-        let messages: Vec<Message> = rx.try_iter().collect();
+        let messages: Vec<TaskMessage<Update, Outcome>> = rx.try_iter().collect();
         let changed = !messages.is_empty();
         for m in messages {
             match m {
-                Message::Progress(p) => self.progress = Some(p),
-                Message::Results(rows, results) => {
+                TaskMessage::Update(Update::Progress(p)) => self.progress = Some(p),
+                TaskMessage::Update(Update::Results(rows, results)) => {
                     self.rows = rows;
                     self.set_results(results);
                 }
-                Message::Done(r) => {
+                TaskMessage::Done(r) => {
                     self.running_since = None;
                     self.rx = None;
                     match r {
@@ -564,35 +557,9 @@ impl Experiments {
     }
 }
 
-/// The preset `name` for `arch` (the first preset when the name is unknown).
+/// The preset `name` for `arch` (`paper-002` when the name is unknown).
 fn preset_spec(name: &str, arch: Arch) -> SweepSpec {
-    match SweepSpec::preset(name, arch) {
-        Ok(s) => s,
-        Err(_) => minimal_spec(arch),
-    }
-}
-
-/// A one-point sweep, should no preset be available.
-fn minimal_spec(arch: Arch) -> SweepSpec {
-    SweepSpec {
-        arch: arch.name().to_owned(),
-        benchmark: "demo".into(),
-        seed: 0,
-        groups: 3,
-        mode: Default::default(),
-        aggregate: Default::default(),
-        eval_examples: None,
-        defaults: mergescope_engine::scaling::sweep::spec::Hyper {
-            lr: 5e-4,
-            batch: 64,
-            steps: 300,
-            data_ratio: 1.0,
-            optimizer: "adamw".into(),
-            tasks: 2,
-        },
-        grid: Grid::default(),
-        methods: Vec::new(),
-    }
+    SweepSpec::preset(name, arch).unwrap_or_else(|_| SweepSpec::paper_002(arch))
 }
 
 fn fields(grid: &Grid) -> Vec<GridField> {
@@ -624,16 +591,16 @@ struct Relay {
 }
 
 /// Reads the results file and sends the rows and their analysis.
-fn send_results(job: &SweepJob, send: &(dyn Fn(Message) + Sync)) -> Option<Vec<VariableResult>> {
+fn send_results(job: &SweepJob, send: &(dyn Fn(Update) + Sync)) -> Option<Vec<VariableResult>> {
     let rows = read_rows(&job.folder.join(RESULTS_FILE)).ok()?;
     let results = analyse(&job.spec, &rows);
-    send(Message::Results(rows, results.clone()));
+    send(Update::Results(rows, results.clone()));
     Some(results)
 }
 
 /// Runs the sweep, passing on progress (at most every 0.1 s, and every new stage) and the
 /// results whenever a cell finishes.
-fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Message) + Sync)) -> Result<Outcome, String> {
+fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Update) + Sync)) -> Result<Outcome, String> {
     let tasks = benchmark_tasks(None).map_err(|e| e.to_string())?;
     let (device, _) = open_device(job.device);
     let opts = ExecOptions {
@@ -664,13 +631,13 @@ fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Message) + Sync)) ->
         }
         if new_cells || r.sent.elapsed() >= Duration::from_millis(100) {
             r.sent = Instant::now();
-            send(Message::Progress(p.clone()));
+            send(Update::Progress(p.clone()));
         }
     };
     let outcome = run_sweep(&inputs, &progress, cancel);
     let last = relay.into_inner().unwrap_or_else(|e| e.into_inner()).last;
     if let Some(p) = &last {
-        send(Message::Progress(p.clone()));
+        send(Update::Progress(p.clone()));
     }
     let results = send_results(job, send);
     match outcome {

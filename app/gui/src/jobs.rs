@@ -113,6 +113,41 @@ impl Event {
 /// Called by the worker after each event (the UI passes `Context::request_repaint`).
 pub type Notify = Arc<dyn Fn() + Send + Sync>;
 
+/// What a background task sends: its updates, then its result (always last).
+pub enum TaskMessage<M, R> {
+    /// An update while it runs.
+    Update(M),
+    /// Its result; a panic arrives as `Err(panicked)`.
+    Done(Result<R, String>),
+}
+
+/// Runs `work` on a thread named `name`, handing it a `send` for updates; every message is
+/// followed by `notify()`, and the result comes last. A panic in `work` becomes the error
+/// `panicked` instead of taking the app down. Errs (with the system's reason) when the thread
+/// cannot start.
+pub fn spawn_task<M: Send + 'static, R: Send + 'static>(
+    name: &str,
+    notify: Notify,
+    panicked: &'static str,
+    work: impl FnOnce(&(dyn Fn(M) + Sync)) -> Result<R, String> + Send + 'static,
+) -> Result<Receiver<TaskMessage<M, R>>, String> {
+    let (tx, rx) = unbounded();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let send = |m: TaskMessage<M, R>| {
+                let _ = tx.send(m);
+                notify();
+            };
+            let result =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&|m| send(TaskMessage::Update(m)))))
+                    .unwrap_or_else(|_| Err(panicked.to_owned()));
+            send(TaskMessage::Done(result));
+        })
+        .map(|_| rx)
+        .map_err(|e| e.to_string())
+}
+
 struct Queued {
     id: JobId,
     job: Job,

@@ -4,60 +4,23 @@
 //! sweep in its form, run it, cancel it, resume it, and check the results file, the plots
 //! (against `analyse()` of that file) and the fits table; plus a snapshot of the window.
 
+mod common;
+
 use egui::accesskit::Role;
 use egui_kittest::Harness;
 use egui_kittest::kittest::{Queryable as _, by};
 use mergescope_engine::scaling::sweep::spec::{EXPERT, Hyper, task_groups};
 use mergescope_engine::scaling::sweep::store::read_rows;
 use mergescope_engine::scaling::sweep::{SweepSpec, Variable, analyse, figures};
+use mergescope_gui::MergescopeApp;
 use mergescope_gui::experiments::Outcome;
-use mergescope_gui::settings::{Settings, Theme};
-use mergescope_gui::{MergescopeApp, SessionConfig};
+use mergescope_gui::settings::Theme;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// A three-task MLP benchmark built once (the same small build as the window's other tests).
-fn benchmark() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        use mergescope_engine::demo::{Recipe, build};
-        use mergescope_engine::nn::Arch;
-        use mergescope_engine::train::Budget;
-        let root = tempfile::tempdir().unwrap().keep();
-        let dir = root.join("bench");
-        let tasks: Vec<_> = mergescope_engine::data::demo_tasks()
-            .unwrap()
-            .into_iter()
-            .filter(|t| ["mnist", "letters", "fashion_mnist"].contains(&t.name.as_str()))
-            .collect();
-        let mut r = Recipe::default_for(Arch::Mlp, 0);
-        r.pretrain.budget = Budget::Steps(30);
-        r.head.budget = Budget::Steps(60);
-        r.expert.budget = Budget::Steps(40);
-        let (device, _) = mergescope_engine::device::open_device(mergescope_engine::device::DeviceChoice::Cpu);
-        build(Arch::Mlp, &tasks, &r, &dir, &device, &mut |_| {}, &Default::default()).unwrap();
-        dir
-    })
-}
-
 fn harness(runs_dir: &Path) -> Harness<'static, MergescopeApp> {
-    let settings = Settings {
-        theme: Theme::Light,
-        ..Settings::default()
-    };
-    let config = SessionConfig {
-        plugin_dirs: Vec::new(),
-        runs_dir: Some(runs_dir.to_path_buf()),
-        benchmark: Some(benchmark().to_path_buf()),
-        build_demo_if_missing: false,
-        demo_arch: None,
-    };
-    let app = MergescopeApp::new(&egui::Context::default(), settings, &config);
-    Harness::builder()
-        .with_size(egui::vec2(1360.0, 820.0))
-        .build_ui_state(|ui, app: &mut MergescopeApp| app.show(ui), app)
+    common::harness(common::app(runs_dir, Theme::Light))
 }
 
 /// Steps frames until `done` holds (or fails after 90 s), checking that frames keep coming.

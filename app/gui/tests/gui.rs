@@ -3,39 +3,16 @@
 //! real benchmark: pick a method, change a parameter, run, read the result row, compare,
 //! cancel; plus snapshots of the main screens rendered with wgpu (lavapipe on CI).
 
+mod common;
+
+use common::{app, benchmark, harness};
 use egui_kittest::Harness;
 use egui_kittest::kittest::{Queryable as _, by};
+use mergescope_gui::MergescopeApp;
 use mergescope_gui::runs::RunStatus;
-use mergescope_gui::settings::{Settings, Theme};
-use mergescope_gui::{MergescopeApp, SessionConfig};
+use mergescope_gui::settings::Theme;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-/// A three-task MLP benchmark built once for all tests (a real `demo build` takes minutes;
-/// the window runs the same code on it).
-fn benchmark() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        use mergescope_engine::demo::{Recipe, build};
-        use mergescope_engine::nn::Arch;
-        use mergescope_engine::train::Budget;
-        let root = tempfile::tempdir().unwrap().keep();
-        let dir = root.join("bench");
-        let tasks: Vec<_> = mergescope_engine::data::demo_tasks()
-            .unwrap()
-            .into_iter()
-            .filter(|t| ["mnist", "letters", "fashion_mnist"].contains(&t.name.as_str()))
-            .collect();
-        let mut r = Recipe::default_for(Arch::Mlp, 0);
-        r.pretrain.budget = Budget::Steps(30);
-        r.head.budget = Budget::Steps(60);
-        r.expert.budget = Budget::Steps(40);
-        let (device, _) = mergescope_engine::device::open_device(mergescope_engine::device::DeviceChoice::Cpu);
-        build(Arch::Mlp, &tasks, &r, &dir, &device, &mut |_| {}, &Default::default()).unwrap();
-        dir
-    })
-}
 
 fn slow_plugin() -> PathBuf {
     let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
@@ -46,33 +23,12 @@ fn slow_plugin() -> PathBuf {
     ))
 }
 
-fn app(runs_dir: &Path, theme: Theme) -> MergescopeApp {
-    let settings = Settings {
-        theme,
-        ..Settings::default()
-    };
-    let config = SessionConfig {
-        plugin_dirs: Vec::new(),
-        runs_dir: Some(runs_dir.to_path_buf()),
-        benchmark: Some(benchmark().to_path_buf()),
-        build_demo_if_missing: false,
-        demo_arch: None,
-    };
-    MergescopeApp::new(&egui::Context::default(), settings, &config)
-}
-
 /// A window whose selected method is the slow fixture, with `delay_ms` set in its form.
 fn app_with_slow_plugin(runs_dir: &Path, delay_ms: i64) -> MergescopeApp {
     let mut a = app(runs_dir, Theme::Light);
     a.session.load_plugin_file(&slow_plugin(), false).unwrap();
     a.session.form.as_mut().unwrap().fields[0].value = mergescope_gui::form::FieldValue::Int(delay_ms);
     a
-}
-
-fn harness(app: MergescopeApp) -> Harness<'static, MergescopeApp> {
-    Harness::builder()
-        .with_size(egui::vec2(1360.0, 820.0))
-        .build_ui_state(|ui, app: &mut MergescopeApp| app.show(ui), app)
 }
 
 /// Steps frames until `done` holds (or fails after 60 s).

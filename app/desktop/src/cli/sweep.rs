@@ -12,7 +12,7 @@ use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::nn::Arch;
 use mergescope_engine::plugin::loader::Plugin;
 use mergescope_engine::scaling::sweep::run::{RESULTS_FILE, SPEC_FILE};
-use mergescope_engine::scaling::sweep::store::read_rows;
+use mergescope_engine::scaling::sweep::store::{Row, read_rows};
 use mergescope_engine::scaling::sweep::{
     SweepInputs, SweepProgress, SweepSpec, analyse, fits_markdown, run_sweep, write_plots,
 };
@@ -86,10 +86,18 @@ fn minutes(s: f64) -> String {
     }
 }
 
-/// Redraws the plots of the sweep in `out` from its results; prints the fits.
-fn plots(out: &Path, spec: &SweepSpec, (w, h): (u32, u32)) -> anyhow::Result<()> {
-    let rows = read_rows(&out.join(RESULTS_FILE))?;
-    let results = analyse(spec, &rows);
+/// Draws the plots of the sweep in `out` from `rows` (default: its results file); prints the
+/// fits.
+fn plots(out: &Path, spec: &SweepSpec, rows: Option<&[Row]>, (w, h): (u32, u32)) -> anyhow::Result<()> {
+    let read;
+    let rows = match rows {
+        Some(r) => r,
+        None => {
+            read = read_rows(&out.join(RESULTS_FILE))?;
+            &read
+        }
+    };
+    let results = analyse(spec, rows);
     let written = write_plots(out, &results, w, h)?;
     println!("{}", fits_markdown(&results));
     eprintln!(
@@ -110,7 +118,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         let path = out.join(SPEC_FILE);
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("'{}' holds no sweep (no {SPEC_FILE})", out.display()))?;
-        plots(out, &SweepSpec::from_toml(&text)?, wh)?;
+        plots(out, &SweepSpec::from_toml(&text)?, None, wh)?;
         return Ok(ExitCode::SUCCESS);
     }
     let (spec, name) = spec_of(&args)?;
@@ -179,7 +187,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
                 minutes(s.seconds),
                 s.results.display()
             );
-            plots(&out, &spec, wh)?;
+            plots(&out, &spec, Some(&s.rows), wh)?;
             Ok(ExitCode::SUCCESS)
         }
         Err(mergescope_engine::error::EngineError::Cancelled) => {
@@ -188,7 +196,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
                 out.join(RESULTS_FILE).display()
             );
             if out.join(RESULTS_FILE).exists() {
-                plots(&out, &spec, wh)?;
+                plots(&out, &spec, None, wh)?;
             }
             Ok(ExitCode::from(130))
         }

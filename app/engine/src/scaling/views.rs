@@ -109,6 +109,8 @@ pub struct TrainFacts {
     pub examples: Option<f64>,
     /// Learning rate η.
     pub lr: Option<f64>,
+    /// The task it was fine-tuned on (`mergescope.demo.task`), when recorded.
+    pub task: Option<String>,
 }
 
 /// The training facts each of `experts` records in its metadata; an expert without a step
@@ -131,6 +133,7 @@ pub fn train_facts(experts: &[PathBuf]) -> Result<Vec<TrainFacts>> {
                 batch: num("mergescope.train.batch"),
                 examples: num("mergescope.train.examples"),
                 lr: num("mergescope.train.lr"),
+                task: meta.get("mergescope.demo.task").cloned(),
             })
         })
         .collect()
@@ -296,17 +299,13 @@ pub fn bound_of_files(
         )));
     }
     let names = bench.task_names();
-    let tasks: Vec<String> = experts
+    let tasks: Vec<String> = facts
         .iter()
+        .zip(experts)
         .enumerate()
-        .map(|(i, p)| {
-            let meta = Checkpoint::open(p)?
-                .files
-                .first()
-                .map(|f| f.metadata.clone())
-                .unwrap_or_default();
-            meta.get("mergescope.demo.task")
-                .cloned()
+        .map(|(i, (f, p))| {
+            f.task
+                .clone()
                 .or_else(|| names.get(i).map(|s| (*s).to_owned()))
                 .ok_or_else(|| {
                     EngineError::Invalid(format!(

@@ -3,7 +3,7 @@
 //! cells finish: accuracy and loss per swept variable with standard-error bars, the fitted
 //! laws, and the paper's prediction with each method's verdict.
 
-use crate::experiments::{PRESETS, short_label};
+use crate::experiments::short_label;
 use crate::session::{Level, Session};
 use crate::ui::{dialogs, figure_view, time_text};
 use egui::{Context, RichText, Ui};
@@ -104,7 +104,7 @@ fn source_ui(ui: &mut Ui, session: &mut Session) {
         egui::ComboBox::from_id_salt("sweep-preset")
             .selected_text(session.experiments.name.clone())
             .show_ui(ui, |ui| {
-                for p in PRESETS {
+                for p in SweepSpec::PRESETS {
                     if ui.selectable_label(session.experiments.name == p, p).clicked() {
                         chosen = Some(p);
                     }
@@ -118,7 +118,7 @@ fn source_ui(ui: &mut Ui, session: &mut Session) {
             .on_hover_text("Back to the preset's values")
             .clicked()
         {
-            chosen = Some(PRESETS[0]);
+            chosen = Some(SweepSpec::PRESETS[0]);
         }
         if let Some(p) = chosen {
             let ids = installed(session);

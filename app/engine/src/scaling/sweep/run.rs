@@ -5,7 +5,7 @@
 //! resumes where it stopped.
 
 use super::spec::{EXPERT, Hyper, SweepSpec, task_groups};
-use super::store::{ResultsFile, Row, cell_key};
+use super::store::{ResultsFile, Row, cell_key, expert_cell_key};
 use crate::compat::MissingPolicy;
 use crate::data::{SplitKind, TaskData};
 use crate::demo::{Benchmark, load_params, save_params};
@@ -217,7 +217,7 @@ pub fn run_sweep(
             .enumerate()
         {
             for &t in &group {
-                let key = cell_key(h, None, EXPERT) + "|" + &pool[t];
+                let key = expert_cell_key(h, &pool[t]);
                 if seen.insert(key) {
                     cells.push(Cell::Expert {
                         hyper: h.clone(),
@@ -244,9 +244,9 @@ pub fn run_sweep(
     };
     let results = out_dir.join(RESULTS_FILE);
     let (mut file, mut rows) = ResultsFile::open(&results, &expected)?;
-    let done: BTreeSet<String> = rows.iter().map(row_id).collect();
+    let done: BTreeSet<String> = rows.iter().map(Row::cell).collect();
     let is_done = |c: &Cell| match c {
-        Cell::Expert { hyper, task } => done.contains(&(cell_key(hyper, None, EXPERT) + "|" + &pool[*task])),
+        Cell::Expert { hyper, task } => done.contains(&expert_cell_key(hyper, &pool[*task])),
         Cell::Merge {
             hyper, group, method, ..
         } => done.contains(&cell_key(hyper, Some(*group), spec.methods[*method].name())),
@@ -473,10 +473,6 @@ enum Cell {
         tasks: Vec<usize>,
         method: usize,
     },
-}
-
-fn row_id(r: &Row) -> String {
-    r.cell()
 }
 
 /// Checks that `out_dir` is empty or holds the same sweep (same benchmark, seed, evaluation and

@@ -414,25 +414,30 @@ impl SweepSpec {
         out
     }
 
+    /// The built-in sweeps, by name.
+    pub const PRESETS: [&str; 1] = ["paper-002"];
+
+    /// The preset `name` (one of [`SweepSpec::PRESETS`]) for `arch`.
+    pub fn preset(name: &str, arch: Arch) -> Result<SweepSpec> {
+        match name {
+            "paper-002" => Ok(SweepSpec::paper_002(arch)),
+            _ => Err(EngineError::Param(format!(
+                "unknown preset '{name}'; available: {}",
+                SweepSpec::PRESETS.join(", ")
+            ))),
+        }
+    }
+
     /// The `paper-002` preset for `arch`: seed 002's protocol (defaults at the largest step
     /// count, one variable at a time, TA with λ = 1/N, TIES, DARE and AdaMerging, mean over
     /// tasks) scaled to the seven-task demo benchmark.
-    pub fn preset(name: &str, arch: Arch) -> Result<SweepSpec> {
-        if name != "paper-002" {
-            return Err(EngineError::Param(format!(
-                "unknown preset '{name}'; available: paper-002"
-            )));
-        }
+    pub fn paper_002(arch: Arch) -> SweepSpec {
         let method = |plugin: &str, label: &str, params: &[(&str, Value)]| MethodSpec {
             plugin: plugin.to_owned(),
             label: Some(label.to_owned()),
             params: params.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect(),
         };
-        let (lr, lrs) = match arch {
-            Arch::Mlp | Arch::Cnn => (5e-4, vec![2e-4, 5e-4, 2e-3, 5e-3]),
-            Arch::Vit => (5e-4, vec![2e-4, 5e-4, 2e-3, 5e-3]),
-        };
-        Ok(SweepSpec {
+        SweepSpec {
             arch: arch.name().to_owned(),
             benchmark: default_benchmark(),
             seed: 0,
@@ -441,7 +446,7 @@ impl SweepSpec {
             aggregate: Aggregate::Mean,
             eval_examples: None,
             defaults: Hyper {
-                lr,
+                lr: 5e-4,
                 batch: 64,
                 steps: 300,
                 data_ratio: 1.0,
@@ -449,7 +454,7 @@ impl SweepSpec {
                 tasks: 4,
             },
             grid: Grid {
-                lr: lrs,
+                lr: vec![2e-4, 5e-4, 2e-3, 5e-3],
                 batch: vec![16, 32, 64],
                 steps: vec![50, 100, 200, 300],
                 data_ratio: vec![0.25, 0.5, 1.0],
@@ -471,7 +476,7 @@ impl SweepSpec {
                     ],
                 ),
             ],
-        })
+        }
     }
 }
 

@@ -42,11 +42,10 @@ pub type CellKey = String;
 impl Row {
     /// The key of the cell the row belongs to (an expert's cell is its one task).
     pub fn cell(&self) -> CellKey {
-        let key = cell_key(&self.hyper, self.group, &self.method);
         if self.method == EXPERT {
-            key + "|" + &self.task
+            expert_cell_key(&self.hyper, &self.task)
         } else {
-            key
+            cell_key(&self.hyper, self.group, &self.method)
         }
     }
 
@@ -115,6 +114,11 @@ pub fn cell_key(hyper: &Hyper, group: Option<usize>, method: &str) -> CellKey {
         group.map_or(String::new(), |g| g.to_string()),
         method
     )
+}
+
+/// The key of the cell of the expert of `task` at `hyper` (one row; N does not matter).
+pub fn expert_cell_key(hyper: &Hyper, task: &str) -> CellKey {
+    cell_key(hyper, None, EXPERT) + "|" + task
 }
 
 fn field(s: &str) -> String {
