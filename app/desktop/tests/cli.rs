@@ -812,6 +812,81 @@ fn sweep_rows(dir: &Path) -> Vec<String> {
     rows
 }
 
+/// A learning rate at which fine-tuning diverges is a measurement, not a failure: the sweep
+/// finishes, records that point's experts and merges as collapsed (NaN), leaves a marker with
+/// the step beside the run's snapshots, names the point in the fits and plots, and a rerun
+/// reuses those cells instead of training again.
+#[test]
+fn a_diverging_run_is_recorded_as_collapsed() {
+    let env = Env::new();
+    let bench = env.path("bench");
+    tiny_benchmark_of(&bench, &["mnist", "letters"]);
+    let spec = env.path("blowup.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            r#"arch = "mlp"
+benchmark = "{}"
+groups = 1
+eval_examples = 50
+[defaults]
+lr = 1e-3
+batch = 16
+steps = 6
+data_ratio = 1.0
+optimizer = "sgd"
+tasks = 2
+[grid]
+lr = [1e-3, 1e30]
+[[methods]]
+plugin = "task-arithmetic"
+label = "TA"
+params = {{ lambda = "1/N" }}
+"#,
+            bench.display().to_string().replace('\\', "/")
+        ),
+    )
+    .unwrap();
+    let spec_s = spec.to_string_lossy().into_owned();
+    let out_dir = env.path("sweep");
+    let o = out_dir.to_string_lossy().into_owned();
+    let stdout = env.ok(&["sweep", &spec_s, "--out", &o, "--quiet"]);
+    let rows = sweep_rows(&out_dir);
+    let (blown, fine): (Vec<&String>, Vec<&String>) = rows
+        .iter()
+        .partition(|r| r.starts_with("1000000000000000000000000000000,"));
+    // Two experts and TA on each of the two tasks, at each learning rate.
+    assert_eq!((blown.len(), fine.len()), (4, 4), "{rows:?}");
+    for r in &blown {
+        let f: Vec<&str> = r.split(',').collect();
+        assert_eq!((f[10], f[11]), ("NaN", "NaN"), "{r}");
+    }
+    for r in &fine {
+        let acc: f64 = r.split(',').nth(10).unwrap().parse().unwrap();
+        assert!(acc > 0.0 && acc <= 1.0, "{r}");
+    }
+    let marker = std::fs::read_to_string(
+        out_dir.join("models/experts/lr1000000000000000000000000000000_b16_a1_sgd/mnist.diverged"),
+    )
+    .unwrap();
+    let step: usize = marker.lines().next().unwrap().parse().unwrap();
+    assert!((1..=6).contains(&step), "{marker}");
+    assert!(marker.contains("training diverged at step"), "{marker}");
+    let named = "collapsed (fine-tuning diverged; left out of curves and fits): TA at 1000000000000000000000000000000 (1/1 groups), experts at 1000000000000000000000000000000 (1/1 groups)";
+    assert!(stdout.contains(named), "{stdout}");
+    assert!(
+        std::fs::read_to_string(out_dir.join("fits.md"))
+            .unwrap()
+            .contains(named)
+    );
+    // Rerun: every cell, the collapsed ones included, is reused; nothing is trained again.
+    let again = env.run(&["sweep", &spec_s, "--out", &o, "--quiet"]);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(err.contains("(6 reused"), "{err}");
+    assert_eq!(sweep_rows(&out_dir), rows);
+}
+
 /// A sweep killed in the middle resumes where it stopped, redoes no finished cell, and ends
 /// with exactly the rows of an uninterrupted run; its plots and fits are written; a group of
 /// one task merged by TA with λ = 1/N is that task's expert.

@@ -47,6 +47,16 @@ pub enum EngineError {
     /// The user cancelled the job; nothing was written.
     #[error("cancelled by the user; no output was written")]
     Cancelled,
+    /// Fine-tuning produced a non-finite loss.
+    #[error("training diverged at step {step} (loss {loss}): lower the learning rate ({lr})")]
+    Diverged {
+        /// The step (1-based) whose loss was not finite.
+        step: usize,
+        /// That loss.
+        loss: f32,
+        /// The learning rate of the run.
+        lr: f64,
+    },
     /// Any other invalid request (output path, options).
     #[error("{0}")]
     Invalid(String),

@@ -376,11 +376,11 @@ pub fn optimize(
         let l = loss(step)?;
         let value = l.to_scalar::<f32>()?;
         if !value.is_finite() {
-            return Err(EngineError::Invalid(format!(
-                "training diverged at step {} (loss {value}): lower the learning rate ({})",
-                step + 1,
-                optim.lr
-            )));
+            return Err(EngineError::Diverged {
+                step: step + 1,
+                loss: value,
+                lr: optim.lr,
+            });
         }
         let grads = l.backward()?;
         opt.step(&grads)?;

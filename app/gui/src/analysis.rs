@@ -145,6 +145,8 @@ pub struct ViewOptions {
     pub tensor: Option<String>,
     /// Heterogeneity: the TIES mask's density.
     pub density: f64,
+    /// Bound: the constants the user chooses (the rest is measured).
+    pub bound: BoundSettings,
 }
 
 impl Default for ViewOptions {
@@ -156,6 +158,7 @@ impl Default for ViewOptions {
             pcs: (1, 2),
             tensor: None,
             density: 0.2,
+            bound: BoundSettings::default(),
         }
     }
 }
@@ -354,7 +357,7 @@ fn compute(
                 .as_ref()
                 .ok_or_else(|| "the bound measures gradients on calibration data: open a benchmark first".to_owned())?;
             let tasks = benchmark_tasks(None).map_err(err)?;
-            let r = bound_of_files(bench, &tasks, &base, &experts, &BoundSettings::default(), cancel).map_err(err)?;
+            let r = bound_of_files(bench, &tasks, &base, &experts, &options.bound, cancel).map_err(err)?;
             emit(bound_figure(&r.variants), None);
         }
         ViewKind::TaLine | ViewKind::CartGrid | ViewKind::CartRank | ViewKind::Plane | ViewKind::TrajectoryPlane => {

@@ -491,4 +491,35 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     assert_eq!((b.categories.len(), b.series.len()), (4, 2));
     assert!(b.stacked && b.series[0].1.iter().all(|v| *v > 0.0));
     h.snapshot("analysis_bound_light");
+
+    // The constants are the user's: setting η (first "set" box) and typing L = 2 recompute the
+    // bound, which then equals the engine's with the same settings, and differs from the
+    // default's (the demo experts record another learning rate).
+    h.get_all_by_label("set").next().unwrap().click();
+    h.run_steps(2);
+    step_until(&mut h, "bound with η set", |a| !a.session.analysis.running());
+    h.get_by_label("L").click();
+    h.run_steps(2);
+    h.get_by_label("L").type_text("2");
+    h.key_press(egui::Key::Enter);
+    h.run_steps(2);
+    step_until(&mut h, "bound with L = 2", |a| !a.session.analysis.running());
+    let settings = h.state().session.analysis.options.bound.clone();
+    assert_eq!((settings.smoothness, settings.lr), (2.0, Some(1e-3)));
+    let edited = h.state().session.analysis.figure.clone().unwrap();
+    let bench = h.state().session.benchmark.clone().unwrap();
+    let direct = mergescope_engine::scaling::views::bound_of_files(
+        &bench,
+        &mergescope_engine::data::benchmark_tasks(None).unwrap(),
+        inputs.base.as_ref().unwrap(),
+        &experts,
+        &settings,
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .unwrap();
+    assert_eq!(
+        edited,
+        mergescope_engine::scaling::views::bound_figure(&direct.variants)
+    );
+    assert_ne!(edited, Figure::Bars(b));
 }

@@ -66,6 +66,8 @@ pub fn analysis_window(ctx: &Context, session: &mut Session, view: &mut ViewStat
                 landscape_controls(ui, session, view);
             } else if matches!(kind, ViewKind::Pca | ViewKind::Cosine | ViewKind::Heterogeneity) {
                 view_controls(ui, session, view);
+            } else if kind == ViewKind::Bound {
+                bound_controls(ui, session, view);
             }
             ui.horizontal(|ui| {
                 let a = &session.analysis;
@@ -182,6 +184,65 @@ fn view_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
         let kind = session.analysis.kind;
         session.analyze(kind, &view.selected);
     }
+}
+
+/// The bound's constants: L, C, η and Δ0 (measured or from the checkpoints unless set), and
+/// the calibration examples per task. The bound is recomputed when an edit is committed.
+fn bound_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
+    let mut changed = false;
+    let b = &mut session.analysis.options.bound;
+    ui.horizontal_wrapped(|ui| {
+        for (name, hover, slot) in [
+            ("L", "smoothness constant L", &mut b.smoothness),
+            ("C", "PL-type constant C", &mut b.pl),
+        ] {
+            let label = ui.label(name).on_hover_text(hover);
+            changed |= committed(
+                &ui.add(egui::DragValue::new(slot).range(1e-6..=1e6).speed(0.05))
+                    .labelled_by(label.id),
+            );
+        }
+        for (name, auto, default, slot) in [
+            ("η", "from the checkpoints", 1e-3, &mut b.lr),
+            ("Δ0", "measured at the base", 1.0, &mut b.delta0),
+        ] {
+            let label = ui.label(name);
+            let mut set = slot.is_some();
+            let toggled = ui
+                .checkbox(&mut set, "set")
+                .on_hover_text(format!("unset: {auto}"))
+                .changed();
+            if toggled {
+                *slot = set.then_some(default);
+                changed = true;
+            }
+            match slot {
+                Some(v) => {
+                    changed |= committed(
+                        &ui.add(egui::DragValue::new(v).range(1e-9..=1e6).speed(1e-4))
+                            .labelled_by(label.id),
+                    );
+                }
+                None => {
+                    ui.weak(auto);
+                }
+            }
+        }
+        let label = ui.label("calibration examples / task");
+        changed |= committed(
+            &ui.add(egui::DragValue::new(&mut b.examples).range(2..=100))
+                .labelled_by(label.id),
+        );
+    });
+    if changed {
+        session.analyze(ViewKind::Bound, &view.selected);
+    }
+}
+
+/// Whether an edit of a drag value is finished (typed, or a drag released), so that an
+/// expensive view is recomputed once rather than at every pixel of a drag.
+fn committed(r: &egui::Response) -> bool {
+    r.drag_stopped() || (r.changed() && !r.dragged())
 }
 
 fn landscape_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {

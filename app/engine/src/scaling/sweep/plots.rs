@@ -82,6 +82,19 @@ pub struct LawFit {
     pub verdict: Verdict,
 }
 
+/// A point left out because fine-tuning diverged there (its rows hold NaN).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Collapsed {
+    /// Method name, or [`EXPERT`].
+    pub method: String,
+    /// Where along the variable.
+    pub x: f64,
+    /// Task groups that collapsed there.
+    pub groups: usize,
+    /// Task groups measured there.
+    pub of: usize,
+}
+
 /// Everything measured along one swept variable.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VariableResult {
@@ -95,6 +108,56 @@ pub struct VariableResult {
     pub fits: Vec<LawFit>,
     /// Whether the grid is geometric (drawn on a log axis).
     pub log_x: bool,
+    /// Points left out of the curves and fits because fine-tuning diverged.
+    pub collapsed: Vec<Collapsed>,
+}
+
+impl VariableResult {
+    /// `x` as the user reads it: the category's name for the optimiser, else the value.
+    pub fn x_text(&self, x: f64) -> String {
+        if self.categories.is_empty() {
+            format!("{x}")
+        } else {
+            let i = (x.round() as usize).saturating_sub(1);
+            self.categories.get(i).cloned().unwrap_or_else(|| format!("{x}"))
+        }
+    }
+
+    /// One line naming the collapsed points, if any.
+    pub fn collapsed_text(&self) -> Option<String> {
+        if self.collapsed.is_empty() {
+            return None;
+        }
+        let parts: Vec<String> = self
+            .collapsed
+            .iter()
+            .map(|c| {
+                let who = if c.method == EXPERT { "experts" } else { &c.method };
+                format!("{who} at {} ({}/{} groups)", self.x_text(c.x), c.groups, c.of)
+            })
+            .collect();
+        Some(format!(
+            "collapsed (fine-tuning diverged; left out of curves and fits): {}",
+            parts.join(", ")
+        ))
+    }
+}
+
+/// Splits the per-group `(accuracy, loss)` of one point into the point's statistics, or, when
+/// a group collapsed (non-finite values), the record of the collapse.
+fn point(method: &str, x: f64, groups: Vec<(f64, f64)>, collapsed: &mut Vec<Collapsed>) -> Option<(f64, Stat, Stat)> {
+    let bad = groups.iter().filter(|(a, l)| !(a.is_finite() && l.is_finite())).count();
+    if bad > 0 {
+        collapsed.push(Collapsed {
+            method: method.to_owned(),
+            x,
+            groups: bad,
+            of: groups.len(),
+        });
+        return None;
+    }
+    let (acc, loss): (Vec<f64>, Vec<f64>) = groups.into_iter().unzip();
+    Some((x, Stat::of(&acc), Stat::of(&loss)))
 }
 
 /// The loss direction along a variable as fitted over `[lo, hi]`, against the prediction.
@@ -160,6 +223,7 @@ pub fn analyse(spec: &SweepSpec, rows: &[Row]) -> Vec<VariableResult> {
             };
             let x_of = |i: usize, h: &Hyper| var.value(h).unwrap_or((i + 1) as f64);
             let mut curves = Vec::new();
+            let mut collapsed = Vec::new();
             for m in &spec.methods {
                 let mut points = Vec::new();
                 for (i, h) in pts.iter().enumerate() {
@@ -170,9 +234,8 @@ pub fn analyse(spec: &SweepSpec, rows: &[Row]) -> Vec<VariableResult> {
                     if by_group.is_empty() {
                         continue;
                     }
-                    let (acc, loss): (Vec<f64>, Vec<f64>) =
-                        by_group.values().map(|g| aggregate(g, spec.aggregate)).unzip();
-                    points.push((x_of(i, h), Stat::of(&acc), Stat::of(&loss)));
+                    let groups = by_group.values().map(|g| aggregate(g, spec.aggregate)).collect();
+                    points.extend(point(m.name(), x_of(i, h), groups, &mut collapsed));
                 }
                 curves.push(Curve {
                     method: m.name().to_owned(),
@@ -200,8 +263,7 @@ pub fn analyse(spec: &SweepSpec, rows: &[Row]) -> Vec<VariableResult> {
                     })
                     .collect();
                 if !per_group.is_empty() {
-                    let (acc, loss): (Vec<f64>, Vec<f64>) = per_group.into_iter().unzip();
-                    experts.push((x_of(i, h), Stat::of(&acc), Stat::of(&loss)));
+                    experts.extend(point(EXPERT, x_of(i, h), per_group, &mut collapsed));
                 }
             }
             curves.push(Curve {
@@ -238,6 +300,7 @@ pub fn analyse(spec: &SweepSpec, rows: &[Row]) -> Vec<VariableResult> {
                 log_x: var != Variable::Optimizer && geometric(&xs),
                 curves,
                 fits,
+                collapsed,
             }
         })
         .collect()
@@ -336,6 +399,7 @@ pub fn figures(result: &VariableResult) -> [(String, Figure); 2] {
                 notes.push(line);
             }
         }
+        notes.extend(result.collapsed_text());
         Figure::Lines(Lines {
             title: format!(
                 "Merged models' average {} against {}",
@@ -388,6 +452,11 @@ pub fn fits_markdown(results: &[VariableResult]) -> String {
                 arrow(law.predicted()),
                 f.verdict.text()
             );
+        }
+    }
+    for r in results {
+        if let Some(text) = r.collapsed_text() {
+            let _ = write!(out, "\n{}: {text}\n", r.variable.key());
         }
     }
     out
@@ -519,6 +588,70 @@ mod tests {
         assert!(matches!(acc_fig, Figure::Lines(_)));
         let md = fits_markdown(&results);
         assert!(md.contains("| lr | TA | a + c·η² |"), "{md}");
+    }
+
+    /// A point where fine-tuning diverged (NaN rows) is left out of the curve and the fit and
+    /// named as collapsed, with how many groups collapsed there.
+    #[test]
+    fn collapsed_points_are_named_and_left_out_of_the_fit() {
+        let mut spec = SweepSpec::preset("paper-002", Arch::Mlp).unwrap();
+        spec.grid = Grid {
+            lr: vec![1e-4, 1e-3, 3e-3, 1e-2, 1.0],
+            ..Grid::default()
+        };
+        spec.defaults.tasks = 2;
+        spec.defaults.lr = 1e-3;
+        spec.methods = vec![MethodSpec {
+            plugin: "task-arithmetic".into(),
+            label: Some("TA".into()),
+            params: Default::default(),
+        }];
+        let mut rows = Vec::new();
+        for h in spec.points() {
+            let law = 1.0 + 2000.0 * h.lr * h.lr;
+            let blown = h.lr == 1.0;
+            for g in 0..2 {
+                let (acc, loss) = if blown && g == 1 {
+                    (f64::NAN, f64::NAN)
+                } else {
+                    (0.5, law)
+                };
+                rows.push(row(&h, Some(g), "TA", "a", acc, loss, 100));
+                rows.push(row(&h, Some(g), "TA", "b", acc, loss, 100));
+            }
+            let e = Hyper { tasks: 0, ..h.clone() };
+            let b = if blown { f64::NAN } else { 0.5 };
+            rows.push(row(&e, None, EXPERT, "a", 0.9, 0.3, 100));
+            rows.push(row(&e, None, EXPERT, "b", b, b, 100));
+        }
+        let r = &analyse(&spec, &rows)[0];
+        assert_eq!(r.curves[0].points.len(), 4);
+        assert_eq!(r.curves[1].points.len(), 4);
+        let c = &r.fits[0].loss.coefficients;
+        assert!((c[0] - 1.0).abs() < 1e-6 && (c[1] - 2000.0).abs() < 1e-3, "{c:?}");
+        assert_eq!(
+            r.collapsed,
+            vec![
+                Collapsed {
+                    method: "TA".into(),
+                    x: 1.0,
+                    groups: 1,
+                    of: 2
+                },
+                Collapsed {
+                    method: EXPERT.into(),
+                    x: 1.0,
+                    groups: 2,
+                    of: 2
+                }
+            ]
+        );
+        let text = "collapsed (fine-tuning diverged; left out of curves and fits): TA at 1 (1/2 groups), experts at 1 (2/2 groups)";
+        let [(_, Figure::Lines(l)), _] = figures(r) else {
+            panic!()
+        };
+        assert!(l.notes.iter().any(|n| n == text), "{:?}", l.notes);
+        assert!(fits_markdown(std::slice::from_ref(r)).contains(&format!("lr: {text}")));
     }
 
     #[test]

@@ -144,6 +144,39 @@ pub fn expert_file(hyper: &Hyper, task: &str, steps: usize) -> String {
     format!("experts/{}/{task}.k{steps}.safetensors", hyper.run_id())
 }
 
+/// The marker a diverged run leaves beside its snapshots: the step whose loss was not
+/// finite, then the error. The snapshots from that step on do not exist: those experts, and
+/// every merge that needs one, are recorded as collapsed (accuracy and loss NaN).
+pub fn diverged_file(hyper: &Hyper, task: &str) -> String {
+    format!("experts/{}/{task}.diverged", hyper.run_id())
+}
+
+/// The step at which the run of `hyper` on `task` diverged, if it did.
+fn diverged_at(models: &Path, hyper: &Hyper, task: &str) -> Option<usize> {
+    std::fs::read_to_string(models.join(diverged_file(hyper, task)))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether the expert of `task` at `hyper` (its `steps`) collapsed: its run diverged first.
+fn collapsed(models: &Path, hyper: &Hyper, task: &str) -> bool {
+    diverged_at(models, hyper, task).is_some_and(|step| step <= hyper.steps)
+}
+
+/// The rows of a collapsed cell: one per task, accuracy and loss NaN.
+fn collapsed_rows(template: &Row, tasks: &[String]) -> Vec<Row> {
+    tasks
+        .iter()
+        .map(|t| Row {
+            task: t.clone(),
+            ..template.clone()
+        })
+        .collect()
+}
+
 /// The first `ratio` of each class's training examples, in their order (a deterministic
 /// class-balanced subset; at least one example of each class present).
 pub fn class_balanced_subset(data: &TaskData, ratio: f64) -> (Vec<u8>, Vec<u8>) {
@@ -263,9 +296,11 @@ pub fn run_sweep(
         };
         for t in ts {
             let snaps = snapshots.get(&hyper.run_id()).cloned().unwrap_or_default();
+            // A diverged run cannot give the snapshots from its divergence on.
+            let stop = diverged_at(&models, hyper, &pool[t]).unwrap_or(usize::MAX);
             if snaps
                 .iter()
-                .any(|&k| !models.join(expert_file(hyper, &pool[t], k)).is_file())
+                .any(|&k| k < stop && !models.join(expert_file(hyper, &pool[t], k)).is_file())
             {
                 needed.entry((hyper.run_id(), t)).or_insert(RunJob {
                     hyper: hyper.clone(),
@@ -335,6 +370,45 @@ pub fn run_sweep(
         }
         let t0 = Instant::now();
         let new_rows = match cell {
+            Cell::Expert { hyper, task } if collapsed(&models, hyper, &pool[*task]) => collapsed_rows(
+                &Row {
+                    hyper: Hyper {
+                        tasks: 0,
+                        ..hyper.clone()
+                    },
+                    group: None,
+                    group_tasks: String::new(),
+                    method: EXPERT.to_owned(),
+                    task: String::new(),
+                    accuracy: f64::NAN,
+                    loss: f64::NAN,
+                    examples: 0,
+                    seconds: 0.0,
+                },
+                &[pool[*task].clone()],
+            ),
+            Cell::Merge {
+                hyper,
+                group,
+                tasks: members,
+                method,
+            } if members.iter().any(|&t| collapsed(&models, hyper, &pool[t])) => {
+                let names: Vec<String> = members.iter().map(|&t| pool[t].clone()).collect();
+                collapsed_rows(
+                    &Row {
+                        hyper: hyper.clone(),
+                        group: Some(*group),
+                        group_tasks: names.join("+"),
+                        method: spec.methods[*method].name().to_owned(),
+                        task: String::new(),
+                        accuracy: f64::NAN,
+                        loss: f64::NAN,
+                        examples: 0,
+                        seconds: 0.0,
+                    },
+                    &names,
+                )
+            }
             Cell::Expert { hyper, task } => {
                 tracker.report(&format!("evaluating the {} expert of {}", pool[*task], hyper.run_id()));
                 let ev = evaluator(&mut evaluators, spec, bench, tasks, &pool, &[*task], device)?;
@@ -604,7 +678,7 @@ fn train_expert(
         meta.extend(train_metadata(&cfg, k, labels.len()));
         save_params(&path, &params, &meta)
     };
-    fine_tune_with_snapshots(
+    match fine_tune_with_snapshots(
         arch,
         base,
         &[task],
@@ -614,10 +688,22 @@ fn train_expert(
         &mut save,
         &mut |_| on_step(),
         cancel,
-    )
-    .map_err(|e| match e {
-        EngineError::Cancelled => EngineError::Cancelled,
-        e => EngineError::Invalid(format!("fine-tuning '{}' at {}: {e}", data.name, h.run_id())),
-    })?;
-    Ok(())
+    ) {
+        Ok(_) => Ok(()),
+        Err(EngineError::Cancelled) => Err(EngineError::Cancelled),
+        // A diverged run is a result, not a failure: the sweep records its experts from the
+        // divergence on as collapsed.
+        Err(e @ EngineError::Diverged { step, .. }) => {
+            let marker = models.join(diverged_file(h, &data.name));
+            if let Some(dir) = marker.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| EngineError::io("cannot create", dir, e))?;
+            }
+            crate::writer::write_atomic(&marker, format!("{step}\n{e}\n").as_bytes())
+        }
+        Err(e) => Err(EngineError::Invalid(format!(
+            "fine-tuning '{}' at {}: {e}",
+            data.name,
+            h.run_id()
+        ))),
+    }
 }
