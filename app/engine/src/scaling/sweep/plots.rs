@@ -514,6 +514,20 @@ mod tests {
         }
     }
 
+    /// One method (TA) over the learning rates `lr`, N = 2, default η = 10⁻³.
+    fn lr_spec(lr: Vec<f64>) -> SweepSpec {
+        let mut spec = SweepSpec::preset("paper-002", Arch::Mlp).unwrap();
+        spec.grid = Grid { lr, ..Grid::default() };
+        spec.defaults.tasks = 2;
+        spec.defaults.lr = 1e-3;
+        spec.methods = vec![MethodSpec {
+            plugin: "task-arithmetic".into(),
+            label: Some("TA".into()),
+            params: Default::default(),
+        }];
+        spec
+    }
+
     #[test]
     fn stat_is_mean_and_standard_error() {
         let s = Stat::of(&[1.0, 2.0, 3.0]);
@@ -527,18 +541,7 @@ mod tests {
     /// aggregation weighting by examples, and the experts beside.
     #[test]
     fn a_known_learning_rate_law_is_recovered_from_rows() {
-        let mut spec = SweepSpec::preset("paper-002", Arch::Mlp).unwrap();
-        spec.grid = Grid {
-            lr: vec![1e-4, 1e-3, 3e-3, 1e-2],
-            ..Grid::default()
-        };
-        spec.defaults.tasks = 2;
-        spec.defaults.lr = 1e-3;
-        spec.methods = vec![MethodSpec {
-            plugin: "task-arithmetic".into(),
-            label: Some("TA".into()),
-            params: Default::default(),
-        }];
+        let mut spec = lr_spec(vec![1e-4, 1e-3, 3e-3, 1e-2]);
         let mut rows = Vec::new();
         for h in spec.points() {
             let law = 1.0 + 2000.0 * h.lr * h.lr;
@@ -594,18 +597,7 @@ mod tests {
     /// named as collapsed, with how many groups collapsed there.
     #[test]
     fn collapsed_points_are_named_and_left_out_of_the_fit() {
-        let mut spec = SweepSpec::preset("paper-002", Arch::Mlp).unwrap();
-        spec.grid = Grid {
-            lr: vec![1e-4, 1e-3, 3e-3, 1e-2, 1.0],
-            ..Grid::default()
-        };
-        spec.defaults.tasks = 2;
-        spec.defaults.lr = 1e-3;
-        spec.methods = vec![MethodSpec {
-            plugin: "task-arithmetic".into(),
-            label: Some("TA".into()),
-            params: Default::default(),
-        }];
+        let spec = lr_spec(vec![1e-4, 1e-3, 3e-3, 1e-2, 1.0]);
         let mut rows = Vec::new();
         for h in spec.points() {
             let law = 1.0 + 2000.0 * h.lr * h.lr;
