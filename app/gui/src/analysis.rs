@@ -3,8 +3,7 @@
 //! fine) and can be cancelled. The numbers and figures come from `engine::analysis`, the
 //! same code as `mergescope analyze`.
 
-use crate::jobs::{Notify, TaskMessage, spawn_task};
-use crossbeam_channel::Receiver;
+use crate::jobs::{Background, Notify, TaskMessage};
 use mergescope_engine::analysis::landscape::{Metric, MetricKind};
 use mergescope_engine::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
 use mergescope_engine::analysis::spectrum::{matrix_names, task_spectra};
@@ -23,8 +22,7 @@ use mergescope_engine::scaling::views::{
 };
 use mergescope_figures::Figure;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 /// The views, in menu order.
@@ -177,14 +175,11 @@ pub struct Analysis {
     pub progress: Option<(usize, usize)>,
     /// Why the last computation failed.
     pub error: Option<String>,
-    /// When the computation started, while it runs.
-    pub running_since: Option<Instant>,
     /// Seconds the last computation took.
     pub seconds: Option<f64>,
     /// Inputs of the figure shown.
     pub inputs: AnalysisInputs,
-    rx: Option<Receiver<TaskMessage<Update, ()>>>,
-    cancel: Arc<AtomicBool>,
+    task: Background<Update, ()>,
 }
 
 impl Default for Analysis {
@@ -196,11 +191,9 @@ impl Default for Analysis {
             figure: None,
             progress: None,
             error: None,
-            running_since: None,
             seconds: None,
             inputs: AnalysisInputs::default(),
-            rx: None,
-            cancel: Arc::new(AtomicBool::new(false)),
+            task: Background::default(),
         }
     }
 }
@@ -208,7 +201,6 @@ impl Default for Analysis {
 impl Analysis {
     /// Starts computing `kind` on `inputs` (cancelling any computation in flight).
     pub fn start(&mut self, kind: ViewKind, inputs: AnalysisInputs, notify: Notify) {
-        self.cancel();
         self.open = true;
         self.kind = kind;
         self.error = None;
@@ -216,49 +208,45 @@ impl Analysis {
         self.figure = None;
         self.seconds = None;
         self.inputs = inputs.clone();
-        self.running_since = Some(Instant::now());
-        let cancel = Arc::new(AtomicBool::new(false));
-        self.cancel = cancel.clone();
         let options = self.options.clone();
-        let spawned = spawn_task(
+        let started = self.task.start(
             "mergescope-analysis",
             notify,
             "the analysis panicked; please report it with the log",
-            move |send| compute(kind, &inputs, &options, &cancel, &mut |f, p| send((Box::new(f), p))),
+            move |cancel, send| compute(kind, &inputs, &options, cancel, &mut |f, p| send((Box::new(f), p))),
         );
-        match spawned {
-            Ok(rx) => self.rx = Some(rx),
-            Err(e) => {
-                self.error = Some(format!("cannot start the analysis thread: {e}"));
-                self.running_since = None;
-            }
+        if let Err(e) = started {
+            self.error = Some(format!("cannot start the analysis thread: {e}"));
         }
     }
 
     /// Asks the computation in flight to stop (landscapes keep what they computed in the cache).
     pub fn cancel(&mut self) {
-        self.cancel.store(true, Ordering::Relaxed);
+        self.task.cancel();
     }
 
     /// Whether a computation is in flight.
     pub fn running(&self) -> bool {
-        self.running_since.is_some()
+        self.task.since().is_some()
+    }
+
+    /// When the computation in flight started.
+    pub fn running_since(&self) -> Option<Instant> {
+        self.task.since()
     }
 
     /// Applies the thread's messages; returns whether anything changed.
     pub fn pump(&mut self) -> bool {
-        let Some(rx) = &self.rx else { return false };
-        let mut changed = false;
-        for m in rx.try_iter() {
-            changed = true;
+        let messages = self.task.messages();
+        let changed = !messages.is_empty();
+        for m in messages {
             match m {
                 TaskMessage::Update((f, p)) => {
                     self.figure = Some(*f);
                     self.progress = p;
                 }
                 TaskMessage::Done(r) => {
-                    self.seconds = self.running_since.map(|t| t.elapsed().as_secs_f64());
-                    self.running_since = None;
+                    self.seconds = self.task.finish();
                     if let Err(e) = r {
                         self.error = Some(e);
                     }

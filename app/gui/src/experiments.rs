@@ -5,8 +5,7 @@
 //! file whenever cells finish, so the plots fill in while it runs. The work is
 //! `engine::scaling::sweep`, the same code as `mergescope sweep`.
 
-use crate::jobs::{Notify, TaskMessage, spawn_task};
-use crossbeam_channel::Receiver;
+use crate::jobs::{Background, Notify, TaskMessage};
 use mergescope_engine::data::benchmark_tasks;
 use mergescope_engine::demo::{Benchmark, resolve_benchmark};
 use mergescope_engine::device::{DeviceChoice, open_device};
@@ -24,7 +23,7 @@ use mergescope_engine::scaling::sweep::{
 use mergescope_engine::train::OptimizerKind;
 use mergescope_figures::Figure;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -204,8 +203,6 @@ pub struct Experiments {
     pub folder_chosen: bool,
     /// Where the running (or last) sweep stands.
     pub progress: Option<SweepProgress>,
-    /// When the running sweep started.
-    pub running_since: Option<Instant>,
     /// Why the last sweep, or the last action, failed.
     pub error: Option<String>,
     /// How the last sweep ended.
@@ -221,8 +218,7 @@ pub struct Experiments {
     sweeps_root: PathBuf,
     configured: bool,
     notes: Vec<(bool, String)>,
-    rx: Option<Receiver<TaskMessage<Update, Outcome>>>,
-    cancel: Arc<AtomicBool>,
+    task: Background<Update, Outcome>,
 }
 
 /// The benchmark's name in a specification: its folder.
@@ -253,7 +249,6 @@ impl Experiments {
             folder: PathBuf::new(),
             folder_chosen: false,
             progress: None,
-            running_since: None,
             error: None,
             outcome: None,
             rows: Vec::new(),
@@ -263,8 +258,7 @@ impl Experiments {
             sweeps_root,
             configured: false,
             notes: Vec::new(),
-            rx: None,
-            cancel: Arc::new(AtomicBool::new(false)),
+            task: Background::default(),
         };
         e.grids = fields(&e.spec.grid);
         e.folder = e.default_folder();
@@ -484,42 +478,33 @@ impl Experiments {
     /// Starts `job` on a background thread (after cancelling any sweep in flight); `notify`
     /// wakes the window on progress.
     pub fn start(&mut self, job: SweepJob, notify: Notify) {
-        self.cancel();
         self.error = None;
         self.outcome = None;
         self.progress = None;
-        self.running_since = Some(Instant::now());
-        let cancel = Arc::new(AtomicBool::new(false));
-        self.cancel = cancel.clone();
-        let spawned = spawn_task(
+        let started = self.task.start(
             "mergescope-sweep",
             notify,
             "the sweep panicked; please report it with the log",
-            move |send| work(&job, &cancel, send),
+            move |cancel, send| work(&job, cancel, send),
         );
-        match spawned {
-            Ok(rx) => self.rx = Some(rx),
-            Err(e) => {
-                self.error = Some(format!("cannot start the sweep thread: {e}"));
-                self.running_since = None;
-            }
+        if let Err(e) = started {
+            self.error = Some(format!("cannot start the sweep thread: {e}"));
         }
     }
 
     /// Asks the sweep in flight to stop after the step or cell it is on.
     pub fn cancel(&mut self) {
-        self.cancel.store(true, Ordering::Relaxed);
+        self.task.cancel();
     }
 
     /// Whether a sweep is in flight.
     pub fn running(&self) -> bool {
-        self.running_since.is_some()
+        self.task.since().is_some()
     }
 
     /// Applies the thread's messages; returns whether anything changed.
     pub fn pump(&mut self) -> bool {
-        let Some(rx) = &self.rx else { return false };
-        let messages: Vec<TaskMessage<Update, Outcome>> = rx.try_iter().collect();
+        let messages = self.task.messages();
         let changed = !messages.is_empty();
         for m in messages {
             match m {
@@ -529,8 +514,7 @@ impl Experiments {
                     self.set_results(results);
                 }
                 TaskMessage::Done(r) => {
-                    self.running_since = None;
-                    self.rx = None;
+                    self.task.finish();
                     match r {
                         Ok(outcome) => {
                             self.notes.push((false, format!("sweep: {}", outcome.text())));

@@ -148,6 +148,64 @@ pub fn spawn_task<M: Send + 'static, R: Send + 'static>(
         .map_err(|e| e.to_string())
 }
 
+/// The one background task a window runs at a time: its messages, cancel flag and start.
+pub struct Background<M, R> {
+    rx: Option<Receiver<TaskMessage<M, R>>>,
+    cancel: Arc<AtomicBool>,
+    since: Option<Instant>,
+}
+
+impl<M, R> Default for Background<M, R> {
+    fn default() -> Self {
+        Background {
+            rx: None,
+            cancel: Arc::new(AtomicBool::new(false)),
+            since: None,
+        }
+    }
+}
+
+impl<M: Send + 'static, R: Send + 'static> Background<M, R> {
+    /// Cancels the task in flight, if any, and starts `work` with a fresh cancel flag through
+    /// [`spawn_task`]; errs when the thread cannot start.
+    pub fn start(
+        &mut self,
+        name: &str,
+        notify: Notify,
+        panicked: &'static str,
+        work: impl FnOnce(&AtomicBool, &(dyn Fn(M) + Sync)) -> Result<R, String> + Send + 'static,
+    ) -> Result<(), String> {
+        self.cancel();
+        self.since = None;
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.cancel = cancel.clone();
+        self.rx = Some(spawn_task(name, notify, panicked, move |send| work(&cancel, send))?);
+        self.since = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Asks the task in flight to stop.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// When the task in flight started.
+    pub fn since(&self) -> Option<Instant> {
+        self.since
+    }
+
+    /// The messages since the last call.
+    pub fn messages(&self) -> Vec<TaskMessage<M, R>> {
+        self.rx.as_ref().map(|rx| rx.try_iter().collect()).unwrap_or_default()
+    }
+
+    /// Marks the task ended (call on its result); returns the seconds it ran.
+    pub fn finish(&mut self) -> Option<f64> {
+        self.rx = None;
+        self.since.take().map(|t| t.elapsed().as_secs_f64())
+    }
+}
+
 struct Queued {
     id: JobId,
     job: Job,

@@ -71,7 +71,7 @@ pub fn analysis_window(ctx: &Context, session: &mut Session, view: &mut ViewStat
             }
             ui.horizontal(|ui| {
                 let a = &session.analysis;
-                if let Some(since) = a.running_since {
+                if let Some(since) = a.running_since() {
                     ui.spinner();
                     let text = match a.progress {
                         Some((done, total)) => {
