@@ -6,6 +6,7 @@
 mod abi_failures;
 mod abi_header_sync;
 mod abi_host_ops;
+mod demo_regime;
 mod engine_merge;
 mod golden_consensus;
 mod golden_task_arithmetic;

@@ -1,0 +1,98 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The demo benchmark's default recipe puts merging in the regime the papers study (issue #5):
+//! every expert beats the base on its own task, most by ten points or more, and task arithmetic
+//! (λ picked on calibration accuracy, as `mergescope compare` does) lands between weight
+//! averaging and the experts in mean normalised test accuracy.
+//!
+//! It builds the real MLP benchmark of seed 0 with `Recipe::default_for`, so a recipe change
+//! that leaves this regime fails here, not in a user's first comparison.
+
+use mergescope_engine::data::{SplitKind, demo_tasks};
+use mergescope_engine::demo::{Benchmark, Recipe, build, load_params};
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_engine::nn::{Arch, Params};
+use std::sync::atomic::AtomicBool;
+
+/// base + λ·Σ (expert − base); λ = 1/N is weight averaging.
+fn task_arithmetic(base: &Params, experts: &[Params], lambda: f64) -> Params {
+    base.iter()
+        .map(|(k, b)| {
+            let mut sum = b.zeros_like().unwrap();
+            for e in experts {
+                sum = (sum + (&e[k] - b).unwrap()).unwrap();
+            }
+            (k.clone(), (b + (sum * lambda).unwrap()).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn the_default_mlp_recipe_puts_task_arithmetic_between_averaging_and_the_experts() {
+    let (dev, _) = open_device(DeviceChoice::Cpu);
+    let tasks = demo_tasks().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("mlp-seed0");
+    let bench: Benchmark = build(
+        Arch::Mlp,
+        &tasks,
+        &Recipe::default_for(Arch::Mlp, 0),
+        &out,
+        &dev,
+        &mut |_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+
+    // Experts against the base, each on its own task.
+    let gains: Vec<(String, f64)> = bench
+        .manifest
+        .tasks
+        .iter()
+        .map(|t| (t.name.clone(), t.expert_accuracy.test - t.base_accuracy.test))
+        .collect();
+    for (name, gain) in &gains {
+        assert!(*gain > 0.0, "the {name} expert is not better than the base: {gain:+.3}");
+    }
+    let big = gains.iter().filter(|(_, g)| *g >= 0.10).count();
+    assert!(
+        big * 2 > gains.len(),
+        "only {big} experts gain ten points or more: {gains:?}"
+    );
+
+    // Task arithmetic with λ picked on calibration, against weight averaging, on test.
+    let base = load_params(&bench.base_path(), &dev).unwrap();
+    let experts: Vec<Params> = bench
+        .expert_paths()
+        .iter()
+        .map(|p| load_params(p, &dev).unwrap())
+        .collect();
+    let n = experts.len() as f64;
+    let calibration = bench.evaluator(&tasks, None, SplitKind::Calibration, &dev).unwrap();
+    let test = bench.evaluator(&tasks, None, SplitKind::Test, &dev).unwrap();
+    let grid: Vec<f64> = (1..=10).map(|i| f64::from(i) / 10.0).collect();
+    let (lambda, _) = grid
+        .iter()
+        .map(|&l| {
+            let acc = calibration
+                .evaluate(&task_arithmetic(&base, &experts, l))
+                .unwrap()
+                .mean_accuracy;
+            (l, acc)
+        })
+        .fold(
+            (f64::NAN, f64::NEG_INFINITY),
+            |best, c| if c.1 > best.1 { c } else { best },
+        );
+    let norm = |p: &Params| test.evaluate(p).unwrap().mean_normalized.unwrap();
+    let wa = norm(&task_arithmetic(&base, &experts, 1.0 / n));
+    let ta = norm(&task_arithmetic(&base, &experts, lambda));
+    eprintln!("normalised test accuracy: WA {wa:.4}, TA (λ = {lambda}) {ta:.4}; expert gains {gains:?}");
+    assert!(
+        lambda > 1.0 / n,
+        "calibration picks λ = {lambda}, not above 1/N: TA is no more than averaging"
+    );
+    assert!(
+        wa < ta && ta < 1.0,
+        "TA {ta:.4} is not between WA {wa:.4} and the experts (1.0)"
+    );
+}
