@@ -440,6 +440,18 @@ fn bad_inputs_fail_with_actionable_messages() {
     assert!(leftovers.is_empty(), "no temporary files are left behind");
 }
 
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
 /// A small MLP benchmark on two tasks, built through the engine (a full `demo build` takes
 /// minutes; its CLI path is the same code).
 fn tiny_benchmark(dir: &Path) {
@@ -536,6 +548,23 @@ fn eval_and_merge_eval_on_a_benchmark() {
         e.contains("no demo benchmark for mlp") && e.contains("mergescope demo build --arch mlp"),
         "{e}"
     );
+    // A demo in the cache built by an older recipe is named as such, with the rebuild command,
+    // by `eval` and by `demo list`.
+    let cached = env.path("cache").join("demo").join("mlp-seed0");
+    std::fs::create_dir_all(cached.parent().unwrap()).unwrap();
+    copy_dir(&bench, &cached);
+    let manifest = cached.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    m["recipe_version"] = serde_json::json!(mergescope_engine::demo::RECIPE_VERSION - 1);
+    std::fs::write(&manifest, serde_json::to_string(&m).unwrap()).unwrap();
+    let e = env.fails(&["eval", "--checkpoint", &expert]);
+    let old = format!("built by recipe {}", mergescope_engine::demo::RECIPE_VERSION - 1);
+    assert!(
+        e.contains(&old) && e.contains("mergescope demo build --arch mlp` to rebuild it"),
+        "{e}"
+    );
+    let list = env.ok(&["demo", "list"]);
+    assert!(list.contains("outdated:") && list.contains(&old), "{list}");
     let other = env.write("other.safetensors", &[("w", DType::F32, &[2], &[1.0, 2.0])]);
     let e = env.fails(&["eval", "--checkpoint", &other, "--benchmark", &b]);
     assert!(

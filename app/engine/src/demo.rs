@@ -752,6 +752,12 @@ impl Benchmark {
 
 /// The built demo benchmarks in the cache, sorted by folder name.
 pub fn built_demos() -> Result<Vec<Benchmark>> {
+    Ok(demos_in_cache()?.into_iter().filter(Benchmark::is_current).collect())
+}
+
+/// Every demo benchmark in the cache, current or built by an older recipe (which
+/// `mergescope demo build` rebuilds), sorted by folder name.
+pub fn demos_in_cache() -> Result<Vec<Benchmark>> {
     let root = cache_dir()?.join("demo");
     let Ok(entries) = std::fs::read_dir(&root) else {
         return Ok(Vec::new());
@@ -761,10 +767,25 @@ pub fn built_demos() -> Result<Vec<Benchmark>> {
         .map(|e| e.path())
         .filter(|p| p.join("manifest.json").is_file())
         .filter_map(|p| Benchmark::open(&p).ok())
-        .filter(Benchmark::is_current)
         .collect();
     out.sort_by(|a, b| a.dir.cmp(&b.dir));
     Ok(out)
+}
+
+/// Why `bench` cannot be used, when an older recipe built it: names the recipes and the
+/// command that rebuilds it.
+pub fn outdated_reason(bench: &Benchmark) -> Option<String> {
+    (!bench.is_current()).then(|| {
+        let m = &bench.manifest;
+        format!(
+            "the {} demo benchmark in '{}' was built by recipe {} and this mergescope uses recipe {RECIPE_VERSION}: run `mergescope demo build --arch {}{}` to rebuild it",
+            m.arch,
+            bench.dir.display(),
+            m.recipe_version,
+            m.arch,
+            if m.seed == 0 { String::new() } else { format!(" --seed {}", m.seed) }
+        )
+    })
 }
 
 /// Finds a benchmark from a user's spec: a folder holding `manifest.json`, or `demo` (the demo
@@ -796,15 +817,18 @@ pub fn resolve_benchmark(spec: &str, arch: Option<Arch>) -> Result<Benchmark> {
         })?;
         (Some(a), seed)
     };
-    let built = built_demos()?;
+    let all = demos_in_cache()?;
     let fits = |b: &&Benchmark| {
         want_arch.is_none_or(|a| b.manifest.arch == a) && want_seed.is_none_or(|s| b.manifest.seed == s)
     };
-    let mut candidates: Vec<&Benchmark> = built.iter().filter(fits).collect();
-    // Prefer the CNN (the main demo), then the lowest seed.
-    candidates.sort_by_key(|b| (b.manifest.arch != Arch::Cnn, b.manifest.seed));
+    let mut candidates: Vec<&Benchmark> = all.iter().filter(fits).collect();
+    // Prefer a current build, then the CNN (the main demo), then the lowest seed.
+    candidates.sort_by_key(|b| (!b.is_current(), b.manifest.arch != Arch::Cnn, b.manifest.seed));
     if let Some(b) = candidates.first() {
-        return Ok((*b).clone());
+        return match outdated_reason(b) {
+            None => Ok((*b).clone()),
+            Some(why) => Err(EngineError::Invalid(why)),
+        };
     }
     let arch_flag = want_arch.map(|a| format!(" --arch {a}")).unwrap_or_default();
     let seed_flag = want_seed.map(|s| format!(" --seed {s}")).unwrap_or_default();

@@ -3,7 +3,9 @@
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use mergescope_engine::data::benchmark_tasks;
-use mergescope_engine::demo::{Benchmark, BuildProgress, Recipe, build, build_replacing, built_demos, demo_dir};
+use mergescope_engine::demo::{
+    Benchmark, BuildProgress, Recipe, build, build_replacing, demo_dir, demos_in_cache, outdated_reason,
+};
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::nn::Arch;
 use std::path::PathBuf;
@@ -45,12 +47,15 @@ pub fn run(command: DemoCommand) -> anyhow::Result<ExitCode> {
     match command {
         DemoCommand::Build(args) => run_build(&args),
         DemoCommand::List => {
-            let built = built_demos()?;
+            let built = demos_in_cache()?;
             if built.is_empty() {
                 println!("no demo benchmark built yet: run `mergescope demo build`");
             }
             for b in &built {
-                print_benchmark(b);
+                match outdated_reason(b) {
+                    None => print_benchmark(b),
+                    Some(why) => println!("outdated: {why}"),
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -119,7 +119,7 @@ pub fn menu_bar(ui: &mut Ui, app: &mut MergescopeApp) {
                 }
             }
             ui.separator();
-            let built = mergescope_engine::demo::built_demos().unwrap_or_default();
+            let built = mergescope_engine::demo::demos_in_cache().unwrap_or_default();
             if built.is_empty() {
                 ui.label("no demo built yet");
             }
@@ -129,7 +129,12 @@ pub fn menu_bar(ui: &mut Ui, app: &mut MergescopeApp) {
                     b.manifest.arch.to_string().to_uppercase(),
                     b.manifest.seed
                 );
-                if ui.add_enabled(b.is_current(), egui::Button::new(label)).clicked() {
+                let button = ui.add_enabled(b.is_current(), egui::Button::new(label));
+                let button = match mergescope_engine::demo::outdated_reason(&b) {
+                    Some(why) => button.on_disabled_hover_text(why),
+                    None => button,
+                };
+                if button.clicked() {
                     app.session.use_benchmark(b);
                 }
             }
