@@ -750,11 +750,6 @@ impl Benchmark {
     }
 }
 
-/// The built demo benchmarks in the cache, sorted by folder name.
-pub fn built_demos() -> Result<Vec<Benchmark>> {
-    Ok(demos_in_cache()?.into_iter().filter(Benchmark::is_current).collect())
-}
-
 /// Every demo benchmark in the cache, current or built by an older recipe (which
 /// `mergescope demo build` rebuilds), sorted by folder name.
 pub fn demos_in_cache() -> Result<Vec<Benchmark>> {

@@ -1,30 +1,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The demo benchmark's default recipe puts merging in the regime the papers study (issue #5):
 //! every expert beats the base on its own task, most by ten points or more, and task arithmetic
-//! (λ picked on calibration accuracy, as `mergescope compare` does) lands between weight
-//! averaging and the experts in mean normalised test accuracy.
+//! (λ picked on calibration accuracy with the grid and rule of `mergescope compare`) lands
+//! between weight averaging and the experts in mean normalised test accuracy.
 //!
 //! It builds the real MLP benchmark of seed 0 with `Recipe::default_for`, so a recipe change
 //! that leaves this regime fails here, not in a user's first comparison.
 
+use mergescope_engine::analysis::landscape::AffineFamily;
+use mergescope_engine::compare::{choose_lambda, default_lambda_grid};
 use mergescope_engine::data::{SplitKind, demo_tasks};
 use mergescope_engine::demo::{Benchmark, Recipe, build, load_params};
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::nn::{Arch, Params};
 use std::sync::atomic::AtomicBool;
-
-/// base + λ·Σ (expert − base); λ = 1/N is weight averaging.
-fn task_arithmetic(base: &Params, experts: &[Params], lambda: f64) -> Params {
-    base.iter()
-        .map(|(k, b)| {
-            let mut sum = b.zeros_like().unwrap();
-            for e in experts {
-                sum = (sum + (&e[k] - b).unwrap()).unwrap();
-            }
-            (k.clone(), (b + (sum * lambda).unwrap()).unwrap())
-        })
-        .collect()
-}
 
 #[test]
 fn the_default_mlp_recipe_puts_task_arithmetic_between_averaging_and_the_experts() {
@@ -67,25 +56,18 @@ fn the_default_mlp_recipe_puts_task_arithmetic_between_averaging_and_the_experts
         .map(|p| load_params(p, &dev).unwrap())
         .collect();
     let n = experts.len() as f64;
+    // base + λ·Σ (expert − base); λ = 1/N is weight averaging.
+    let line = AffineFamily::task_arithmetic(&base, &experts).unwrap();
     let calibration = bench.evaluator(&tasks, None, SplitKind::Calibration, &dev).unwrap();
     let test = bench.evaluator(&tasks, None, SplitKind::Test, &dev).unwrap();
-    let grid: Vec<f64> = (1..=10).map(|i| f64::from(i) / 10.0).collect();
-    let (lambda, _) = grid
-        .iter()
-        .map(|&l| {
-            let acc = calibration
-                .evaluate(&task_arithmetic(&base, &experts, l))
-                .unwrap()
-                .mean_accuracy;
-            (l, acc)
-        })
-        .fold(
-            (f64::NAN, f64::NEG_INFINITY),
-            |best, c| if c.1 > best.1 { c } else { best },
-        );
+    let tried: Vec<(f64, f64)> = default_lambda_grid()
+        .into_iter()
+        .map(|l| (l, calibration.evaluate(&line.at(&[l]).unwrap()).unwrap().mean_accuracy))
+        .collect();
+    let lambda = choose_lambda(tried).value;
     let norm = |p: &Params| test.evaluate(p).unwrap().mean_normalized.unwrap();
-    let wa = norm(&task_arithmetic(&base, &experts, 1.0 / n));
-    let ta = norm(&task_arithmetic(&base, &experts, lambda));
+    let wa = norm(&line.at(&[1.0 / n]).unwrap());
+    let ta = norm(&line.at(&[lambda]).unwrap());
     eprintln!("normalised test accuracy: WA {wa:.4}, TA (λ = {lambda}) {ta:.4}; expert gains {gains:?}");
     assert!(
         lambda > 1.0 / n,

@@ -129,11 +129,11 @@ pub fn menu_bar(ui: &mut Ui, app: &mut MergescopeApp) {
                     b.manifest.arch.to_string().to_uppercase(),
                     b.manifest.seed
                 );
-                let button = ui.add_enabled(b.is_current(), egui::Button::new(label));
-                let button = match mergescope_engine::demo::outdated_reason(&b) {
-                    Some(why) => button.on_disabled_hover_text(why),
-                    None => button,
-                };
+                let outdated = mergescope_engine::demo::outdated_reason(&b);
+                let mut button = ui.add_enabled(outdated.is_none(), egui::Button::new(label));
+                if let Some(why) = outdated {
+                    button = button.on_disabled_hover_text(why);
+                }
                 if button.clicked() {
                     app.session.use_benchmark(b);
                 }
