@@ -212,7 +212,10 @@ mod tests {
         assert_eq!(base.files.len(), 2);
         assert_eq!(base.tensors.len(), 3 + 9 * 2);
         let name = "model.layers.1.mlp.up_proj.weight";
-        let (b, e) = (base.read_f32(&base.tensors[name]), e1.read_f32(&e1.tensors[name]));
+        let (b, e) = (
+            base.read_f32(&base.tensors[name]).unwrap(),
+            e1.read_f32(&e1.tensors[name]).unwrap(),
+        );
         let max_diff = b.iter().zip(&e).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         assert!(max_diff > 0.0 && max_diff < 0.005, "{max_diff}");
     }

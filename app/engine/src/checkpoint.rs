@@ -1,15 +1,18 @@
 //! Reading safetensors checkpoints: one file, or a folder of shards with
-//! `model.safetensors.index.json`. Headers are parsed and checked up front; tensor data is
-//! read on demand through memory maps, so opening a checkpoint costs almost nothing.
+//! `model.safetensors.index.json`. Headers are parsed and checked up front against the format's
+//! rules (as strict as the reference parser: every tensor once, data spans in order, contiguous
+//! and covering the data section exactly); tensor data is read on demand with positioned reads,
+//! so opening a checkpoint costs almost nothing and an input that another program truncates
+//! during a merge is an error naming the file, never a crash.
 
 use crate::dtype::{DType, decode_f32_vec};
 use crate::error::{EngineError, Result};
-use memmap2::Mmap;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
-/// Largest header mergescope accepts (safetensors itself caps it at 100 MB).
+/// Largest header mergescope accepts (the safetensors crate's own limit).
 const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;
 
 /// Where one tensor lives.
@@ -36,16 +39,16 @@ impl TensorEntry {
     }
 }
 
-/// One shard file, mapped read-only.
+/// One shard file, open for positioned reads.
 #[derive(Debug)]
 pub struct ShardFile {
     /// Path of the file.
     pub path: PathBuf,
-    /// Size in bytes.
+    /// Size in bytes when it was opened.
     pub size: u64,
     /// The `__metadata__` of its header.
     pub metadata: BTreeMap<String, String>,
-    map: Mmap,
+    file: File,
 }
 
 /// An opened checkpoint.
@@ -59,25 +62,114 @@ pub struct Checkpoint {
     pub tensors: BTreeMap<String, TensorEntry>,
 }
 
-fn open_map(path: &Path) -> Result<(Mmap, u64)> {
+/// Fails unless `path` is a regular file (following links): a FIFO would block the open
+/// forever, and a device or socket is never a checkpoint.
+fn require_regular_file(path: &Path, what: &str) -> Result<u64> {
+    let meta = std::fs::metadata(path).map_err(|e| EngineError::io("cannot open", path, e))?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    let kind = if meta.is_dir() {
+        "a folder"
+    } else {
+        "not a regular file (a pipe, socket or device)"
+    };
+    Err(EngineError::Invalid(format!("'{}' is {kind}; {what}", path.display())))
+}
+
+fn open_file(path: &Path) -> Result<(File, u64)> {
+    require_regular_file(path, "give a .safetensors file or a folder of shards")?;
     let file = File::open(path).map_err(|e| EngineError::io("cannot open", path, e))?;
     let size = file
         .metadata()
         .map_err(|e| EngineError::io("cannot stat", path, e))?
         .len();
-    // SAFETY: the map is read-only; mergescope never writes to its inputs, and the docs warn
-    // that an input must not be modified by another program during a merge.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| EngineError::io("cannot memory-map", path, e))?;
-    Ok((map, size))
+    Ok((file, size))
 }
 
-/// Parses the header of a safetensors file held in `map`.
+/// Reads exactly `buf.len()` bytes at `offset`.
+#[cfg(unix)]
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    file.read_exact_at(buf, offset)
+}
+
+/// Reads exactly `buf.len()` bytes at `offset`.
+#[cfg(windows)]
+fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt as _;
+    while !buf.is_empty() {
+        match file.seek_read(buf, offset)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A tensor's description as the header gives it.
+#[derive(serde::Deserialize)]
+struct RawTensor {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: [u64; 2],
+}
+
+/// A parsed header: its tensors in file order (duplicates kept, so they can be refused) and
+/// its metadata. Parsed entry by entry, so memory stays proportional to the header's size.
+#[derive(Default)]
+struct RawHeader {
+    tensors: Vec<(String, RawTensor)>,
+    metadata: BTreeMap<String, String>,
+    duplicate: Option<String>,
+}
+
+impl<'de> serde::Deserialize<'de> for RawHeader {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct HeaderVisitor;
+        impl<'de> Visitor<'de> for HeaderVisitor {
+            type Value = RawHeader;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of tensor descriptions")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<RawHeader, A::Error> {
+                let mut h = RawHeader::default();
+                let mut seen_metadata = false;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "__metadata__" {
+                        if seen_metadata {
+                            h.duplicate.get_or_insert(key);
+                        }
+                        seen_metadata = true;
+                        let m: BTreeMap<String, serde_json::Value> = map.next_value()?;
+                        for (k, v) in m {
+                            let text = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                            h.metadata.insert(k, text);
+                        }
+                    } else {
+                        let t: RawTensor = map
+                            .next_value()
+                            .map_err(|e| de::Error::custom(format!("tensor '{key}': {e}")))?;
+                        h.tensors.push((key, t));
+                    }
+                }
+                Ok(h)
+            }
+        }
+        d.deserialize_map(HeaderVisitor)
+    }
+}
+
+/// Parses and checks the header of the safetensors file `file` of `size` bytes.
 fn parse_header(
     path: &Path,
-    map: &[u8],
+    file: &File,
+    size: u64,
     file_index: usize,
 ) -> Result<(BTreeMap<String, TensorEntry>, BTreeMap<String, String>)> {
-    let size = map.len() as u64;
     if size < 8 {
         return Err(EngineError::bad(
             path,
@@ -87,7 +179,7 @@ fn parse_header(
         ));
     }
     let mut len_bytes = [0u8; 8];
-    len_bytes.copy_from_slice(&map[..8]);
+    read_exact_at(file, &mut len_bytes, 0).map_err(|e| EngineError::io("cannot read", path, e))?;
     let header_len = u64::from_le_bytes(len_bytes);
     if header_len > MAX_HEADER_BYTES {
         return Err(EngineError::bad(
@@ -103,59 +195,44 @@ fn parse_header(
             format!("the header claims {header_len} bytes but the file has only {size}; the file is truncated"),
         ));
     }
-    let header = &map[8..8 + header_len as usize];
-    let json: serde_json::Value = serde_json::from_slice(header).map_err(|e| {
+    let mut header = vec![0u8; header_len as usize];
+    read_exact_at(file, &mut header, 8).map_err(|e| EngineError::io("cannot read", path, e))?;
+    let raw: RawHeader = serde_json::from_slice(&header).map_err(|e| {
         EngineError::bad(
             path,
             format!("the JSON header is corrupt ({e}); the file is damaged or not safetensors"),
         )
     })?;
-    let obj = json
-        .as_object()
-        .ok_or_else(|| EngineError::bad(path, "the JSON header is not an object; the file is not safetensors"))?;
+    drop(header);
+    if let Some(name) = raw.duplicate {
+        return Err(EngineError::bad(
+            path,
+            format!("'{name}' appears twice in the header; the file is corrupt (each key appears once)"),
+        ));
+    }
     let data_start = 8 + header_len;
     let data_len = size - data_start;
     let mut tensors = BTreeMap::new();
-    let mut metadata = BTreeMap::new();
-    for (name, v) in obj {
-        if name == "__metadata__" {
-            if let Some(m) = v.as_object() {
-                for (k, val) in m {
-                    metadata.insert(k.clone(), val.as_str().map_or_else(|| val.to_string(), str::to_owned));
-                }
-            }
-            continue;
-        }
+    for (name, v) in raw.tensors {
         let bad = |what: &str| EngineError::bad(path, format!("tensor '{name}': {what}"));
-        let dtype_name = v
-            .get("dtype")
-            .and_then(|d| d.as_str())
-            .ok_or_else(|| bad("missing dtype"))?;
-        let dtype = DType::parse(dtype_name).ok_or_else(|| {
+        let dtype = DType::parse(&v.dtype).ok_or_else(|| {
             bad(&format!(
-                "unsupported dtype {dtype_name}; mergescope reads F32, F16, BF16, F64 and copies integer types"
+                "unsupported dtype {}; mergescope reads F32, F16, BF16, F64 and copies integer types",
+                v.dtype
             ))
         })?;
-        let shape: Vec<usize> = v
-            .get("shape")
-            .and_then(|s| s.as_array())
-            .ok_or_else(|| bad("missing shape"))?
-            .iter()
-            .map(|d| d.as_u64().map(|d| d as usize))
-            .collect::<Option<_>>()
-            .ok_or_else(|| bad("shape has a non-integer dimension"))?;
-        let offs = v
-            .get("data_offsets")
-            .and_then(|o| o.as_array())
-            .filter(|o| o.len() == 2)
-            .and_then(|o| Some((o[0].as_u64()?, o[1].as_u64()?)))
-            .ok_or_else(|| bad("missing or malformed data_offsets"))?;
-        let (s, e) = offs;
+        let [s, e] = v.data_offsets;
         if e < s || e > data_len {
             return Err(bad(&format!(
                 "data_offsets [{s}, {e}] lie outside the {data_len} data bytes; the file is truncated or corrupt"
             )));
         }
+        let shape: Vec<usize> = v
+            .shape
+            .iter()
+            .map(|&d| usize::try_from(d).ok())
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad("a dimension of its shape is too large for this machine"))?;
         let numel = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
         let expected = numel.and_then(|n| n.checked_mul(dtype.size() as u64));
         if expected != Some(e - s) {
@@ -166,34 +243,118 @@ fn parse_header(
                 e - s
             )));
         }
-        tensors.insert(
-            name.clone(),
-            TensorEntry {
-                name: name.clone(),
-                dtype,
-                shape,
-                file: file_index,
-                start: data_start + s,
-                len: e - s,
-            },
-        );
+        let entry = TensorEntry {
+            name: name.clone(),
+            dtype,
+            shape,
+            file: file_index,
+            start: data_start + s,
+            len: e - s,
+        };
+        if tensors.insert(name.clone(), entry).is_some() {
+            return Err(bad(
+                "it appears twice in the header; the file is corrupt (each tensor is named once)",
+            ));
+        }
     }
-    Ok((tensors, metadata))
+    check_layout(path, &tensors, data_start, data_len)?;
+    Ok((tensors, raw.metadata))
+}
+
+/// The format's layout rule: the tensors' data spans, in order, tile the data section exactly
+/// (no overlap, no hole, no trailing bytes), as the reference parser requires.
+fn check_layout(path: &Path, tensors: &BTreeMap<String, TensorEntry>, data_start: u64, data_len: u64) -> Result<()> {
+    let mut spans: Vec<(u64, u64, &str)> = tensors
+        .values()
+        .map(|t| (t.start - data_start, t.start - data_start + t.len, t.name.as_str()))
+        .collect();
+    spans.sort_unstable();
+    let mut end = 0u64;
+    for &(s, e, name) in &spans {
+        if s < end {
+            return Err(EngineError::bad(
+                path,
+                format!(
+                    "tensor '{name}': data_offsets [{s}, {e}] overlap another tensor's data (which ends at {end}); the header is corrupt"
+                ),
+            ));
+        }
+        if s > end {
+            return Err(EngineError::bad(
+                path,
+                format!(
+                    "tensor '{name}': data_offsets [{s}, {e}] leave {} bytes unused before them; the header is corrupt",
+                    s - end
+                ),
+            ));
+        }
+        end = e;
+    }
+    if end != data_len {
+        return Err(EngineError::bad(
+            path,
+            format!(
+                "{} bytes follow the last tensor's data; the file is corrupt or something was appended to it",
+                data_len - end
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A shard index's `weight_map`, entries in file order with duplicates kept.
+#[derive(Default)]
+struct WeightMap(Vec<(String, String)>);
+
+impl<'de> serde::Deserialize<'de> for WeightMap {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct MapVisitor;
+        impl<'de> Visitor<'de> for MapVisitor {
+            type Value = WeightMap;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object from tensor names to shard file names")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<WeightMap, A::Error> {
+                let mut v = Vec::new();
+                while let Some(entry) = map.next_entry::<String, String>()? {
+                    v.push(entry);
+                }
+                Ok(WeightMap(v))
+            }
+        }
+        d.deserialize_map(MapVisitor)
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ShardIndex {
+    weight_map: WeightMap,
+}
+
+/// Whether `name` is a plain file name (no folder part, no `..`, not absolute), as shard
+/// names in an index must be: an index never makes mergescope read outside its folder.
+fn is_plain_file_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    matches!((parts.next(), parts.next()), (Some(Component::Normal(_)), None)) && !name.contains(['/', '\\'])
 }
 
 impl Checkpoint {
     /// Opens a `.safetensors` file, a folder with `model.safetensors.index.json`, or a folder
     /// holding exactly one `.safetensors` file.
     pub fn open(path: &Path) -> Result<Checkpoint> {
-        if !path.exists() {
-            return Err(EngineError::Invalid(format!(
-                "'{}' does not exist; check the path (a .safetensors file or a folder of shards)",
-                path.display()
-            )));
-        }
-        if path.is_dir() {
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(EngineError::Invalid(format!(
+                    "'{}' does not exist; check the path (a .safetensors file or a folder of shards)",
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(EngineError::io("cannot open", path, e)),
+        };
+        if meta.is_dir() {
             let index = path.join("model.safetensors.index.json");
-            if index.is_file() {
+            if index.exists() {
                 return Self::open_index(path, &index);
             }
             let mut files: Vec<PathBuf> = std::fs::read_dir(path)
@@ -220,20 +381,58 @@ impl Checkpoint {
     }
 
     fn open_index(dir: &Path, index: &Path) -> Result<Checkpoint> {
-        let text = std::fs::read_to_string(index).map_err(|e| EngineError::io("cannot read", index, e))?;
-        let json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| EngineError::bad(index, format!("the index is not valid JSON: {e}")))?;
-        let map = json
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| EngineError::bad(index, "the index has no \"weight_map\" object"))?;
-        let mut shard_names: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_owned)).collect();
-        shard_names.sort();
+        let size = require_regular_file(index, "a shard index must be a JSON file")?;
+        if size > MAX_HEADER_BYTES {
+            return Err(EngineError::bad(
+                index,
+                format!("the index has {size} bytes (limit {MAX_HEADER_BYTES}); it is not a shard index"),
+            ));
+        }
+        let text = std::fs::read(index).map_err(|e| EngineError::io("cannot read", index, e))?;
+        let parsed: ShardIndex = serde_json::from_slice(&text).map_err(|e| {
+            EngineError::bad(
+                index,
+                format!("the index is not a shard index ({e}); it needs a \"weight_map\" object from tensor names to shard files"),
+            )
+        })?;
+        let map = parsed.weight_map.0;
+        let mut listed: BTreeMap<&str, &str> = BTreeMap::new();
+        for (name, file) in &map {
+            if !is_plain_file_name(file) {
+                return Err(EngineError::bad(
+                    index,
+                    format!(
+                        "the index puts tensor '{name}' in '{file}', which is not a file of this folder; \
+                         shard names must be plain file names (no folders, '..' or absolute paths)"
+                    ),
+                ));
+            }
+            if let Some(first) = listed.insert(name, file) {
+                return Err(EngineError::bad(
+                    index,
+                    format!(
+                        "the index lists tensor '{name}' twice (in '{first}' and '{file}'); each tensor is listed once"
+                    ),
+                ));
+            }
+        }
+        let mut shard_names: Vec<&str> = listed.values().copied().collect();
+        shard_names.sort_unstable();
         shard_names.dedup();
         let paths: Vec<PathBuf> = shard_names.iter().map(|n| dir.join(n)).collect();
+        for p in &paths {
+            if !p.exists() {
+                return Err(EngineError::bad(
+                    index,
+                    format!(
+                        "the index names shard '{}', which is missing from the folder; copy the missing shard or fix the index",
+                        p.display()
+                    ),
+                ));
+            }
+        }
         let ckpt = Self::open_files(dir, &paths)?;
-        for (name, file) in map {
-            let file = file.as_str().unwrap_or_default();
+        for (name, file) in listed {
             match ckpt.tensors.get(name) {
                 None => {
                     return Err(EngineError::bad(
@@ -260,8 +459,8 @@ impl Checkpoint {
         let mut files = Vec::new();
         let mut tensors = BTreeMap::new();
         for (i, p) in paths.iter().enumerate() {
-            let (map, size) = open_map(p)?;
-            let (ts, metadata) = parse_header(p, &map, i)?;
+            let (file, size) = open_file(p)?;
+            let (ts, metadata) = parse_header(p, &file, size, i)?;
             for (name, t) in ts {
                 if let Some(prev) = tensors.insert(name.clone(), t) {
                     return Err(EngineError::bad(
@@ -274,7 +473,7 @@ impl Checkpoint {
                 path: p.clone(),
                 size,
                 metadata,
-                map,
+                file,
             });
         }
         Ok(Checkpoint {
@@ -294,50 +493,51 @@ impl Checkpoint {
         self.files.first().map(|f| f.metadata.clone()).unwrap_or_default()
     }
 
-    /// Raw bytes of a tensor (a view into the memory map).
-    pub fn raw_bytes(&self, t: &TensorEntry) -> &[u8] {
-        let map = &self.files[t.file].map;
-        &map[t.start as usize..(t.start + t.len) as usize]
+    /// Fills `buf` from byte `offset` of tensor `t`'s data. A file that became shorter since it
+    /// was opened (another program rewriting an input) is an error naming it.
+    fn read_into(&self, t: &TensorEntry, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let shard = &self.files[t.file];
+        let at = t.start + offset;
+        read_exact_at(&shard.file, buf, at).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                let now = std::fs::metadata(&shard.path).map_or_else(|_| "is gone".to_owned(), |m| format!("has {} bytes", m.len()));
+                EngineError::Invalid(format!(
+                    "'{}' changed while mergescope was reading it: tensor '{}' needs bytes up to {} but the file now {now} \
+                     (it had {} when opened); another program is writing this input: wait until it has finished and run again",
+                    shard.path.display(),
+                    t.name,
+                    at + buf.len() as u64,
+                    shard.size
+                ))
+            } else {
+                EngineError::io("cannot read", &shard.path, e)
+            }
+        })
+    }
+
+    /// Raw bytes of a tensor, as stored.
+    pub fn raw_bytes(&self, t: &TensorEntry) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; t.len as usize];
+        self.read_into(t, 0, &mut buf)?;
+        Ok(buf)
     }
 
     /// Reads elements `[from, from + len)` of a float tensor as f32.
-    pub fn read_f32_range(&self, t: &TensorEntry, from: usize, len: usize) -> Vec<f32> {
+    pub fn read_f32_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<Vec<f32>> {
         let es = t.dtype.size();
-        let bytes = self.raw_bytes(t);
-        decode_f32_vec(t.dtype, &bytes[from * es..(from + len) * es])
+        if t.dtype == DType::F32 && cfg!(target_endian = "little") {
+            let mut v = vec![0f32; len];
+            self.read_into(t, (from * es) as u64, bytemuck::cast_slice_mut(&mut v))?;
+            return Ok(v);
+        }
+        let mut bytes = vec![0u8; len * es];
+        self.read_into(t, (from * es) as u64, &mut bytes)?;
+        Ok(decode_f32_vec(t.dtype, &bytes))
     }
 
     /// Reads a whole float tensor as f32.
-    pub fn read_f32(&self, t: &TensorEntry) -> Vec<f32> {
+    pub fn read_f32(&self, t: &TensorEntry) -> Result<Vec<f32>> {
         self.read_f32_range(t, 0, t.numel())
-    }
-
-    /// Tells the OS that the pages of elements `[from, from + n)` of `t` will not be needed
-    /// again, so they stop counting towards this process's resident memory.
-    pub fn release_range(&self, t: &TensorEntry, from: usize, n: usize) {
-        #[cfg(unix)]
-        {
-            let es = t.dtype.size() as u64;
-            let page = 4096u64;
-            let start = t.start + from as u64 * es;
-            let end = start + n as u64 * es;
-            let aligned_start = start.div_ceil(page) * page;
-            let aligned_end = end / page * page;
-            if aligned_end > aligned_start {
-                let map = &self.files[t.file].map;
-                // SAFETY: the mapping is read-only and file-backed; dropping its pages only makes
-                // a later access read them again from the file.
-                let _ignored = unsafe {
-                    map.unchecked_advise_range(
-                        memmap2::UncheckedAdvice::DontNeed,
-                        aligned_start as usize,
-                        (aligned_end - aligned_start) as usize,
-                    )
-                };
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = (t, from, n);
     }
 }
 
@@ -372,9 +572,9 @@ mod tests {
         );
         let c = Checkpoint::open(&p).unwrap();
         let t = &c.tensors["w"];
-        assert_eq!(c.read_f32(t), vec![1.0, 2.0, 3.0]);
+        assert_eq!(c.read_f32(t).unwrap(), vec![1.0, 2.0, 3.0]);
         assert_eq!(c.metadata()["k"], "v");
-        assert_eq!(c.read_f32_range(t, 1, 2), vec![2.0, 3.0]);
+        assert_eq!(c.read_f32_range(t, 1, 2).unwrap(), vec![2.0, 3.0]);
     }
 
     #[test]

@@ -213,7 +213,7 @@ pub fn load_params(path: &Path, device: &Device) -> Result<Params> {
     c.tensors
         .iter()
         .filter(|(_, t)| t.dtype.is_float())
-        .map(|(k, t)| Ok((k.clone(), Tensor::from_vec(c.read_f32(t), t.shape.clone(), device)?)))
+        .map(|(k, t)| Ok((k.clone(), Tensor::from_vec(c.read_f32(t)?, t.shape.clone(), device)?)))
         .collect()
 }
 

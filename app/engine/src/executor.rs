@@ -115,8 +115,10 @@ impl PlanItem {
 pub trait Source: Sync {
     /// Reads elements `[from, from + len)` of tensor `name` of input `model` as f32.
     fn read(&self, model: usize, name: &str, from: usize, len: usize) -> Result<Vec<f32>>;
-    /// Says the range will not be read again (lets a file source drop mapped pages).
-    fn release(&self, _model: usize, _name: &str, _from: usize, _len: usize) {}
+    /// How input `model` is named in messages (its file, for a file source).
+    fn describe(&self, model: usize) -> String {
+        format!("input {model}")
+    }
 }
 
 /// Where merged values go.
@@ -207,6 +209,16 @@ impl Run<'_> {
         let mut tensors = Vec::with_capacity(n_inputs);
         for m in 0..n_inputs {
             let v = self.source.read(m, &item.name, from, len)?;
+            // Checked here, once for every method, so the message names the input rather than
+            // blaming whichever method first trips over the NaN.
+            if let Some((i, x)) = crate::merge::first_non_finite(&v) {
+                return Err(crate::merge::non_finite_input(
+                    &self.source.describe(m),
+                    &item.name,
+                    from + i,
+                    x,
+                ));
+            }
             tensors.push(Tensor::from_vec(v, shape, &self.opts.device)?);
         }
         let base = if self.has_base { Some(tensors.remove(0)) } else { None };
@@ -245,17 +257,9 @@ impl Run<'_> {
             let (base, experts) = self.load(item, unit.from, unit.len, &shape)?;
             self.instance
                 .prepare_tensor(self.env(), pass, &self.call(unit.item, item, unit.from), base, experts)?;
-            self.release_inputs(item, unit);
             Ok(())
         })?;
         self.instance.finish_pass(self.env(), pass)
-    }
-
-    fn release_inputs(&self, item: &PlanItem, unit: &Unit) {
-        let n_inputs = self.n_experts + usize::from(self.has_base);
-        for m in 0..n_inputs {
-            self.source.release(m, &item.name, unit.from, unit.len);
-        }
     }
 
     /// Work units: whole tensors, or chunks of at most `chunk_elems` when `chunked`.
@@ -317,7 +321,6 @@ impl Run<'_> {
             Some(r) => r?,
             None => store(&to_f32_vec(&result)?)?,
         }
-        self.release_inputs(item, unit);
         Ok(())
     }
 

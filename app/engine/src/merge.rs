@@ -4,7 +4,7 @@
 
 use crate::checkpoint::{Checkpoint, TensorEntry};
 use crate::compat::{self, MissingPolicy, ModelDesc, TensorFate};
-use crate::dtype::{DType, OutDType, decode_f32_vec, encode_f32};
+use crate::dtype::{DType, OutDType, decode_f32_vec};
 use crate::error::{EngineError, Result};
 pub use crate::executor::{ExecOptions, Observer, Phase, Progress};
 use crate::executor::{PlanItem, Run, Sink, Source};
@@ -282,15 +282,15 @@ impl FileSource<'_> {
 }
 
 impl Source for FileSource<'_> {
-    fn read(&self, model: usize, name: &str, from: usize, len: usize) -> Result<Vec<f32>> {
-        let (c, t) = self.entry(model, name)?;
-        Ok(c.read_f32_range(t, from, len))
+    fn describe(&self, model: usize) -> String {
+        self.models
+            .get(model)
+            .map_or_else(|| format!("input {model}"), |c| c.path.display().to_string())
     }
 
-    fn release(&self, model: usize, name: &str, from: usize, len: usize) {
-        if let Ok((c, t)) = self.entry(model, name) {
-            c.release_range(t, from, len);
-        }
+    fn read(&self, model: usize, name: &str, from: usize, len: usize) -> Result<Vec<f32>> {
+        let (c, t) = self.entry(model, name)?;
+        c.read_f32_range(t, from, len)
     }
 }
 
@@ -300,41 +300,62 @@ struct FileSink<'a> {
 
 impl Sink for FileSink<'_> {
     fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<()> {
-        let dtype = self
-            .writer
-            .dtype(name)
-            .ok_or_else(|| EngineError::Invalid(format!("internal: '{name}' is not in the output")))?;
-        let mut bytes = Vec::new();
-        encode_f32(dtype, values, &mut bytes);
-        self.writer.write(name, (from * dtype.size()) as u64, &bytes)
+        self.writer.write_values(name, from, values)
     }
 }
 
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    }
+/// The first non-finite value of `values` and its index.
+pub(crate) fn first_non_finite(values: &[f32]) -> Option<(usize, f32)> {
+    values.iter().position(|v| !v.is_finite()).map(|i| (i, values[i]))
 }
 
+/// The error for an input holding NaN or Inf: it names the file, the tensor and the element.
+pub(crate) fn non_finite_input(input: &str, tensor: &str, index: usize, value: f32) -> EngineError {
+    EngineError::Invalid(format!(
+        "input '{input}' holds {value} in tensor '{tensor}' (element {index}); merging it would write non-finite \
+         weights: repair that checkpoint, or leave it out of the merge"
+    ))
+}
+
+/// `p` with every existing part resolved (links, `..`): the canonical path when it exists,
+/// else its resolved parent joined with its name.
+fn resolved(p: &Path) -> Option<PathBuf> {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return Some(c);
+    }
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
+}
+
+/// Refuses an output that would write over, into or around an input: the same file, a file
+/// inside an input folder (its shards, its index, anything else there), or a folder that
+/// holds an input.
 pub(crate) fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()> {
+    let Some(target) = resolved(out) else {
+        return Ok(());
+    };
     for c in inputs {
-        let hit = same_file(out, &c.path) || c.files.iter().any(|f| same_file(out, &f.path));
-        if hit {
+        let mut paths: Vec<&Path> = vec![&c.path];
+        paths.extend(c.files.iter().map(|f| f.path.as_path()));
+        for p in paths {
+            let Some(input) = resolved(p) else { continue };
+            let problem = if input == target {
+                "is one of the inputs"
+            } else if input.is_dir() && target.starts_with(&input) {
+                "lies inside the input folder"
+            } else if input.starts_with(&target) {
+                "is a folder holding the input"
+            } else {
+                continue;
+            };
             return Err(EngineError::Invalid(format!(
-                "the output '{}' is one of the inputs; mergescope never writes over an input: choose another --out",
-                out.display()
-            )));
-        }
-        if out.is_dir()
-            && c.files
-                .iter()
-                .any(|f| f.path.parent().is_some_and(|p| same_file(p, out)))
-        {
-            return Err(EngineError::Invalid(format!(
-                "the output folder '{}' holds input '{}'; choose another --out",
+                "the output '{}' {problem} '{}'; mergescope never writes over or into its inputs: choose an --out \
+                 outside every input",
                 out.display(),
-                c.path.display()
+                p.display()
             )));
         }
     }
@@ -452,12 +473,9 @@ pub(crate) fn write_copies(writer: &OutputWriter, reference: &Checkpoint, copies
     for t in copies {
         let out_dtype = writer.dtype(&t.name).unwrap_or(t.dtype);
         if out_dtype == t.dtype {
-            writer.write(&t.name, 0, reference.raw_bytes(t))?;
+            writer.write(&t.name, 0, &reference.raw_bytes(t)?)?;
         } else {
-            let v = decode_f32_vec(t.dtype, reference.raw_bytes(t));
-            let mut bytes = Vec::new();
-            encode_f32(out_dtype, &v, &mut bytes);
-            writer.write(&t.name, 0, &bytes)?;
+            writer.write_values(&t.name, 0, &decode_f32_vec(t.dtype, &reference.raw_bytes(t)?))?;
         }
     }
     Ok(())

@@ -12,8 +12,8 @@ use crate::dtype::encode_f32;
 use crate::error::{EngineError, Result};
 use crate::executor::{ExecOptions, Observer, Phase, Progress};
 use crate::merge::{
-    MergeReport, MergeRequest, check_output_path, create_instance, file_desc, file_label, output_metadata,
-    plan_outputs, write_copies,
+    MergeReport, MergeRequest, check_output_path, create_instance, file_desc, file_label, first_non_finite,
+    non_finite_input, output_metadata, plan_outputs, write_copies,
 };
 use crate::nn::Params;
 use crate::plugin::Plugin;
@@ -103,12 +103,18 @@ fn expert_tasks(experts: &[Checkpoint], bench: &Benchmark) -> Result<Vec<String>
         .collect()
 }
 
+/// Loads the tensors `names` of `c`, refusing non-finite weights (a model-level method would
+/// carry them into every iterate and the output).
 fn load_tensors(c: &Checkpoint, names: &[String], device: &Device) -> Result<Vec<Tensor>> {
     names
         .iter()
         .map(|n| {
             let t = &c.tensors[n];
-            Ok(Tensor::from_vec(c.read_f32(t), t.shape.clone(), device)?)
+            let values = c.read_f32(t)?;
+            if let Some((i, v)) = first_non_finite(&values) {
+                return Err(non_finite_input(&c.path.display().to_string(), n, i, v));
+            }
+            Ok(Tensor::from_vec(values, t.shape.clone(), device)?)
         })
         .collect()
 }
@@ -276,12 +282,18 @@ pub fn merge_model_files(
     let writer = OutputWriter::create(&req.out, &plan.outputs, &metadata, shard_bytes, req.overwrite)?;
     write_copies(&writer, &base, &plan.copies)?;
     for (name, t) in model.names.iter().zip(&merged) {
-        let dtype = writer
-            .dtype(name)
-            .ok_or_else(|| EngineError::Invalid(format!("internal: '{name}' is not in the output")))?;
-        let mut bytes = Vec::new();
-        encode_f32(dtype, &host_f32(t)?, &mut bytes);
-        writer.write(name, 0, &bytes)?;
+        let values = host_f32(t)?;
+        if let Some((i, v)) = first_non_finite(&values) {
+            return Err(EngineError::Plugin {
+                plugin: plugin.id().to_owned(),
+                tensor: name.clone(),
+                message: format!(
+                    "it produced a non-finite value ({v}) at element {i} although every input is finite; check the \
+                     parameters (a step size too large, an overflow) or report the bug to the plugin's author"
+                ),
+            });
+        }
+        writer.write_values(name, 0, &values)?;
     }
     let files = writer.commit()?;
     Ok(ModelMergeReport {

@@ -3,7 +3,7 @@
 //! offsets, in any order. Everything goes to a temporary path next to the destination that is
 //! renamed into place only when complete; a failed or cancelled merge leaves nothing behind.
 
-use crate::dtype::DType;
+use crate::dtype::{DType, encode_f32};
 use crate::error::{EngineError, Result};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -165,6 +165,15 @@ impl OutputWriter {
                 out.display()
             )));
         }
+        if sharded && out.is_file() {
+            return Err(EngineError::Invalid(format!(
+                "'{}' is a file but this output is a folder of shards; choose another --out (or --shard-size 0 for one file)",
+                out.display()
+            )));
+        }
+        if sharded && out.is_dir() {
+            check_own_output_folder(out)?;
+        }
         if out.is_dir() && !sharded {
             return Err(EngineError::Invalid(format!(
                 "'{}' is a folder but the output is a single file; give a file path such as {}/merged.safetensors",
@@ -180,6 +189,7 @@ impl OutputWriter {
                 parent.display()
             )));
         }
+        remove_stale_temporaries(out);
         let tmp_path = tmp_sibling(out, "partial");
         let mut files = Vec::new();
         let mut file_paths = Vec::new();
@@ -236,6 +246,19 @@ impl OutputWriter {
         write_all_at(&self.files[*si], bytes, off + byte_from, &self.file_paths[*si])
     }
 
+    /// Encodes f32 values of tensor `name` to its output dtype and writes them from element
+    /// `elem_from`. Values beyond the dtype's range (e.g. over 65504 for F16) are refused rather
+    /// than silently written as Inf.
+    pub fn write_values(&self, name: &str, elem_from: usize, values: &[f32]) -> Result<()> {
+        let dtype = self
+            .dtype(name)
+            .ok_or_else(|| EngineError::Invalid(format!("internal: tensor '{name}' is not in the output plan")))?;
+        check_range(dtype, name, elem_from, values)?;
+        let mut bytes = Vec::new();
+        encode_f32(dtype, values, &mut bytes);
+        self.write(name, (elem_from * dtype.size()) as u64, &bytes)
+    }
+
     /// Stored dtype of an output tensor.
     pub fn dtype(&self, name: &str) -> Option<DType> {
         self.locations.get(name).map(|l| l.2)
@@ -255,6 +278,7 @@ impl OutputWriter {
                     self.final_path.display()
                 )));
             }
+            check_own_output_folder(&self.final_path)?;
             std::fs::rename(&self.final_path, &old)
                 .map_err(|e| EngineError::io("cannot move aside", &self.final_path, e))?;
         }
@@ -276,6 +300,134 @@ impl OutputWriter {
             vec![self.final_path.clone()]
         };
         Ok(names)
+    }
+}
+
+/// The largest finite magnitude a dtype stores, when it is below f32's.
+fn largest_finite(dtype: DType) -> Option<f32> {
+    match dtype {
+        DType::F16 => Some(half::f16::MAX.to_f32()),
+        // Values between bf16::MAX and f32::MAX round up to Inf.
+        DType::BF16 => Some(half::bf16::MAX.to_f32()),
+        _ => None,
+    }
+}
+
+/// Refuses values that `dtype` cannot hold (they would be written as Inf).
+fn check_range(dtype: DType, name: &str, elem_from: usize, values: &[f32]) -> Result<()> {
+    let Some(max) = largest_finite(dtype) else {
+        return Ok(());
+    };
+    if let Some(i) = values.iter().position(|v| v.abs() > max) {
+        let peak = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+        return Err(EngineError::Invalid(format!(
+            "tensor '{name}': element {} is {}, beyond the range of {} (largest finite value ±{max}; this tensor reaches \
+             ±{peak:e}), so it would be written as Inf; keep the input dtype (leave out --dtype) or choose a wider one \
+             (--dtype bf16 or f32)",
+            elem_from + i,
+            values[i],
+            dtype.name()
+        )));
+    }
+    Ok(())
+}
+
+/// The index of a shard folder.
+const INDEX_NAME: &str = "model.safetensors.index.json";
+
+/// Refuses to replace folder `dir` unless mergescope wrote it: a shard index, only the shards it
+/// lists beside it, and mergescope's metadata in them. `--overwrite` never deletes a folder of
+/// the user's files.
+fn check_own_output_folder(dir: &Path) -> Result<()> {
+    let refuse = |why: String| {
+        EngineError::Invalid(format!(
+            "'{}' is a folder that mergescope did not write ({why}); --overwrite only replaces mergescope's own \
+             output folders: choose another --out, or empty or remove that folder yourself",
+            dir.display()
+        ))
+    };
+    let index = dir.join(INDEX_NAME);
+    let shards: std::collections::BTreeSet<String> = std::fs::read_to_string(&index)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|json| {
+            let map = json.get("weight_map")?.as_object()?;
+            Some(map.values().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        })
+        .unwrap_or_default();
+    let entries = std::fs::read_dir(dir).map_err(|e| EngineError::io("cannot list", dir, e))?;
+    let mut foreign = Vec::new();
+    for e in entries {
+        let name = e
+            .map_err(|e| EngineError::io("cannot list", dir, e))?
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if name != INDEX_NAME && !shards.contains(&name) {
+            foreign.push(name);
+        }
+    }
+    if !foreign.is_empty() {
+        foreign.sort();
+        let more = if foreign.len() > 3 {
+            format!(" and {} more", foreign.len() - 3)
+        } else {
+            String::new()
+        };
+        foreign.truncate(3);
+        let listed: Vec<String> = foreign.iter().map(|f| format!("'{f}'")).collect();
+        return Err(refuse(format!("it holds {}{more}", listed.join(", "))));
+    }
+    if shards.is_empty() {
+        return Err(refuse(format!("it has no readable {INDEX_NAME} listing its shards")));
+    }
+    let ours = shards.iter().next().is_some_and(|first| {
+        crate::checkpoint::Checkpoint::open(&dir.join(first))
+            .is_ok_and(|c| c.metadata().contains_key("mergescope.version"))
+    });
+    if !ours {
+        return Err(refuse("its shards carry no mergescope metadata".to_owned()));
+    }
+    Ok(())
+}
+
+/// Removes temporaries that a killed mergescope left beside `out` (`.<name>.partial-<pid>` and
+/// the like, whose process is gone). Only on systems with `/proc`, where that can be told.
+fn remove_stale_temporaries(out: &Path) {
+    let proc_dir = Path::new("/proc");
+    if !proc_dir.join("self").exists() {
+        return;
+    }
+    let Some(name) = out.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return;
+    };
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let Ok(entries) = std::fs::read_dir(&parent) else {
+        return;
+    };
+    let prefix = format!(".{name}.");
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = file.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some((tag, pid)) = rest.rsplit_once('-') else {
+            continue;
+        };
+        // `.old-` folders hold a replaced output mid-swap: never deleted here.
+        let own_tag = matches!(tag, "partial" | "writing");
+        let dead = pid.parse::<u32>().is_ok_and(|p| !proc_dir.join(p.to_string()).exists());
+        if own_tag && dead {
+            let path = e.path();
+            let _ignored = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+        }
     }
 }
 
@@ -352,8 +504,8 @@ mod tests {
         fill(&w);
         w.commit().unwrap();
         let c = Checkpoint::open(&out).unwrap();
-        assert_eq!(c.read_f32(&c.tensors["a"]), vec![1.0, 2.0, 3.0, 4.0]);
-        assert_eq!(c.read_f32(&c.tensors["b"]), vec![6.0, 5.0]);
+        assert_eq!(c.read_f32(&c.tensors["a"]).unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(c.read_f32(&c.tensors["b"]).unwrap(), vec![6.0, 5.0]);
         assert_eq!(c.metadata()["mergescope.method"], "x");
         let e = OutputWriter::create(&out, &tensors(), &meta, None, false)
             .unwrap_err()
@@ -376,7 +528,7 @@ mod tests {
         assert_eq!(files.len(), 3);
         let c = Checkpoint::open(&out).unwrap();
         assert_eq!(c.files.len(), 2);
-        assert_eq!(c.read_f32(&c.tensors["b"]), vec![6.0, 5.0]);
+        assert_eq!(c.read_f32(&c.tensors["b"]).unwrap(), vec![6.0, 5.0]);
 
         let out2 = dir.path().join("dropped.safetensors");
         let w = OutputWriter::create(&out2, &tensors(), &BTreeMap::new(), None, false).unwrap();

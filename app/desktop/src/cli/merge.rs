@@ -83,7 +83,14 @@ fn parse_params(items: &[String]) -> anyhow::Result<serde_json::Map<String, serd
         let Some((k, v)) = item.split_once('=') else {
             bail!("--param '{item}' must look like name=value, e.g. --param lambda=0.3");
         };
-        map.insert(k.trim().to_owned(), serde_json::Value::String(v.trim().to_owned()));
+        let (k, v) = (k.trim(), v.trim());
+        if let Some(first) = map.get(k) {
+            bail!(
+                "--param {k} is given twice ({k}={} and {k}={v}); give each parameter once",
+                first.as_str().unwrap_or_default()
+            );
+        }
+        map.insert(k.to_owned(), serde_json::Value::String(v.to_owned()));
     }
     Ok(map)
 }

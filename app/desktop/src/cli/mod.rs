@@ -68,7 +68,11 @@ pub enum Command {
 
 /// Finds plugins next to the executable, in the user's folder and in `--plugin-dir`s.
 pub fn registry(extra: &[PathBuf]) -> anyhow::Result<Registry> {
-    let approvals = Approvals::load().map_err(anyhow::Error::msg)?;
+    // A damaged approvals file must not block the bundled methods, which need no approval.
+    let approvals = Approvals::load().unwrap_or_else(|e| {
+        eprintln!("warning: {e}; until then, plugins outside mergescope's own folder are not loaded");
+        Approvals::default()
+    });
     Ok(Registry::discover(&PluginDirs::standard(extra.to_vec()), &approvals))
 }
 

@@ -122,11 +122,11 @@ pub fn run(plugin_dirs: &[PathBuf], cmd: PluginsCommand) -> anyhow::Result<ExitC
         PluginsCommand::Approve { paths } => {
             let mut approvals = Approvals::load().map_err(anyhow::Error::msg)?;
             for path in paths {
-                // Validate before approving: loading it is exactly what approval allows, so
-                // only approve files the user named; report what they are.
+                // Validate before approving (the user named this file, so loading it is what
+                // they asked for): a library that is not a usable plugin is never approved.
+                let plugin = mergescope_engine::plugin::load_plugin(&path)
+                    .with_context(|| format!("'{}' was not approved", path.display()))?;
                 let a = approvals.approve(&path).map_err(anyhow::Error::msg)?;
-                let plugin = mergescope_engine::plugin::load_plugin(&a.path)
-                    .with_context(|| format!("approved '{}', but it does not load", a.path.display()))?;
                 println!(
                     "approved {} ({} v{}) sha256 {}",
                     a.path.display(),

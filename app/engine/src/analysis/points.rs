@@ -185,7 +185,7 @@ pub fn gram_of_files(
                     slot.numel
                 )));
             }
-            Ok(c.read_f32(e))
+            c.read_f32(e)
         };
         let shift = reference.as_ref().map(&read).transpose()?;
         let chunks: Vec<Vec<f32>> = sources
@@ -193,7 +193,7 @@ pub fn gram_of_files(
             .map(|s| {
                 let mut v = match s {
                     Source::Checkpoint(c) => read(c)?,
-                    Source::Iterate(c, e) => c.read_f32_range(e, offset, slot.numel),
+                    Source::Iterate(c, e) => c.read_f32_range(e, offset, slot.numel)?,
                 };
                 if let Some(r) = &shift {
                     v.iter_mut().zip(r).for_each(|(x, r)| *x -= r);
@@ -233,7 +233,7 @@ pub fn read_iterates(path: &Path, device: &candle_core::Device) -> Result<Vec<(S
             let mut offset = 0;
             let mut params = crate::nn::Params::new();
             for slot in &layout {
-                let v = c.read_f32_range(e, offset, slot.numel);
+                let v = c.read_f32_range(e, offset, slot.numel)?;
                 params.insert(
                     slot.name.clone(),
                     candle_core::Tensor::from_vec(v, slot.shape.clone(), device)?,

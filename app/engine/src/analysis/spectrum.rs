@@ -159,7 +159,7 @@ pub fn task_spectra(base: &std::path::Path, experts: &[PathBuf], tensor: &str) -
                 p.display()
             ))
         })?;
-        Ok((c.read_f32(e), e.shape.clone()))
+        Ok((c.read_f32(e)?, e.shape.clone()))
     };
     let (base_v, shape) = read(base)?;
     let &[m, n] = shape.as_slice() else {

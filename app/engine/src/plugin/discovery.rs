@@ -282,6 +282,17 @@ impl Registry {
         if let Some(p) = self.plugins.iter().find(|p| p.id() == id) {
             return Ok(p.clone());
         }
+        let stem = id.replace('-', "_");
+        if let Some(f) = self
+            .failures
+            .iter()
+            .find(|f| f.path.file_name().is_some_and(|n| n.to_string_lossy().contains(&stem)))
+        {
+            return Err(format!(
+                "merge method '{id}' is unavailable: its plugin failed to load: {}",
+                f.error
+            ));
+        }
         let known: Vec<&str> = self.plugins.iter().map(|p| p.id()).collect();
         let hint = did_you_mean(id, known.iter().copied())
             .map(|c| format!(" Did you mean '{c}'?"))
@@ -294,11 +305,7 @@ impl Registry {
                 known.join(", ")
             }
         );
-        if let Some(p) = self
-            .pending
-            .iter()
-            .find(|p| p.path.to_string_lossy().contains(&id.replace('-', "_")))
-        {
+        if let Some(p) = self.pending.iter().find(|p| p.path.to_string_lossy().contains(&stem)) {
             msg.push_str(&format!(
                 " A plugin that may provide it needs approval first: mergescope plugins approve '{}'",
                 p.path.display()

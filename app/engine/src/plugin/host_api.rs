@@ -235,11 +235,27 @@ fn slice_arg<'s, T>(ptr: *const T, len: usize, what: &str) -> HResult<&'s [T]> {
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
+/// Longest plugin message (error or log line) shown to the user, in bytes.
+pub const MAX_PLUGIN_MESSAGE_BYTES: usize = 2000;
+
+/// A plugin's text cut to [`MAX_PLUGIN_MESSAGE_BYTES`] (at a character boundary), saying how
+/// much was cut: a plugin cannot flood the terminal, the log panel or an error dialog.
+pub fn bounded_text(text: &str) -> String {
+    if text.len() <= MAX_PLUGIN_MESSAGE_BYTES {
+        return text.to_owned();
+    }
+    let mut end = MAX_PLUGIN_MESSAGE_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes cut)", &text[..end], text.len() - end)
+}
+
 unsafe extern "C" fn h_log(ctx: *mut c_void, level: abi::LogLevel, message: Str) {
     with_ctx(ctx, |c| {
         // SAFETY: the plugin passes a string valid for the call.
         let m = unsafe { message.as_str() }.unwrap_or("<log message is not UTF-8>");
-        (c.log)(level, m);
+        (c.log)(level, &bounded_text(m));
         Ok(())
     });
 }
@@ -264,7 +280,7 @@ unsafe extern "C" fn h_set_error(ctx: *mut c_void, message: Str) {
     with_ctx(ctx, |c| {
         // SAFETY: the plugin passes a string valid for the call; we copy it.
         let m = unsafe { message.as_str() }.unwrap_or("<error message is not UTF-8>");
-        c.error = Some(m.to_owned());
+        c.error = Some(bounded_text(m));
         Ok(())
     });
 }

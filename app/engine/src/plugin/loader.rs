@@ -139,6 +139,70 @@ fn loader_message(e: &libloading::Error) -> String {
     msg
 }
 
+/// Checks, before the table is read as a [`PluginApiV1`], that its size covers the 1.0 table
+/// and that every function the declared kind needs is present. A C plugin can leave any slot
+/// NULL; the Rust type says those slots are never null, so they are read as raw words here
+/// (a NULL `merge_tensor` would otherwise crash the first merge).
+fn check_required_functions(path: &Path, api_ptr: *const PluginApiV1) -> Result<(), PluginError> {
+    use std::mem::offset_of;
+    if api_ptr.is_null() {
+        return Ok(()); // reported with its own message by the caller
+    }
+    let base = api_ptr.cast::<u8>();
+    // SAFETY: a non-null table pointer from the entry points to at least the 1.0 table's
+    // `struct_size` and `kind`, which precede every function slot; unaligned reads of plain
+    // integers and pointers from it are valid for any bit pattern.
+    let struct_size = unsafe {
+        base.add(offset_of!(PluginApiV1, struct_size))
+            .cast::<usize>()
+            .read_unaligned()
+    };
+    if struct_size < abi::PLUGIN_API_V1_MIN_SIZE {
+        return Ok(()); // reported by the caller with the table sizes
+    }
+    // SAFETY: as above; the table is at least the 1.0 size, which holds these fields.
+    let kind = unsafe {
+        base.add(offset_of!(PluginApiV1, kind))
+            .cast::<abi::PluginKind>()
+            .read_unaligned()
+    };
+    let mut required = vec![
+        ("create", offset_of!(PluginApiV1, create)),
+        ("destroy", offset_of!(PluginApiV1, destroy)),
+    ];
+    if kind == abi::KIND_PER_TENSOR {
+        required.push(("merge_tensor", offset_of!(PluginApiV1, merge_tensor)));
+    }
+    let missing: Vec<&str> = required
+        .into_iter()
+        // SAFETY: each offset lies inside the 1.0 table checked above.
+        .filter(|(_, off)| unsafe { base.add(*off).cast::<*const std::ffi::c_void>().read_unaligned() }.is_null())
+        .map(|(name, _)| name)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let kind_name = if kind == abi::KIND_PER_TENSOR {
+        "per-tensor"
+    } else {
+        "model-level"
+    };
+    Err(PluginError::Malformed {
+        path: path.to_path_buf(),
+        reason: format!(
+            "its table leaves the required function{} {} NULL (a {kind_name} method must provide {}); fix the plugin \
+             and rebuild it",
+            if missing.len() > 1 { "s" } else { "" },
+            missing.join(", "),
+            if kind == abi::KIND_PER_TENSOR {
+                "create, destroy and merge_tensor"
+            } else {
+                "create, destroy and run_model"
+            }
+        ),
+    })
+}
+
 fn static_str(path: &Path, field: &str, s: abi::Str) -> Result<String, PluginError> {
     // SAFETY: the plugin's table points at its own static strings, valid while it is loaded,
     // and plugins are never unloaded.
@@ -235,6 +299,7 @@ pub fn load_plugin_as(path: &Path, origin: PluginOrigin) -> Result<Plugin, Plugi
     // SAFETY: calling the plugin's entry; the SDK guards it against panics. A plugin written
     // without the SDK that panics here aborts the process: the ABI forbids it.
     let api_ptr = unsafe { entry() };
+    check_required_functions(&p, api_ptr)?;
     // SAFETY: a non-null pointer from the entry points to a static table.
     let api: &'static PluginApiV1 = unsafe { api_ptr.as_ref() }.ok_or_else(|| PluginError::Malformed {
         path: p.clone(),

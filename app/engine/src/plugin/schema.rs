@@ -195,6 +195,13 @@ fn check_range_f(name: &str, x: f64, min: Option<f64>, max: Option<f64>) -> Resu
     if !x.is_finite() {
         return Err(format!("parameter '{name}': {x} is not a finite number"));
     }
+    // Merges compute in f32: a larger magnitude would turn every weight it touches into Inf.
+    if x.abs() > f64::from(f32::MAX) {
+        return Err(format!(
+            "parameter '{name}' = {x:e} is beyond the f32 range merges compute in (±{:e}); give a smaller value",
+            f32::MAX
+        ));
+    }
     let lo = min.map_or(String::from("-inf"), |m| m.to_string());
     let hi = max.map_or(String::from("inf"), |m| m.to_string());
     if min.is_some_and(|m| x < m) || max.is_some_and(|m| x > m) {
