@@ -3,6 +3,11 @@
 //! small real benchmark: open it from the View menu, shrink the `paper-002` preset to a tiny
 //! sweep in its form, run it, cancel it, resume it, and check the results file, the plots
 //! (against `analyse()` of that file) and the fits table; plus a snapshot of the window.
+//!
+//! The sweep trains its experts, so its numbers depend on the CPU's rounding (see
+//! [`SWEEP_ACCURACY_TOLERANCE`]): they are checked against a reference run, committed in
+//! `tests/fixtures/sweep/results.csv`, within a tolerance, and the snapshot is drawn from that
+//! reference file, so that it is the same picture on every machine.
 
 mod common;
 
@@ -10,7 +15,7 @@ use egui::accesskit::Role;
 use egui_kittest::Harness;
 use egui_kittest::kittest::{Queryable as _, by};
 use mergescope_engine::scaling::sweep::spec::{EXPERT, Hyper, task_groups};
-use mergescope_engine::scaling::sweep::store::read_rows;
+use mergescope_engine::scaling::sweep::store::{Row, read_rows};
 use mergescope_engine::scaling::sweep::{SweepSpec, Variable, analyse, figures};
 use mergescope_gui::MergescopeApp;
 use mergescope_gui::experiments::Outcome;
@@ -83,6 +88,80 @@ fn cells_in(path: &Path) -> usize {
         })
         .collect();
     cells.len()
+}
+
+/// The reference results of the tiny sweep below, made on one machine (see
+/// `tests/fixtures/README.md`).
+fn reference_results() -> PathBuf {
+    common::fixtures().join("sweep").join("results.csv")
+}
+
+/// How far a sweep row's accuracy (on 64 test examples) may be from the reference's. The sweep
+/// fine-tunes each expert for at most 6 AdamW steps from the committed base; another CPU sums
+/// the matrix products in another order (SIMD width, cache blocking), which moves the weights
+/// by a few units in the last place, and the few steps do not amplify that much. An example
+/// whose two best logits (nearly) tie can still change its prediction, so the accuracy may
+/// move by whole examples: two of 64 is allowed, which no change of method or recipe stays
+/// within (those move accuracies by several points).
+const SWEEP_ACCURACY_TOLERANCE: f64 = 2.0 / 64.0 + 1e-9;
+/// How far a sweep row's mean cross-entropy may be from the reference's, relative: 1e-3, a
+/// hundred times the spread measured between CPU paths (see the fixtures' README), and well
+/// under what a change of the training or the merge would move.
+const SWEEP_LOSS_TOLERANCE: f64 = 1e-3;
+
+/// Checks the rows of a sweep against the reference rows: the same cells and tasks, the same
+/// example counts, the accuracies and losses within the tolerances above.
+fn assert_close_to_reference(rows: &[Row], reference: &[Row]) {
+    let key = |r: &Row| format!("{} | {}", r.cell(), r.task);
+    let by_key: std::collections::BTreeMap<String, _> = reference.iter().map(|r| (key(r), r)).collect();
+    assert_eq!(by_key.len(), reference.len(), "one reference row per cell and task");
+    let got: BTreeSet<String> = rows.iter().map(key).collect();
+    assert_eq!(got.len(), rows.len(), "one row per cell and task");
+    assert_eq!(
+        got,
+        by_key.keys().cloned().collect::<BTreeSet<_>>(),
+        "the sweep's cells are the reference's"
+    );
+    for r in rows {
+        let e = by_key[&key(r)];
+        assert_eq!(r.examples, e.examples, "{}", key(r));
+        assert!(
+            (r.accuracy - e.accuracy).abs() <= SWEEP_ACCURACY_TOLERANCE,
+            "{}: accuracy {} vs the reference's {}",
+            key(r),
+            r.accuracy,
+            e.accuracy
+        );
+        assert!(
+            (r.loss - e.loss).abs() <= SWEEP_LOSS_TOLERANCE * e.loss.abs().max(1.0),
+            "{}: loss {} vs the reference's {}",
+            key(r),
+            r.loss,
+            e.loss
+        );
+    }
+}
+
+/// Writes `results` as the reference (rows sorted, timings zeroed, so that a rerun on the same
+/// machine writes the same file), when `MERGESCOPE_UPDATE_FIXTURES` is set.
+fn update_reference(results: &Path) {
+    if std::env::var_os("MERGESCOPE_UPDATE_FIXTURES").is_none() {
+        return;
+    }
+    let text = std::fs::read_to_string(results).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let mut rows: Vec<String> = lines
+        .map(|l| {
+            let (rest, _seconds) = l.rsplit_once(',').unwrap();
+            format!("{rest},0.000")
+        })
+        .collect();
+    rows.sort();
+    let out = reference_results();
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    std::fs::write(&out, format!("{header}\n{}\n", rows.join("\n"))).unwrap();
+    println!("wrote {}", out.display());
 }
 
 fn running(a: &MergescopeApp) -> bool {
@@ -255,7 +334,25 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
     h.get_by_label("fine-tuning steps K").click();
     h.run_steps(2);
 
-    // A picture of the window with the plots (timings vary from run to run).
+    // The numbers the sweep trained, against the reference run's.
+    update_reference(&results);
+    let reference = read_rows(&reference_results()).unwrap();
+    assert_close_to_reference(&rows, &reference);
+
+    // A picture of the window with the plots, drawn from the reference results (the same
+    // numbers on every machine; timings vary from run to run).
+    std::fs::copy(reference_results(), &results).unwrap();
+    h.state_mut().session.experiments.reload();
+    let e = &h.state().session.experiments;
+    assert!(e.error.is_none(), "{:?}", e.error);
+    assert_eq!(e.rows, reference);
+    let expected = analyse(&e.spec, &reference);
+    assert_eq!(e.results, expected);
+    assert_eq!(e.variable, Some(Variable::Steps));
+    for (shown, r) in e.figures.iter().zip(&expected) {
+        assert_eq!(shown, &figures(r));
+    }
+    assert_eq!(expected[0].fits.len(), 2, "both methods' fits are in the picture");
     let e = &mut h.state_mut().session.experiments;
     if let Some(p) = &mut e.progress {
         p.elapsed = 12.0;

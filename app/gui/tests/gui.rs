@@ -523,3 +523,36 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     );
     assert_ne!(edited, Figure::Bars(b));
 }
+
+/// Rebuilds the committed test benchmark by training it with `common::recipe()`, into
+/// `tests/fixtures/bench` (or `$MERGESCOPE_FIXTURE_OUT`), its build timings zeroed so that a
+/// rebuild on the same machine writes the same files. Run by
+/// `scripts/regenerate-gui-fixtures.sh`; the weights depend on the CPU that trains them, which
+/// is why the tests do not train them.
+#[test]
+#[ignore = "rebuilds tests/fixtures/bench by training; see tests/fixtures/README.md"]
+fn regenerate_benchmark_fixture() {
+    let out =
+        std::env::var_os("MERGESCOPE_FIXTURE_OUT").map_or_else(|| common::fixtures().join("bench"), PathBuf::from);
+    let staging = tempfile::tempdir().unwrap();
+    let built = common::build_benchmark(&staging.path().join("bench"));
+    let mut manifest = built.manifest.clone();
+    manifest.seconds.values_mut().for_each(|s| *s = 0.0);
+    std::fs::write(
+        built.dir.join("manifest.json"),
+        serde_json::to_vec_pretty(&manifest).unwrap(),
+    )
+    .unwrap();
+    if out.exists() {
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+    std::fs::create_dir_all(out.join("experts")).unwrap();
+    for f in std::iter::once(built.base_path())
+        .chain(std::iter::once(built.heads_path()))
+        .chain(built.expert_paths())
+        .chain(std::iter::once(built.dir.join("manifest.json")))
+    {
+        std::fs::copy(&f, out.join(f.strip_prefix(&built.dir).unwrap())).unwrap();
+    }
+    println!("wrote {}", out.display());
+}
