@@ -418,6 +418,91 @@ fn eval_and_merge_eval_on_a_benchmark() {
     );
     let e = env.fails(&["eval", "--checkpoint", &expert, "--benchmark", &b, "--split", "train"]);
     assert!(e.contains("use test or calibration"), "{e}");
+    // --device picks where the evaluation runs; an unknown one is named with the choices.
+    let on_cpu: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "eval",
+        "--checkpoint",
+        &merged,
+        "--benchmark",
+        &b,
+        "--device",
+        "cpu",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(on_cpu["report"], again["report"]);
+    let e = env.fails(&["eval", "--checkpoint", &expert, "--benchmark", &b, "--device", "tpu"]);
+    assert!(
+        e.contains("--device 'tpu'") && e.contains("use cpu, cuda or metal"),
+        "{e}"
+    );
+}
+
+/// A model-level method's output is sharded by the same rules as a per-tensor merge's: as
+/// `--shard-size` asks, and otherwise like a sharded base.
+#[test]
+fn model_level_outputs_are_sharded_like_per_tensor_ones() {
+    let env = Env::new();
+    let bench = env.path("bench");
+    tiny_benchmark(&bench);
+    let b = s(&bench).to_owned();
+    let shards = |dir: &Path| -> Vec<String> {
+        let index: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
+        let mut files: Vec<String> = index["weight_map"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        files.sort();
+        files.dedup();
+        files
+    };
+    let fw = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "merge",
+            "--method",
+            "frank-wolfe",
+            "--benchmark",
+            &b,
+            "--param",
+            "iterations=2",
+            "--out",
+            s(out),
+            "-q",
+        ];
+        args.extend_from_slice(extra);
+        env.ok(&args);
+    };
+    // Asked for: 300 kB shards of the ~930 kB MLP.
+    let asked = env.path("fw-asked");
+    fw(&asked, &["--shard-size", "300KB"]);
+    assert!(shards(&asked).len() >= 2, "{:?}", shards(&asked));
+    // Not asked for, from a base sharded in 400 kB files: the output is sharded too.
+    let sharded_base = env.path("base-sharded");
+    env.ok(&[
+        "merge",
+        "--method",
+        "weight-average",
+        "--expert",
+        s(&bench.join("base.safetensors")),
+        "--shard-size",
+        "400KB",
+        "--out",
+        s(&sharded_base),
+        "-q",
+    ]);
+    assert!(shards(&sharded_base).len() >= 2);
+    let like_base = env.path("fw-like-base");
+    fw(&like_base, &["--base", s(&sharded_base)]);
+    assert!(shards(&like_base).len() >= 2, "{:?}", shards(&like_base));
+    // The same merge either way: the shards hold the single file's tensors.
+    let single = env.path("fw.safetensors");
+    fw(&single, &[]);
+    for name in ["fc1.weight", "fc2.bias"] {
+        assert_eq!(read(&asked, name), read(&single, name), "{name}");
+    }
 }
 
 /// `compare` runs per-tensor and model-level methods on a benchmark, picks λ by calibration

@@ -2,15 +2,14 @@
 //! its λ chosen on calibration data where it has one, evaluated per task on the test split.
 //! Each merge goes through the same code as `mergescope merge` and is kept on disk.
 
-use crate::compat::MissingPolicy;
 use crate::data::{SplitKind, TaskData};
-use crate::demo::{Benchmark, load_params};
+use crate::demo::Benchmark;
 use crate::error::{EngineError, Result};
-use crate::eval::{EvalReport, Evaluator};
-use crate::merge::{ExecOptions, MergeRequest, Observer, Progress, merge_files};
-use crate::model_merge::merge_model_files;
+use crate::eval::EvalReport;
+use crate::merge::{ExecOptions, MergeRequest, Observer, Progress};
 use crate::plugin::loader::Plugin;
 use crate::plugin::schema::ParamType;
+use crate::run::{self, TaskSource};
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -110,7 +109,7 @@ pub fn compare(
     let test = bench.evaluator(task_data, None, SplitKind::Test, device)?;
     let calibration = bench.evaluator(task_data, None, SplitKind::Calibration, device)?;
     progress("evaluating the base");
-    let pretrained = evaluate_file(&test, &bench.base_path(), device)?;
+    let pretrained = test.evaluate_file(&bench.base_path())?;
     let individual = bench
         .manifest
         .tasks
@@ -134,7 +133,7 @@ pub fn compare(
                     progress(&format!("{}: λ = {l} on calibration data", plugin.id()));
                     let p = Value::Object(Map::from_iter([(LAMBDA_PARAM.to_owned(), Value::from(l))]));
                     run_one(plugin, bench, task_data, p, cfg.seed, &scratch, opts, cancel, progress)?;
-                    tried.push((l, evaluate_file(&calibration, &scratch, device)?.mean_accuracy));
+                    tried.push((l, calibration.evaluate_file(&scratch)?.mean_accuracy));
                 }
                 let _ = std::fs::remove_file(&scratch);
                 let choice = choose_lambda(tried);
@@ -154,7 +153,7 @@ pub fn compare(
                 progress,
             )?;
             progress(&format!("{}: evaluating", plugin.id()));
-            Ok((resolved, evaluate_file(&test, &out, device)?))
+            Ok((resolved, test.evaluate_file(&out)?))
         })();
         let (params, outcome) = match run {
             Ok((p, r)) => (p, Ok(r)),
@@ -230,35 +229,27 @@ fn run_one(
     cancel: &AtomicBool,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Value> {
-    let req = MergeRequest {
-        params,
-        seed,
-        base: Some(bench.base_path()),
-        experts: bench.expert_paths(),
-        out: out.to_path_buf(),
-        out_dtype: None,
-        shard_bytes: None,
-        on_missing: MissingPolicy::Error,
-        overwrite: true,
-    };
-    let report = if plugin.is_model_level() {
-        let id = plugin.id();
-        let on_progress = |p: &Progress| {
+    let req = MergeRequest::new(bench.expert_paths(), out)
+        .with_base(Some(bench.base_path()))
+        .with_params(params)
+        .with_seed(seed)
+        .overwriting(true);
+    let id = plugin.id();
+    let on_progress = |p: &Progress| {
+        if plugin.is_model_level() {
             progress(&format!("{id}: {} ({:.0}%)", p.tensor, p.done as f64 / 10.0));
-        };
-        let observer = Observer {
-            progress: &on_progress,
-            log: Observer::silent().log,
-        };
-        merge_model_files(plugin, &req, bench, task_data, opts, observer, cancel)?.merge
-    } else {
-        merge_files(plugin, &req, opts, Observer::silent(), cancel)?
+        }
     };
+    let observer = Observer {
+        progress: &on_progress,
+        log: Observer::silent().log,
+    };
+    let tasks = TaskSource {
+        bench,
+        tasks: task_data,
+    };
+    let report = run::merge(plugin, &req, Some(tasks), opts, observer, cancel)?.report;
     Ok(report.params)
-}
-
-fn evaluate_file(evaluator: &Evaluator, path: &Path, device: &candle_core::Device) -> Result<EvalReport> {
-    evaluator.evaluate(&load_params(path, device)?)
 }
 
 fn pct(v: f64) -> String {

@@ -207,15 +207,7 @@ pub fn save_params(path: &Path, params: &Params, metadata: &BTreeMap<String, Str
     Ok(())
 }
 
-/// Loads every float tensor of a checkpoint (file or shard folder) as f32 on `device`.
-pub fn load_params(path: &Path, device: &Device) -> Result<Params> {
-    let c = crate::checkpoint::Checkpoint::open(path)?;
-    c.tensors
-        .iter()
-        .filter(|(_, t)| t.dtype.is_float())
-        .map(|(k, t)| Ok((k.clone(), Tensor::from_vec(c.read_f32(t)?, t.shape.clone(), device)?)))
-        .collect()
-}
+pub use crate::nn::load_params;
 
 fn rotate90(src: &[u8], dst: &mut [u8], side: usize, quarter_turns: usize) {
     for y in 0..side {

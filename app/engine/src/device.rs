@@ -1,7 +1,7 @@
 //! Choosing the compute device. CPU is always there; CUDA and Metal need the matching cargo
 //! feature and hardware, and an unavailable device falls back to the CPU with a note.
 
-use candle_core::Device;
+pub use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
 /// The device a user asks for.

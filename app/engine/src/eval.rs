@@ -4,9 +4,10 @@
 
 use crate::data::{SplitKind, TaskData};
 use crate::error::{EngineError, Result};
-use crate::nn::{Arch, Head, Params, images_tensor, labels_tensor};
+use crate::nn::{Arch, Head, Params, images_tensor, labels_tensor, load_params};
 use candle_core::{D, DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 /// Images per forward pass (bounds the memory of activations).
 const CHUNK: usize = 1000;
@@ -62,6 +63,7 @@ pub struct Evaluator {
     arch: Arch,
     split: SplitKind,
     sets: Vec<EvalSet>,
+    device: Device,
 }
 
 /// A task to evaluate: its data, its frozen head and, for normalisation, its expert's
@@ -105,12 +107,37 @@ impl Evaluator {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Evaluator { arch, split, sets })
+        Ok(Evaluator {
+            arch,
+            split,
+            sets,
+            device: device.clone(),
+        })
     }
 
     /// The architecture evaluated.
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// The device the evaluation runs on (where its data lives).
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Evaluates the checkpoint at `path` (file or shard folder): the one way a saved model is
+    /// evaluated. Its tensors are loaded onto the evaluator's device and must be a backbone of
+    /// the evaluator's architecture; the error names the file and what does not match.
+    pub fn evaluate_file(&self, path: &Path) -> Result<EvalReport> {
+        let params = load_params(path, &self.device)?;
+        self.arch.check(&params).map_err(|e| {
+            EngineError::Invalid(format!(
+                "'{}' cannot be evaluated as a {} backbone: {e}",
+                path.display(),
+                self.arch
+            ))
+        })?;
+        self.evaluate(&params)
     }
 
     /// Keeps at most `per_task` examples of each task, evenly spaced through the split (so

@@ -29,6 +29,7 @@ pub mod nn;
 pub mod plugin;
 pub mod recipe;
 pub mod rng;
+pub mod run;
 pub mod scaling;
 pub mod sys;
 pub mod train;

@@ -242,6 +242,64 @@ pub struct MergeRequest {
     pub overwrite: bool,
 }
 
+impl MergeRequest {
+    /// A merge of `experts` into `out` with the defaults every caller starts from: no base, no
+    /// parameters (the method's defaults), seed 0, the inputs' dtype and sharding, an error
+    /// for tensors not every input has, and no overwriting.
+    pub fn new(experts: Vec<PathBuf>, out: impl Into<PathBuf>) -> MergeRequest {
+        MergeRequest {
+            params: Value::Object(serde_json::Map::new()),
+            seed: 0,
+            base: None,
+            experts,
+            out: out.into(),
+            out_dtype: None,
+            shard_bytes: None,
+            on_missing: MissingPolicy::Error,
+            overwrite: false,
+        }
+    }
+
+    /// Sets the base checkpoint.
+    #[must_use]
+    pub fn with_base(mut self, base: Option<PathBuf>) -> MergeRequest {
+        self.base = base;
+        self
+    }
+
+    /// Sets the method's parameters (a JSON object of the user's values).
+    #[must_use]
+    pub fn with_params(mut self, params: Value) -> MergeRequest {
+        self.params = params;
+        self
+    }
+
+    /// Sets the seed recorded in the output and given to the plugin.
+    #[must_use]
+    pub fn with_seed(mut self, seed: u64) -> MergeRequest {
+        self.seed = seed;
+        self
+    }
+
+    /// Lets the merge replace an existing output (mergescope's own outputs only).
+    #[must_use]
+    pub fn overwriting(mut self, overwrite: bool) -> MergeRequest {
+        self.overwrite = overwrite;
+        self
+    }
+
+    /// The largest shard in bytes for an output of `reference`: as asked, else as the reference
+    /// input's largest shard when it is sharded, else one file (`Some(0)` asks for one file).
+    pub fn shard_limit(&self, reference: &Checkpoint) -> Option<u64> {
+        match self.shard_bytes {
+            Some(0) => None,
+            Some(b) => Some(b),
+            None if reference.files.len() > 1 => reference.files.iter().map(|f| f.size).max(),
+            None => None,
+        }
+    }
+}
+
 /// What a finished merge did.
 #[derive(Clone, Debug)]
 pub struct MergeReport {
@@ -519,13 +577,7 @@ pub fn merge_files(
     let params_json = resolved.to_json();
     let metadata = output_metadata(plugin, &params_json, req.seed, &models, base.is_some(), &report.notes);
 
-    let shard_bytes = match req.shard_bytes {
-        Some(0) => None,
-        Some(b) => Some(b),
-        None if reference.files.len() > 1 => reference.files.iter().map(|f| f.size).max(),
-        None => None,
-    };
-    let writer = OutputWriter::create(&req.out, &outputs, &metadata, shard_bytes, req.overwrite)?;
+    let writer = OutputWriter::create(&req.out, &outputs, &metadata, req.shard_limit(reference), req.overwrite)?;
     write_copies(&writer, reference, &copies)?;
     let run = Run {
         instance: &instance,

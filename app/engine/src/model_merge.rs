@@ -42,11 +42,9 @@ pub struct IterateSummary {
     pub metrics: Value,
 }
 
-/// What a model-level merge did besides the common report.
+/// What a model-level merge left besides the common report.
 #[derive(Clone, Debug)]
-pub struct ModelMergeReport {
-    /// Files, parameters, timing.
-    pub merge: MergeReport,
+pub struct ModelRun {
     /// Set when the run was cancelled and the last reported iterate was written instead.
     pub partial: Option<String>,
     /// The trajectory file, when the method reported iterates.
@@ -147,7 +145,7 @@ pub fn run_model_in_memory(
 
 /// Merges checkpoint files with a model-level `plugin` on `bench`'s tasks (`task_data` holds
 /// their data). The base is required; expert t is matched to its task by metadata or order.
-pub fn merge_model_files(
+pub(crate) fn merge_model_files(
     plugin: &Plugin,
     req: &MergeRequest,
     bench: &Benchmark,
@@ -155,7 +153,7 @@ pub fn merge_model_files(
     opts: &ExecOptions,
     observer: Observer<'_>,
     cancel: &AtomicBool,
-) -> Result<ModelMergeReport> {
+) -> Result<(MergeReport, ModelRun)> {
     let started = Instant::now();
     let Some(base_path) = req.base.as_deref() else {
         return Err(EngineError::Invalid(format!(
@@ -278,8 +276,13 @@ pub fn merge_model_files(
         Some(traj_path)
     };
 
-    let shard_bytes = req.shard_bytes.filter(|b| *b > 0);
-    let writer = OutputWriter::create(&req.out, &plan.outputs, &metadata, shard_bytes, req.overwrite)?;
+    let writer = OutputWriter::create(
+        &req.out,
+        &plan.outputs,
+        &metadata,
+        req.shard_limit(&base),
+        req.overwrite,
+    )?;
     write_copies(&writer, &base, &plan.copies)?;
     for (name, t) in model.names.iter().zip(&merged) {
         let values = host_f32(t)?;
@@ -296,22 +299,25 @@ pub fn merge_model_files(
         writer.write_values(name, 0, &values)?;
     }
     let files = writer.commit()?;
-    Ok(ModelMergeReport {
-        merge: MergeReport {
-            files,
-            merged: model.names.len(),
-            copied: plan.copies.len(),
-            skipped: plan.skipped,
-            notes: report.notes,
-            input_bytes: models.iter().map(|c| c.total_bytes()).sum(),
-            seconds: started.elapsed().as_secs_f64(),
-            params: params_json,
+    let report = MergeReport {
+        files,
+        merged: model.names.len(),
+        copied: plan.copies.len(),
+        skipped: plan.skipped,
+        notes: report.notes,
+        input_bytes: models.iter().map(|c| c.total_bytes()).sum(),
+        seconds: started.elapsed().as_secs_f64(),
+        params: params_json,
+    };
+    Ok((
+        report,
+        ModelRun {
+            partial,
+            trajectory_file,
+            iterates: summaries,
+            reported,
         },
-        partial,
-        trajectory_file,
-        iterates: summaries,
-        reported,
-    })
+    ))
 }
 
 /// Writes the kept iterates as one flat f32 vector each (`iterate.000042`: every session tensor,

@@ -129,17 +129,15 @@ impl Recipe {
                 ))
             })?),
         };
-        Ok(MergeRequest {
-            params: self.params_json(),
-            seed: self.seed,
-            base: self.base.clone(),
-            experts: self.experts.clone(),
-            out: self.out.clone(),
-            out_dtype: self.dtype,
-            shard_bytes,
-            on_missing: self.on_missing,
-            overwrite,
-        })
+        let mut req = MergeRequest::new(self.experts.clone(), self.out.clone())
+            .with_base(self.base.clone())
+            .with_params(self.params_json())
+            .with_seed(self.seed)
+            .overwriting(overwrite);
+        req.out_dtype = self.dtype;
+        req.shard_bytes = shard_bytes;
+        req.on_missing = self.on_missing;
+        Ok(req)
     }
 }
 

@@ -5,13 +5,13 @@
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use mergescope_engine::data::{SplitKind, TaskData, benchmark_tasks};
-use mergescope_engine::demo::{self, Benchmark, BuildProgress, load_params};
+use mergescope_engine::demo::{self, Benchmark, BuildProgress};
 use mergescope_engine::device::{DeviceChoice, device_name, open_device};
 use mergescope_engine::eval::{EvalReport, Evaluator};
-use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer, Phase, Progress, merge_files};
-use mergescope_engine::model_merge::merge_model_files;
+use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer, Phase, Progress};
 use mergescope_engine::nn::Arch;
 use mergescope_engine::plugin::Plugin;
+use mergescope_engine::run::{self, TaskSource};
 use mergescope_plugin_api::abi;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -390,24 +390,27 @@ impl Worker {
             progress: &progress,
             log: &log,
         };
-        let report = if model_level {
-            let bench = job.benchmark.as_ref().ok_or_else(|| {
-                format!(
-                    "'{}' evaluates candidates on a benchmark's calibration data: open a benchmark (Benchmark menu) first",
-                    job.plugin.id()
-                )
-            })?;
-            let tasks = self.tasks.as_deref().unwrap_or_default();
-            merge_model_files(&job.plugin, &job.request, bench, tasks, &opts, observer, cancel).map(|r| {
-                if let Some(label) = &r.partial {
-                    log(abi::LOG_WARN, &format!("cancelled: kept the last iterate ('{label}') as a partial result"));
-                }
-                r.merge
-            })
-        } else {
-            merge_files(&job.plugin, &job.request, &opts, observer, cancel)
+        if model_level && job.benchmark.is_none() {
+            return Err(format!(
+                "'{}' evaluates candidates on a benchmark's calibration data: open a benchmark (Benchmark menu) first",
+                job.plugin.id()
+            ));
         }
-        .map_err(|e| e.to_string())?;
+        let tasks = job.benchmark.as_ref().map(|bench| TaskSource {
+            bench,
+            tasks: self.tasks.as_deref().unwrap_or_default(),
+        });
+        let report = run::merge(&job.plugin, &job.request, tasks, &opts, observer, cancel)
+            .map(|o| {
+                if let Some(label) = o.model.as_ref().and_then(|r| r.partial.as_ref()) {
+                    log(
+                        abi::LOG_WARN,
+                        &format!("cancelled: kept the last iterate ('{label}') as a partial result"),
+                    );
+                }
+                o.report
+            })
+            .map_err(|e| e.to_string())?;
         let eval = match &job.benchmark {
             Some(b) => {
                 self.send(Event::Progress {
@@ -436,15 +439,6 @@ impl Worker {
         path: &std::path::Path,
         device: &candle_core::Device,
     ) -> Result<EvalReport, String> {
-        let params = load_params(path, device).map_err(|e| e.to_string())?;
-        let arch = Arch::detect(params.iter().map(|(k, t)| (k.as_str(), t.dims())));
-        if arch != Some(bench.manifest.arch) {
-            return Err(format!(
-                "not evaluated: the merged tensors are not a {} backbone of the benchmark in '{}'",
-                bench.manifest.arch,
-                bench.dir.display()
-            ));
-        }
         let key = (bench.dir.clone(), device_name(device));
         if self.evaluator.as_ref().is_none_or(|(k, _)| *k != key) {
             if self.tasks.is_none() {
@@ -457,7 +451,7 @@ impl Worker {
             self.evaluator = Some((key, ev));
         }
         let ev = &self.evaluator.as_ref().ok_or("internal: no evaluator")?.1;
-        ev.evaluate(&params).map_err(|e| e.to_string())
+        ev.evaluate_file(path).map_err(|e| format!("not evaluated: {e}"))
     }
 
     fn build(&mut self, id: JobId, job: &BuildJob, cancel: &AtomicBool) -> Result<Event, String> {

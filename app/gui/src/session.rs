@@ -357,17 +357,10 @@ impl Session {
         std::fs::create_dir_all(&self.runs_dir)
             .map_err(|e| format!("cannot create the runs folder '{}': {e}", self.runs_dir.display()))?;
         let (base, experts) = self.inputs.refs();
-        let request = MergeRequest {
-            params: Value::Object(params.clone()),
-            seed: self.seed,
-            base: base.as_ref().map(|b| b.path.clone()),
-            experts: experts.iter().map(|e| e.path.clone()).collect(),
-            out: output.clone(),
-            out_dtype: None,
-            shard_bytes: None,
-            on_missing: MissingPolicy::Error,
-            overwrite: false,
-        };
+        let request = MergeRequest::new(experts.iter().map(|e| e.path.clone()).collect(), output.clone())
+            .with_base(base.as_ref().map(|b| b.path.clone()))
+            .with_params(Value::Object(params.clone()))
+            .with_seed(self.seed);
         let job = self.jobs.submit(Job::Merge(Box::new(MergeJob {
             plugin: plugin.clone(),
             request,

@@ -3,11 +3,13 @@
 
 use anyhow::Context as _;
 use clap::Args;
+use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::data::{SplitKind, benchmark_tasks};
-use mergescope_engine::demo::{Benchmark, load_params, resolve_benchmark};
+use mergescope_engine::demo::{Benchmark, resolve_benchmark};
+use mergescope_engine::device::Device;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::eval::EvalReport;
-use mergescope_engine::nn::{Arch, Params};
+use mergescope_engine::nn::Arch;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -30,28 +32,35 @@ pub struct EvalArgs {
     /// Folder of task files, when the benchmark was built with `demo build --data DIR`.
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
+    /// Device to evaluate on: cpu, cuda or metal (falls back to the CPU with a warning when
+    /// the build or the machine lacks it).
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub device: String,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
 
-/// The backbone in `path` and the architecture its tensor names and shapes match.
-fn load_backbone(path: &Path) -> anyhow::Result<(Params, Option<Arch>)> {
-    let (device, _) = open_device(DeviceChoice::Cpu);
-    let p = load_params(path, &device)?;
-    let arch = Arch::detect(p.iter().map(|(k, t)| (k.as_str(), t.dims())));
-    Ok((p, arch))
+/// The architecture whose tensor names and shapes the checkpoint at `path` matches, read from
+/// its header.
+fn detect_arch(path: &Path) -> anyhow::Result<Option<Arch>> {
+    let c = Checkpoint::open(path)?;
+    Ok(Arch::detect(
+        c.tensors.iter().map(|(k, t)| (k.as_str(), t.shape.as_slice())),
+    ))
 }
 
-/// Evaluates the checkpoint at `path` on the benchmark `spec`.
+/// Evaluates the checkpoint at `path` on the benchmark `spec`, on `device`.
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     path: &Path,
     spec: &str,
     tasks: Option<&[String]>,
     split: SplitKind,
     data: Option<&Path>,
+    device: &Device,
 ) -> anyhow::Result<(Benchmark, EvalReport, f64)> {
-    let (params, arch) = load_backbone(path)?;
+    let arch = detect_arch(path)?;
     let bench = resolve_benchmark(spec, arch).with_context(|| {
         if arch.is_none() {
             format!(
@@ -62,16 +71,12 @@ pub fn evaluate(
             "no benchmark to evaluate on".to_owned()
         }
     })?;
-    bench
-        .manifest
-        .arch
-        .check(&params)
-        .with_context(|| format!("cannot evaluate '{}' on '{}'", path.display(), bench.dir.display()))?;
     let all_tasks = benchmark_tasks(data)?;
-    let (device, _) = open_device(DeviceChoice::Cpu);
     let started = Instant::now();
-    let evaluator = bench.evaluator(&all_tasks, tasks, split, &device)?;
-    let report = evaluator.evaluate(&params)?;
+    let evaluator = bench.evaluator(&all_tasks, tasks, split, device)?;
+    let report = evaluator
+        .evaluate_file(path)
+        .with_context(|| format!("cannot evaluate '{}' on '{}'", path.display(), bench.dir.display()))?;
     Ok((bench, report, started.elapsed().as_secs_f64()))
 }
 
@@ -100,12 +105,19 @@ pub fn print_report(report: &EvalReport) {
 pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
     let split =
         SplitKind::parse(&args.split).with_context(|| format!("--split '{}': use test or calibration", args.split))?;
+    let choice = DeviceChoice::parse(&args.device)
+        .with_context(|| format!("--device '{}': use cpu, cuda or metal", args.device))?;
+    let (device, note) = open_device(choice);
+    if let Some(n) = note {
+        eprintln!("warning: {n}");
+    }
     let (bench, report, seconds) = evaluate(
         &args.checkpoint,
         &args.benchmark,
         args.tasks.as_deref(),
         split,
         args.data.as_deref(),
+        &device,
     )?;
     if args.json {
         let j = serde_json::json!({

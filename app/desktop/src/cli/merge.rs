@@ -9,10 +9,10 @@ use mergescope_engine::data::benchmark_tasks;
 use mergescope_engine::demo::resolve_benchmark;
 use mergescope_engine::device::{DeviceChoice, device_name, open_device};
 use mergescope_engine::dtype::OutDType;
-use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress, merge_files};
-use mergescope_engine::model_merge::merge_model_files;
+use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress};
 use mergescope_engine::nn::Arch;
 use mergescope_engine::recipe::{Recipe, parse_size};
+use mergescope_engine::run::{self, TaskSource};
 use mergescope_plugin_api::abi;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -115,17 +115,8 @@ fn build(args: &MergeArgs) -> anyhow::Result<(String, MergeRequest, DeviceChoice
         .context("no method: pass --method ID (see `mergescope plugins list`) or a recipe")?;
     let mut req = match recipe.take() {
         Some(r) => r.to_request(args.overwrite)?,
-        None => MergeRequest {
-            params: serde_json::Value::Object(serde_json::Map::new()),
-            seed: 0,
-            base: None,
-            experts: Vec::new(),
-            out: args.out.clone().context("no output: pass --out PATH")?,
-            out_dtype: None,
-            shard_bytes: None,
-            on_missing: MissingPolicy::Error,
-            overwrite: args.overwrite,
-        },
+        None => MergeRequest::new(Vec::new(), args.out.clone().context("no output: pass --out PATH")?)
+            .overwriting(args.overwrite),
     };
     let device = match (&args.device, &args.recipe) {
         (Some(d), _) => DeviceChoice::parse(d).with_context(|| format!("--device '{d}': use cpu, cuda or metal"))?,
@@ -223,8 +214,8 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
         progress: &on_progress,
         log: &on_log,
     };
-    let report = if plugin.is_model_level() {
-        // Data-driven methods evaluate candidates on the benchmark's calibration data.
+    // Data-driven methods evaluate candidates on the benchmark's calibration data.
+    let calibration = if plugin.is_model_level() {
         let base = req
             .base
             .as_deref()
@@ -235,8 +226,13 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
         let spec = args.benchmark.as_deref().unwrap_or("demo");
         let bench = resolve_benchmark(spec, arch)
             .with_context(|| format!("method '{}' needs the benchmark its experts were tuned on", plugin.id()))?;
-        let tasks = benchmark_tasks(None)?;
-        merge_model_files(&plugin, &req, &bench, &tasks, &opts, observer, cancel).map(|r| {
+        Some((bench, benchmark_tasks(None)?))
+    } else {
+        None
+    };
+    let tasks = calibration.as_ref().map(|(bench, tasks)| TaskSource { bench, tasks });
+    let report = run::merge(&plugin, &req, tasks, &opts, observer, cancel).map(|o| {
+        if let Some(r) = &o.model {
             if let Some(label) = &r.partial {
                 bar.suspend(|| eprintln!("cancelled: wrote the last iterate ('{label}') as a partial result"));
             }
@@ -250,18 +246,16 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
                     )
                 });
             }
-            r.merge
-        })
-    } else {
-        merge_files(&plugin, &req, &opts, observer, cancel)
-    };
+        }
+        o.report
+    });
     bar.finish_and_clear();
     let report = report?;
     let gb = report.input_bytes as f64 / 1e9;
     let evaluation = if args.eval {
         let spec = args.benchmark.as_deref().unwrap_or("demo");
         Some(
-            super::eval::evaluate(&req.out, spec, None, SplitKind::Test, None)
+            super::eval::evaluate(&req.out, spec, None, SplitKind::Test, None, &opts.device)
                 .context("the merge succeeded but its evaluation failed")?,
         )
     } else {

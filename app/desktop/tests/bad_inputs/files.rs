@@ -1,6 +1,6 @@
 //! Checkpoint files, shard folders and outputs.
 
-use super::{refuses, s};
+use super::refuses;
 use crate::common::*;
 use mergescope_engine::dtype::DType;
 use std::path::Path;

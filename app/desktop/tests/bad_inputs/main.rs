@@ -70,7 +70,3 @@ fn refuses(env: &Env, args: &[&str], needles: &[&str]) -> String {
     assert!(changed.is_empty(), "{args:?} changed or left files: {changed:?}\n{err}");
     err
 }
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}

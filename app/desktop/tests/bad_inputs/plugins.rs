@@ -1,6 +1,6 @@
 //! Plugins, parameters and model-level methods.
 
-use super::{refuses, s};
+use super::refuses;
 use crate::common::*;
 use mergescope_engine::checkpoint::Checkpoint;
 use std::path::{Path, PathBuf};

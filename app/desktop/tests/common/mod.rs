@@ -163,3 +163,8 @@ pub fn tiny_benchmark_of(dir: &Path, names: &[&str]) {
     )
     .unwrap();
 }
+
+/// A path as the `&str` a command line takes.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}

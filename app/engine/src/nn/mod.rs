@@ -281,6 +281,16 @@ pub fn to_host(p: &Params) -> Result<HostParams> {
         .collect()
 }
 
+/// Loads every float tensor of a checkpoint (file or shard folder) as f32 on `device`.
+pub fn load_params(path: &std::path::Path, device: &Device) -> Result<Params> {
+    let c = crate::checkpoint::Checkpoint::open(path)?;
+    c.tensors
+        .iter()
+        .filter(|(_, t)| t.dtype.is_float())
+        .map(|(k, t)| Ok((k.clone(), Tensor::from_vec(c.read_f32(t)?, t.shape.clone(), device)?)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,15 +6,14 @@
 
 use super::spec::{EXPERT, Hyper, SweepSpec, task_groups};
 use super::store::{ResultsFile, Row, cell_key, expert_cell_key};
-use crate::compat::MissingPolicy;
 use crate::data::{SplitKind, TaskData};
 use crate::demo::{Benchmark, load_params, save_params};
 use crate::error::{EngineError, Result};
 use crate::eval::Evaluator;
-use crate::merge::{ExecOptions, MergeRequest, Observer, Progress, merge_files};
-use crate::model_merge::merge_model_files;
+use crate::merge::{ExecOptions, MergeRequest, Observer, Progress};
 use crate::nn::Params;
 use crate::plugin::loader::Plugin;
+use crate::run::{self, TaskSource};
 use crate::train::{BatchSize, Budget, Examples, TrainConfig, TrainTask, fine_tune_with_snapshots, train_metadata};
 use rayon::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -412,10 +411,7 @@ pub fn run_sweep(
             Cell::Expert { hyper, task } => {
                 tracker.report(&format!("evaluating the {} expert of {}", pool[*task], hyper.run_id()));
                 let ev = evaluator(&mut evaluators, spec, bench, tasks, &pool, &[*task], device)?;
-                let report = ev.evaluate(&load_params(
-                    &models.join(expert_file(hyper, &pool[*task], hyper.steps)),
-                    device,
-                )?)?;
+                let report = ev.evaluate_file(&models.join(expert_file(hyper, &pool[*task], hyper.steps)))?;
                 let expert_hyper = Hyper {
                     tasks: 0,
                     ..hyper.clone()
@@ -457,17 +453,11 @@ pub fn run_sweep(
                 let names: Vec<String> = members.iter().map(|&t| pool[t].clone()).collect();
                 let group_bench = group_benchmark(bench, &models, hyper, &names);
                 let out = out_dir.join("merges").join("current.safetensors");
-                let req = MergeRequest {
-                    params: m.params_for(members.len()),
-                    seed: spec.seed,
-                    base: Some(bench.base_path()),
-                    experts: group_bench.expert_paths(),
-                    out: out.clone(),
-                    out_dtype: None,
-                    shard_bytes: None,
-                    on_missing: MissingPolicy::Error,
-                    overwrite: true,
-                };
+                let req = MergeRequest::new(group_bench.expert_paths(), out.clone())
+                    .with_base(Some(bench.base_path()))
+                    .with_params(m.params_for(members.len()))
+                    .with_seed(spec.seed)
+                    .overwriting(true);
                 let on_progress = |p: &Progress| {
                     if p.total > 0 {
                         tracker.report(&format!("{stage}: {}", p.tensor));
@@ -477,11 +467,11 @@ pub fn run_sweep(
                     progress: &on_progress,
                     log: Observer::silent().log,
                 };
-                let merged = if plugin.is_model_level() {
-                    merge_model_files(plugin, &req, &group_bench, tasks, opts, observer, cancel).map(|_| ())
-                } else {
-                    merge_files(plugin, &req, opts, observer, cancel).map(|_| ())
+                let source = TaskSource {
+                    bench: &group_bench,
+                    tasks,
                 };
+                let merged = run::merge(plugin, &req, Some(source), opts, observer, cancel).map(|_| ());
                 merged.map_err(|e| match e {
                     EngineError::Cancelled => EngineError::Cancelled,
                     e => EngineError::Invalid(format!(
@@ -493,7 +483,7 @@ pub fn run_sweep(
                     )),
                 })?;
                 let ev = evaluator(&mut evaluators, spec, bench, tasks, &pool, members, device)?;
-                let report = ev.evaluate(&load_params(&out, device)?)?;
+                let report = ev.evaluate_file(&out)?;
                 for p in [out.clone(), out.with_extension("trajectory.safetensors")] {
                     let _ = std::fs::remove_file(p);
                 }
