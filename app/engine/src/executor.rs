@@ -6,6 +6,7 @@
 use crate::error::{EngineError, Result};
 use crate::plugin::host_api::{to_f32_vec, with_cpu_f32};
 use crate::plugin::instance::{CallEnv, Instance, TensorCall};
+use crate::role::role_of;
 use candle_core::{Device, Tensor};
 use mergescope_plugin_api::abi;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -77,22 +78,6 @@ impl Observer<'static> {
             progress: &ignore_progress,
             log: &ignore_log,
         }
-    }
-}
-
-/// Role of a tensor from its name and shape.
-pub fn role_of(name: &str, shape: &[usize]) -> abi::TensorRole {
-    let lower = name.to_ascii_lowercase();
-    let is_norm = lower
-        .split('.')
-        .any(|seg| seg.contains("norm") || seg == "ln" || seg.starts_with("ln_") || seg.starts_with("bn"));
-    match shape.len() {
-        0 => abi::ROLE_OTHER,
-        1 if is_norm => abi::ROLE_NORM,
-        1 => abi::ROLE_VECTOR,
-        2 if lower.contains("embed") || lower.contains("wte") || lower.contains("wpe") => abi::ROLE_EMBEDDING,
-        2 => abi::ROLE_MATRIX,
-        _ => abi::ROLE_CONV,
     }
 }
 
@@ -211,8 +196,8 @@ impl Run<'_> {
             let v = self.source.read(m, &item.name, from, len)?;
             // Checked here, once for every method, so the message names the input rather than
             // blaming whichever method first trips over the NaN.
-            if let Some((i, x)) = crate::merge::first_non_finite(&v) {
-                return Err(crate::merge::non_finite_input(
+            if let Some((i, x)) = crate::finite::first_non_finite(&v) {
+                return Err(crate::finite::non_finite_input(
                     &self.source.describe(m),
                     &item.name,
                     from + i,
@@ -403,18 +388,6 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn roles_from_names() {
-        assert_eq!(role_of("model.layers.0.mlp.up_proj.weight", &[8, 4]), abi::ROLE_MATRIX);
-        assert_eq!(role_of("model.embed_tokens.weight", &[100, 4]), abi::ROLE_EMBEDDING);
-        assert_eq!(role_of("model.layers.0.input_layernorm.weight", &[4]), abi::ROLE_NORM);
-        assert_eq!(role_of("fc.bias", &[4]), abi::ROLE_VECTOR);
-        assert_eq!(role_of("blocks.0.ln.weight", &[4]), abi::ROLE_NORM);
-        assert_eq!(role_of("transformer.ln_f.bias", &[4]), abi::ROLE_NORM);
-        assert_eq!(role_of("conv1.weight", &[8, 3, 3, 3]), abi::ROLE_CONV);
-        assert_eq!(role_of("scale", &[]), abi::ROLE_OTHER);
-    }
 
     #[test]
     fn budget_lets_one_oversized_request_through() {

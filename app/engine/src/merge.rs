@@ -8,6 +8,7 @@ use crate::dtype::{DType, OutDType, decode_f32_vec};
 use crate::error::{EngineError, Result};
 pub use crate::executor::{ExecOptions, Observer, Phase, Progress};
 use crate::executor::{PlanItem, Run, Sink, Source};
+pub(crate) use crate::finite::{first_non_finite, non_finite_input};
 use crate::plugin::Plugin;
 use crate::plugin::instance::{CallEnv, Instance};
 use crate::plugin::schema::{ResolvedParams, resolve_params};
@@ -360,19 +361,6 @@ impl Sink for FileSink<'_> {
     fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<()> {
         self.writer.write_values(name, from, values)
     }
-}
-
-/// The first non-finite value of `values` and its index.
-pub(crate) fn first_non_finite(values: &[f32]) -> Option<(usize, f32)> {
-    values.iter().position(|v| !v.is_finite()).map(|i| (i, values[i]))
-}
-
-/// The error for an input holding NaN or Inf: it names the file, the tensor and the element.
-pub(crate) fn non_finite_input(input: &str, tensor: &str, index: usize, value: f32) -> EngineError {
-    EngineError::Invalid(format!(
-        "input '{input}' holds {value} in tensor '{tensor}' (element {index}); merging it would write non-finite \
-         weights: repair that checkpoint, or leave it out of the merge"
-    ))
 }
 
 /// `p` with every existing part resolved (links, `..`): the canonical path when it exists,

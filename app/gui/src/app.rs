@@ -198,6 +198,24 @@ impl MergescopeApp {
         });
     }
 
+    fn menu_target(&mut self) -> menu::MenuTarget<'_> {
+        menu::MenuTarget {
+            session: &mut self.session,
+            settings: &mut self.settings,
+            view: &mut self.view,
+        }
+    }
+
+    /// Carries out what the menu or a shortcut asked of the project file.
+    fn carry_out(&mut self, command: Option<menu::ProjectCommand>) {
+        match command {
+            Some(menu::ProjectCommand::OpenDialog) => self.open_project_dialog(),
+            Some(menu::ProjectCommand::Open(p)) => self.open_project(&p),
+            Some(menu::ProjectCommand::Save { choose_path }) => self.save_project(choose_path),
+            None => {}
+        }
+    }
+
     /// Draws one frame (the eframe entry point and the tests call this).
     pub fn show(&mut self, ui: &mut Ui) {
         self.session.pump();
@@ -207,10 +225,14 @@ impl MergescopeApp {
             self.applied_theme = Some(self.settings.theme);
         }
         self.take_dropped_files(ui);
-        menu::shortcuts(ui, self);
+        let command = menu::shortcuts(ui, self.menu_target());
+        self.carry_out(command);
         self.update_title(ui);
 
-        egui::Panel::top("menu").show(ui, |ui| menu::menu_bar(ui, self));
+        let command = egui::Panel::top("menu")
+            .show(ui, |ui| menu::menu_bar(ui, self.menu_target()))
+            .inner;
+        self.carry_out(command);
         egui::Panel::bottom("status").show(ui, |ui| self.status_bar(ui));
         if self.settings.show_log {
             egui::Panel::bottom("log")

@@ -157,7 +157,7 @@ impl Outcome {
                 ..
             } => format!(
                 "done: {cells} cells ({reused} reused from the folder), {runs_trained} fine-tuning runs in {}",
-                crate::ui::time_text(*seconds, None).trim_end_matches(" elapsed")
+                crate::text::duration_text(*seconds)
             ),
             Outcome::Cancelled { cells_done, cells } => format!(
                 "cancelled at {cells_done} of {cells} cells: the finished ones stay in {RESULTS_FILE}; Resume continues from there"

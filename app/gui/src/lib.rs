@@ -12,6 +12,7 @@ pub mod jobs;
 pub mod runs;
 pub mod session;
 pub mod settings;
+pub mod text;
 pub mod ui;
 
 pub use app::MergescopeApp;

@@ -473,7 +473,7 @@ unsafe extern "C" fn s_tensor_info(ctx: *mut c_void, index: usize, out: *mut abi
             abi::TensorInfo {
                 struct_size: std::mem::size_of::<abi::TensorInfo>(),
                 name: Str::new(name),
-                role: crate::executor::role_of(name, shape),
+                role: crate::role::role_of(name, shape),
                 index,
                 count,
                 offset: 0,

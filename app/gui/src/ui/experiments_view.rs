@@ -5,7 +5,8 @@
 
 use crate::experiments::short_label;
 use crate::session::{Level, Session};
-use crate::ui::{dialogs, figure_view, time_text};
+use crate::text::time_text;
+use crate::ui::{dialogs, figure_view};
 use egui::{Context, RichText, Ui};
 use mergescope_engine::scaling::fit::Direction;
 use mergescope_engine::scaling::sweep::spec::{Aggregate, Mode};

@@ -156,7 +156,7 @@ pub fn inputs_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
                 .animate(true),
         );
         ui.horizontal(|ui| {
-            ui.label(RichText::new(super::time_text(elapsed, left)).weak());
+            ui.label(RichText::new(crate::text::time_text(elapsed, left)).weak());
             if ui.button("Cancel build").clicked() {
                 session.cancel_current();
             }

@@ -1,8 +1,10 @@
-//! The menu bar and the keyboard shortcuts (the same actions).
+//! The menu bar and the keyboard shortcuts (the same actions). They act on the session, the
+//! settings and the view directly; what only the window can do (its project file) comes back as
+//! a [`ProjectCommand`] for the window to carry out.
 
-use crate::app::MergescopeApp;
-use crate::settings::Theme;
-use crate::ui::dialogs;
+use crate::session::Session;
+use crate::settings::{Settings, Theme};
+use crate::ui::{ViewState, dialogs};
 use egui::{Key, KeyboardShortcut, Modifiers, Ui};
 use mergescope_engine::nn::Arch;
 use std::path::PathBuf;
@@ -13,8 +15,32 @@ const ADD_EXPERTS: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, 
 const RUN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::Enter);
 const CANCEL: KeyboardShortcut = KeyboardShortcut::new(Modifiers::NONE, Key::Escape);
 
+/// What the menu or a shortcut asks of the window's project file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProjectCommand {
+    /// Ask for a project file and open it.
+    OpenDialog,
+    /// Open this project file.
+    Open(PathBuf),
+    /// Save the project (`choose_path`: ask where, as "Save as" does).
+    Save {
+        /// Ask for a new path even when the project has one.
+        choose_path: bool,
+    },
+}
+
+/// What the menu and the shortcuts change.
+pub struct MenuTarget<'a> {
+    /// The document.
+    pub session: &'a mut Session,
+    /// The remembered settings.
+    pub settings: &'a mut Settings,
+    /// The window's transient state.
+    pub view: &'a mut ViewState,
+}
+
 /// Applies the keyboard shortcuts pressed this frame.
-pub fn shortcuts(ui: &mut Ui, app: &mut MergescopeApp) {
+pub fn shortcuts(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
     let (open, save, add, run, cancel) = ui.input_mut(|i| {
         (
             i.consume_shortcut(&OPEN),
@@ -24,32 +50,35 @@ pub fn shortcuts(ui: &mut Ui, app: &mut MergescopeApp) {
             i.consume_shortcut(&CANCEL),
         )
     });
+    let mut command = None;
     if open {
-        app.open_project_dialog();
+        command = Some(ProjectCommand::OpenDialog);
     }
     if save {
-        app.save_project(false);
+        command = Some(ProjectCommand::Save { choose_path: false });
     }
     if add {
-        dialogs::pick_experts(&mut app.session);
+        dialogs::pick_experts(app.session);
     }
     if run {
-        app.view.start_run(&mut app.session);
+        app.view.start_run(app.session);
     }
     if cancel && app.view.approval.is_none() {
         app.session.cancel_current();
     }
+    command
 }
 
 /// The menu bar.
-pub fn menu_bar(ui: &mut Ui, app: &mut MergescopeApp) {
+pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
+    let mut command = None;
     egui::MenuBar::new().ui(ui, |ui| {
         ui.menu_button("File", |ui| {
             if ui
                 .add(egui::Button::new("Open project…").shortcut_text(ui.ctx().format_shortcut(&OPEN)))
                 .clicked()
             {
-                app.open_project_dialog();
+                command = Some(ProjectCommand::OpenDialog);
             }
             ui.menu_button("Recent projects", |ui| {
                 if app.settings.recent.is_empty() {
@@ -62,33 +91,33 @@ pub fn menu_bar(ui: &mut Ui, app: &mut MergescopeApp) {
                     }
                 }
                 if let Some(p) = chosen {
-                    app.open_project(&p);
+                    command = Some(ProjectCommand::Open(p));
                 }
             });
             if ui
                 .add(egui::Button::new("Save project").shortcut_text(ui.ctx().format_shortcut(&SAVE)))
                 .clicked()
             {
-                app.save_project(false);
+                command = Some(ProjectCommand::Save { choose_path: false });
             }
             if ui.button("Save project as…").clicked() {
-                app.save_project(true);
+                command = Some(ProjectCommand::Save { choose_path: true });
             }
             ui.separator();
             if ui.button("Set base…").clicked() {
-                dialogs::pick_base(&mut app.session);
+                dialogs::pick_base(app.session);
             }
             if ui
                 .add(egui::Button::new("Add experts…").shortcut_text(ui.ctx().format_shortcut(&ADD_EXPERTS)))
                 .clicked()
             {
-                dialogs::pick_experts(&mut app.session);
+                dialogs::pick_experts(app.session);
             }
             if ui.button("Add sharded expert (folder)…").clicked() {
-                dialogs::pick_expert_folder(&mut app.session);
+                dialogs::pick_expert_folder(app.session);
             }
             if ui.button("Load plugin…").clicked() {
-                dialogs::pick_plugin(&mut app.session, &mut app.view);
+                dialogs::pick_plugin(app.session, app.view);
             }
             ui.separator();
             if ui.button("Quit").clicked() {
@@ -100,7 +129,7 @@ pub fn menu_bar(ui: &mut Ui, app: &mut MergescopeApp) {
                 .add(egui::Button::new("Run merge").shortcut_text(ui.ctx().format_shortcut(&RUN)))
                 .clicked()
             {
-                app.view.start_run(&mut app.session);
+                app.view.start_run(app.session);
             }
             if ui
                 .add(egui::Button::new("Cancel running").shortcut_text("Esc"))
@@ -169,4 +198,5 @@ pub fn menu_bar(ui: &mut Ui, app: &mut MergescopeApp) {
             }
         });
     });
+    command
 }

@@ -82,29 +82,3 @@ impl ViewState {
         }
     }
 }
-
-/// "12 s, about 30 s left".
-pub fn time_text(elapsed: f64, left: Option<f64>) -> String {
-    let t = |s: f64| {
-        if s >= 90.0 {
-            format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
-        } else {
-            format!("{s:.0} s")
-        }
-    };
-    match left {
-        Some(l) => format!("{} elapsed, about {} left", t(elapsed), t(l)),
-        None => format!("{} elapsed", t(elapsed)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::time_text;
-
-    #[test]
-    fn times_read_naturally() {
-        assert_eq!(time_text(3.2, None), "3 s elapsed");
-        assert_eq!(time_text(12.0, Some(125.0)), "12 s elapsed, about 2m05s left");
-    }
-}

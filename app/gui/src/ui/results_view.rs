@@ -4,7 +4,8 @@
 
 use crate::runs::{RunRecord, RunStatus, SortKey, sort_runs, task_names};
 use crate::session::Session;
-use crate::ui::{ViewState, dialogs, time_text};
+use crate::text::time_text;
+use crate::ui::{ViewState, dialogs};
 use egui::{RichText, Ui};
 use egui_plot::{Bar, BarChart, Legend, Plot};
 
