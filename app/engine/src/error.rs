@@ -60,6 +60,13 @@ pub enum EngineError {
     /// Any other invalid request (output path, options).
     #[error("{0}")]
     Invalid(String),
+    /// A broken promise inside mergescope (a plan and the data it describes disagree): a bug,
+    /// not the user's input. Nothing was written.
+    #[error(
+        "mergescope bug: {0}. Nothing was written. Please report it with the command you ran and the output of \
+         `mergescope inspect` on each input"
+    )]
+    Bug(String),
 }
 
 impl EngineError {

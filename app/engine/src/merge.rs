@@ -103,9 +103,11 @@ struct MemSource<'a> {
 
 impl Source for MemSource<'_> {
     fn read(&self, model: usize, name: &str, from: usize, len: usize) -> Result<Vec<f32>> {
-        let t = self.models.get(model).and_then(|m| m.get(name)).ok_or_else(|| {
-            EngineError::Invalid(format!("internal: tensor '{name}' of input {model} is not in memory"))
-        })?;
+        let t = self
+            .models
+            .get(model)
+            .and_then(|m| m.get(name))
+            .ok_or_else(|| EngineError::Bug(format!("tensor '{name}' of input {model} is not in memory")))?;
         Ok(t.data[from..from + len].to_vec())
     }
 }
@@ -119,7 +121,7 @@ impl Sink for MemSink {
         let mut out = self.out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let v = out
             .get_mut(name)
-            .ok_or_else(|| EngineError::Invalid(format!("internal: tensor '{name}' has no output buffer")))?;
+            .ok_or_else(|| EngineError::Bug(format!("tensor '{name}' has no output buffer")))?;
         v[from..from + values.len()].copy_from_slice(values);
         Ok(())
     }
@@ -331,11 +333,11 @@ impl FileSource<'_> {
         let c = self
             .models
             .get(model)
-            .ok_or_else(|| EngineError::Invalid(format!("internal: no input {model}")))?;
+            .ok_or_else(|| EngineError::Bug(format!("no input {model}")))?;
         let t = c
             .tensors
             .get(name)
-            .ok_or_else(|| EngineError::Invalid(format!("internal: '{name}' missing from '{}'", c.path.display())))?;
+            .ok_or_else(|| EngineError::Bug(format!("'{name}' missing from '{}'", c.path.display())))?;
         Ok((c, t))
     }
 }

@@ -242,7 +242,7 @@ impl OutputWriter {
         let (si, off, _) = self
             .locations
             .get(name)
-            .ok_or_else(|| EngineError::Invalid(format!("internal: tensor '{name}' is not in the output plan")))?;
+            .ok_or_else(|| EngineError::Bug(format!("tensor '{name}' is not in the output plan")))?;
         write_all_at(&self.files[*si], bytes, off + byte_from, &self.file_paths[*si])
     }
 
@@ -252,7 +252,7 @@ impl OutputWriter {
     pub fn write_values(&self, name: &str, elem_from: usize, values: &[f32]) -> Result<()> {
         let dtype = self
             .dtype(name)
-            .ok_or_else(|| EngineError::Invalid(format!("internal: tensor '{name}' is not in the output plan")))?;
+            .ok_or_else(|| EngineError::Bug(format!("tensor '{name}' is not in the output plan")))?;
         check_range(dtype, name, elem_from, values)?;
         let mut bytes = Vec::new();
         encode_f32(dtype, values, &mut bytes);

@@ -440,17 +440,19 @@ impl Worker {
         device: &candle_core::Device,
     ) -> Result<EvalReport, String> {
         let key = (bench.dir.clone(), device_name(device));
-        if self.evaluator.as_ref().is_none_or(|(k, _)| *k != key) {
-            if self.tasks.is_none() {
-                self.tasks = Some(benchmark_tasks(None).map_err(|e| e.to_string())?);
+        let ev = match self.evaluator.take() {
+            Some((k, ev)) if k == key => ev,
+            _ => {
+                if self.tasks.is_none() {
+                    self.tasks = Some(benchmark_tasks(None).map_err(|e| e.to_string())?);
+                }
+                let tasks = self.tasks.as_deref().unwrap_or_default();
+                bench
+                    .evaluator(tasks, None, SplitKind::Test, device)
+                    .map_err(|e| e.to_string())?
             }
-            let tasks = self.tasks.as_deref().unwrap_or_default();
-            let ev = bench
-                .evaluator(tasks, None, SplitKind::Test, device)
-                .map_err(|e| e.to_string())?;
-            self.evaluator = Some((key, ev));
-        }
-        let ev = &self.evaluator.as_ref().ok_or("internal: no evaluator")?.1;
+        };
+        let ev = &self.evaluator.insert((key, ev)).1;
         ev.evaluate_file(path).map_err(|e| format!("not evaluated: {e}"))
     }
 
