@@ -400,10 +400,10 @@ fn eval_and_merge_eval_on_a_benchmark() {
     copy_dir(&bench, &cached);
     let manifest = cached.join("manifest.json");
     let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
-    m["recipe_version"] = serde_json::json!(mergescope_engine::demo::RECIPE_VERSION - 1);
+    m["recipe_version"] = serde_json::json!(mergescope_lab::demo::RECIPE_VERSION - 1);
     std::fs::write(&manifest, serde_json::to_string(&m).unwrap()).unwrap();
     let e = env.fails(&["eval", "--checkpoint", &expert]);
-    let old = format!("built by recipe {}", mergescope_engine::demo::RECIPE_VERSION - 1);
+    let old = format!("built by recipe {}", mergescope_lab::demo::RECIPE_VERSION - 1);
     assert!(
         e.contains(&old) && e.contains("mergescope demo build --arch mlp` to rebuild it"),
         "{e}"

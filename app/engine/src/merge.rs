@@ -8,7 +8,6 @@ use crate::dtype::{DType, OutDType, decode_f32_vec};
 use crate::error::{EngineError, Result};
 pub use crate::executor::{ExecOptions, Observer, Phase, Progress};
 use crate::executor::{PlanItem, Run, Sink, Source};
-pub(crate) use crate::finite::{first_non_finite, non_finite_input};
 use crate::plugin::Plugin;
 use crate::plugin::instance::{CallEnv, Instance};
 use crate::plugin::schema::{ResolvedParams, resolve_params};
@@ -63,7 +62,7 @@ fn instance_for<'p>(
 
 /// Validates the inputs and parameters of a merge and creates the plugin's instance (either
 /// kind of method).
-pub(crate) fn create_instance<'p>(
+pub fn create_instance<'p>(
     plugin: &'p Plugin,
     params: &Value,
     seed: u64,
@@ -381,7 +380,7 @@ fn resolved(p: &Path) -> Option<PathBuf> {
 /// Refuses an output that would write over, into or around an input: the same file, a file
 /// inside an input folder (its shards, its index, anything else there), or a folder that
 /// holds an input.
-pub(crate) fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()> {
+pub fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()> {
     let Some(target) = resolved(out) else {
         return Ok(());
     };
@@ -410,32 +409,32 @@ pub(crate) fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()
     Ok(())
 }
 
-pub(crate) fn file_desc(c: &Checkpoint) -> ModelDesc {
+pub fn file_desc(c: &Checkpoint) -> ModelDesc {
     c.tensors
         .iter()
         .map(|(k, t)| (k.clone(), (t.dtype, t.shape.clone())))
         .collect()
 }
 
-pub(crate) fn file_label(p: &Path) -> String {
+pub fn file_label(p: &Path) -> String {
     format!("'{}'", p.display())
 }
 
 /// What a merge writes: the tensors the method merges, every output tensor with its dtype, the
 /// tensors copied unchanged, and how many are left out.
-pub(crate) struct Plan {
-    pub(crate) items: Vec<PlanItem>,
-    pub(crate) outputs: Vec<OutputTensor>,
-    pub(crate) copies: Vec<TensorEntry>,
-    pub(crate) skipped: usize,
+pub struct Plan {
+    /// The tensors the method merges.
+    pub items: Vec<PlanItem>,
+    /// Every output tensor with its dtype.
+    pub outputs: Vec<OutputTensor>,
+    /// The tensors copied unchanged from the reference.
+    pub copies: Vec<TensorEntry>,
+    /// How many tensors are left out.
+    pub skipped: usize,
 }
 
 /// Plans the output from the compatibility check's fate of each tensor of `reference`.
-pub(crate) fn plan_outputs(
-    fates: &BTreeMap<String, TensorFate>,
-    reference: &Checkpoint,
-    out_dtype: Option<OutDType>,
-) -> Plan {
+pub fn plan_outputs(fates: &BTreeMap<String, TensorFate>, reference: &Checkpoint, out_dtype: Option<OutDType>) -> Plan {
     let mut items = Vec::new();
     let mut outputs = Vec::new();
     let mut copies = Vec::new();
@@ -481,7 +480,7 @@ pub(crate) fn plan_outputs(
 
 /// The header metadata of a merge's output: method, plugin version, parameters, seed, inputs
 /// (role, file name, size), app version and notes, so any merge can be replayed.
-pub(crate) fn output_metadata(
+pub fn output_metadata(
     plugin: &Plugin,
     params_json: &Value,
     seed: u64,
@@ -517,7 +516,7 @@ pub(crate) fn output_metadata(
 }
 
 /// Writes tensors copied unchanged from `reference` (converted when the output dtype differs).
-pub(crate) fn write_copies(writer: &OutputWriter, reference: &Checkpoint, copies: &[TensorEntry]) -> Result<()> {
+pub fn write_copies(writer: &OutputWriter, reference: &Checkpoint, copies: &[TensorEntry]) -> Result<()> {
     for t in copies {
         let out_dtype = writer.dtype(&t.name).unwrap_or(t.dtype);
         if out_dtype == t.dtype {

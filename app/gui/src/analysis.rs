@@ -4,23 +4,23 @@
 //! same code as `mergescope analyze`.
 
 use crate::jobs::{Background, Notify, TaskMessage};
-use mergescope_engine::analysis::landscape::{Metric, MetricKind};
-use mergescope_engine::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
-use mergescope_engine::analysis::spectrum::{matrix_names, task_spectra};
-use mergescope_engine::analysis::views::{
-    Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
-};
-use mergescope_engine::analysis::{checkpoint_label, gram_of_files};
-use mergescope_engine::data::benchmark_tasks;
-use mergescope_engine::demo::Benchmark;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::error::EngineError;
-use mergescope_engine::eval::EvalReport;
-use mergescope_engine::scaling::views::{
+use mergescope_figures::Figure;
+use mergescope_lab::analysis::landscape::{Metric, MetricKind};
+use mergescope_lab::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
+use mergescope_lab::analysis::spectrum::{matrix_names, task_spectra};
+use mergescope_lab::analysis::views::{
+    Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
+};
+use mergescope_lab::analysis::{checkpoint_label, gram_of_files};
+use mergescope_lab::data::benchmark_tasks;
+use mergescope_lab::demo::Benchmark;
+use mergescope_lab::eval::EvalReport;
+use mergescope_lab::scaling::views::{
     BoundSettings, Mask, bound_figure, bound_of_files, heterogeneity_figure, heterogeneity_of_files, train_facts,
     weights_figure,
 };
-use mergescope_figures::Figure;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;

@@ -6,22 +6,22 @@
 //! `engine::scaling::sweep`, the same code as `mergescope sweep`.
 
 use crate::jobs::{Background, Notify, TaskMessage};
-use mergescope_engine::data::benchmark_tasks;
-use mergescope_engine::demo::{Benchmark, resolve_benchmark};
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::error::EngineError;
 use mergescope_engine::merge::ExecOptions;
-use mergescope_engine::nn::Arch;
 use mergescope_engine::plugin::{Plugin, Registry};
-use mergescope_engine::scaling::sweep::plots::PLOTS_DIR;
-use mergescope_engine::scaling::sweep::run::RESULTS_FILE;
-use mergescope_engine::scaling::sweep::spec::{Grid, MethodSpec};
-use mergescope_engine::scaling::sweep::store::{Row, read_rows};
-use mergescope_engine::scaling::sweep::{
+use mergescope_figures::Figure;
+use mergescope_lab::data::benchmark_tasks;
+use mergescope_lab::demo::{Benchmark, resolve_benchmark};
+use mergescope_lab::nn::Arch;
+use mergescope_lab::scaling::sweep::plots::PLOTS_DIR;
+use mergescope_lab::scaling::sweep::run::RESULTS_FILE;
+use mergescope_lab::scaling::sweep::spec::{Grid, MethodSpec};
+use mergescope_lab::scaling::sweep::store::{Row, read_rows};
+use mergescope_lab::scaling::sweep::{
     SweepInputs, SweepProgress, SweepSpec, Variable, VariableResult, analyse, figures, run_sweep, write_plots,
 };
-use mergescope_engine::train::OptimizerKind;
-use mergescope_figures::Figure;
+use mergescope_lab::train::OptimizerKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};

@@ -4,14 +4,14 @@
 //! cancelled, queued or running; a panic in a job fails that job, not the app.
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
-use mergescope_engine::data::{SplitKind, TaskData, benchmark_tasks};
-use mergescope_engine::demo::{self, Benchmark, BuildProgress};
 use mergescope_engine::device::{DeviceChoice, device_name, open_device};
-use mergescope_engine::eval::{EvalReport, Evaluator};
 use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer, Phase, Progress};
-use mergescope_engine::nn::Arch;
 use mergescope_engine::plugin::Plugin;
-use mergescope_engine::run::{self, TaskSource};
+use mergescope_lab::data::{SplitKind, TaskData, benchmark_tasks};
+use mergescope_lab::demo::{self, Benchmark, BuildProgress};
+use mergescope_lab::eval::{EvalReport, Evaluator};
+use mergescope_lab::nn::Arch;
+use mergescope_lab::run::{self, TaskSource};
 use mergescope_plugin_api::abi;
 use std::collections::HashMap;
 use std::path::PathBuf;

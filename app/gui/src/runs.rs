@@ -4,7 +4,7 @@
 
 use crate::inputs::InputRef;
 use mergescope_engine::device::DeviceChoice;
-use mergescope_engine::eval::EvalReport;
+use mergescope_lab::eval::EvalReport;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -331,8 +331,8 @@ pub fn cli_command(r: &RunRecord) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mergescope_engine::data::SplitKind;
-    use mergescope_engine::eval::TaskScore;
+    use mergescope_lab::data::SplitKind;
+    use mergescope_lab::eval::TaskScore;
     use serde_json::json;
 
     fn run(id: u64, method: &str, accs: &[(&str, f64)]) -> RunRecord {

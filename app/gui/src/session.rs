@@ -7,11 +7,11 @@ use crate::inputs::{InputRef, Inputs};
 use crate::jobs::{BuildJob, Event, Job, JobId, JobQueue, MergeJob, Notify};
 use crate::runs::{Live, RunRecord, RunStatus};
 use mergescope_engine::compat::MissingPolicy;
-use mergescope_engine::demo::{self, Benchmark};
 use mergescope_engine::device::DeviceChoice;
 use mergescope_engine::merge::MergeRequest;
-use mergescope_engine::nn::Arch;
 use mergescope_engine::plugin::{Approvals, Plugin, PluginDirs, PluginOrigin, Registry};
+use mergescope_lab::demo::{self, Benchmark};
+use mergescope_lab::nn::Arch;
 use mergescope_plugin_api::abi;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -432,7 +432,7 @@ impl Session {
                 .manifest
                 .tasks
                 .iter()
-                .map(|t| mergescope_engine::eval::TaskScore {
+                .map(|t| mergescope_lab::eval::TaskScore {
                     task: t.name.clone(),
                     accuracy: t.base_accuracy.test,
                     loss: f64::NAN,
@@ -440,7 +440,7 @@ impl Session {
                     examples: 0,
                 })
                 .collect();
-            mergescope_engine::eval::summarise(mergescope_engine::data::SplitKind::Test, tasks)
+            mergescope_lab::eval::summarise(mergescope_lab::data::SplitKind::Test, tasks)
         });
         let inputs = crate::analysis::AnalysisInputs {
             base: self.inputs.base.as_ref().map(|b| b.path.clone()),

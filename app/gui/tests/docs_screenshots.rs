@@ -38,7 +38,7 @@ fn choose(h: &mut Harness<'static, MergescopeApp>, method: &str) {
 #[test]
 #[ignore = "needs a demo benchmark (mergescope demo build); writes docs/screenshots"]
 fn docs_screenshots() {
-    let bench = mergescope_engine::demo::resolve_benchmark("demo", None).expect("build a demo benchmark first");
+    let bench = mergescope_lab::demo::resolve_benchmark("demo", None).expect("build a demo benchmark first");
     let runs = tempfile::tempdir().unwrap();
     for (theme, suffix) in [(Theme::Light, "light"), (Theme::Dark, "dark")] {
         let settings = Settings {

@@ -33,7 +33,7 @@ fn drop_file(h: &mut Harness<'static, MergescopeApp>, path: &Path) {
 fn checkpoint(path: &Path, rows: usize, value: f32) {
     let t = candle_core::Tensor::full(value, (rows, 3), &candle_core::Device::Cpu).unwrap();
     let params = BTreeMap::from([("layer.weight".to_owned(), t)]);
-    mergescope_engine::demo::save_params(path, &params, &BTreeMap::new()).unwrap();
+    mergescope_lab::demo::save_params(path, &params, &BTreeMap::new()).unwrap();
 }
 
 #[test]

@@ -111,14 +111,14 @@ fn merge_three_methods_by_clicking_and_compare_them() {
     // Weight averaging is the mean of the experts: check one tensor against the inputs.
     let wa = &h.state().session.runs[1];
     let (device, _) = mergescope_engine::device::open_device(mergescope_engine::device::DeviceChoice::Cpu);
-    let merged = mergescope_engine::demo::load_params(&wa.output, &device).unwrap();
+    let merged = mergescope_lab::demo::load_params(&wa.output, &device).unwrap();
     let name = merged.keys().next().unwrap().clone();
     let got: Vec<f32> = merged[&name].flatten_all().unwrap().to_vec1().unwrap();
     let inputs: Vec<Vec<f32>> = wa
         .experts
         .iter()
         .map(|e| {
-            let p = mergescope_engine::demo::load_params(&e.path, &device).unwrap();
+            let p = mergescope_lab::demo::load_params(&e.path, &device).unwrap();
             p[&name].flatten_all().unwrap().to_vec1().unwrap()
         })
         .collect();
@@ -360,12 +360,12 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     assert_eq!(m.overlay.len(), 1);
     assert_eq!(m.overlay[0].points.len(), 5);
     // Cell (α, β) = (0, 0) is the base: index 5 of −0.5, −0.4, …, 1.5.
-    let bench = mergescope_engine::demo::Benchmark::open(benchmark()).unwrap();
-    let tasks = mergescope_engine::data::benchmark_tasks(None).unwrap();
+    let bench = mergescope_lab::demo::Benchmark::open(benchmark()).unwrap();
+    let tasks = mergescope_lab::data::benchmark_tasks(None).unwrap();
     let (device, _) = mergescope_engine::device::open_device(mergescope_engine::device::DeviceChoice::Cpu);
-    let base = mergescope_engine::demo::load_params(&bench.base_path(), &device).unwrap();
+    let base = mergescope_lab::demo::load_params(&bench.base_path(), &device).unwrap();
     let direct = bench
-        .evaluator(&tasks, None, mergescope_engine::data::SplitKind::Test, &device)
+        .evaluator(&tasks, None, mergescope_lab::data::SplitKind::Test, &device)
         .unwrap()
         .subsample(64)
         .unwrap()
@@ -433,7 +433,7 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     h.snapshot("analysis_spectrum_light");
     // The λ line of one task's loss.
     h.state_mut().session.analysis.options.task = Some("mnist".into());
-    h.state_mut().session.analysis.options.metric = mergescope_engine::analysis::landscape::MetricKind::Loss;
+    h.state_mut().session.analysis.options.metric = mergescope_lab::analysis::landscape::MetricKind::Loss;
     let Figure::Lines(l) = open(&mut h, "λ line") else {
         panic!("λ line")
     };
@@ -468,11 +468,11 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     };
     let inputs = h.state().session.analysis.inputs.clone();
     let experts: Vec<std::path::PathBuf> = inputs.experts.iter().map(|(_, p)| p.clone()).collect();
-    let direct = mergescope_engine::scaling::views::heterogeneity_of_files(
+    let direct = mergescope_lab::scaling::views::heterogeneity_of_files(
         inputs.base.as_ref().unwrap(),
         &experts,
         None,
-        mergescope_engine::scaling::views::Mask::Ties { density: 0.2 },
+        mergescope_lab::scaling::views::Mask::Ties { density: 0.2 },
     )
     .unwrap();
     assert_eq!(het.series[0].1, direct.before);
@@ -508,19 +508,16 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     assert_eq!((settings.smoothness, settings.lr), (2.0, Some(1e-3)));
     let edited = h.state().session.analysis.figure.clone().unwrap();
     let bench = h.state().session.benchmark.clone().unwrap();
-    let direct = mergescope_engine::scaling::views::bound_of_files(
+    let direct = mergescope_lab::scaling::views::bound_of_files(
         &bench,
-        &mergescope_engine::data::benchmark_tasks(None).unwrap(),
+        &mergescope_lab::data::benchmark_tasks(None).unwrap(),
         inputs.base.as_ref().unwrap(),
         &experts,
         &settings,
         &std::sync::atomic::AtomicBool::new(false),
     )
     .unwrap();
-    assert_eq!(
-        edited,
-        mergescope_engine::scaling::views::bound_figure(&direct.variants)
-    );
+    assert_eq!(edited, mergescope_lab::scaling::views::bound_figure(&direct.variants));
     assert_ne!(edited, Figure::Bars(b));
 }
 

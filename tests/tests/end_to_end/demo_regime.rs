@@ -7,12 +7,12 @@
 //! It builds the real MLP benchmark of seed 0 with `Recipe::default_for`, so a recipe change
 //! that leaves this regime fails here, not in a user's first comparison.
 
-use mergescope_engine::analysis::landscape::AffineFamily;
-use mergescope_engine::compare::{choose_lambda, default_lambda_grid};
-use mergescope_engine::data::{SplitKind, demo_tasks};
-use mergescope_engine::demo::{Benchmark, Recipe, build, load_params};
 use mergescope_engine::device::{DeviceChoice, open_device};
-use mergescope_engine::nn::{Arch, Params};
+use mergescope_lab::analysis::landscape::AffineFamily;
+use mergescope_lab::compare::{choose_lambda, default_lambda_grid};
+use mergescope_lab::data::{SplitKind, demo_tasks};
+use mergescope_lab::demo::{Benchmark, Recipe, build, load_params};
+use mergescope_lab::nn::{Arch, Params};
 use std::sync::atomic::AtomicBool;
 
 #[test]

@@ -7,12 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use candle_core::{Device, Tensor};
-use mergescope_engine::data::{TaskData, demo_tasks};
-use mergescope_engine::model_merge::run_model_in_memory;
-use mergescope_engine::nn::{Arch, Head};
-use mergescope_engine::plugin::instance::ModelRunOutput;
-use mergescope_engine::plugin::session::{SessionModel, SessionTask};
-use mergescope_engine::train::{BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask, fine_tune};
+use mergescope_lab::data::{TaskData, demo_tasks};
+use mergescope_lab::model_merge::run_model_in_memory;
+use mergescope_lab::nn::{Arch, Head};
+use mergescope_lab::session::ModelRunOutput;
+use mergescope_lab::session::{SessionModel, SessionTask};
+use mergescope_lab::train::{BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask, fine_tune};
 use mergescope_tests::load;
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, Ordering};

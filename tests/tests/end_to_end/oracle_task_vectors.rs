@@ -8,10 +8,10 @@
 //! - Over k > 1 epochs the two differ by a second-order term: the gap is far above float
 //!   noise and shrinks about 4× when η is halved (on the smooth ViT; see the test).
 
-use mergescope_engine::data::{TaskData, demo_tasks};
 use mergescope_engine::device::{DeviceChoice, open_device};
-use mergescope_engine::nn::{Arch, Head, Params, to_host};
-use mergescope_engine::train::{BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask, fine_tune};
+use mergescope_lab::data::{TaskData, demo_tasks};
+use mergescope_lab::nn::{Arch, Head, Params, to_host};
+use mergescope_lab::train::{BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask, fine_tune};
 use std::sync::atomic::AtomicBool;
 
 const PER_TASK: usize = 48;

@@ -3,13 +3,13 @@
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use mergescope_engine::compare::{CompareConfig, compare, default_lambda_grid};
-use mergescope_engine::data::benchmark_tasks;
-use mergescope_engine::demo::resolve_benchmark;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::merge::ExecOptions;
-use mergescope_engine::nn::Arch;
 use mergescope_engine::plugin::loader::Plugin;
+use mergescope_lab::compare::{CompareConfig, compare, default_lambda_grid};
+use mergescope_lab::data::benchmark_tasks;
+use mergescope_lab::demo::resolve_benchmark;
+use mergescope_lab::nn::Arch;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;

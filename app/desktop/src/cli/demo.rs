@@ -2,12 +2,12 @@
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use mergescope_engine::data::benchmark_tasks;
-use mergescope_engine::demo::{
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_lab::data::benchmark_tasks;
+use mergescope_lab::demo::{
     Benchmark, BuildProgress, Recipe, build, build_replacing, demo_dir, demos_in_cache, outdated_reason,
 };
-use mergescope_engine::device::{DeviceChoice, open_device};
-use mergescope_engine::nn::Arch;
+use mergescope_lab::nn::Arch;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -109,7 +109,7 @@ pub fn build_with_bar(
     arch: Arch,
     seed: u64,
     dir: &std::path::Path,
-    tasks: &[mergescope_engine::data::TaskData],
+    tasks: &[mergescope_lab::data::TaskData],
     quiet: bool,
     cancel: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<Benchmark> {

@@ -4,12 +4,12 @@
 use anyhow::Context as _;
 use clap::Args;
 use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::data::{SplitKind, benchmark_tasks};
-use mergescope_engine::demo::{Benchmark, resolve_benchmark};
 use mergescope_engine::device::Device;
 use mergescope_engine::device::{DeviceChoice, open_device};
-use mergescope_engine::eval::EvalReport;
-use mergescope_engine::nn::Arch;
+use mergescope_lab::data::{SplitKind, benchmark_tasks};
+use mergescope_lab::demo::{Benchmark, resolve_benchmark};
+use mergescope_lab::eval::EvalReport;
+use mergescope_lab::nn::Arch;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;

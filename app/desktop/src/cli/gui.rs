@@ -1,8 +1,8 @@
 //! `mergescope` with no subcommand (or `mergescope gui`): the desktop window.
 
 use clap::Args;
-use mergescope_engine::nn::Arch;
 use mergescope_gui::SessionConfig;
+use mergescope_lab::nn::Arch;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

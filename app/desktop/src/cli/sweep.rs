@@ -5,15 +5,15 @@
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use mergescope_engine::data::benchmark_tasks;
-use mergescope_engine::demo::resolve_benchmark;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::merge::ExecOptions;
-use mergescope_engine::nn::Arch;
 use mergescope_engine::plugin::loader::Plugin;
-use mergescope_engine::scaling::sweep::run::{RESULTS_FILE, SPEC_FILE};
-use mergescope_engine::scaling::sweep::store::{Row, read_rows};
-use mergescope_engine::scaling::sweep::{
+use mergescope_lab::data::benchmark_tasks;
+use mergescope_lab::demo::resolve_benchmark;
+use mergescope_lab::nn::Arch;
+use mergescope_lab::scaling::sweep::run::{RESULTS_FILE, SPEC_FILE};
+use mergescope_lab::scaling::sweep::store::{Row, read_rows};
+use mergescope_lab::scaling::sweep::{
     SweepInputs, SweepProgress, SweepSpec, analyse, fits_markdown, run_sweep, write_plots,
 };
 use std::path::{Path, PathBuf};
@@ -151,7 +151,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         // A fresh machine: build the demo the sweep starts from (as the window does).
         Err(e) if spec.benchmark == "demo" => {
             eprintln!("no {arch} demo benchmark built yet: building it first ({e})");
-            let dir = mergescope_engine::demo::demo_dir(arch, 0)?;
+            let dir = mergescope_lab::demo::demo_dir(arch, 0)?;
             super::demo::build_with_bar(arch, 0, &dir, &tasks, args.quiet, cancel)?
         }
         Err(e) => return Err(e.into()),

@@ -124,7 +124,7 @@ fn a_corrupt_approvals_file_does_not_block_the_bundled_methods() {
 fn benchmark_with_a_nan_expert(env: &Env) -> (PathBuf, String, Vec<String>) {
     let bench = env.path("bench");
     tiny_benchmark(&bench);
-    let b = mergescope_engine::demo::Benchmark::open(&bench).unwrap();
+    let b = mergescope_lab::demo::Benchmark::open(&bench).unwrap();
     let experts: Vec<String> = b.expert_paths().iter().map(|p| s(p).to_owned()).collect();
     // Rewrite the second expert with a NaN in its first weight matrix.
     let path = Path::new(&experts[1]);

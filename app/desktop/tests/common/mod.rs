@@ -139,10 +139,10 @@ pub fn tiny_benchmark(dir: &Path) {
 }
 
 pub fn tiny_benchmark_of(dir: &Path, names: &[&str]) {
-    use mergescope_engine::demo::{Recipe, build};
-    use mergescope_engine::nn::Arch;
-    use mergescope_engine::train::Budget;
-    let tasks: Vec<_> = mergescope_engine::data::demo_tasks()
+    use mergescope_lab::demo::{Recipe, build};
+    use mergescope_lab::nn::Arch;
+    use mergescope_lab::train::Budget;
+    let tasks: Vec<_> = mergescope_lab::data::demo_tasks()
         .unwrap()
         .into_iter()
         .filter(|t| names.contains(&t.name.as_str()))

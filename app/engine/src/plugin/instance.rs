@@ -4,7 +4,6 @@
 use super::host_api::{CallCtx, LogSink};
 use super::loader::Plugin;
 use super::schema::{ParamValue, ResolvedParams};
-use super::session::{SessionCtx, SessionModel, Trajectory};
 use crate::error::{EngineError, Result};
 use candle_core::{Device, Tensor};
 use mergescope_plugin_api::abi::{self, HostApiV1, Status, Str, TensorHandle, TensorInfo};
@@ -300,23 +299,29 @@ impl<'p> Instance<'p> {
     }
 }
 
-/// What a model-level run left: the merged tensors (or why there are none) and the trajectory.
-pub struct ModelRunOutput {
-    /// The merged model in the session's order, or the failure (`Cancelled` included).
-    pub result: Result<Vec<Tensor>>,
-    /// The iterates the method reported (the last one is the partial result of a cancelled run).
-    pub trajectory: Trajectory,
-}
-
 impl Instance<'_> {
-    /// Runs a model-level method over `model`. `on_iterate` sees each reported iterate's label
-    /// and the plugin's last reported progress fraction.
-    pub fn run_model(
+    /// The plugin this instance belongs to.
+    pub fn plugin(&self) -> &Plugin {
+        self.plugin
+    }
+
+    /// The error for a failed call `what` of this instance (`Cancelled` for a cancelled one).
+    pub fn failure(&self, what: &str, status: Status, message: Option<String>) -> EngineError {
+        call_error(self.plugin, what, status, message)
+    }
+
+    /// Calls a model-level plugin's `run_model` with the tables of a call and of its session,
+    /// for `n_outputs` tensors, and returns the handles it filled (or its status).
+    ///
+    /// # Safety
+    ///
+    /// `host` and `session` must point at contexts that stay alive and unmoved during the call.
+    pub unsafe fn call_run_model(
         &self,
-        env: CallEnv<'_>,
-        model: &SessionModel<'_>,
-        on_iterate: &mut dyn FnMut(&str, f64),
-    ) -> ModelRunOutput {
+        host: &HostApiV1,
+        session: &abi::SessionApiV1,
+        n_outputs: usize,
+    ) -> std::result::Result<Vec<TensorHandle>, Status> {
         // A per-tensor plugin's table may end before `run_model` (ABI 1.0): read the field only
         // for model-level plugins, whose table length the loader checked.
         let run = if self.plugin.is_model_level() {
@@ -325,49 +330,12 @@ impl Instance<'_> {
             None
         };
         let Some(run) = run else {
-            return ModelRunOutput {
-                result: Err(call_error(
-                    self.plugin,
-                    "(run_model)",
-                    abi::STATUS_UNSUPPORTED,
-                    Some("it is not a model-level method".into()),
-                )),
-                trajectory: Trajectory::default(),
-            };
+            return Err(abi::STATUS_UNSUPPORTED);
         };
-        let mut call = CallCtx::new(env.device, env.cancel, env.log);
-        let host = call.table();
-        let mut session = match SessionCtx::new(model, &mut call, on_iterate) {
-            Ok(s) => s,
-            Err(e) => {
-                return ModelRunOutput {
-                    result: Err(e),
-                    trajectory: Trajectory::default(),
-                };
-            }
-        };
-        let table = session.table();
-        let n = model.names.len();
-        let mut out = vec![0 as TensorHandle; n];
-        // SAFETY: live instance; both tables point at contexts that outlive the call.
-        let status = unsafe { run(self.ptr, &host, &table, out.as_mut_ptr(), n) };
-        let trajectory = std::mem::take(&mut session.trajectory);
-        drop(session);
-        let result = if status == abi::STATUS_OK {
-            out.iter()
-                .enumerate()
-                .map(|(i, h)| {
-                    call.get(*h).cloned().ok_or_else(|| EngineError::Plugin {
-                        plugin: self.plugin.id().to_owned(),
-                        tensor: model.names[i].clone(),
-                        message: format!("it returned handle {h}, which is not a live tensor of the run"),
-                    })
-                })
-                .collect()
-        } else {
-            Err(call_error(self.plugin, "(run_model)", status, call.error.take()))
-        };
-        ModelRunOutput { result, trajectory }
+        let mut out = vec![0 as TensorHandle; n_outputs];
+        // SAFETY: live instance; the caller keeps both contexts alive during the call.
+        let status = unsafe { run(self.ptr, host, session, out.as_mut_ptr(), n_outputs) };
+        if status == abi::STATUS_OK { Ok(out) } else { Err(status) }
     }
 }
 

@@ -6,7 +6,6 @@ pub mod host_api;
 pub mod instance;
 pub mod loader;
 pub mod schema;
-pub mod session;
 
 pub use discovery::{Approvals, PluginDirs, Registry};
 pub use loader::{Plugin, PluginError, PluginInfo, PluginOrigin, load_plugin};

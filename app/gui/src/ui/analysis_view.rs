@@ -6,7 +6,7 @@ use crate::analysis::ViewKind;
 use crate::session::Session;
 use crate::ui::{ViewState, dialogs, figure_view};
 use egui::{Context, RichText};
-use mergescope_engine::analysis::landscape::MetricKind;
+use mergescope_lab::analysis::landscape::MetricKind;
 
 /// Buttons that open each view on the selected runs (the second click from a result).
 pub fn open_buttons(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {

@@ -8,9 +8,9 @@ use crate::session::{Level, Session};
 use crate::text::time_text;
 use crate::ui::{dialogs, figure_view};
 use egui::{Context, RichText, Ui};
-use mergescope_engine::scaling::fit::Direction;
-use mergescope_engine::scaling::sweep::spec::{Aggregate, Mode};
-use mergescope_engine::scaling::sweep::{SweepSpec, Variable};
+use mergescope_lab::scaling::fit::Direction;
+use mergescope_lab::scaling::sweep::spec::{Aggregate, Mode};
+use mergescope_lab::scaling::sweep::{SweepSpec, Variable};
 use serde_json::Value;
 use std::time::Duration;
 

@@ -5,7 +5,7 @@ use crate::inputs::{InputFile, human_bytes};
 use crate::session::Session;
 use crate::ui::{ViewState, dialogs};
 use egui::{RichText, Ui};
-use mergescope_engine::demo::Benchmark;
+use mergescope_lab::demo::Benchmark;
 
 /// What the user asked for in a row.
 enum RowAction {

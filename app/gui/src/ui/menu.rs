@@ -6,7 +6,7 @@ use crate::session::Session;
 use crate::settings::{Settings, Theme};
 use crate::ui::{ViewState, dialogs};
 use egui::{Key, KeyboardShortcut, Modifiers, Ui};
-use mergescope_engine::nn::Arch;
+use mergescope_lab::nn::Arch;
 use std::path::PathBuf;
 
 const OPEN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::O);
@@ -148,7 +148,7 @@ pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
                 }
             }
             ui.separator();
-            let built = mergescope_engine::demo::demos_in_cache().unwrap_or_default();
+            let built = mergescope_lab::demo::demos_in_cache().unwrap_or_default();
             if built.is_empty() {
                 ui.label("no demo built yet");
             }
@@ -158,7 +158,7 @@ pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
                     b.manifest.arch.to_string().to_uppercase(),
                     b.manifest.seed
                 );
-                let outdated = mergescope_engine::demo::outdated_reason(&b);
+                let outdated = mergescope_lab::demo::outdated_reason(&b);
                 let mut button = ui.add_enabled(outdated.is_none(), egui::Button::new(label));
                 if let Some(why) = outdated {
                     button = button.on_disabled_hover_text(why);

@@ -118,7 +118,7 @@ fn table_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
                     for (name, get) in [
                         (
                             "base",
-                            (|t: &mergescope_engine::demo::BenchmarkTask| t.base_accuracy.test) as fn(&_) -> f64,
+                            (|t: &mergescope_lab::demo::BenchmarkTask| t.base_accuracy.test) as fn(&_) -> f64,
                         ),
                         ("experts", |t| t.expert_accuracy.test),
                     ] {

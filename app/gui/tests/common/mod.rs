@@ -4,11 +4,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use egui_kittest::Harness;
-use mergescope_engine::demo::{Benchmark, Recipe, build};
-use mergescope_engine::nn::Arch;
-use mergescope_engine::train::Budget;
 use mergescope_gui::settings::{Settings, Theme};
 use mergescope_gui::{MergescopeApp, SessionConfig};
+use mergescope_lab::demo::{Benchmark, Recipe, build};
+use mergescope_lab::nn::Arch;
+use mergescope_lab::train::Budget;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -35,7 +35,7 @@ pub fn recipe() -> Recipe {
 /// width, its cache sizes), and the steps compound the last-bit differences, so two CPUs build
 /// different weights: the tests use the committed build instead (see [`benchmark`]).
 pub fn build_benchmark(dir: &Path) -> Benchmark {
-    let tasks: Vec<_> = mergescope_engine::data::demo_tasks()
+    let tasks: Vec<_> = mergescope_lab::data::demo_tasks()
         .unwrap()
         .into_iter()
         .filter(|t| TASKS.contains(&t.name.as_str()))
@@ -82,7 +82,7 @@ pub fn benchmark() -> &'static Path {
             b.is_current(),
             "tests/fixtures/bench was built by recipe version {}, the engine's is {}: {regenerate}",
             b.manifest.recipe_version,
-            mergescope_engine::demo::RECIPE_VERSION
+            mergescope_lab::demo::RECIPE_VERSION
         );
         assert_eq!(
             (b.manifest.arch, &b.manifest.recipe),

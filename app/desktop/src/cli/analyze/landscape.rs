@@ -6,11 +6,11 @@ use super::{Common, short_name};
 use crate::cli::{cancel_on_ctrl_c, progress_bar};
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
-use mergescope_engine::analysis::landscape::Metric;
-use mergescope_engine::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
-use mergescope_engine::data::benchmark_tasks;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::error::EngineError;
+use mergescope_lab::analysis::landscape::Metric;
+use mergescope_lab::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
+use mergescope_lab::data::benchmark_tasks;
 use std::path::PathBuf;
 use std::time::Instant;
 

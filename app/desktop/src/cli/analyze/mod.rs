@@ -8,10 +8,10 @@ mod views;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
-use mergescope_engine::demo::{Benchmark, resolve_benchmark};
-use mergescope_engine::nn::Arch;
 use mergescope_engine::writer::write_atomic;
 use mergescope_figures::{Figure, render_png, to_csv};
+use mergescope_lab::demo::{Benchmark, resolve_benchmark};
+use mergescope_lab::nn::Arch;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -141,7 +141,7 @@ impl Common {
 }
 
 /// A file's name without `.safetensors` (and `.trajectory`).
-pub use mergescope_engine::analysis::checkpoint_label as short_name;
+pub use mergescope_lab::analysis::checkpoint_label as short_name;
 
 pub fn run(command: &AnalyzeCommand) -> anyhow::Result<ExitCode> {
     match command {

@@ -3,14 +3,14 @@
 use super::{Common, short_name};
 use anyhow::{Context as _, bail};
 use clap::Args;
-use mergescope_engine::analysis::gram_of_files;
-use mergescope_engine::analysis::spectrum::{matrix_names, task_spectra};
-use mergescope_engine::analysis::views::{
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_lab::analysis::gram_of_files;
+use mergescope_lab::analysis::spectrum::{matrix_names, task_spectra};
+use mergescope_lab::analysis::views::{
     Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
 };
-use mergescope_engine::data::{SplitKind, benchmark_tasks};
-use mergescope_engine::demo::load_params;
-use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_lab::data::{SplitKind, benchmark_tasks};
+use mergescope_lab::demo::load_params;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]

@@ -1,0 +1,369 @@
+//! Results tables (like Table 1 of seed 001): every method on a benchmark with its defaults,
+//! its λ chosen on calibration data where it has one, evaluated per task on the test split.
+//! Each merge goes through the same code as `mergescope merge` and is kept on disk.
+
+use crate::data::{SplitKind, TaskData};
+use crate::demo::Benchmark;
+use crate::eval::EvalReport;
+use crate::run::{self, TaskSource};
+use mergescope_engine::error::{EngineError, Result};
+use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Progress};
+use mergescope_engine::plugin::loader::Plugin;
+use mergescope_engine::plugin::schema::ParamType;
+use serde_json::{Map, Value};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// The parameter a λ search tunes.
+pub const LAMBDA_PARAM: &str = "lambda";
+
+/// The default λ grid: 0.1, 0.2, …, 2.0 (cut to each method's allowed range).
+pub fn default_lambda_grid() -> Vec<f64> {
+    (1..=20).map(|i| f64::from(i) / 10.0).collect()
+}
+
+/// What to compare and where the merges go.
+#[derive(Clone, Debug)]
+pub struct CompareConfig {
+    /// Folder for the merged checkpoints (`<method>.safetensors`); created if missing.
+    pub out_dir: PathBuf,
+    /// Replace merges left in `out_dir` by an earlier run.
+    pub overwrite: bool,
+    /// Candidate λ values for methods with a `lambda` parameter (empty: keep the default).
+    pub lambda_grid: Vec<f64>,
+    /// Seed of every merge.
+    pub seed: u64,
+}
+
+/// The λ a method got from the calibration search.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LambdaChoice {
+    /// The chosen value (best mean calibration accuracy; the smallest on ties).
+    pub value: f64,
+    /// Every (λ, mean calibration accuracy) tried.
+    pub grid: Vec<(f64, f64)>,
+}
+
+/// One method's line of the table.
+#[derive(Clone, Debug)]
+pub struct MethodResult {
+    /// Plugin id.
+    pub id: String,
+    /// Display name.
+    pub name: String,
+    /// Whether it is a model-level method (uses calibration data itself).
+    pub model_level: bool,
+    /// The λ search, when the method has a `lambda` parameter.
+    pub lambda: Option<LambdaChoice>,
+    /// Parameters the final merge ran with, as the plugin resolved them.
+    pub params: Value,
+    /// Test-split evaluation, or the error that stopped this method.
+    pub outcome: std::result::Result<EvalReport, String>,
+    /// Seconds for this method, λ search included.
+    pub seconds: f64,
+    /// The merged checkpoint.
+    pub output: PathBuf,
+}
+
+/// A finished comparison.
+#[derive(Clone, Debug)]
+pub struct CompareTable {
+    /// Benchmark folder.
+    pub benchmark: PathBuf,
+    /// Architecture name.
+    pub arch: String,
+    /// Task names, in column order.
+    pub tasks: Vec<String>,
+    /// The base with each task's head.
+    pub pretrained: EvalReport,
+    /// Each expert on its own task (test accuracy), in task order.
+    pub individual: Vec<f64>,
+    /// One entry per method, in the order run.
+    pub rows: Vec<MethodResult>,
+}
+
+/// Runs every plugin of `plugins` on `bench` (test evaluation through `task_data`); a method
+/// that fails becomes a row with its error, so one bad plugin does not lose the others.
+/// `progress` receives one line per step.
+pub fn compare(
+    plugins: &[&Plugin],
+    bench: &Benchmark,
+    task_data: &[TaskData],
+    cfg: &CompareConfig,
+    opts: &ExecOptions,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &AtomicBool,
+) -> Result<CompareTable> {
+    std::fs::create_dir_all(&cfg.out_dir).map_err(|e| EngineError::io("create the output folder", &cfg.out_dir, e))?;
+    if !cfg.overwrite
+        && let Some(p) = plugins.iter().map(|p| output_path(cfg, p)).find(|p| p.exists())
+    {
+        return Err(EngineError::Invalid(format!(
+            "'{}' exists from an earlier comparison; pass --overwrite to replace it or choose another --out-dir",
+            p.display()
+        )));
+    }
+    let device = &opts.device;
+    let test = bench.evaluator(task_data, None, SplitKind::Test, device)?;
+    let calibration = bench.evaluator(task_data, None, SplitKind::Calibration, device)?;
+    progress("evaluating the base");
+    let pretrained = test.evaluate_file(&bench.base_path())?;
+    let individual = bench
+        .manifest
+        .tasks
+        .iter()
+        .map(|t| t.expert_accuracy.get(SplitKind::Test))
+        .collect();
+    let mut rows = Vec::new();
+    for plugin in plugins {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(EngineError::Cancelled);
+        }
+        let started = Instant::now();
+        let out = output_path(cfg, plugin);
+        let mut lambda = None;
+        let run = (|| -> Result<(Value, EvalReport)> {
+            let mut params = Map::new();
+            if let Some(grid) = lambda_grid(plugin, &cfg.lambda_grid) {
+                let scratch = cfg.out_dir.join(format!(".{}.lambda-search.safetensors", plugin.id()));
+                let mut tried = Vec::new();
+                for l in grid {
+                    progress(&format!("{}: λ = {l} on calibration data", plugin.id()));
+                    let p = Value::Object(Map::from_iter([(LAMBDA_PARAM.to_owned(), Value::from(l))]));
+                    run_one(plugin, bench, task_data, p, cfg.seed, &scratch, opts, cancel, progress)?;
+                    tried.push((l, calibration.evaluate_file(&scratch)?.mean_accuracy));
+                }
+                let _ = std::fs::remove_file(&scratch);
+                let choice = choose_lambda(tried);
+                params.insert(LAMBDA_PARAM.to_owned(), Value::from(choice.value));
+                lambda = Some(choice);
+            }
+            progress(&format!("{}: merging", plugin.id()));
+            let resolved = run_one(
+                plugin,
+                bench,
+                task_data,
+                Value::Object(params),
+                cfg.seed,
+                &out,
+                opts,
+                cancel,
+                progress,
+            )?;
+            progress(&format!("{}: evaluating", plugin.id()));
+            Ok((resolved, test.evaluate_file(&out)?))
+        })();
+        let (params, outcome) = match run {
+            Ok((p, r)) => (p, Ok(r)),
+            Err(EngineError::Cancelled) => return Err(EngineError::Cancelled),
+            Err(e) => (Value::Null, Err(e.to_string())),
+        };
+        rows.push(MethodResult {
+            id: plugin.id().to_owned(),
+            name: plugin.info.name.clone(),
+            model_level: plugin.is_model_level(),
+            lambda,
+            params,
+            outcome,
+            seconds: started.elapsed().as_secs_f64(),
+            output: out,
+        });
+    }
+    Ok(CompareTable {
+        benchmark: bench.dir.clone(),
+        arch: bench.manifest.arch.to_string(),
+        tasks: bench.task_names().iter().map(|s| (*s).to_owned()).collect(),
+        pretrained,
+        individual,
+        rows,
+    })
+}
+
+fn output_path(cfg: &CompareConfig, plugin: &Plugin) -> PathBuf {
+    cfg.out_dir.join(format!("{}.safetensors", plugin.id()))
+}
+
+/// The grid for `plugin`'s `lambda` parameter, cut to its range; None when it has none (or the
+/// grid is empty).
+pub fn lambda_grid(plugin: &Plugin, grid: &[f64]) -> Option<Vec<f64>> {
+    let spec = plugin.info.params.iter().find(|p| p.name == LAMBDA_PARAM)?;
+    let ParamType::Float { min, max } = spec.ty else {
+        return None;
+    };
+    let g: Vec<f64> = grid
+        .iter()
+        .copied()
+        .filter(|l| min.is_none_or(|m| *l >= m) && max.is_none_or(|m| *l <= m))
+        .collect();
+    (!g.is_empty()).then_some(g)
+}
+
+/// The λ with the best calibration accuracy; the smallest among equals (the least change to
+/// the base).
+pub fn choose_lambda(tried: Vec<(f64, f64)>) -> LambdaChoice {
+    let mut best = (f64::NAN, f64::NEG_INFINITY);
+    for &(l, acc) in &tried {
+        if acc > best.1 || (acc == best.1 && l < best.0) {
+            best = (l, acc);
+        }
+    }
+    LambdaChoice {
+        value: best.0,
+        grid: tried,
+    }
+}
+
+/// One merge of the benchmark's base and experts into `out`; returns the resolved parameters.
+/// A model-level method's iterates and progress go to `progress`.
+#[allow(clippy::too_many_arguments)]
+fn run_one(
+    plugin: &Plugin,
+    bench: &Benchmark,
+    task_data: &[TaskData],
+    params: Value,
+    seed: u64,
+    out: &Path,
+    opts: &ExecOptions,
+    cancel: &AtomicBool,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Value> {
+    let req = MergeRequest::new(bench.expert_paths(), out)
+        .with_base(Some(bench.base_path()))
+        .with_params(params)
+        .with_seed(seed)
+        .overwriting(true);
+    let id = plugin.id();
+    let on_progress = |p: &Progress| {
+        if plugin.is_model_level() {
+            progress(&format!("{id}: {} ({:.0}%)", p.tensor, p.done as f64 / 10.0));
+        }
+    };
+    let observer = Observer {
+        progress: &on_progress,
+        log: Observer::silent().log,
+    };
+    let tasks = TaskSource {
+        bench,
+        tasks: task_data,
+    };
+    let report = run::merge(plugin, &req, Some(tasks), opts, observer, cancel)?.report;
+    Ok(report.params)
+}
+
+fn pct(v: f64) -> String {
+    format!("{:.1}", 100.0 * v)
+}
+
+fn opt_pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".into(), pct)
+}
+
+/// The parameters worth showing: the chosen λ, or "defaults".
+fn setting(r: &MethodResult) -> String {
+    match &r.lambda {
+        Some(l) => format!("λ = {} (calibration)", l.value),
+        None => "defaults".into(),
+    }
+}
+
+impl CompareTable {
+    /// The table in Markdown: per-task test accuracy (%), the average and the average
+    /// normalised accuracy (merged ÷ expert, per task), with the base and the experts on top.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "| method | setting | {} | avg | norm. avg | time s |",
+            self.tasks.join(" | ")
+        );
+        let _ = writeln!(s, "|---|---|{}---:|---:|---:|", "---:|".repeat(self.tasks.len()));
+        let row = |s: &mut String, name: &str, setting: &str, accs: Vec<String>, avg: String, norm: String| {
+            let _ = writeln!(s, "| {name} | {setting} | {} | {avg} | {norm} |", accs.join(" | "));
+        };
+        let p = &self.pretrained;
+        row(
+            &mut s,
+            "Pretrained (base)",
+            "",
+            p.tasks.iter().map(|t| pct(t.accuracy)).collect(),
+            pct(p.mean_accuracy),
+            format!("{} | ", opt_pct(p.mean_normalized)),
+        );
+        let ind_avg = self.individual.iter().sum::<f64>() / self.individual.len().max(1) as f64;
+        row(
+            &mut s,
+            "Individual (experts)",
+            "",
+            self.individual.iter().map(|a| pct(*a)).collect(),
+            pct(ind_avg),
+            "100.0 | ".into(),
+        );
+        for r in &self.rows {
+            match &r.outcome {
+                Ok(e) => row(
+                    &mut s,
+                    &r.name,
+                    &setting(r),
+                    e.tasks.iter().map(|t| pct(t.accuracy)).collect(),
+                    pct(e.mean_accuracy),
+                    format!("{} | {:.1}", opt_pct(e.mean_normalized), r.seconds),
+                ),
+                Err(msg) => {
+                    let _ = writeln!(s, "| {} | failed: {} |", r.name, msg.replace('|', "/"));
+                }
+            }
+        }
+        s
+    }
+
+    /// The table as CSV: one row per method and task, plus `average` rows, with raw fractions.
+    pub fn csv(&self) -> String {
+        let mut s = String::from("method,setting,task,accuracy,normalized_accuracy,seconds\n");
+        let quote = |v: &str| format!("\"{}\"", v.replace('"', "\"\""));
+        let mut report = |name: &str, setting: &str, e: &EvalReport, secs: String| {
+            for t in &e.tasks {
+                let n = t.normalized.map(|v| v.to_string()).unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "{},{},{},{},{n},{secs}",
+                    quote(name),
+                    quote(setting),
+                    t.task,
+                    t.accuracy
+                );
+            }
+            let n = e.mean_normalized.map(|v| v.to_string()).unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "{},{},average,{},{n},{secs}",
+                quote(name),
+                quote(setting),
+                e.mean_accuracy
+            );
+        };
+        report("pretrained", "", &self.pretrained, String::new());
+        for r in &self.rows {
+            if let Ok(e) = &r.outcome {
+                report(&r.id, &setting(r), e, format!("{:.2}", r.seconds));
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The best calibration accuracy wins; among equals the smallest λ.
+    #[test]
+    fn lambda_choice_prefers_accuracy_then_small_lambda() {
+        let c = choose_lambda(vec![(0.1, 0.5), (0.2, 0.7), (0.3, 0.7), (0.4, 0.6)]);
+        assert_eq!(c.value, 0.2);
+        assert_eq!(c.grid.len(), 4);
+        let c = choose_lambda(vec![(0.5, 0.4), (0.3, 0.4)]);
+        assert_eq!(c.value, 0.3);
+    }
+}

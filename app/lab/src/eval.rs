@@ -1,0 +1,314 @@
+//! Per-task evaluation of a backbone with the tasks' frozen heads: accuracy, mean
+//! cross-entropy and accuracy normalised by the task's expert. The CLI, the GUI and the
+//! data-driven merge methods all call [`Evaluator::evaluate`].
+
+use crate::data::{SplitKind, TaskData};
+use crate::nn::{Arch, Head, Params, images_tensor, labels_tensor, load_params};
+use candle_core::{D, DType, Device, Tensor};
+use mergescope_engine::error::{EngineError, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Images per forward pass (bounds the memory of activations).
+const CHUNK: usize = 1000;
+
+/// One task's result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskScore {
+    /// Task name.
+    pub task: String,
+    /// Fraction of examples classified correctly.
+    pub accuracy: f64,
+    /// Mean cross-entropy.
+    pub loss: f64,
+    /// Accuracy ÷ the task's expert accuracy on the same split, when known.
+    pub normalized: Option<f64>,
+    /// Examples evaluated.
+    pub examples: usize,
+}
+
+/// Results on every task, with their unweighted means.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvalReport {
+    /// Split evaluated.
+    pub split: SplitKind,
+    /// Per-task results, in task order.
+    pub tasks: Vec<TaskScore>,
+    /// Mean accuracy over tasks.
+    pub mean_accuracy: f64,
+    /// Mean loss over tasks.
+    pub mean_loss: f64,
+    /// Mean normalised accuracy, when every task has a reference.
+    pub mean_normalized: Option<f64>,
+}
+
+impl EvalReport {
+    /// The score of task `name`.
+    pub fn task(&self, name: &str) -> Option<&TaskScore> {
+        self.tasks.iter().find(|t| t.task == name)
+    }
+}
+
+struct EvalSet {
+    name: String,
+    images: Tensor,
+    labels: Tensor,
+    head: Head,
+    reference: Option<f64>,
+}
+
+/// Evaluates backbones of one architecture on a fixed set of tasks: the data is converted to
+/// tensors once, so evaluating many candidate models (landscapes, AdaMerging) is cheap.
+pub struct Evaluator {
+    arch: Arch,
+    split: SplitKind,
+    sets: Vec<EvalSet>,
+    device: Device,
+}
+
+/// A task to evaluate: its data, its frozen head and, for normalisation, its expert's
+/// accuracy on the same split.
+pub struct EvalTask<'a> {
+    /// The task.
+    pub data: &'a TaskData,
+    /// Its head.
+    pub head: Head,
+    /// Expert accuracy on the split, if known.
+    pub reference: Option<f64>,
+}
+
+impl Evaluator {
+    /// An evaluator of `arch` backbones on `split` of `tasks`.
+    pub fn new(arch: Arch, split: SplitKind, tasks: Vec<EvalTask<'_>>, device: &Device) -> Result<Evaluator> {
+        let sets = tasks
+            .into_iter()
+            .map(|t| {
+                let s = t.data.split(split);
+                if t.data.image_size != (crate::nn::IMAGE_SIDE, crate::nn::IMAGE_SIDE) {
+                    return Err(EngineError::Invalid(format!(
+                        "task '{}' has {}×{} images; the demo architectures take 28×28",
+                        t.data.name, t.data.image_size.0, t.data.image_size.1
+                    )));
+                }
+                if t.head.classes() != t.data.classes.len() {
+                    return Err(EngineError::Invalid(format!(
+                        "the head of task '{}' has {} outputs but the task has {} classes",
+                        t.data.name,
+                        t.head.classes(),
+                        t.data.classes.len()
+                    )));
+                }
+                Ok(EvalSet {
+                    name: t.data.name.clone(),
+                    images: images_tensor(&s.images, device)?,
+                    labels: labels_tensor(&s.labels, device)?,
+                    head: t.head,
+                    reference: t.reference,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Evaluator {
+            arch,
+            split,
+            sets,
+            device: device.clone(),
+        })
+    }
+
+    /// The architecture evaluated.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// The device the evaluation runs on (where its data lives).
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Evaluates the checkpoint at `path` (file or shard folder): the one way a saved model is
+    /// evaluated. Its tensors are loaded onto the evaluator's device and must be a backbone of
+    /// the evaluator's architecture; the error names the file and what does not match.
+    pub fn evaluate_file(&self, path: &Path) -> Result<EvalReport> {
+        let params = load_params(path, &self.device)?;
+        self.arch.check(&params).map_err(|e| {
+            EngineError::Invalid(format!(
+                "'{}' cannot be evaluated as a {} backbone: {e}",
+                path.display(),
+                self.arch
+            ))
+        })?;
+        self.evaluate(&params)
+    }
+
+    /// Keeps at most `per_task` examples of each task, evenly spaced through the split (so
+    /// every part of it is represented): cheaper evaluations for landscapes.
+    pub fn subsample(mut self, per_task: usize) -> Result<Evaluator> {
+        for s in &mut self.sets {
+            let n = s.labels.dims1()?;
+            if per_task == 0 || per_task >= n {
+                continue;
+            }
+            let idx: Vec<u32> = (0..per_task).map(|i| (i * n / per_task) as u32).collect();
+            let idx = Tensor::from_vec(idx, per_task, s.labels.device())?;
+            s.images = s.images.index_select(&idx, 0)?;
+            s.labels = s.labels.index_select(&idx, 0)?;
+        }
+        Ok(self)
+    }
+
+    /// Task names, in order.
+    pub fn task_names(&self) -> Vec<&str> {
+        self.sets.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Evaluates `backbone` on every task.
+    pub fn evaluate(&self, backbone: &Params) -> Result<EvalReport> {
+        self.arch.check(backbone)?;
+        // Evaluation never backpropagates: do not record graphs through trainable tensors.
+        let backbone: Params = backbone.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
+        let backbone = &backbone;
+        let tasks = self
+            .sets
+            .iter()
+            .map(|s| {
+                let (correct, loss_sum, n) = score(self.arch, backbone, &s.head, &s.images, &s.labels)?;
+                let accuracy = correct as f64 / n as f64;
+                Ok(TaskScore {
+                    task: s.name.clone(),
+                    accuracy,
+                    loss: loss_sum / n as f64,
+                    normalized: s.reference.filter(|r| *r > 0.0).map(|r| accuracy / r),
+                    examples: n,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(summarise(self.split, tasks))
+    }
+}
+
+/// The report of `tasks` with their means.
+pub fn summarise(split: SplitKind, tasks: Vec<TaskScore>) -> EvalReport {
+    let n = tasks.len().max(1) as f64;
+    let mean_normalized = tasks
+        .iter()
+        .map(|t| t.normalized)
+        .collect::<Option<Vec<f64>>>()
+        .filter(|v| !v.is_empty())
+        .map(|v| v.iter().sum::<f64>() / v.len() as f64);
+    EvalReport {
+        split,
+        mean_accuracy: tasks.iter().map(|t| t.accuracy).sum::<f64>() / n,
+        mean_loss: tasks.iter().map(|t| t.loss).sum::<f64>() / n,
+        mean_normalized,
+        tasks,
+    }
+}
+
+/// (correct predictions, summed cross-entropy, examples) of one task.
+pub(crate) fn score(
+    arch: Arch,
+    backbone: &Params,
+    head: &Head,
+    images: &Tensor,
+    labels: &Tensor,
+) -> Result<(usize, f64, usize)> {
+    let n = labels.dims()[0];
+    let (mut correct, mut loss_sum) = (0usize, 0f64);
+    let mut from = 0;
+    while from < n {
+        let len = CHUNK.min(n - from);
+        let x = images.narrow(0, from, len)?;
+        let y = labels.narrow(0, from, len)?;
+        let logits = head.logits(&arch.features(backbone, &x)?)?;
+        let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let nll = log_p
+            .gather(&y.unsqueeze(1)?, 1)?
+            .sum_all()?
+            .to_dtype(DType::F64)?
+            .to_scalar::<f64>()?;
+        loss_sum -= nll;
+        let pred = logits.argmax(D::Minus1)?;
+        correct += pred.eq(&y)?.to_dtype(DType::U32)?.sum_all()?.to_scalar::<u32>()? as usize;
+        from += len;
+    }
+    Ok((correct, loss_sum, n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::demo_tasks;
+
+    /// The batched evaluation agrees with a per-example oracle computed in f64 on the host.
+    #[test]
+    fn batched_scores_match_a_per_example_oracle() {
+        let dev = Device::Cpu;
+        let tasks = demo_tasks().unwrap();
+        let t = &tasks[2]; // ising: 2 classes
+        let arch = Arch::Mlp;
+        let backbone = arch.init(3, &dev).unwrap();
+        let head = Head::init(arch.feature_dim(), 2, 9, &dev).unwrap();
+        let ev = Evaluator::new(
+            arch,
+            SplitKind::Calibration,
+            vec![EvalTask {
+                data: t,
+                head: head.clone(),
+                reference: Some(0.5),
+            }],
+            &dev,
+        )
+        .unwrap();
+        let r = ev.evaluate(&backbone).unwrap();
+        let split = t.split(SplitKind::Calibration);
+        let (mut correct, mut loss) = (0usize, 0f64);
+        for i in 0..split.len() {
+            let x = images_tensor(&split.images[i * 784..(i + 1) * 784], &dev).unwrap();
+            let logits = head.logits(&arch.features(&backbone, &x).unwrap()).unwrap();
+            let z: Vec<f64> = logits
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .into_iter()
+                .map(f64::from)
+                .collect();
+            let label = usize::from(split.labels[i]);
+            let lse = z.iter().fold(f64::NEG_INFINITY, |m, v| m.max(*v));
+            let lse = lse + z.iter().map(|v| (v - lse).exp()).sum::<f64>().ln();
+            loss += lse - z[label];
+            let best = if z[1] > z[0] { 1 } else { 0 };
+            correct += usize::from(best == label);
+        }
+        let s = &r.tasks[0];
+        assert_eq!(s.examples, 100);
+        assert!((s.accuracy - correct as f64 / 100.0).abs() < 1e-12);
+        assert!((s.loss - loss / 100.0).abs() < 1e-5, "{} vs {}", s.loss, loss / 100.0);
+        assert!((s.normalized.unwrap() - s.accuracy / 0.5).abs() < 1e-12);
+        assert_eq!(r.mean_normalized, s.normalized);
+    }
+
+    #[test]
+    fn a_head_of_the_wrong_size_is_refused() {
+        let dev = Device::Cpu;
+        let tasks = demo_tasks().unwrap();
+        let head = Head::init(128, 3, 0, &dev).unwrap();
+        let e = Evaluator::new(
+            Arch::Mlp,
+            SplitKind::Test,
+            vec![EvalTask {
+                data: &tasks[4],
+                head,
+                reference: None,
+            }],
+            &dev,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("task 'mnist'") && e.contains("3 outputs") && e.contains("10 classes"),
+            "{e}"
+        );
+    }
+}

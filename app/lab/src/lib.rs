@@ -1,0 +1,25 @@
+//! mergescope's lab: the networks, data, training and evaluation that the core's merges are
+//! studied with, on top of `mergescope-engine`.
+//!
+//! - [`nn`], [`data`], [`train`]: the demo backbones and heads (candle-nn), the image tasks,
+//!   SGD/AdamW training.
+//! - [`eval`]: the `Evaluator` every caller uses; [`demo`]: cached benchmark builds.
+//! - [`session`]: the host side of model-level methods (ABI 1.1) over a benchmark's tasks;
+//!   [`model_merge`]: such merges of checkpoint files, with their trajectories.
+//! - [`run`]: the one merge door (per-tensor or model-level by the plugin's kind).
+//! - [`compare`], [`analysis`], [`scaling`]: results tables, the analyses and figures, the
+//!   fine-tuning sweeps and scaling laws.
+
+pub mod analysis;
+pub mod compare;
+pub mod data;
+pub mod demo;
+pub mod eval;
+pub mod model_merge;
+pub mod nn;
+pub mod run;
+pub mod scaling;
+pub mod session;
+pub mod train;
+
+pub use mergescope_engine::{EngineError, Result};

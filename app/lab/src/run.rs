@@ -1,0 +1,61 @@
+//! The one door through which every caller (CLI, GUI, compare, sweeps) merges checkpoint
+//! files: [`merge`] picks the streaming per-tensor path or a model-level session from the
+//! plugin's kind, and both write their output the same way (sharding included).
+
+use crate::data::TaskData;
+use crate::demo::Benchmark;
+use crate::model_merge::{ModelRun, merge_model_files};
+use mergescope_engine::error::{EngineError, Result};
+use mergescope_engine::executor::{ExecOptions, Observer};
+use mergescope_engine::merge::{MergeReport, MergeRequest, merge_files};
+use mergescope_engine::plugin::Plugin;
+use std::sync::atomic::AtomicBool;
+
+/// The tasks a model-level (data-driven) method evaluates its candidates on: a benchmark
+/// whose experts the request merges, and the data of its tasks.
+#[derive(Clone, Copy)]
+pub struct TaskSource<'a> {
+    /// The benchmark (its heads, its arch, its tasks in order).
+    pub bench: &'a Benchmark,
+    /// The data of (at least) the benchmark's tasks.
+    pub tasks: &'a [TaskData],
+}
+
+/// What a finished merge left.
+#[derive(Clone, Debug)]
+pub struct MergeOutcome {
+    /// Files written, tensors merged, copied and skipped, parameters, timing.
+    pub report: MergeReport,
+    /// A model-level method's run: its trajectory, and the partial result of a cancelled run.
+    pub model: Option<ModelRun>,
+}
+
+/// Merges the files of `req` with `plugin`. A model-level method needs `tasks` (its calibration
+/// data); a per-tensor method ignores them. `observer` sees progress and the plugin's log;
+/// `cancel` stops the run (a cancelled model-level run that reported iterates keeps its last
+/// one, marked partial).
+pub fn merge(
+    plugin: &Plugin,
+    req: &MergeRequest,
+    tasks: Option<TaskSource<'_>>,
+    opts: &ExecOptions,
+    observer: Observer<'_>,
+    cancel: &AtomicBool,
+) -> Result<MergeOutcome> {
+    if !plugin.is_model_level() {
+        let report = merge_files(plugin, req, opts, observer, cancel)?;
+        return Ok(MergeOutcome { report, model: None });
+    }
+    let Some(TaskSource { bench, tasks }) = tasks else {
+        return Err(EngineError::Invalid(format!(
+            "method '{}' evaluates its candidates on the tasks of the benchmark its experts were fine-tuned on: \
+             open (or name) that benchmark",
+            plugin.id()
+        )));
+    };
+    let (report, run) = merge_model_files(plugin, req, bench, tasks, opts, observer, cancel)?;
+    Ok(MergeOutcome {
+        report,
+        model: Some(run),
+    })
+}

@@ -1,0 +1,794 @@
+//! The host side of a model-level session (ABI 1.1): the [`SessionApiV1`] table a model-level
+//! plugin's `run_model` calls back into. Candidates are tensor handles of the call's arena
+//! ([`CallCtx`]); evaluation, gradients and fine-tuning run the demo architectures in candle on
+//! each task's calibration (or train) data through its frozen head.
+
+use crate::data::{SplitKind, TaskData};
+use crate::nn::{Arch, Head, Params, images_tensor, labels_tensor};
+use crate::train::{self, BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask};
+use candle_core::{D, Tensor, Var};
+use mergescope_engine::error::{EngineError, Result};
+use mergescope_engine::plugin::host_api::CallCtx;
+use mergescope_engine::plugin::instance::{CallEnv, Instance};
+use mergescope_plugin_api::abi::{self, EvalMetrics, FinetuneOptions, SessionApiV1, Status, Str, TensorHandle};
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// Iterates kept in memory at most; beyond that every other one is dropped (the first and the
+/// latest are always kept), so a long run's trajectory stays bounded but spans the whole run.
+pub const MAX_KEPT_ITERATES: usize = 256;
+
+/// One task of a session: its data and its frozen head. Task t belongs to expert t.
+pub struct SessionTask<'a> {
+    /// The task's data (calibration examples are the first of its train split).
+    pub data: &'a TaskData,
+    /// Its frozen head.
+    pub head: Head,
+}
+
+/// The models and tasks a model-level method runs on.
+pub struct SessionModel<'a> {
+    /// Backbone architecture (how candidates are evaluated).
+    pub arch: Arch,
+    /// Tensor names, in the session's order.
+    pub names: Vec<String>,
+    /// Their shapes.
+    pub shapes: Vec<Vec<usize>>,
+    /// The base model's tensors, in order.
+    pub base: Vec<Tensor>,
+    /// Each expert's tensors, in order.
+    pub experts: Vec<Vec<Tensor>>,
+    /// One task per expert.
+    pub tasks: Vec<SessionTask<'a>>,
+}
+
+/// A point of a method's trajectory.
+#[derive(Clone, Debug)]
+pub struct Iterate {
+    /// Position in the order of reports (0-based; thinning leaves gaps).
+    pub index: usize,
+    /// The method's label ("step 10", "round 2").
+    pub label: String,
+    /// The method's metrics (a JSON object).
+    pub metrics: serde_json::Value,
+    /// The candidate's tensors, in the session's order.
+    pub tensors: Vec<Tensor>,
+}
+
+/// The iterates of a run, thinned to at most [`MAX_KEPT_ITERATES`].
+#[derive(Clone, Debug, Default)]
+pub struct Trajectory {
+    /// Kept iterates, in report order.
+    pub iterates: Vec<Iterate>,
+    /// Iterates reported in all.
+    pub reported: usize,
+}
+
+impl Trajectory {
+    fn push(&mut self, it: Iterate) {
+        self.reported += 1;
+        self.iterates.push(it);
+        if self.iterates.len() > MAX_KEPT_ITERATES {
+            let last = self.iterates.pop();
+            let mut i = 0;
+            self.iterates.retain(|_| {
+                i += 1;
+                i % 2 == 1
+            });
+            self.iterates.extend(last);
+        }
+    }
+}
+
+struct Calibration {
+    images: Tensor,
+    labels: Tensor,
+}
+
+/// State behind a session table, for one `run_model` call.
+pub struct SessionCtx<'a, 'c> {
+    model: &'a SessionModel<'a>,
+    // Raw: the host table of the same call points at this context too; both are only used
+    // from the plugin's thread, one call at a time.
+    call: *mut CallCtx<'c>,
+    calibration: Vec<Calibration>,
+    /// What the method reported.
+    pub trajectory: Trajectory,
+    /// Receives each reported iterate's label and the plugin's last progress fraction.
+    on_iterate: &'a mut dyn FnMut(&str, f64),
+}
+
+impl<'a, 'c> SessionCtx<'a, 'c> {
+    /// A session over `model`, handing out handles from `call`'s arena.
+    pub fn new(
+        model: &'a SessionModel<'a>,
+        call: &'a mut CallCtx<'c>,
+        on_iterate: &'a mut dyn FnMut(&str, f64),
+    ) -> Result<SessionCtx<'a, 'c>> {
+        let calibration = model
+            .tasks
+            .iter()
+            .map(|t| {
+                let s = t.data.split(SplitKind::Calibration);
+                Ok(Calibration {
+                    images: images_tensor(&s.images, call.device())?,
+                    labels: labels_tensor(&s.labels, call.device())?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(SessionCtx {
+            model,
+            call: call as *mut CallCtx<'c>,
+            calibration,
+            trajectory: Trajectory::default(),
+            on_iterate,
+        })
+    }
+
+    fn call(&self) -> &CallCtx<'c> {
+        // SAFETY: `call` outlives the session (see `new`); no `&mut` to it is live now.
+        unsafe { &*self.call }
+    }
+
+    fn call_mut(&mut self) -> &mut CallCtx<'c> {
+        // SAFETY: as in `call`; `&mut self` makes this the only reference.
+        unsafe { &mut *self.call }
+    }
+
+    /// The session table; it points at `self`: keep `self` alive and unmoved while the plugin
+    /// runs.
+    pub fn table(&mut self) -> SessionApiV1 {
+        SessionApiV1 {
+            struct_size: std::mem::size_of::<SessionApiV1>(),
+            ctx: (self as *mut SessionCtx<'a, 'c>).cast::<c_void>(),
+            tensor_count: s_tensor_count,
+            tensor_info: s_tensor_info,
+            expert_count: s_expert_count,
+            task_name: s_task_name,
+            base_tensor: s_base_tensor,
+            expert_tensor: s_expert_tensor,
+            evaluate: s_evaluate,
+            loss_and_grad: s_loss_and_grad,
+            finetune: s_finetune,
+            report_iterate: s_report_iterate,
+            mark: s_mark,
+            release_since: s_release_since,
+            get_extension: s_get_extension,
+        }
+    }
+
+    fn candidate(&self, ptr: *const TensorHandle, n: usize) -> std::result::Result<Params, String> {
+        let want = self.model.names.len();
+        if n != want || (ptr.is_null() && n > 0) {
+            return Err(format!(
+                "a candidate has {want} tensors (one per session tensor), not {n}"
+            ));
+        }
+        // SAFETY: the plugin passes `n` handles.
+        let hs = if n == 0 {
+            &[][..]
+        } else {
+            unsafe { std::slice::from_raw_parts(ptr, n) }
+        };
+        let mut p = Params::new();
+        for (i, h) in hs.iter().enumerate() {
+            let t = self
+                .call()
+                .get(*h)
+                .ok_or_else(|| format!("candidate tensor {i} ('{}'): unknown handle {h}", self.model.names[i]))?;
+            if t.dims() != self.model.shapes[i].as_slice() {
+                return Err(format!(
+                    "candidate tensor {i} ('{}') has shape {:?}, expected {:?}",
+                    self.model.names[i],
+                    t.dims(),
+                    self.model.shapes[i]
+                ));
+            }
+            p.insert(self.model.names[i].clone(), t.clone());
+        }
+        Ok(p)
+    }
+
+    /// Registers `tensors` in the arena and writes their handles to the plugin's `out` array of
+    /// `n` handles.
+    fn insert_all(
+        &mut self,
+        tensors: Vec<Tensor>,
+        out: *mut TensorHandle,
+        n: usize,
+    ) -> std::result::Result<(), String> {
+        if out.is_null() {
+            return Err("null output pointer".into());
+        }
+        if tensors.len() != n {
+            return Err(format!("internal: {} tensors for {n} handles", tensors.len()));
+        }
+        // SAFETY: checked for null; the plugin gives room for `n` handles.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out, n) };
+        for (d, t) in dst.iter_mut().zip(tensors) {
+            *d = self.call_mut().insert(t);
+        }
+        Ok(())
+    }
+
+    fn task_list(&self, task: usize) -> std::result::Result<Vec<usize>, String> {
+        let n = self.model.tasks.len();
+        if task == abi::ALL_TASKS {
+            Ok((0..n).collect())
+        } else if task < n {
+            Ok(vec![task])
+        } else {
+            Err(format!("task {task} does not exist; the session has {n} tasks"))
+        }
+    }
+
+    /// Logits of task `t`'s calibration images under `backbone`.
+    fn logits(&self, backbone: &Params, t: usize) -> Result<Tensor> {
+        let features = self.model.arch.features(backbone, &self.calibration[t].images)?;
+        self.model.tasks[t].head.logits(&features)
+    }
+
+    fn evaluate(&self, backbone: &Params, tasks: &[usize]) -> Result<EvalMetrics> {
+        let backbone: Params = backbone.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
+        let (mut loss, mut acc, mut examples) = (0.0, 0.0, 0u64);
+        for &t in tasks {
+            let c = &self.calibration[t];
+            let (correct, loss_sum, n) = crate::eval::score(
+                self.model.arch,
+                &backbone,
+                &self.model.tasks[t].head,
+                &c.images,
+                &c.labels,
+            )?;
+            loss += loss_sum / n as f64;
+            acc += correct as f64 / n as f64;
+            examples += n as u64;
+        }
+        let n = tasks.len().max(1) as f64;
+        Ok(EvalMetrics {
+            struct_size: std::mem::size_of::<EvalMetrics>(),
+            loss: loss / n,
+            accuracy: acc / n,
+            examples,
+        })
+    }
+
+    /// One fresh autograd variable per session tensor of `backbone`, in order, and the
+    /// parameters that read them.
+    fn variables(&self, backbone: &Params) -> Result<(Vec<Var>, Params)> {
+        let vars: Vec<Var> = self
+            .model
+            .names
+            .iter()
+            .map(|k| Ok(Var::from_tensor(&backbone[k].detach())?))
+            .collect::<Result<_>>()?;
+        let p = self
+            .model
+            .names
+            .iter()
+            .zip(&vars)
+            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+            .collect();
+        Ok((vars, p))
+    }
+
+    /// Σ over `tasks` of the mean objective, and its gradient per session tensor.
+    fn objective(
+        &self,
+        backbone: &Params,
+        tasks: &[usize],
+        objective: abi::Objective,
+        with_grads: bool,
+    ) -> std::result::Result<(f64, Option<Vec<Tensor>>), String> {
+        let run = || -> Result<(f64, Option<Vec<Tensor>>)> {
+            let (vars, p) = self.variables(backbone)?;
+            let mut total: Option<Tensor> = None;
+            for &t in tasks {
+                let logits = self.logits(&p, t)?;
+                let l = match objective {
+                    abi::OBJECTIVE_CROSS_ENTROPY => {
+                        candle_nn::loss::cross_entropy(&logits, &self.calibration[t].labels)?
+                    }
+                    _ => {
+                        let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+                        (log_p.exp()? * &log_p)?.sum(D::Minus1)?.mean_all()?.neg()?
+                    }
+                };
+                total = Some(match total {
+                    Some(s) => (s + l)?,
+                    None => l,
+                });
+            }
+            let Some(total) = total else {
+                return Ok((0.0, None));
+            };
+            let value = f64::from(total.to_scalar::<f32>()?);
+            if !with_grads {
+                return Ok((value, None));
+            }
+            let store = total.backward()?;
+            let grads = vars
+                .iter()
+                .map(|v| match store.get(v.as_tensor()) {
+                    Some(g) => Ok(g.clone()),
+                    None => Ok(v.as_tensor().zeros_like()?),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((value, Some(grads)))
+        };
+        if objective != abi::OBJECTIVE_CROSS_ENTROPY && objective != abi::OBJECTIVE_ENTROPY {
+            return Err(format!(
+                "unknown objective {objective}; use OBJECTIVE_CROSS_ENTROPY or OBJECTIVE_ENTROPY"
+            ));
+        }
+        run().map_err(|e| e.to_string())
+    }
+
+    /// Mean over task `t`'s calibration examples of the squared gradient of log p(y | x), one
+    /// example at a time, per session tensor; y is the true label or the candidate's argmax.
+    fn diag_fisher(&self, backbone: &Params, t: usize, predicted: bool) -> Result<Vec<Tensor>> {
+        let (vars, p) = self.variables(backbone)?;
+        let c = &self.calibration[t];
+        let n = c.images.dim(0)?;
+        let mut sums: Vec<Tensor> = vars
+            .iter()
+            .map(|v| v.as_tensor().zeros_like())
+            .collect::<candle_core::Result<_>>()?;
+        for i in 0..n {
+            if self.call().cancel_flag().load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(EngineError::Cancelled);
+            }
+            let x = c.images.narrow(0, i, 1)?;
+            let features = self.model.arch.features(&p, &x)?;
+            let log_p = candle_nn::ops::log_softmax(&self.model.tasks[t].head.logits(&features)?, D::Minus1)?;
+            let y = if predicted {
+                log_p.argmax_keepdim(D::Minus1)?
+            } else {
+                c.labels.narrow(0, i, 1)?.unsqueeze(1)?
+            };
+            let log_likelihood = log_p.gather(&y, D::Minus1)?.sum_all()?;
+            let store = log_likelihood.backward()?;
+            for (sum, v) in sums.iter_mut().zip(&vars) {
+                if let Some(g) = store.get(v.as_tensor()) {
+                    *sum = (&*sum + g.sqr()?)?;
+                }
+            }
+        }
+        let scale = 1.0 / n.max(1) as f64;
+        Ok(sums
+            .into_iter()
+            .map(|s| s.affine(scale, 0.0))
+            .collect::<candle_core::Result<_>>()?)
+    }
+
+    fn finetune(&self, start: &Params, task: usize, o: &FinetuneOptions) -> Result<Params> {
+        let optim = match o.optimizer {
+            abi::OPTIMIZER_SGD => OptimConfig::sgd(o.learning_rate),
+            abi::OPTIMIZER_MOMENTUM => OptimConfig::momentum(o.learning_rate),
+            abi::OPTIMIZER_ADAMW => OptimConfig::adamw(o.learning_rate, o.weight_decay),
+            k => return Err(EngineError::Param(format!("unknown optimizer {k} in finetune options"))),
+        };
+        if !(o.learning_rate.is_finite() && o.learning_rate > 0.0) {
+            return Err(EngineError::Param(format!(
+                "finetune learning rate must be positive, not {}",
+                o.learning_rate
+            )));
+        }
+        let t = &self.model.tasks[task];
+        let cfg = TrainConfig {
+            optim,
+            batch: if o.batch_size == 0 {
+                BatchSize::Full
+            } else {
+                BatchSize::Size(o.batch_size as usize)
+            },
+            budget: Budget::Steps(o.steps as usize),
+            seed: o.seed,
+            augment_shift: 0,
+        };
+        let data = TrainTask {
+            data: Examples {
+                images: &t.data.train.images,
+                labels: &t.data.train.labels,
+            },
+            head: &t.head,
+        };
+        let call = self.call();
+        let out = train::fine_tune(
+            self.model.arch,
+            start,
+            &[data],
+            &cfg,
+            call.device(),
+            &mut |_| {},
+            call.cancel_flag(),
+        )?;
+        Ok(out.backbone)
+    }
+}
+
+/// Runs a session function body: resolves the context, catches panics, records errors.
+fn with_session(
+    ctx: *mut c_void,
+    f: impl FnOnce(&mut SessionCtx<'_, '_>) -> std::result::Result<(), String>,
+) -> Status {
+    let ptr = ctx.cast::<SessionCtx<'static, 'static>>();
+    if ptr.is_null() {
+        return abi::STATUS_INVALID_ARGUMENT;
+    }
+    // SAFETY: `ctx` is the pointer `SessionCtx::table` put in the table; it outlives the call.
+    let result = catch_unwind(AssertUnwindSafe(|| f(unsafe { &mut *ptr })));
+    // SAFETY: as above; the closure's borrow has ended.
+    let s = unsafe { &mut *ptr };
+    match result {
+        Ok(Ok(())) => abi::STATUS_OK,
+        Ok(Err(m)) if m == "cancelled" => abi::STATUS_CANCELLED,
+        Ok(Err(m)) => {
+            s.call_mut().fail(m);
+            abi::STATUS_ERROR
+        }
+        Err(_) => {
+            s.call_mut().fail("internal error in a session function".into());
+            abi::STATUS_ERROR
+        }
+    }
+}
+
+/// Writes `value` through a plugin's output pointer.
+fn write<T>(out: *mut T, value: T) -> std::result::Result<(), String> {
+    if out.is_null() {
+        return Err("null output pointer".into());
+    }
+    // SAFETY: checked for null; the plugin passes a writable pointer.
+    unsafe { *out = value };
+    Ok(())
+}
+
+fn engine_err(e: EngineError) -> String {
+    match e {
+        EngineError::Cancelled => "cancelled".into(),
+        e => e.to_string(),
+    }
+}
+
+unsafe extern "C" fn s_tensor_count(ctx: *mut c_void) -> usize {
+    let mut n = 0;
+    with_session(ctx, |s| {
+        n = s.model.names.len();
+        Ok(())
+    });
+    n
+}
+
+unsafe extern "C" fn s_tensor_info(ctx: *mut c_void, index: usize, out: *mut abi::TensorInfo) -> Status {
+    with_session(ctx, |s| {
+        let count = s.model.names.len();
+        let name = s
+            .model
+            .names
+            .get(index)
+            .ok_or_else(|| format!("tensor {index} of {count}"))?;
+        let shape = &s.model.shapes[index];
+        write(
+            out,
+            abi::TensorInfo {
+                struct_size: std::mem::size_of::<abi::TensorInfo>(),
+                name: Str::new(name),
+                role: mergescope_engine::role::role_of(name, shape),
+                index,
+                count,
+                offset: 0,
+                full_numel: shape.iter().product::<usize>() as u64,
+                full_shape: shape.as_ptr(),
+                full_rank: shape.len(),
+            },
+        )
+    })
+}
+
+unsafe extern "C" fn s_expert_count(ctx: *mut c_void) -> usize {
+    let mut n = 0;
+    with_session(ctx, |s| {
+        n = s.model.experts.len();
+        Ok(())
+    });
+    n
+}
+
+unsafe extern "C" fn s_task_name(ctx: *mut c_void, task: usize, out: *mut Str) -> Status {
+    with_session(ctx, |s| {
+        let n = s.model.tasks.len();
+        let t = s.model.tasks.get(task).ok_or_else(|| format!("task {task} of {n}"))?;
+        write(out, Str::new(&t.data.name))
+    })
+}
+
+unsafe extern "C" fn s_base_tensor(ctx: *mut c_void, index: usize, out: *mut TensorHandle) -> Status {
+    with_session(ctx, |s| {
+        let t = s
+            .model
+            .base
+            .get(index)
+            .ok_or_else(|| format!("base tensor {index} of {}", s.model.base.len()))?
+            .clone();
+        let h = s.call_mut().insert(t);
+        write(out, h)
+    })
+}
+
+unsafe extern "C" fn s_expert_tensor(ctx: *mut c_void, expert: usize, index: usize, out: *mut TensorHandle) -> Status {
+    with_session(ctx, |s| {
+        let n = s.model.experts.len();
+        let e = s
+            .model
+            .experts
+            .get(expert)
+            .ok_or_else(|| format!("expert {expert} of {n}"))?;
+        let t = e
+            .get(index)
+            .ok_or_else(|| format!("tensor {index} of {}", e.len()))?
+            .clone();
+        let h = s.call_mut().insert(t);
+        write(out, h)
+    })
+}
+
+unsafe extern "C" fn s_evaluate(
+    ctx: *mut c_void,
+    candidate: *const TensorHandle,
+    n: usize,
+    task: usize,
+    out: *mut EvalMetrics,
+) -> Status {
+    with_session(ctx, |s| {
+        let p = s.candidate(candidate, n)?;
+        let tasks = s.task_list(task)?;
+        let m = s.evaluate(&p, &tasks).map_err(engine_err)?;
+        write(out, m)
+    })
+}
+
+unsafe extern "C" fn s_loss_and_grad(
+    ctx: *mut c_void,
+    candidate: *const TensorHandle,
+    n: usize,
+    task: usize,
+    objective: abi::Objective,
+    loss: *mut f64,
+    grads: *mut TensorHandle,
+) -> Status {
+    with_session(ctx, |s| {
+        let p = s.candidate(candidate, n)?;
+        let tasks = s.task_list(task)?;
+        let (value, g) = s.objective(&p, &tasks, objective, !grads.is_null())?;
+        write(loss, value)?;
+        match g {
+            Some(g) => s.insert_all(g, grads, n),
+            None => Ok(()),
+        }
+    })
+}
+
+unsafe extern "C" fn s_finetune(
+    ctx: *mut c_void,
+    candidate: *const TensorHandle,
+    n: usize,
+    task: usize,
+    options: *const FinetuneOptions,
+    out: *mut TensorHandle,
+) -> Status {
+    with_session(ctx, |s| {
+        let p = s.candidate(candidate, n)?;
+        if task >= s.model.tasks.len() || task == abi::ALL_TASKS {
+            return Err(format!(
+                "finetune needs one task (0..{}), not {task}",
+                s.model.tasks.len()
+            ));
+        }
+        // SAFETY: the plugin passes a readable options struct or null.
+        let o = unsafe { options.as_ref() }.ok_or("null finetune options")?;
+        if o.struct_size < std::mem::size_of::<FinetuneOptions>() {
+            return Err(format!("finetune options of {} bytes are too short", o.struct_size));
+        }
+        if out.is_null() {
+            return Err("null output pointer".into());
+        }
+        let mut tuned = s.finetune(&p, task, o).map_err(engine_err)?;
+        let ordered = s
+            .model
+            .names
+            .iter()
+            .map(|name| {
+                tuned
+                    .remove(name)
+                    .ok_or_else(|| format!("fine-tuning lost tensor '{name}'"))
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        s.insert_all(ordered, out, n)
+    })
+}
+
+unsafe extern "C" fn s_report_iterate(
+    ctx: *mut c_void,
+    candidate: *const TensorHandle,
+    n: usize,
+    label: Str,
+    metrics_json: Str,
+) -> Status {
+    with_session(ctx, |s| {
+        let p = s.candidate(candidate, n)?;
+        // SAFETY: borrowed strings valid for the call.
+        let label = unsafe { label.as_str() }
+            .map_err(|_| "iterate label is not UTF-8")?
+            .to_owned();
+        // SAFETY: as above.
+        let metrics = unsafe { metrics_json.as_str() }.map_err(|_| "iterate metrics are not UTF-8")?;
+        let metrics = if metrics.trim().is_empty() {
+            serde_json::Value::Object(Default::default())
+        } else {
+            serde_json::from_str(metrics).map_err(|e| format!("iterate '{label}': metrics are not JSON: {e}"))?
+        };
+        let tensors = s.model.names.iter().map(|k| p[k].detach()).collect();
+        let index = s.trajectory.reported;
+        let fraction = s.call().progress;
+        (s.on_iterate)(&label, fraction);
+        s.trajectory.push(Iterate {
+            index,
+            label,
+            metrics,
+            tensors,
+        });
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn s_mark(ctx: *mut c_void) -> u64 {
+    let mut m = 0;
+    with_session(ctx, |s| {
+        m = s.call().mark();
+        Ok(())
+    });
+    m
+}
+
+unsafe extern "C" fn s_release_since(ctx: *mut c_void, mark: u64, keep: *const TensorHandle, n_keep: usize) -> Status {
+    with_session(ctx, |s| {
+        let keep = if n_keep == 0 {
+            &[][..]
+        } else if keep.is_null() {
+            return Err("null keep list".into());
+        } else {
+            // SAFETY: the plugin passes `n_keep` handles.
+            unsafe { std::slice::from_raw_parts(keep, n_keep) }
+        };
+        s.call_mut().release_since(mark, keep)
+    })
+}
+
+/// The host's diagonal-Fisher extension table.
+static FISHER_V1: abi::SessionFisherV1 = abi::SessionFisherV1 {
+    struct_size: std::mem::size_of::<abi::SessionFisherV1>(),
+    diag_fisher: s_diag_fisher,
+};
+
+unsafe extern "C" fn s_get_extension(_ctx: *mut c_void, id: Str) -> *const c_void {
+    // SAFETY: a borrowed string valid for the call.
+    match unsafe { id.as_str() } {
+        Ok(abi::SESSION_EXT_FISHER_V1) => (&raw const FISHER_V1).cast(),
+        _ => std::ptr::null(),
+    }
+}
+
+unsafe extern "C" fn s_diag_fisher(
+    ctx: *mut c_void,
+    candidate: *const TensorHandle,
+    n: usize,
+    task: usize,
+    labels: abi::FisherLabels,
+    out: *mut TensorHandle,
+) -> Status {
+    with_session(ctx, |s| {
+        let p = s.candidate(candidate, n)?;
+        if task >= s.model.tasks.len() {
+            return Err(format!(
+                "diag_fisher needs one task (0..{}), not {task}",
+                s.model.tasks.len()
+            ));
+        }
+        let predicted = match labels {
+            abi::FISHER_LABELS_TRUE => false,
+            abi::FISHER_LABELS_PREDICTED => true,
+            k => {
+                return Err(format!(
+                    "unknown Fisher labels {k}; use FISHER_LABELS_TRUE or FISHER_LABELS_PREDICTED"
+                ));
+            }
+        };
+        let f = s.diag_fisher(&p, task, predicted).map_err(engine_err)?;
+        s.insert_all(f, out, n)
+    })
+}
+
+/// What a model-level run left: the merged tensors (or why there are none) and the trajectory.
+pub struct ModelRunOutput {
+    /// The merged model in the session's order, or the failure (`Cancelled` included).
+    pub result: Result<Vec<Tensor>>,
+    /// The iterates the method reported (the last one is the partial result of a cancelled run).
+    pub trajectory: Trajectory,
+}
+
+/// Runs the model-level method of `instance` over `model`. `on_iterate` sees each reported
+/// iterate's label and the plugin's last reported progress fraction.
+pub fn run_model(
+    instance: &Instance<'_>,
+    env: CallEnv<'_>,
+    model: &SessionModel<'_>,
+    on_iterate: &mut dyn FnMut(&str, f64),
+) -> ModelRunOutput {
+    let failed = |e| ModelRunOutput {
+        result: Err(e),
+        trajectory: Trajectory::default(),
+    };
+    if !instance.plugin().is_model_level() {
+        return failed(instance.failure(
+            "(run_model)",
+            abi::STATUS_UNSUPPORTED,
+            Some("it is not a model-level method".into()),
+        ));
+    }
+    let mut call = CallCtx::new(env.device, env.cancel, env.log);
+    let host = call.table();
+    let mut session = match SessionCtx::new(model, &mut call, on_iterate) {
+        Ok(s) => s,
+        Err(e) => return failed(e),
+    };
+    let table = session.table();
+    // SAFETY: `call` and `session` outlive the call and are not moved during it.
+    let outcome = unsafe { instance.call_run_model(&host, &table, model.names.len()) };
+    let trajectory = std::mem::take(&mut session.trajectory);
+    drop(session);
+    let result = match outcome {
+        Ok(out) => out
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                call.get(*h).cloned().ok_or_else(|| EngineError::Plugin {
+                    plugin: instance.plugin().id().to_owned(),
+                    tensor: model.names[i].clone(),
+                    message: format!("it returned handle {h}, which is not a live tensor of the run"),
+                })
+            })
+            .collect(),
+        Err(status) => Err(instance.failure("(run_model)", status, call.error.take())),
+    };
+    ModelRunOutput { result, trajectory }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn it(i: usize) -> Iterate {
+        Iterate {
+            index: i,
+            label: format!("step {i}"),
+            metrics: serde_json::Value::Null,
+            tensors: Vec::new(),
+        }
+    }
+
+    /// Thinning keeps the first and the latest iterate and never more than the cap.
+    #[test]
+    fn trajectory_thinning_is_bounded_and_spans_the_run() {
+        let mut t = Trajectory::default();
+        for i in 0..1000 {
+            t.push(it(i));
+            assert!(t.iterates.len() <= MAX_KEPT_ITERATES);
+        }
+        assert_eq!(t.reported, 1000);
+        assert_eq!(t.iterates.first().unwrap().index, 0);
+        assert_eq!(t.iterates.last().unwrap().index, 999);
+        assert!(t.iterates.windows(2).all(|w| w[0].index < w[1].index));
+        assert!(t.iterates.len() > MAX_KEPT_ITERATES / 2);
+    }
+}
