@@ -117,13 +117,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A counting semaphore over bytes.
-struct Budget {
+struct ByteBudget {
     limit: u64,
     used: Mutex<u64>,
     freed: Condvar,
 }
 
-impl Budget {
+impl ByteBudget {
     fn acquire(&self, n: u64) {
         let mut used = lock(&self.used);
         while *used > 0 && *used + n > self.limit {
@@ -332,7 +332,7 @@ impl Run<'_> {
         }
         .clamp(1, units.len().max(1));
         let n_inputs = (self.n_experts + usize::from(self.has_base)) as u64;
-        let budget = Budget {
+        let budget = ByteBudget {
             limit: self.opts.memory_budget_bytes,
             used: Mutex::new(0),
             freed: Condvar::new(),
@@ -391,7 +391,7 @@ mod tests {
 
     #[test]
     fn budget_lets_one_oversized_request_through() {
-        let b = Budget {
+        let b = ByteBudget {
             limit: 10,
             used: Mutex::new(0),
             freed: Condvar::new(),

@@ -8,9 +8,8 @@
 //!   threads inside a memory budget, written atomically by [`writer`].
 //! - [`compat`], [`dtype`], [`role`]: input compatibility, dtypes, tensor roles.
 //! - [`recipe`]: the TOML recipe that the GUI saves and the CLI runs.
-//! - [`bench`]: synthetic LLM-shaped checkpoints for the throughput benchmark.
+//! - [`synthetic`]: synthetic LLM-shaped checkpoints for `mergescope bench`.
 
-pub mod bench;
 pub mod checkpoint;
 pub mod compat;
 pub mod device;
@@ -23,6 +22,7 @@ pub mod plugin;
 pub mod recipe;
 pub mod rng;
 pub mod role;
+pub mod synthetic;
 pub mod sys;
 pub mod writer;
 

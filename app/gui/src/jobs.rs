@@ -461,7 +461,7 @@ impl Worker {
             self.tasks = Some(benchmark_tasks(None).map_err(|e| e.to_string())?);
         }
         let tasks = self.tasks.clone().unwrap_or_default();
-        let recipe = demo::Recipe::default_for(job.arch, job.seed);
+        let recipe = demo::BuildRecipe::default_for(job.arch, job.seed);
         let (device, _) = open_device(DeviceChoice::Cpu);
         let mut last = Instant::now() - Duration::from_secs(1);
         let mut progress = |p: &BuildProgress| {

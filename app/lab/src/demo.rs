@@ -6,7 +6,7 @@
 //!    label-free pretext task (which of four rotations was applied), so the base has generic
 //!    features but knows no task's labels.
 //! 2. **Heads**: train each task's linear head on the frozen base's features of a few examples
-//!    per class ([`Recipe::head_shots`]; the first ones of each class after the calibration
+//!    per class ([`BuildRecipe::head_shots`]; the first ones of each class after the calibration
 //!    prefix), then freeze it. Few-shot heads make the base weak on every task, the way the
 //!    zero-shot heads of the papers do, so each expert gains much over the base.
 //! 3. **Experts**: fine-tune the backbone on each task through its frozen head, with a small
@@ -38,12 +38,12 @@ use std::time::Instant;
 /// Version of the build recipe: a cached benchmark built by another version is rebuilt.
 pub const RECIPE_VERSION: u32 = 3;
 
-/// Examples per class the default recipe trains each head on (see [`Recipe::head_shots`]).
+/// Examples per class the default recipe trains each head on (see [`BuildRecipe::head_shots`]).
 pub const HEAD_SHOTS: usize = 10;
 
 /// Training settings of each stage of a build.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Recipe {
+pub struct BuildRecipe {
     /// Rotation-prediction pretraining of the base on the pooled images.
     pub pretrain: TrainConfig,
     /// Linear heads on the frozen base's features.
@@ -58,9 +58,9 @@ pub struct Recipe {
     pub expert: TrainConfig,
 }
 
-impl Recipe {
+impl BuildRecipe {
     /// The default recipe of `arch` for `seed`.
-    pub fn default_for(arch: Arch, seed: u64) -> Recipe {
+    pub fn default_for(arch: Arch, seed: u64) -> BuildRecipe {
         let head = TrainConfig {
             optim: OptimConfig::adamw(1e-2, 1e-4),
             batch: BatchSize::Full,
@@ -73,7 +73,7 @@ impl Recipe {
             Arch::Cnn => (300, OptimConfig::adamw(2e-4, 0.0), 250),
             Arch::Vit => (400, OptimConfig::adamw(2e-4, 0.0), 300),
         };
-        Recipe {
+        BuildRecipe {
             pretrain: TrainConfig {
                 optim: OptimConfig::adamw(1e-3, 1e-4),
                 batch: BatchSize::Size(128),
@@ -140,7 +140,7 @@ pub struct Manifest {
     /// Seed of the build.
     pub seed: u64,
     /// The recipe.
-    pub recipe: Recipe,
+    pub recipe: BuildRecipe,
     /// Tasks, sorted by name.
     pub tasks: Vec<BenchmarkTask>,
     /// Seconds per stage (pretrain, heads, experts, evaluation).
@@ -373,7 +373,7 @@ pub fn checkpoint_metadata(arch: Arch, seed: u64, role: &str) -> BTreeMap<String
 pub fn build(
     arch: Arch,
     tasks: &[TaskData],
-    recipe: &Recipe,
+    recipe: &BuildRecipe,
     dir: &Path,
     device: &Device,
     progress: &mut dyn FnMut(&BuildProgress),
@@ -831,8 +831,8 @@ mod tests {
     use super::*;
     use crate::data::demo_tasks;
 
-    fn tiny(seed: u64) -> Recipe {
-        let mut r = Recipe::default_for(Arch::Mlp, seed);
+    fn tiny(seed: u64) -> BuildRecipe {
+        let mut r = BuildRecipe::default_for(Arch::Mlp, seed);
         r.pretrain.budget = Budget::Steps(3);
         r.head.budget = Budget::Steps(5);
         r.expert.budget = Budget::Steps(4);

@@ -4,14 +4,14 @@
 //! (λ picked on calibration accuracy with the grid and rule of `mergescope compare`) lands
 //! between weight averaging and the experts in mean normalised test accuracy.
 //!
-//! It builds the real MLP benchmark of seed 0 with `Recipe::default_for`, so a recipe change
+//! It builds the real MLP benchmark of seed 0 with `BuildRecipe::default_for`, so a recipe change
 //! that leaves this regime fails here, not in a user's first comparison.
 
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_lab::analysis::landscape::AffineFamily;
 use mergescope_lab::compare::{choose_lambda, default_lambda_grid};
 use mergescope_lab::data::{SplitKind, demo_tasks};
-use mergescope_lab::demo::{Benchmark, Recipe, build, load_params};
+use mergescope_lab::demo::{Benchmark, BuildRecipe, build, load_params};
 use mergescope_lab::nn::{Arch, Params};
 use std::sync::atomic::AtomicBool;
 
@@ -24,7 +24,7 @@ fn the_default_mlp_recipe_puts_task_arithmetic_between_averaging_and_the_experts
     let bench: Benchmark = build(
         Arch::Mlp,
         &tasks,
-        &Recipe::default_for(Arch::Mlp, 0),
+        &BuildRecipe::default_for(Arch::Mlp, 0),
         &out,
         &dev,
         &mut |_| {},

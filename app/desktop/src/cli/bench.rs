@@ -3,7 +3,7 @@
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use mergescope_engine::bench::{SyntheticConfig, generate};
+use mergescope_engine::synthetic::{SyntheticConfig, generate};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 

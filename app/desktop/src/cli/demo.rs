@@ -5,7 +5,7 @@ use clap::{Args, Subcommand};
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::{
-    Benchmark, BuildProgress, Recipe, build, build_replacing, demo_dir, demos_in_cache, outdated_reason,
+    Benchmark, BuildProgress, BuildRecipe, build, build_replacing, demo_dir, demos_in_cache, outdated_reason,
 };
 use mergescope_lab::nn::Arch;
 use std::path::PathBuf;
@@ -115,7 +115,7 @@ pub fn build_with_bar(
 ) -> anyhow::Result<Benchmark> {
     let (device, _) = open_device(DeviceChoice::Cpu);
     let bar = super::progress_bar(quiet);
-    let recipe = Recipe::default_for(arch, seed);
+    let recipe = BuildRecipe::default_for(arch, seed);
     let mut on_progress = |p: &BuildProgress| {
         bar.set_length(p.total as u64);
         bar.set_position(p.done as u64);

@@ -139,7 +139,7 @@ pub fn tiny_benchmark(dir: &Path) {
 }
 
 pub fn tiny_benchmark_of(dir: &Path, names: &[&str]) {
-    use mergescope_lab::demo::{Recipe, build};
+    use mergescope_lab::demo::{BuildRecipe, build};
     use mergescope_lab::nn::Arch;
     use mergescope_lab::train::Budget;
     let tasks: Vec<_> = mergescope_lab::data::demo_tasks()
@@ -147,7 +147,7 @@ pub fn tiny_benchmark_of(dir: &Path, names: &[&str]) {
         .into_iter()
         .filter(|t| names.contains(&t.name.as_str()))
         .collect();
-    let mut r = Recipe::default_for(Arch::Mlp, 0);
+    let mut r = BuildRecipe::default_for(Arch::Mlp, 0);
     r.pretrain.budget = Budget::Steps(20);
     r.head.budget = Budget::Steps(50);
     r.expert.budget = Budget::Steps(30);

@@ -6,7 +6,7 @@
 use egui_kittest::Harness;
 use mergescope_gui::settings::{Settings, Theme};
 use mergescope_gui::{MergescopeApp, SessionConfig};
-use mergescope_lab::demo::{Benchmark, Recipe, build};
+use mergescope_lab::demo::{Benchmark, BuildRecipe, build};
 use mergescope_lab::nn::Arch;
 use mergescope_lab::train::Budget;
 use std::path::{Path, PathBuf};
@@ -22,8 +22,8 @@ pub fn fixtures() -> PathBuf {
 pub const TASKS: [&str; 3] = ["fashion_mnist", "letters", "mnist"];
 
 /// The recipe of the test benchmark: the MLP's default for seed 0 with tiny budgets.
-pub fn recipe() -> Recipe {
-    let mut r = Recipe::default_for(Arch::Mlp, 0);
+pub fn recipe() -> BuildRecipe {
+    let mut r = BuildRecipe::default_for(Arch::Mlp, 0);
     r.pretrain.budget = Budget::Steps(30);
     r.head.budget = Budget::Steps(60);
     r.expert.budget = Budget::Steps(40);
