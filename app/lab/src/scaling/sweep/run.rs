@@ -239,34 +239,7 @@ pub fn run_sweep(
     prepare_folder(spec, bench, out_dir)?;
     let models = out_dir.join("models");
 
-    // Every cell, in order: each point's groups, the experts of a group before its merges.
-    let points = spec.points();
-    let mut cells: Vec<Cell> = Vec::new();
-    let mut seen = BTreeSet::new();
-    for h in &points {
-        for (g, group) in task_groups(pool.len(), h.tasks, spec.groups, spec.seed)
-            .into_iter()
-            .enumerate()
-        {
-            for &t in &group {
-                let key = expert_cell_key(h, &pool[t]);
-                if seen.insert(key) {
-                    cells.push(Cell::Expert {
-                        hyper: h.clone(),
-                        task: t,
-                    });
-                }
-            }
-            for m in 0..spec.methods.len() {
-                cells.push(Cell::Merge {
-                    hyper: h.clone(),
-                    group: g,
-                    tasks: group.clone(),
-                    method: m,
-                });
-            }
-        }
-    }
+    let cells = plan_cells(spec, &pool);
     let expected = |r: &Row| -> Option<usize> {
         if r.method == EXPERT {
             Some(1)
@@ -285,29 +258,7 @@ pub fn run_sweep(
     };
     let reused = cells.iter().filter(|c| is_done(c)).count();
 
-    // The fine-tuning runs still needed: (run, task) pairs with a missing checkpoint.
-    let snapshots = spec.snapshots();
-    let mut needed: BTreeMap<(String, usize), RunJob> = BTreeMap::new();
-    for c in cells.iter().filter(|c| !is_done(c)) {
-        let (hyper, ts) = match c {
-            Cell::Expert { hyper, task } => (hyper, vec![*task]),
-            Cell::Merge { hyper, tasks, .. } => (hyper, tasks.clone()),
-        };
-        for t in ts {
-            let snaps = snapshots.get(&hyper.run_id()).cloned().unwrap_or_default();
-            // A diverged run cannot give the snapshots from its divergence on.
-            let stop = diverged_at(&models, hyper, &pool[t]).unwrap_or(usize::MAX);
-            if snaps
-                .iter()
-                .any(|&k| k < stop && !models.join(expert_file(hyper, &pool[t], k)).is_file())
-            {
-                needed.entry((hyper.run_id(), t)).or_insert(RunJob {
-                    hyper: hyper.clone(),
-                    snapshots: snaps,
-                });
-            }
-        }
-    }
+    let mut needed = runs_needed(spec, &pool, cells.iter().filter(|c| !is_done(c)), &models);
     let tracker = Tracker {
         started: Instant::now(),
         cells: cells.len(),
@@ -539,6 +490,69 @@ enum Cell {
     },
 }
 
+/// Every cell of the sweep, in order: each point's task groups, the experts of a group (each
+/// (point, task) once, whatever groups it is in) before the group's merges, one per method.
+fn plan_cells(spec: &SweepSpec, pool: &[String]) -> Vec<Cell> {
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut seen = BTreeSet::new();
+    for h in &spec.points() {
+        for (g, group) in task_groups(pool.len(), h.tasks, spec.groups, spec.seed)
+            .into_iter()
+            .enumerate()
+        {
+            for &t in &group {
+                if seen.insert(expert_cell_key(h, &pool[t])) {
+                    cells.push(Cell::Expert {
+                        hyper: h.clone(),
+                        task: t,
+                    });
+                }
+            }
+            for m in 0..spec.methods.len() {
+                cells.push(Cell::Merge {
+                    hyper: h.clone(),
+                    group: g,
+                    tasks: group.clone(),
+                    method: m,
+                });
+            }
+        }
+    }
+    cells
+}
+
+/// The fine-tuning runs that `cells` still need: one per (run, task) whose snapshots are not
+/// all in `models` (a diverged run is not asked for the snapshots from its divergence on).
+fn runs_needed<'c>(
+    spec: &SweepSpec,
+    pool: &[String],
+    cells: impl Iterator<Item = &'c Cell>,
+    models: &Path,
+) -> BTreeMap<(String, usize), RunJob> {
+    let snapshots = spec.snapshots();
+    let mut needed: BTreeMap<(String, usize), RunJob> = BTreeMap::new();
+    for c in cells {
+        let (hyper, ts) = match c {
+            Cell::Expert { hyper, task } => (hyper, vec![*task]),
+            Cell::Merge { hyper, tasks, .. } => (hyper, tasks.clone()),
+        };
+        for t in ts {
+            let snaps = snapshots.get(&hyper.run_id()).cloned().unwrap_or_default();
+            let stop = diverged_at(models, hyper, &pool[t]).unwrap_or(usize::MAX);
+            if snaps
+                .iter()
+                .any(|&k| k < stop && !models.join(expert_file(hyper, &pool[t], k)).is_file())
+            {
+                needed.entry((hyper.run_id(), t)).or_insert(RunJob {
+                    hyper: hyper.clone(),
+                    snapshots: snaps,
+                });
+            }
+        }
+    }
+    needed
+}
+
 /// Checks that `out_dir` is empty or holds the same sweep (same benchmark, seed, evaluation and
 /// methods: a grid may grow), writes the specification there, and links the base and heads.
 fn prepare_folder(spec: &SweepSpec, bench: &Benchmark, out_dir: &Path) -> Result<()> {
@@ -695,5 +709,100 @@ fn train_expert(
             data.name,
             h.run_id()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::Arch;
+
+    /// The Experiments window test's tiny sweep: K ∈ {2, 4} around 6, N ∈ {2, 3} around 2,
+    /// two groups, task arithmetic and TIES, on three tasks.
+    fn tiny_spec() -> (SweepSpec, Vec<String>) {
+        let mut spec = SweepSpec::paper_002(Arch::Mlp);
+        spec.methods.truncate(2);
+        spec.grid.steps = vec![2, 4];
+        spec.grid.lr.clear();
+        spec.grid.batch.clear();
+        spec.grid.data_ratio.clear();
+        spec.grid.optimizer.clear();
+        spec.grid.tasks = vec![2, 3];
+        spec.defaults.steps = 6;
+        spec.defaults.batch = 16;
+        spec.defaults.tasks = 2;
+        spec.groups = 2;
+        let pool = ["fashion_mnist", "letters", "mnist"].map(str::to_owned).to_vec();
+        (spec, pool)
+    }
+
+    fn expert_tasks(cells: &[Cell], steps: usize) -> BTreeSet<usize> {
+        cells
+            .iter()
+            .filter_map(|c| match c {
+                Cell::Expert { hyper, task } if hyper.steps == steps => Some(*task),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cells_are_each_expert_once_then_the_merges_that_need_them() {
+        let (spec, pool) = tiny_spec();
+        let cells = plan_cells(&spec, &pool);
+        // By hand: K = 6, 2, 4 with N = 2 each give two 2-subsets of 3 tasks, which cover all 3
+        // (3 experts + 2 groups × 2 methods = 7 cells each); N = 3 at K = 6 has one group and
+        // reuses K = 6's experts (2 merges): 7 + 7 + 7 + 2 = 23.
+        assert_eq!(cells.len(), 23);
+        for k in [2, 4, 6] {
+            assert_eq!(expert_tasks(&cells, k), BTreeSet::from([0, 1, 2]), "K = {k}");
+        }
+        let experts = cells.iter().filter(|c| matches!(c, Cell::Expert { .. })).count();
+        assert_eq!(experts, 9);
+        // Every merge comes after the expert cells of its group's tasks at its step count.
+        for (i, c) in cells.iter().enumerate() {
+            if let Cell::Merge {
+                hyper, tasks, method, ..
+            } = c
+            {
+                assert!(*method < 2);
+                for t in tasks {
+                    let before = cells[..i]
+                        .iter()
+                        .any(|e| matches!(e, Cell::Expert { hyper: h, task } if task == t && h.steps == hyper.steps));
+                    assert!(before, "merge {i} ({:?}) before its expert of task {t}", hyper.run_id());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn runs_needed_are_the_runs_with_a_missing_snapshot_before_any_divergence() {
+        let (spec, pool) = tiny_spec();
+        let cells = plan_cells(&spec, &pool);
+        let models = tempfile::tempdir().unwrap();
+        let h = spec.defaults.clone();
+        let needed = |models: &Path| runs_needed(&spec, &pool, cells.iter(), models);
+        // One run per task (the steps are snapshots of one run), each saving K = 2, 4 and 6.
+        let all = needed(models.path());
+        assert_eq!(all.len(), 3);
+        assert!(all.values().all(|j| j.snapshots == [2, 4, 6]));
+        let touch = |rel: String, text: &str| {
+            let p = models.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        // Task 0 has every snapshot: not needed any more.
+        for k in [2, 4, 6] {
+            touch(expert_file(&h, &pool[0], k), "");
+        }
+        // Task 1 diverged at step 3 and has its K = 2 snapshot: nothing it can still give.
+        touch(diverged_file(&h, &pool[1]), "3 loss NaN");
+        touch(expert_file(&h, &pool[1], 2), "");
+        let left = needed(models.path());
+        assert_eq!(left.keys().map(|(_, t)| *t).collect::<Vec<_>>(), [2]);
+        // Without its K = 2 snapshot the diverged run is needed again (for K = 2 only).
+        std::fs::remove_file(models.path().join(expert_file(&h, &pool[1], 2))).unwrap();
+        assert_eq!(needed(models.path()).len(), 2);
     }
 }
