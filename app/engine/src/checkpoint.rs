@@ -530,9 +530,20 @@ impl Checkpoint {
             self.read_into(t, (from * es) as u64, bytemuck::cast_slice_mut(&mut v))?;
             return Ok(v);
         }
-        let mut bytes = vec![0u8; len * es];
-        self.read_into(t, (from * es) as u64, &mut bytes)?;
-        Ok(decode_f32_vec(t.dtype, &bytes))
+        // The raw bytes go through a per-thread buffer that is zeroed only when it grows (a
+        // merge reads the same chunk sizes over and over).
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SCRATCH.with(|scratch| {
+            let mut bytes = scratch.borrow_mut();
+            if bytes.len() < len * es {
+                bytes.resize(len * es, 0);
+            }
+            let bytes = &mut bytes[..len * es];
+            self.read_into(t, (from * es) as u64, bytes)?;
+            Ok(decode_f32_vec(t.dtype, bytes))
+        })
     }
 
     /// Reads a whole float tensor as f32.
