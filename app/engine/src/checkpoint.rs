@@ -15,6 +15,10 @@ use std::path::{Component, Path, PathBuf};
 /// Largest header mergescope accepts (the safetensors crate's own limit).
 const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;
 
+/// Largest read that goes through the per-thread scratch buffer of `read_f32_range` (the
+/// executor's chunks of 4 Mi elements take at most 16 MiB as 32-bit values).
+const MAX_SCRATCH_BYTES: usize = 32 << 20;
+
 /// Where one tensor lives.
 #[derive(Clone, Debug)]
 pub struct TensorEntry {
@@ -338,6 +342,26 @@ fn is_plain_file_name(name: &str) -> bool {
     matches!((parts.next(), parts.next()), (Some(Component::Normal(_)), None)) && !name.contains(['/', '\\'])
 }
 
+/// The `weight_map` of the shard index `index` (tensor name, shard file name), in file order
+/// with duplicates kept, unchecked beyond being a bounded JSON file of that shape.
+pub fn read_weight_map(index: &Path) -> Result<Vec<(String, String)>> {
+    let size = require_regular_file(index, "a shard index must be a JSON file")?;
+    if size > MAX_HEADER_BYTES {
+        return Err(EngineError::bad(
+            index,
+            format!("the index has {size} bytes (limit {MAX_HEADER_BYTES}); it is not a shard index"),
+        ));
+    }
+    let text = std::fs::read(index).map_err(|e| EngineError::io("cannot read", index, e))?;
+    let parsed: ShardIndex = serde_json::from_slice(&text).map_err(|e| {
+        EngineError::bad(
+            index,
+            format!("the index is not a shard index ({e}); it needs a \"weight_map\" object from tensor names to shard files"),
+        )
+    })?;
+    Ok(parsed.weight_map.0)
+}
+
 impl Checkpoint {
     /// Opens a `.safetensors` file, a folder with `model.safetensors.index.json`, or a folder
     /// holding exactly one `.safetensors` file.
@@ -381,21 +405,7 @@ impl Checkpoint {
     }
 
     fn open_index(dir: &Path, index: &Path) -> Result<Checkpoint> {
-        let size = require_regular_file(index, "a shard index must be a JSON file")?;
-        if size > MAX_HEADER_BYTES {
-            return Err(EngineError::bad(
-                index,
-                format!("the index has {size} bytes (limit {MAX_HEADER_BYTES}); it is not a shard index"),
-            ));
-        }
-        let text = std::fs::read(index).map_err(|e| EngineError::io("cannot read", index, e))?;
-        let parsed: ShardIndex = serde_json::from_slice(&text).map_err(|e| {
-            EngineError::bad(
-                index,
-                format!("the index is not a shard index ({e}); it needs a \"weight_map\" object from tensor names to shard files"),
-            )
-        })?;
-        let map = parsed.weight_map.0;
+        let map = read_weight_map(index)?;
         let mut listed: BTreeMap<&str, &str> = BTreeMap::new();
         for (name, file) in &map {
             if !is_plain_file_name(file) {
@@ -530,17 +540,24 @@ impl Checkpoint {
             self.read_into(t, (from * es) as u64, bytemuck::cast_slice_mut(&mut v))?;
             return Ok(v);
         }
-        // The raw bytes go through a per-thread buffer that is zeroed only when it grows (a
-        // merge reads the same chunk sizes over and over).
+        let n = len * es;
+        if n > MAX_SCRATCH_BYTES {
+            let mut bytes = vec![0u8; n];
+            self.read_into(t, (from * es) as u64, &mut bytes)?;
+            return Ok(decode_f32_vec(t.dtype, &bytes));
+        }
+        // Chunk-sized reads go through a per-thread buffer that is zeroed only when it grows (a
+        // merge reads the same chunk sizes over and over); larger reads (whole tensors, on
+        // threads that live on) get their own buffer, so no thread keeps one tensor's worth.
         thread_local! {
             static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
         SCRATCH.with(|scratch| {
             let mut bytes = scratch.borrow_mut();
-            if bytes.len() < len * es {
-                bytes.resize(len * es, 0);
+            if bytes.len() < n {
+                bytes.resize(n, 0);
             }
-            let bytes = &mut bytes[..len * es];
+            let bytes = &mut bytes[..n];
             self.read_into(t, (from * es) as u64, bytes)?;
             Ok(decode_f32_vec(t.dtype, bytes))
         })

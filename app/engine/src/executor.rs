@@ -292,13 +292,13 @@ impl Run<'_> {
             )));
         }
         let store = |values: &[f32]| -> Result<()> {
-            if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
-                return Err(plugin_err(format!(
-                    "it produced a non-finite value ({}) at element {}; check the parameters (a division by a zero \
-                     norm, an overflow) or report the bug to the plugin's author",
-                    values[bad],
-                    unit.from + bad
-                )));
+            if let Some((i, v)) = crate::finite::first_non_finite(values) {
+                return Err(crate::finite::non_finite_output(
+                    self.plugin_id,
+                    &item.name,
+                    unit.from + i,
+                    v,
+                ));
             }
             self.sink.write(&item.name, unit.from, values)
         };

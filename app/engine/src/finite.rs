@@ -23,6 +23,20 @@ pub fn non_finite_input(input: &str, tensor: &str, index: usize, value: f32) -> 
     ))
 }
 
+/// The error for a method that wrote a non-finite value although every input is finite (the
+/// inputs are checked first): it names the plugin, the tensor and the element.
+pub fn non_finite_output(plugin: &str, tensor: &str, index: usize, value: f32) -> EngineError {
+    EngineError::Plugin {
+        plugin: plugin.to_owned(),
+        tensor: tensor.to_owned(),
+        message: format!(
+            "it produced a non-finite value ({value}) at element {index} although every input is finite; check the \
+             parameters (a division by a zero norm, a step size too large, an overflow) or report the bug to the \
+             plugin's author"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::first_non_finite;

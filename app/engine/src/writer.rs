@@ -354,13 +354,8 @@ fn check_own_output_folder(dir: &Path) -> Result<()> {
         ))
     };
     let index = dir.join(INDEX_NAME);
-    let shards: std::collections::BTreeSet<String> = std::fs::read_to_string(&index)
-        .ok()
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-        .and_then(|json| {
-            let map = json.get("weight_map")?.as_object()?;
-            Some(map.values().filter_map(|v| v.as_str().map(str::to_owned)).collect())
-        })
+    let shards: std::collections::BTreeSet<String> = crate::checkpoint::read_weight_map(&index)
+        .map(|map| map.into_iter().map(|(_, file)| file).collect())
         .unwrap_or_default();
     let entries = std::fs::read_dir(dir).map_err(|e| EngineError::io("cannot list", dir, e))?;
     let mut foreign = Vec::new();

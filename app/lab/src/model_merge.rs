@@ -6,8 +6,7 @@
 use crate::data::TaskData;
 use crate::demo::Benchmark;
 use crate::nn::Params;
-use crate::session::{ModelRunOutput, run_model};
-use crate::session::{SessionModel, SessionTask, Trajectory};
+use crate::session::{ModelRunOutput, SessionModel, SessionTask, Trajectory, run_model};
 use candle_core::{Device, Tensor};
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::compat;
@@ -15,7 +14,7 @@ use mergescope_engine::dtype::DType;
 use mergescope_engine::dtype::encode_f32;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::executor::{ExecOptions, Observer, Phase, Progress};
-use mergescope_engine::finite::{first_non_finite, non_finite_input};
+use mergescope_engine::finite::{first_non_finite, non_finite_input, non_finite_output};
 use mergescope_engine::merge::{
     MergeReport, MergeRequest, check_output_path, create_instance, file_desc, file_label, output_metadata,
     plan_outputs, write_copies,
@@ -289,14 +288,7 @@ pub(crate) fn merge_model_files(
     for (name, t) in model.names.iter().zip(&merged) {
         let values = host_f32(t)?;
         if let Some((i, v)) = first_non_finite(&values) {
-            return Err(EngineError::Plugin {
-                plugin: plugin.id().to_owned(),
-                tensor: name.clone(),
-                message: format!(
-                    "it produced a non-finite value ({v}) at element {i} although every input is finite; check the \
-                     parameters (a step size too large, an overflow) or report the bug to the plugin's author"
-                ),
-            });
+            return Err(non_finite_output(plugin.id(), name, i, v));
         }
         writer.write_values(name, 0, &values)?;
     }

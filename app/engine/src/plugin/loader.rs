@@ -166,11 +166,12 @@ fn check_required_functions(path: &Path, api_ptr: *const PluginApiV1) -> Result<
             .cast::<abi::PluginKind>()
             .read_unaligned()
     };
+    let per_tensor = kind == abi::KIND_PER_TENSOR;
     let mut required = vec![
         ("create", offset_of!(PluginApiV1, create)),
         ("destroy", offset_of!(PluginApiV1, destroy)),
     ];
-    if kind == abi::KIND_PER_TENSOR {
+    if per_tensor {
         required.push(("merge_tensor", offset_of!(PluginApiV1, merge_tensor)));
     }
     let missing: Vec<&str> = required
@@ -182,23 +183,18 @@ fn check_required_functions(path: &Path, api_ptr: *const PluginApiV1) -> Result<
     if missing.is_empty() {
         return Ok(());
     }
-    let kind_name = if kind == abi::KIND_PER_TENSOR {
-        "per-tensor"
+    let (kind_name, needed) = if per_tensor {
+        ("per-tensor", "create, destroy and merge_tensor")
     } else {
-        "model-level"
+        ("model-level", "create, destroy and run_model")
     };
     Err(PluginError::Malformed {
         path: path.to_path_buf(),
         reason: format!(
-            "its table leaves the required function{} {} NULL (a {kind_name} method must provide {}); fix the plugin \
-             and rebuild it",
+            "its table leaves the required function{} {} NULL (a {kind_name} method must provide {needed}); fix the \
+             plugin and rebuild it",
             if missing.len() > 1 { "s" } else { "" },
             missing.join(", "),
-            if kind == abi::KIND_PER_TENSOR {
-                "create, destroy and merge_tensor"
-            } else {
-                "create, destroy and run_model"
-            }
         ),
     })
 }
