@@ -16,7 +16,7 @@ use mergescope_lab::analysis::views::{
 use mergescope_lab::analysis::{checkpoint_label, gram_of_files};
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::Benchmark;
-use mergescope_lab::eval::EvalReport;
+use mergescope_lab::evaluator::EvalReport;
 use mergescope_lab::scaling::views::{
     BoundSettings, Mask, bound_figure, bound_of_files, heterogeneity_figure, heterogeneity_of_files, train_facts,
     weights_figure,

@@ -9,7 +9,7 @@ use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer,
 use mergescope_engine::plugin::Plugin;
 use mergescope_lab::data::{SplitKind, TaskData, benchmark_tasks};
 use mergescope_lab::demo::{self, Benchmark, BuildProgress};
-use mergescope_lab::eval::{EvalReport, Evaluator};
+use mergescope_lab::evaluator::{EvalReport, Evaluator};
 use mergescope_lab::nn::Arch;
 use mergescope_lab::run::{self, TaskSource};
 use mergescope_plugin_api::abi;
@@ -286,6 +286,9 @@ impl JobQueue {
     }
 }
 
+/// What a cached evaluator evaluates on: the benchmark folder and the device's name.
+type EvaluatorKey = (PathBuf, &'static str);
+
 /// The worker's side: runs jobs, caches evaluators, sends events.
 struct Worker {
     tx: Sender<Event>,
@@ -293,7 +296,7 @@ struct Worker {
     /// Task data, loaded once.
     tasks: Option<Vec<TaskData>>,
     /// Evaluator of the last benchmark (key: folder and device).
-    evaluator: Option<((PathBuf, &'static str), Evaluator)>,
+    evaluator: Option<(EvaluatorKey, Box<dyn Evaluator>)>,
 }
 
 impl Worker {
@@ -418,7 +421,7 @@ impl Worker {
                     fraction: 1.0,
                     stage: "evaluating".into(),
                 });
-                Some(self.evaluate(b, &job.request.out, &device))
+                Some(self.evaluate(b, &job.request.out, &device, cancel))
             }
             None => None,
         };
@@ -438,6 +441,7 @@ impl Worker {
         bench: &Benchmark,
         path: &std::path::Path,
         device: &candle_core::Device,
+        cancel: &AtomicBool,
     ) -> Result<EvalReport, String> {
         let key = (bench.dir.clone(), device_name(device));
         let ev = match self.evaluator.take() {
@@ -447,13 +451,16 @@ impl Worker {
                     self.tasks = Some(benchmark_tasks(None).map_err(|e| e.to_string())?);
                 }
                 let tasks = self.tasks.as_deref().unwrap_or_default();
-                bench
-                    .evaluator(tasks, None, SplitKind::Test, device)
-                    .map_err(|e| e.to_string())?
+                Box::new(
+                    bench
+                        .evaluator(tasks, None, SplitKind::Test, device)
+                        .map_err(|e| e.to_string())?,
+                )
             }
         };
         let ev = &self.evaluator.insert((key, ev)).1;
-        ev.evaluate_file(path).map_err(|e| format!("not evaluated: {e}"))
+        ev.evaluate_file(path, cancel)
+            .map_err(|e| format!("not evaluated: {e}"))
     }
 
     fn build(&mut self, id: JobId, job: &BuildJob, cancel: &AtomicBool) -> Result<Event, String> {

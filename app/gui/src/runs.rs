@@ -4,7 +4,7 @@
 
 use crate::inputs::InputRef;
 use mergescope_engine::device::DeviceChoice;
-use mergescope_lab::eval::EvalReport;
+use mergescope_lab::evaluator::EvalReport;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -332,25 +332,19 @@ pub fn cli_command(r: &RunRecord) -> String {
 mod tests {
     use super::*;
     use mergescope_lab::data::SplitKind;
-    use mergescope_lab::eval::TaskScore;
+    use mergescope_lab::evaluator::TaskScore;
     use serde_json::json;
 
     fn run(id: u64, method: &str, accs: &[(&str, f64)]) -> RunRecord {
         let tasks: Vec<TaskScore> = accs
             .iter()
-            .map(|(t, a)| TaskScore {
-                task: (*t).into(),
-                accuracy: *a,
-                loss: 1.0 - a,
-                normalized: Some(a / 0.9),
-                examples: 500,
-            })
+            .map(|(t, a)| TaskScore::classification(*t, *a, 1.0 - a, Some(0.9), 500))
             .collect();
         let n = tasks.len().max(1) as f64;
         let eval = (!tasks.is_empty()).then(|| EvalReport {
             split: SplitKind::Test,
             mean_accuracy: tasks.iter().map(|t| t.accuracy).sum::<f64>() / n,
-            mean_loss: 0.0,
+            mean_loss: Some(0.0),
             mean_normalized: Some(tasks.iter().map(|t| t.accuracy / 0.9).sum::<f64>() / n),
             tasks,
         });

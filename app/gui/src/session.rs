@@ -432,15 +432,20 @@ impl Session {
                 .manifest
                 .tasks
                 .iter()
-                .map(|t| mergescope_lab::eval::TaskScore {
-                    task: t.name.clone(),
-                    accuracy: t.base_accuracy.test,
-                    loss: f64::NAN,
-                    normalized: (t.expert_accuracy.test > 0.0).then(|| t.base_accuracy.test / t.expert_accuracy.test),
-                    examples: 0,
+                .map(|t| {
+                    let mut score = mergescope_lab::evaluator::TaskScore::classification(
+                        t.name.clone(),
+                        t.base_accuracy.test,
+                        f64::NAN,
+                        Some(t.expert_accuracy.test),
+                        0,
+                    );
+                    // The manifest records accuracies only.
+                    score.loss = None;
+                    score
                 })
                 .collect();
-            mergescope_lab::eval::summarise(mergescope_lab::data::SplitKind::Test, tasks)
+            mergescope_lab::evaluator::summarise(mergescope_lab::data::SplitKind::Test, tasks)
         });
         let inputs = crate::analysis::AnalysisInputs {
             base: self.inputs.base.as_ref().map(|b| b.path.clone()),

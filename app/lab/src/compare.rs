@@ -4,7 +4,7 @@
 
 use crate::data::{SplitKind, TaskData};
 use crate::demo::Benchmark;
-use crate::eval::EvalReport;
+use crate::evaluator::{EvalReport, Evaluator};
 use crate::run::{self, TaskSource};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Progress};
@@ -109,7 +109,7 @@ pub fn compare(
     let test = bench.evaluator(task_data, None, SplitKind::Test, device)?;
     let calibration = bench.evaluator(task_data, None, SplitKind::Calibration, device)?;
     progress("evaluating the base");
-    let pretrained = test.evaluate_file(&bench.base_path())?;
+    let pretrained = test.evaluate_file(&bench.base_path(), cancel)?;
     let individual = bench
         .manifest
         .tasks
@@ -133,7 +133,7 @@ pub fn compare(
                     progress(&format!("{}: λ = {l} on calibration data", plugin.id()));
                     let p = Value::Object(Map::from_iter([(LAMBDA_PARAM.to_owned(), Value::from(l))]));
                     run_one(plugin, bench, task_data, p, cfg.seed, &scratch, opts, cancel, progress)?;
-                    tried.push((l, calibration.evaluate_file(&scratch)?.mean_accuracy));
+                    tried.push((l, calibration.evaluate_file(&scratch, cancel)?.mean_accuracy));
                 }
                 let _ = std::fs::remove_file(&scratch);
                 let choice = choose_lambda(tried);
@@ -153,7 +153,7 @@ pub fn compare(
                 progress,
             )?;
             progress(&format!("{}: evaluating", plugin.id()));
-            Ok((resolved, test.evaluate_file(&out)?))
+            Ok((resolved, test.evaluate_file(&out, cancel)?))
         })();
         let (params, outcome) = match run {
             Ok((p, r)) => (p, Ok(r)),

@@ -20,7 +20,7 @@
 //! `<task>.weight`, `<task>.bias`) and `experts/<task>.safetensors`.
 
 use crate::data::{SplitKind, TaskData};
-use crate::eval::{EvalReport, EvalTask, Evaluator};
+use crate::evaluator::{BackboneEvaluator, EvalReport, EvalTask};
 use crate::nn::{Arch, Head, Params, cross_entropy, labels_tensor, to_host};
 use crate::train::{
     BatchSize, Batcher, Budget, Examples, OptimConfig, TrainConfig, TrainProgress, TrainTask, fine_tune, optimize,
@@ -521,7 +521,7 @@ pub fn build(
     let mut entries = Vec::new();
     let mut base_reports = Vec::new();
     for split in [SplitKind::Test, SplitKind::Calibration] {
-        let ev = Evaluator::new(
+        let ev = BackboneEvaluator::new(
             arch,
             split,
             tasks
@@ -540,7 +540,7 @@ pub fn build(
     for (i, t) in tasks.iter().enumerate() {
         let mut acc = [0f64; 2];
         for (j, split) in [SplitKind::Test, SplitKind::Calibration].into_iter().enumerate() {
-            let ev = Evaluator::new(
+            let ev = BackboneEvaluator::new(
                 arch,
                 split,
                 vec![EvalTask {
@@ -702,7 +702,7 @@ impl Benchmark {
         only: Option<&[String]>,
         split: SplitKind,
         device: &Device,
-    ) -> Result<Evaluator> {
+    ) -> Result<BackboneEvaluator> {
         if let Some(names) = only {
             let known = self.task_names();
             if let Some(bad) = names.iter().find(|n| !known.contains(&n.as_str())) {
@@ -738,7 +738,7 @@ impl Benchmark {
                 reference: Some(t.expert_accuracy.get(split)),
             });
         }
-        Evaluator::new(self.manifest.arch, split, list, device)
+        BackboneEvaluator::new(self.manifest.arch, split, list, device)
     }
 }
 

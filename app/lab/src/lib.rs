@@ -3,7 +3,9 @@
 //!
 //! - [`nn`], [`data`], [`train`]: the demo backbones and heads (candle-nn), the image tasks,
 //!   SGD/AdamW training.
-//! - [`eval`]: the `Evaluator` every caller uses; [`demo`]: cached benchmark builds.
+//! - [`evaluator`]: the one evaluation door (the `Evaluator` trait, the demo benchmark's and an
+//!   external command's, suites, and the differentiable calibration side), chosen by
+//!   [`evaluate::open`]; [`demo`]: cached benchmark builds.
 //! - [`session`]: the host side of model-level methods (ABI 1.1) over a benchmark's tasks;
 //!   [`model_merge`]: such merges of checkpoint files, with their trajectories.
 //! - [`run`]: the one merge door (per-tensor or model-level by the plugin's kind).
@@ -14,7 +16,8 @@ pub mod analysis;
 pub mod compare;
 pub mod data;
 pub mod demo;
-pub mod eval;
+pub mod evaluate;
+pub mod evaluator;
 pub mod model_merge;
 pub mod nn;
 pub mod run;

@@ -5,8 +5,9 @@
 
 use crate::data::TaskData;
 use crate::demo::Benchmark;
+use crate::evaluator::calibration::{CalibrationTask, DemoCalibration};
 use crate::nn::Params;
-use crate::session::{ModelRunOutput, SessionModel, SessionTask, Trajectory, run_model};
+use crate::session::{ModelRunOutput, SessionModel, Trajectory, run_model};
 use candle_core::{Device, Tensor};
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::compat;
@@ -198,7 +199,7 @@ pub(crate) fn merge_model_files(
             let head = heads
                 .remove(name)
                 .ok_or_else(|| EngineError::Invalid(format!("two experts are fine-tuned on task '{name}'")))?;
-            Ok(SessionTask { data, head })
+            Ok(CalibrationTask { data, head })
         })
         .collect::<Result<Vec<_>>>()?;
     let base_tensors = load_tensors(&base, &names, device)?;
@@ -211,7 +212,6 @@ pub(crate) fn merge_model_files(
         ))
     })?;
     let model = SessionModel {
-        arch: bench.manifest.arch,
         shapes: plan.items.iter().map(|i| i.shape.clone()).collect(),
         experts: experts
             .iter()
@@ -219,7 +219,7 @@ pub(crate) fn merge_model_files(
             .collect::<Result<_>>()?,
         names,
         base: base_tensors,
-        tasks: session_tasks,
+        tasks: Box::new(DemoCalibration::new(bench.manifest.arch, session_tasks, device)?),
     };
 
     // Progress in permille of the plugin's own fraction, labelled with its latest iterate.

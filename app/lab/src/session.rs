@@ -1,12 +1,12 @@
 //! The host side of a model-level session (ABI 1.1): the [`SessionApiV1`] table a model-level
 //! plugin's `run_model` calls back into. Candidates are tensor handles of the call's arena
-//! ([`CallCtx`]); evaluation, gradients and fine-tuning run the demo architectures in candle on
-//! each task's calibration (or train) data through its frozen head.
+//! ([`CallCtx`]); evaluation, gradients and fine-tuning are the model family's
+//! [`CalibrationTasks`]; this module only translates the C table to them.
 
-use crate::data::{SplitKind, TaskData};
-use crate::nn::{Arch, Head, Params, images_tensor, labels_tensor};
-use crate::train::{self, BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask};
-use candle_core::{D, Tensor, Var};
+use crate::evaluator::calibration::{CalibrationTasks, Objective};
+use crate::nn::Params;
+use crate::train::{BatchSize, Budget, OptimConfig, TrainConfig};
+use candle_core::Tensor;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::plugin::host_api::CallCtx;
 use mergescope_engine::plugin::instance::{CallEnv, Instance};
@@ -18,18 +18,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 /// latest are always kept), so a long run's trajectory stays bounded but spans the whole run.
 pub const MAX_KEPT_ITERATES: usize = 256;
 
-/// One task of a session: its data and its frozen head. Task t belongs to expert t.
-pub struct SessionTask<'a> {
-    /// The task's data (calibration examples are the first of its train split).
-    pub data: &'a TaskData,
-    /// Its frozen head.
-    pub head: Head,
-}
-
 /// The models and tasks a model-level method runs on.
 pub struct SessionModel<'a> {
-    /// Backbone architecture (how candidates are evaluated).
-    pub arch: Arch,
     /// Tensor names, in the session's order.
     pub names: Vec<String>,
     /// Their shapes.
@@ -38,8 +28,8 @@ pub struct SessionModel<'a> {
     pub base: Vec<Tensor>,
     /// Each expert's tensors, in order.
     pub experts: Vec<Vec<Tensor>>,
-    /// One task per expert.
-    pub tasks: Vec<SessionTask<'a>>,
+    /// One task per expert: how candidates are evaluated, differentiated and fine-tuned.
+    pub tasks: Box<dyn CalibrationTasks + 'a>,
 }
 
 /// A point of a method's trajectory.
@@ -80,18 +70,12 @@ impl Trajectory {
     }
 }
 
-struct Calibration {
-    images: Tensor,
-    labels: Tensor,
-}
-
 /// State behind a session table, for one `run_model` call.
 pub struct SessionCtx<'a, 'c> {
     model: &'a SessionModel<'a>,
     // Raw: the host table of the same call points at this context too; both are only used
     // from the plugin's thread, one call at a time.
     call: *mut CallCtx<'c>,
-    calibration: Vec<Calibration>,
     /// What the method reported.
     pub trajectory: Trajectory,
     /// Receives each reported iterate's label and the plugin's last progress fraction.
@@ -104,25 +88,13 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
         model: &'a SessionModel<'a>,
         call: &'a mut CallCtx<'c>,
         on_iterate: &'a mut dyn FnMut(&str, f64),
-    ) -> Result<SessionCtx<'a, 'c>> {
-        let calibration = model
-            .tasks
-            .iter()
-            .map(|t| {
-                let s = t.data.split(SplitKind::Calibration);
-                Ok(Calibration {
-                    images: images_tensor(&s.images, call.device())?,
-                    labels: labels_tensor(&s.labels, call.device())?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        Ok(SessionCtx {
+    ) -> SessionCtx<'a, 'c> {
+        SessionCtx {
             model,
             call: call as *mut CallCtx<'c>,
-            calibration,
             trajectory: Trajectory::default(),
             on_iterate,
-        })
+        }
     }
 
     fn call(&self) -> &CallCtx<'c> {
@@ -201,7 +173,10 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
             return Err("null output pointer".into());
         }
         if tensors.len() != n {
-            return Err(format!("internal: {} tensors for {n} handles", tensors.len()));
+            return Err(format!(
+                "the model family computed {} tensors for a candidate of {n}; this is a bug in mergescope, please report it",
+                tensors.len()
+            ));
         }
         // SAFETY: checked for null; the plugin gives room for `n` handles.
         let dst = unsafe { std::slice::from_raw_parts_mut(out, n) };
@@ -211,8 +186,12 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
         Ok(())
     }
 
+    fn task_count(&self) -> usize {
+        self.model.tasks.task_names().len()
+    }
+
     fn task_list(&self, task: usize) -> std::result::Result<Vec<usize>, String> {
-        let n = self.model.tasks.len();
+        let n = self.task_count();
         if task == abi::ALL_TASKS {
             Ok((0..n).collect())
         } else if task < n {
@@ -222,146 +201,8 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
         }
     }
 
-    /// Logits of task `t`'s calibration images under `backbone`.
-    fn logits(&self, backbone: &Params, t: usize) -> Result<Tensor> {
-        let features = self.model.arch.features(backbone, &self.calibration[t].images)?;
-        self.model.tasks[t].head.logits(&features)
-    }
-
-    fn evaluate(&self, backbone: &Params, tasks: &[usize]) -> Result<EvalMetrics> {
-        let backbone: Params = backbone.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
-        let (mut loss, mut acc, mut examples) = (0.0, 0.0, 0u64);
-        for &t in tasks {
-            let c = &self.calibration[t];
-            let (correct, loss_sum, n) = crate::eval::score(
-                self.model.arch,
-                &backbone,
-                &self.model.tasks[t].head,
-                &c.images,
-                &c.labels,
-            )?;
-            loss += loss_sum / n as f64;
-            acc += correct as f64 / n as f64;
-            examples += n as u64;
-        }
-        let n = tasks.len().max(1) as f64;
-        Ok(EvalMetrics {
-            struct_size: std::mem::size_of::<EvalMetrics>(),
-            loss: loss / n,
-            accuracy: acc / n,
-            examples,
-        })
-    }
-
-    /// One fresh autograd variable per session tensor of `backbone`, in order, and the
-    /// parameters that read them.
-    fn variables(&self, backbone: &Params) -> Result<(Vec<Var>, Params)> {
-        let vars: Vec<Var> = self
-            .model
-            .names
-            .iter()
-            .map(|k| Ok(Var::from_tensor(&backbone[k].detach())?))
-            .collect::<Result<_>>()?;
-        let p = self
-            .model
-            .names
-            .iter()
-            .zip(&vars)
-            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-            .collect();
-        Ok((vars, p))
-    }
-
-    /// Σ over `tasks` of the mean objective, and its gradient per session tensor.
-    fn objective(
-        &self,
-        backbone: &Params,
-        tasks: &[usize],
-        objective: abi::Objective,
-        with_grads: bool,
-    ) -> std::result::Result<(f64, Option<Vec<Tensor>>), String> {
-        let run = || -> Result<(f64, Option<Vec<Tensor>>)> {
-            let (vars, p) = self.variables(backbone)?;
-            let mut total: Option<Tensor> = None;
-            for &t in tasks {
-                let logits = self.logits(&p, t)?;
-                let l = match objective {
-                    abi::OBJECTIVE_CROSS_ENTROPY => {
-                        candle_nn::loss::cross_entropy(&logits, &self.calibration[t].labels)?
-                    }
-                    _ => {
-                        let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-                        (log_p.exp()? * &log_p)?.sum(D::Minus1)?.mean_all()?.neg()?
-                    }
-                };
-                total = Some(match total {
-                    Some(s) => (s + l)?,
-                    None => l,
-                });
-            }
-            let Some(total) = total else {
-                return Ok((0.0, None));
-            };
-            let value = f64::from(total.to_scalar::<f32>()?);
-            if !with_grads {
-                return Ok((value, None));
-            }
-            let store = total.backward()?;
-            let grads = vars
-                .iter()
-                .map(|v| match store.get(v.as_tensor()) {
-                    Some(g) => Ok(g.clone()),
-                    None => Ok(v.as_tensor().zeros_like()?),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Ok((value, Some(grads)))
-        };
-        if objective != abi::OBJECTIVE_CROSS_ENTROPY && objective != abi::OBJECTIVE_ENTROPY {
-            return Err(format!(
-                "unknown objective {objective}; use OBJECTIVE_CROSS_ENTROPY or OBJECTIVE_ENTROPY"
-            ));
-        }
-        run().map_err(|e| e.to_string())
-    }
-
-    /// Mean over task `t`'s calibration examples of the squared gradient of log p(y | x), one
-    /// example at a time, per session tensor; y is the true label or the candidate's argmax.
-    fn diag_fisher(&self, backbone: &Params, t: usize, predicted: bool) -> Result<Vec<Tensor>> {
-        let (vars, p) = self.variables(backbone)?;
-        let c = &self.calibration[t];
-        let n = c.images.dim(0)?;
-        let mut sums: Vec<Tensor> = vars
-            .iter()
-            .map(|v| v.as_tensor().zeros_like())
-            .collect::<candle_core::Result<_>>()?;
-        for i in 0..n {
-            if self.call().cancel_flag().load(std::sync::atomic::Ordering::Relaxed) {
-                return Err(EngineError::Cancelled);
-            }
-            let x = c.images.narrow(0, i, 1)?;
-            let features = self.model.arch.features(&p, &x)?;
-            let log_p = candle_nn::ops::log_softmax(&self.model.tasks[t].head.logits(&features)?, D::Minus1)?;
-            let y = if predicted {
-                log_p.argmax_keepdim(D::Minus1)?
-            } else {
-                c.labels.narrow(0, i, 1)?.unsqueeze(1)?
-            };
-            let log_likelihood = log_p.gather(&y, D::Minus1)?.sum_all()?;
-            let store = log_likelihood.backward()?;
-            for (sum, v) in sums.iter_mut().zip(&vars) {
-                if let Some(g) = store.get(v.as_tensor()) {
-                    *sum = (&*sum + g.sqr()?)?;
-                }
-            }
-        }
-        let scale = 1.0 / n.max(1) as f64;
-        Ok(sums
-            .into_iter()
-            .map(|s| s.affine(scale, 0.0))
-            .collect::<candle_core::Result<_>>()?)
-    }
-
-    fn finetune(&self, start: &Params, task: usize, o: &FinetuneOptions) -> Result<Params> {
+    /// The task's fine-tuning settings from the plugin's options.
+    fn train_config(o: &FinetuneOptions) -> Result<TrainConfig> {
         let optim = match o.optimizer {
             abi::OPTIMIZER_SGD => OptimConfig::sgd(o.learning_rate),
             abi::OPTIMIZER_MOMENTUM => OptimConfig::momentum(o.learning_rate),
@@ -374,8 +215,7 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
                 o.learning_rate
             )));
         }
-        let t = &self.model.tasks[task];
-        let cfg = TrainConfig {
+        Ok(TrainConfig {
             optim,
             batch: if o.batch_size == 0 {
                 BatchSize::Full
@@ -385,25 +225,7 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
             budget: Budget::Steps(o.steps as usize),
             seed: o.seed,
             augment_shift: 0,
-        };
-        let data = TrainTask {
-            data: Examples {
-                images: &t.data.train.images,
-                labels: &t.data.train.labels,
-            },
-            head: &t.head,
-        };
-        let call = self.call();
-        let out = train::fine_tune(
-            self.model.arch,
-            start,
-            &[data],
-            &cfg,
-            call.device(),
-            &mut |_| {},
-            call.cancel_flag(),
-        )?;
-        Ok(out.backbone)
+        })
     }
 }
 
@@ -497,9 +319,10 @@ unsafe extern "C" fn s_expert_count(ctx: *mut c_void) -> usize {
 
 unsafe extern "C" fn s_task_name(ctx: *mut c_void, task: usize, out: *mut Str) -> Status {
     with_session(ctx, |s| {
-        let n = s.model.tasks.len();
-        let t = s.model.tasks.get(task).ok_or_else(|| format!("task {task} of {n}"))?;
-        write(out, Str::new(&t.data.name))
+        let names = s.model.tasks.task_names();
+        let n = names.len();
+        let t = names.get(task).ok_or_else(|| format!("task {task} of {n}"))?;
+        write(out, Str::new(t))
     })
 }
 
@@ -543,8 +366,16 @@ unsafe extern "C" fn s_evaluate(
     with_session(ctx, |s| {
         let p = s.candidate(candidate, n)?;
         let tasks = s.task_list(task)?;
-        let m = s.evaluate(&p, &tasks).map_err(engine_err)?;
-        write(out, m)
+        let m = s.model.tasks.evaluate(&p, &tasks).map_err(engine_err)?;
+        write(
+            out,
+            EvalMetrics {
+                struct_size: std::mem::size_of::<EvalMetrics>(),
+                loss: m.loss,
+                accuracy: m.accuracy,
+                examples: m.examples,
+            },
+        )
     })
 }
 
@@ -560,7 +391,20 @@ unsafe extern "C" fn s_loss_and_grad(
     with_session(ctx, |s| {
         let p = s.candidate(candidate, n)?;
         let tasks = s.task_list(task)?;
-        let (value, g) = s.objective(&p, &tasks, objective, !grads.is_null())?;
+        let objective = match objective {
+            abi::OBJECTIVE_CROSS_ENTROPY => Objective::CrossEntropy,
+            abi::OBJECTIVE_ENTROPY => Objective::Entropy,
+            k => {
+                return Err(format!(
+                    "unknown objective {k}; use OBJECTIVE_CROSS_ENTROPY or OBJECTIVE_ENTROPY"
+                ));
+            }
+        };
+        let (value, g) = s
+            .model
+            .tasks
+            .objective(&p, &s.model.names, &tasks, objective, !grads.is_null())
+            .map_err(engine_err)?;
         write(loss, value)?;
         match g {
             Some(g) => s.insert_all(g, grads, n),
@@ -579,11 +423,8 @@ unsafe extern "C" fn s_finetune(
 ) -> Status {
     with_session(ctx, |s| {
         let p = s.candidate(candidate, n)?;
-        if task >= s.model.tasks.len() || task == abi::ALL_TASKS {
-            return Err(format!(
-                "finetune needs one task (0..{}), not {task}",
-                s.model.tasks.len()
-            ));
+        if task >= s.task_count() {
+            return Err(format!("finetune needs one task (0..{}), not {task}", s.task_count()));
         }
         // SAFETY: the plugin passes a readable options struct or null.
         let o = unsafe { options.as_ref() }.ok_or("null finetune options")?;
@@ -593,7 +434,13 @@ unsafe extern "C" fn s_finetune(
         if out.is_null() {
             return Err("null output pointer".into());
         }
-        let mut tuned = s.finetune(&p, task, o).map_err(engine_err)?;
+        let config = SessionCtx::train_config(o).map_err(engine_err)?;
+        let call = s.call();
+        let mut tuned = s
+            .model
+            .tasks
+            .finetune(&p, task, &config, call.device(), call.cancel_flag())
+            .map_err(engine_err)?;
         let ordered = s
             .model
             .names
@@ -689,10 +536,10 @@ unsafe extern "C" fn s_diag_fisher(
 ) -> Status {
     with_session(ctx, |s| {
         let p = s.candidate(candidate, n)?;
-        if task >= s.model.tasks.len() {
+        if task >= s.task_count() {
             return Err(format!(
                 "diag_fisher needs one task (0..{}), not {task}",
-                s.model.tasks.len()
+                s.task_count()
             ));
         }
         let predicted = match labels {
@@ -704,7 +551,11 @@ unsafe extern "C" fn s_diag_fisher(
                 ));
             }
         };
-        let f = s.diag_fisher(&p, task, predicted).map_err(engine_err)?;
+        let f = s
+            .model
+            .tasks
+            .diag_fisher(&p, &s.model.names, task, predicted, s.call().cancel_flag())
+            .map_err(engine_err)?;
         s.insert_all(f, out, n)
     })
 }
@@ -738,10 +589,7 @@ pub fn run_model(
     }
     let mut call = CallCtx::new(env.device, env.cancel, env.log);
     let host = call.table();
-    let mut session = match SessionCtx::new(model, &mut call, on_iterate) {
-        Ok(s) => s,
-        Err(e) => return failed(e),
-    };
+    let mut session = SessionCtx::new(model, &mut call, on_iterate);
     let table = session.table();
     // SAFETY: `call` and `session` outlive the call and are not moved during it.
     let outcome = unsafe { instance.call_run_model(&host, &table, model.names.len()) };

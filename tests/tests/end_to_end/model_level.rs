@@ -8,10 +8,11 @@
 
 use candle_core::{Device, Tensor};
 use mergescope_lab::data::{TaskData, demo_tasks};
+use mergescope_lab::evaluator::calibration::{CalibrationTask, DemoCalibration};
 use mergescope_lab::model_merge::run_model_in_memory;
 use mergescope_lab::nn::{Arch, Head};
 use mergescope_lab::session::ModelRunOutput;
-use mergescope_lab::session::{SessionModel, SessionTask};
+use mergescope_lab::session::SessionModel;
 use mergescope_lab::train::{BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask, fine_tune};
 use mergescope_tests::load;
 use serde_json::{Value, json};
@@ -77,20 +78,25 @@ fn fixture() -> Fixture {
 
 fn model(f: &Fixture) -> SessionModel<'_> {
     SessionModel {
-        arch: Arch::Mlp,
         names: f.names.clone(),
         shapes: f.shapes.clone(),
         base: f.base.clone(),
         experts: f.experts.clone(),
-        tasks: f
-            .tasks
-            .iter()
-            .zip(&f.heads)
-            .map(|(data, head)| SessionTask {
-                data,
-                head: head.clone(),
-            })
-            .collect(),
+        tasks: Box::new(
+            DemoCalibration::new(
+                Arch::Mlp,
+                f.tasks
+                    .iter()
+                    .zip(&f.heads)
+                    .map(|(data, head)| CalibrationTask {
+                        data,
+                        head: head.clone(),
+                    })
+                    .collect(),
+                &Device::Cpu,
+            )
+            .unwrap(),
+        ),
     }
 }
 

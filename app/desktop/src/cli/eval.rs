@@ -3,15 +3,13 @@
 
 use anyhow::Context as _;
 use clap::Args;
-use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::device::Device;
 use mergescope_engine::device::{DeviceChoice, open_device};
-use mergescope_lab::data::{SplitKind, benchmark_tasks};
-use mergescope_lab::demo::{Benchmark, resolve_benchmark};
-use mergescope_lab::eval::EvalReport;
-use mergescope_lab::nn::Arch;
+use mergescope_lab::data::SplitKind;
+use mergescope_lab::evaluate::{self, EvaluatorSpec};
+use mergescope_lab::evaluator::{ACCURACY, EvalReport};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -20,7 +18,8 @@ pub struct EvalArgs {
     #[arg(long, value_name = "PATH")]
     pub checkpoint: PathBuf,
     /// `demo` (the built demo benchmark of the checkpoint's architecture), `demo/<arch>`,
-    /// `demo/<arch>-seed<N>`, or a benchmark folder.
+    /// `demo/<arch>-seed<N>`, a benchmark folder, or a suite file (`.toml`, e.g. an external
+    /// evaluator command; see docs/suites.md).
     #[arg(long, default_value = "demo", value_name = "SPEC")]
     pub benchmark: String,
     /// Only these tasks (comma-separated).
@@ -41,65 +40,77 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
-/// The architecture whose tensor names and shapes the checkpoint at `path` matches, read from
-/// its header.
-fn detect_arch(path: &Path) -> anyhow::Result<Option<Arch>> {
-    let c = Checkpoint::open(path)?;
-    Ok(Arch::detect(
-        c.tensors.iter().map(|(k, t)| (k.as_str(), t.shape.as_slice())),
-    ))
+/// What a checkpoint was evaluated on, for messages: the benchmark folder and architecture, or
+/// the suite.
+pub struct Evaluated {
+    /// The benchmark folder or suite file.
+    pub on: String,
+    /// The demo architecture, for a demo benchmark.
+    pub arch: Option<String>,
+    /// The scores.
+    pub report: EvalReport,
+    /// Wall time of the evaluation.
+    pub seconds: f64,
 }
 
-/// Evaluates the checkpoint at `path` on the benchmark `spec`, on `device`.
-#[allow(clippy::too_many_arguments)]
-pub fn evaluate(
-    path: &Path,
-    spec: &str,
-    tasks: Option<&[String]>,
-    split: SplitKind,
-    data: Option<&Path>,
-    device: &Device,
-) -> anyhow::Result<(Benchmark, EvalReport, f64)> {
-    let arch = detect_arch(path)?;
-    let bench = resolve_benchmark(spec, arch).with_context(|| {
-        if arch.is_none() {
-            format!(
-                "'{}' is not a backbone of a demo architecture (mlp, cnn, vit); evaluation needs one mergescope knows",
-                path.display()
-            )
-        } else {
-            "no benchmark to evaluate on".to_owned()
-        }
-    })?;
-    let all_tasks = benchmark_tasks(data)?;
+/// Evaluates the checkpoint at `path` as `spec` says (the one evaluator door of the lab).
+pub fn evaluate(path: &Path, spec: &EvaluatorSpec) -> anyhow::Result<Evaluated> {
+    let opened = evaluate::open(spec, Some(path))?;
+    let on = match &opened.benchmark {
+        Some(b) => b.dir.display().to_string(),
+        None => spec.benchmark.clone(),
+    };
     let started = Instant::now();
-    let evaluator = bench.evaluator(&all_tasks, tasks, split, device)?;
-    let report = evaluator
-        .evaluate_file(path)
-        .with_context(|| format!("cannot evaluate '{}' on '{}'", path.display(), bench.dir.display()))?;
-    Ok((bench, report, started.elapsed().as_secs_f64()))
+    let report = opened
+        .evaluator
+        .evaluate_file(path, &AtomicBool::new(false))
+        .with_context(|| format!("cannot evaluate '{}' on '{on}'", path.display()))?;
+    Ok(Evaluated {
+        on,
+        arch: opened.benchmark.map(|b| b.manifest.arch.to_string()),
+        report,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 /// Prints a report as a table.
 pub fn print_report(report: &EvalReport) {
-    println!("  {:<16} {:>9} {:>8} {:>11}", "task", "accuracy", "loss", "normalised");
+    let metric = report.tasks.first().map_or("accuracy", |t| t.metric.as_str());
+    println!("  {:<16} {:>9} {:>8} {:>11}", "task", metric, "loss", "normalised");
     let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}%", 100.0 * v));
+    let loss = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
+    let headline = |v: f64| {
+        if metric == ACCURACY {
+            pct(Some(v))
+        } else {
+            format!("{v:.4}")
+        }
+    };
     for t in &report.tasks {
         println!(
-            "  {:<16} {:>9} {:>8.3} {:>11}",
+            "  {:<16} {:>9} {:>8} {:>11}",
             t.task,
-            pct(Some(t.accuracy)),
-            t.loss,
+            headline(t.accuracy),
+            loss(t.loss),
             pct(t.normalized)
         );
     }
     println!(
-        "  {:<16} {:>9} {:>8.3} {:>11}",
+        "  {:<16} {:>9} {:>8} {:>11}",
         "mean",
-        pct(Some(report.mean_accuracy)),
-        report.mean_loss,
+        headline(report.mean_accuracy),
+        loss(report.mean_loss),
         pct(report.mean_normalized)
     );
+}
+
+/// The line above a report: what was evaluated on what.
+pub fn print_header(checkpoint: &Path, e: &Evaluated, split: SplitKind) {
+    let what = match &e.arch {
+        Some(arch) => format!("{arch}, {} split", split.name()),
+        None => "suite".to_owned(),
+    };
+    println!("{} on {} ({what}, {:.2} s)", checkpoint.display(), e.on, e.seconds);
 }
 
 pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
@@ -111,33 +122,25 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
     if let Some(n) = note {
         eprintln!("warning: {n}");
     }
-    let (bench, report, seconds) = evaluate(
-        &args.checkpoint,
-        &args.benchmark,
-        args.tasks.as_deref(),
+    let spec = EvaluatorSpec {
+        benchmark: args.benchmark.clone(),
+        data: args.data.clone(),
+        tasks: args.tasks.clone(),
         split,
-        args.data.as_deref(),
-        &device,
-    )?;
+        device,
+    };
+    let e = evaluate(&args.checkpoint, &spec)?;
     if args.json {
-        let j = serde_json::json!({
-            "checkpoint": args.checkpoint.display().to_string(),
-            "benchmark": bench.dir.display().to_string(),
-            "arch": bench.manifest.arch,
-            "seconds": seconds,
-            "report": report,
-        });
+        let mut j = e.report.metrics_json();
+        j["checkpoint"] = serde_json::json!(args.checkpoint.display().to_string());
+        j["benchmark"] = serde_json::json!(e.on);
+        j["arch"] = serde_json::json!(e.arch);
+        j["seconds"] = serde_json::json!(e.seconds);
+        j["report"] = serde_json::to_value(&e.report)?;
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
-        println!(
-            "{} on {} ({}, {} split, {:.2} s)",
-            args.checkpoint.display(),
-            bench.dir.display(),
-            bench.manifest.arch,
-            split.name(),
-            seconds
-        );
-        print_report(&report);
+        print_header(&args.checkpoint, &e, split);
+        print_report(&e.report);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -11,6 +11,7 @@ use mergescope_engine::recipe::{Recipe, parse_size};
 use mergescope_lab::data::SplitKind;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::resolve_benchmark;
+use mergescope_lab::evaluate::EvaluatorSpec;
 use mergescope_lab::nn::Arch;
 use mergescope_lab::run::{self, TaskSource};
 use mergescope_plugin_api::abi;
@@ -255,7 +256,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
     let evaluation = if args.eval {
         let spec = args.benchmark.as_deref().unwrap_or("demo");
         Some(
-            super::eval::evaluate(&req.out, spec, None, SplitKind::Test, None, &opts.device)
+            super::eval::evaluate(&req.out, &EvaluatorSpec::new(spec, &opts.device))
                 .context("the merge succeeded but its evaluation failed")?,
         )
     } else {
@@ -277,8 +278,8 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
             "seconds": report.seconds,
             "input_gb_per_s": gb / report.seconds.max(1e-9),
             "peak_rss_bytes": peak_rss_bytes(),
-            "eval": evaluation.as_ref().map(|(b, r, s)| serde_json::json!({
-                "benchmark": display(&b.dir), "seconds": s, "report": r,
+            "eval": evaluation.as_ref().map(|e| serde_json::json!({
+                "benchmark": e.on, "seconds": e.seconds, "report": e.report,
             })),
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
@@ -297,14 +298,9 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
             gb / report.seconds.max(1e-9),
             report.files.first().map(|p| display(p)).unwrap_or_default()
         );
-        if let Some((b, r, s)) = &evaluation {
-            println!(
-                "{} on {} ({}, test split, {s:.2} s)",
-                display(&req.out),
-                display(&b.dir),
-                b.manifest.arch
-            );
-            super::eval::print_report(r);
+        if let Some(e) = &evaluation {
+            super::eval::print_header(&req.out, e, SplitKind::Test);
+            super::eval::print_report(&e.report);
         }
     }
     Ok(ExitCode::SUCCESS)

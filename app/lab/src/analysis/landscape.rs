@@ -5,7 +5,7 @@
 //! fine, so a preview appears after a few evaluations, and kept in a cache keyed by the inputs.
 
 use crate::demo::cache_dir;
-use crate::eval::{EvalReport, Evaluator};
+use crate::evaluator::{BackboneEvaluator, EvalReport};
 use crate::nn::Params;
 use candle_core::{Device, Tensor};
 use mergescope_engine::error::{EngineError, Result};
@@ -59,12 +59,12 @@ impl Metric {
     pub fn value(&self, report: &EvalReport) -> f64 {
         match &self.task {
             None => match self.kind {
-                MetricKind::Loss => report.mean_loss,
+                MetricKind::Loss => report.mean_loss.unwrap_or(f64::NAN),
                 MetricKind::Accuracy => report.mean_accuracy,
                 MetricKind::Normalized => report.mean_normalized.unwrap_or(f64::NAN),
             },
             Some(t) => report.task(t).map_or(f64::NAN, |s| match self.kind {
-                MetricKind::Loss => s.loss,
+                MetricKind::Loss => s.loss.unwrap_or(f64::NAN),
                 MetricKind::Accuracy => s.accuracy,
                 MetricKind::Normalized => s.normalized.unwrap_or(f64::NAN),
             }),
@@ -392,7 +392,7 @@ impl LandscapeGrid {
 /// was computed.
 pub fn fill_grid(
     grid: &mut LandscapeGrid,
-    evaluator: &Evaluator,
+    evaluator: &BackboneEvaluator,
     model: &(dyn Fn(usize, usize) -> Result<Params> + Sync),
     on_cell: &mut dyn FnMut(usize, usize, &EvalReport, usize, usize),
     cancel: &AtomicBool,
@@ -573,15 +573,15 @@ mod tests {
     fn preview_fills_missing_cells_from_the_coarse_lattice() {
         let mut g = LandscapeGrid::new(vec![0.0, 1.0, 2.0], vec![0.0, 1.0, 2.0]);
         let report = |acc: f64| {
-            crate::eval::summarise(
+            crate::evaluator::summarise(
                 crate::data::SplitKind::Test,
-                vec![crate::eval::TaskScore {
-                    task: "t".into(),
-                    accuracy: acc,
-                    loss: 1.0 - acc,
-                    normalized: None,
-                    examples: 1,
-                }],
+                vec![crate::evaluator::TaskScore::classification(
+                    "t",
+                    acc,
+                    1.0 - acc,
+                    None,
+                    1,
+                )],
             )
         };
         g.cells[0] = Some(report(0.5));

@@ -9,7 +9,7 @@ use super::points::{checkpoint_label, read_iterates};
 use super::views::{LandscapeLabels, landscape_figure, line_figure};
 use crate::data::{SplitKind, TaskData};
 use crate::demo::{Benchmark, load_params};
-use crate::eval::{EvalReport, Evaluator};
+use crate::evaluator::{BackboneEvaluator, EvalReport};
 use crate::nn::Params;
 use candle_core::Device;
 use mergescope_engine::error::{EngineError, Result};
@@ -87,7 +87,7 @@ impl LandscapeSpec {
 pub struct PreparedLandscape {
     spec: LandscapeSpec,
     families: Vec<AffineFamily>,
-    evaluator: Evaluator,
+    evaluator: BackboneEvaluator,
     xs: Vec<f64>,
     ys: Vec<f64>,
     labels: LandscapeLabels,

@@ -4,7 +4,7 @@
 use super::landscape::{LandscapeGrid, Metric};
 use super::spectrum::MatrixSpectra;
 use super::{PointSet, Projection};
-use crate::eval::EvalReport;
+use crate::evaluator::EvalReport;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_figures::{
     Axis, Better, ColorScale, Figure, Heatmap, Lines, Path, Point, Radar, Scatter, Series, Side, format_number,

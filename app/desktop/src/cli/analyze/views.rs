@@ -10,8 +10,9 @@ use mergescope_lab::analysis::views::{
     Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
 };
 use mergescope_lab::data::{SplitKind, benchmark_tasks};
-use mergescope_lab::demo::load_params;
+use mergescope_lab::evaluator::Evaluator as _;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 
 #[derive(Args, Debug)]
 pub struct PcaArgs {
@@ -156,7 +157,7 @@ pub fn radar(a: &RadarArgs) -> anyhow::Result<()> {
     let mut models = Vec::new();
     for f in &files {
         let report = evaluator
-            .evaluate(&load_params(f, &device)?)
+            .evaluate_file(f, &AtomicBool::new(false))
             .with_context(|| format!("cannot evaluate '{}' on '{}'", f.display(), bench.dir.display()))?;
         let label = if *f == bench.base_path() {
             "base".to_owned()

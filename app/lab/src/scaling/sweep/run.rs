@@ -8,7 +8,7 @@ use super::spec::{EXPERT, Hyper, SweepSpec, task_groups};
 use super::store::{ResultsFile, Row, cell_key, expert_cell_key};
 use crate::data::{SplitKind, TaskData};
 use crate::demo::{Benchmark, load_params, save_params};
-use crate::eval::Evaluator;
+use crate::evaluator::{BackboneEvaluator, Evaluator};
 use crate::nn::Params;
 use crate::run::{self, TaskSource};
 use crate::train::{BatchSize, Budget, Examples, TrainConfig, TrainTask, fine_tune_with_snapshots, train_metadata};
@@ -274,7 +274,7 @@ pub fn run_sweep(
     let device = &opts.device;
     let base = load_params(&bench.base_path(), device)?;
     let heads = bench.heads(device)?;
-    let mut evaluators: HashMap<Vec<usize>, Evaluator> = HashMap::new();
+    let mut evaluators: HashMap<Vec<usize>, BackboneEvaluator> = HashMap::new();
     let mut runs_trained = 0;
     for cell in &cells {
         if is_done(cell) {
@@ -362,7 +362,7 @@ pub fn run_sweep(
             Cell::Expert { hyper, task } => {
                 tracker.report(&format!("evaluating the {} expert of {}", pool[*task], hyper.run_id()));
                 let ev = evaluator(&mut evaluators, spec, bench, tasks, &pool, &[*task], device)?;
-                let report = ev.evaluate_file(&models.join(expert_file(hyper, &pool[*task], hyper.steps)))?;
+                let report = ev.evaluate_file(&models.join(expert_file(hyper, &pool[*task], hyper.steps)), cancel)?;
                 let expert_hyper = Hyper {
                     tasks: 0,
                     ..hyper.clone()
@@ -377,7 +377,7 @@ pub fn run_sweep(
                         method: EXPERT.to_owned(),
                         task: s.task.clone(),
                         accuracy: s.accuracy,
-                        loss: s.loss,
+                        loss: s.loss.unwrap_or(f64::NAN),
                         examples: s.examples,
                         seconds: t0.elapsed().as_secs_f64(),
                     })
@@ -434,7 +434,7 @@ pub fn run_sweep(
                     )),
                 })?;
                 let ev = evaluator(&mut evaluators, spec, bench, tasks, &pool, members, device)?;
-                let report = ev.evaluate_file(&out)?;
+                let report = ev.evaluate_file(&out, cancel)?;
                 for p in [out.clone(), out.with_extension("trajectory.safetensors")] {
                     let _ = std::fs::remove_file(p);
                 }
@@ -449,7 +449,7 @@ pub fn run_sweep(
                         method: m.name().to_owned(),
                         task: s.task.clone(),
                         accuracy: s.accuracy,
-                        loss: s.loss,
+                        loss: s.loss.unwrap_or(f64::NAN),
                         examples: s.examples,
                         seconds,
                     })
@@ -614,14 +614,14 @@ fn group_benchmark(bench: &Benchmark, models: &Path, hyper: &Hyper, names: &[Str
 
 /// The (cached) test evaluator of the tasks `members` of the pool.
 fn evaluator<'e>(
-    cache: &'e mut HashMap<Vec<usize>, Evaluator>,
+    cache: &'e mut HashMap<Vec<usize>, BackboneEvaluator>,
     spec: &SweepSpec,
     bench: &Benchmark,
     tasks: &[TaskData],
     pool: &[String],
     members: &[usize],
     device: &candle_core::Device,
-) -> Result<&'e Evaluator> {
+) -> Result<&'e BackboneEvaluator> {
     if !cache.contains_key(members) {
         let names: Vec<String> = members.iter().map(|&t| pool[t].clone()).collect();
         let mut ev = bench.evaluator(tasks, Some(&names), SplitKind::Test, device)?;

@@ -1,53 +1,17 @@
-//! Per-task evaluation of a backbone with the tasks' frozen heads: accuracy, mean
-//! cross-entropy and accuracy normalised by the task's expert. The CLI, the GUI and the
-//! data-driven merge methods all call [`Evaluator::evaluate`].
+//! The demo benchmark's evaluator: a backbone of a demo architecture with each task's frozen
+//! head, scored in candle on the evaluator's device (accuracy, mean cross-entropy and accuracy
+//! normalised by the task's expert), from a file or from tensors held in memory.
 
+use super::{EvalReport, Evaluator, InMemoryEvaluator, TaskScore, summarise};
 use crate::data::{SplitKind, TaskData};
 use crate::nn::{Arch, Head, Params, images_tensor, labels_tensor, load_params};
 use candle_core::{D, DType, Device, Tensor};
 use mergescope_engine::error::{EngineError, Result};
-use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Images per forward pass (bounds the memory of activations).
 const CHUNK: usize = 1000;
-
-/// One task's result.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TaskScore {
-    /// Task name.
-    pub task: String,
-    /// Fraction of examples classified correctly.
-    pub accuracy: f64,
-    /// Mean cross-entropy.
-    pub loss: f64,
-    /// Accuracy ÷ the task's expert accuracy on the same split, when known.
-    pub normalized: Option<f64>,
-    /// Examples evaluated.
-    pub examples: usize,
-}
-
-/// Results on every task, with their unweighted means.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct EvalReport {
-    /// Split evaluated.
-    pub split: SplitKind,
-    /// Per-task results, in task order.
-    pub tasks: Vec<TaskScore>,
-    /// Mean accuracy over tasks.
-    pub mean_accuracy: f64,
-    /// Mean loss over tasks.
-    pub mean_loss: f64,
-    /// Mean normalised accuracy, when every task has a reference.
-    pub mean_normalized: Option<f64>,
-}
-
-impl EvalReport {
-    /// The score of task `name`.
-    pub fn task(&self, name: &str) -> Option<&TaskScore> {
-        self.tasks.iter().find(|t| t.task == name)
-    }
-}
 
 struct EvalSet {
     name: String,
@@ -59,7 +23,7 @@ struct EvalSet {
 
 /// Evaluates backbones of one architecture on a fixed set of tasks: the data is converted to
 /// tensors once, so evaluating many candidate models (landscapes, AdaMerging) is cheap.
-pub struct Evaluator {
+pub struct BackboneEvaluator {
     arch: Arch,
     split: SplitKind,
     sets: Vec<EvalSet>,
@@ -77,9 +41,9 @@ pub struct EvalTask<'a> {
     pub reference: Option<f64>,
 }
 
-impl Evaluator {
+impl BackboneEvaluator {
     /// An evaluator of `arch` backbones on `split` of `tasks`.
-    pub fn new(arch: Arch, split: SplitKind, tasks: Vec<EvalTask<'_>>, device: &Device) -> Result<Evaluator> {
+    pub fn new(arch: Arch, split: SplitKind, tasks: Vec<EvalTask<'_>>, device: &Device) -> Result<BackboneEvaluator> {
         let sets = tasks
             .into_iter()
             .map(|t| {
@@ -107,7 +71,7 @@ impl Evaluator {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Evaluator {
+        Ok(BackboneEvaluator {
             arch,
             split,
             sets,
@@ -125,24 +89,9 @@ impl Evaluator {
         &self.device
     }
 
-    /// Evaluates the checkpoint at `path` (file or shard folder): the one way a saved model is
-    /// evaluated. Its tensors are loaded onto the evaluator's device and must be a backbone of
-    /// the evaluator's architecture; the error names the file and what does not match.
-    pub fn evaluate_file(&self, path: &Path) -> Result<EvalReport> {
-        let params = load_params(path, &self.device)?;
-        self.arch.check(&params).map_err(|e| {
-            EngineError::Invalid(format!(
-                "'{}' cannot be evaluated as a {} backbone: {e}",
-                path.display(),
-                self.arch
-            ))
-        })?;
-        self.evaluate(&params)
-    }
-
     /// Keeps at most `per_task` examples of each task, evenly spaced through the split (so
     /// every part of it is represented): cheaper evaluations for landscapes.
-    pub fn subsample(mut self, per_task: usize) -> Result<Evaluator> {
+    pub fn subsample(mut self, per_task: usize) -> Result<BackboneEvaluator> {
         for s in &mut self.sets {
             let n = s.labels.dims1()?;
             if per_task == 0 || per_task >= n {
@@ -156,13 +105,13 @@ impl Evaluator {
         Ok(self)
     }
 
-    /// Task names, in order.
-    pub fn task_names(&self) -> Vec<&str> {
-        self.sets.iter().map(|s| s.name.as_str()).collect()
-    }
-
     /// Evaluates `backbone` on every task.
     pub fn evaluate(&self, backbone: &Params) -> Result<EvalReport> {
+        self.evaluate_until(backbone, &AtomicBool::new(false))
+    }
+
+    /// [`BackboneEvaluator::evaluate`], stopping between tasks when `cancel` is set.
+    fn evaluate_until(&self, backbone: &Params, cancel: &AtomicBool) -> Result<EvalReport> {
         self.arch.check(backbone)?;
         // Evaluation never backpropagates: do not record graphs through trainable tensors.
         let backbone: Params = backbone.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
@@ -171,36 +120,55 @@ impl Evaluator {
             .sets
             .iter()
             .map(|s| {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(EngineError::Cancelled);
+                }
                 let (correct, loss_sum, n) = score(self.arch, backbone, &s.head, &s.images, &s.labels)?;
                 let accuracy = correct as f64 / n as f64;
-                Ok(TaskScore {
-                    task: s.name.clone(),
+                Ok(TaskScore::classification(
+                    s.name.clone(),
                     accuracy,
-                    loss: loss_sum / n as f64,
-                    normalized: s.reference.filter(|r| *r > 0.0).map(|r| accuracy / r),
-                    examples: n,
-                })
+                    loss_sum / n as f64,
+                    s.reference,
+                    n,
+                ))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(summarise(self.split, tasks))
     }
 }
 
-/// The report of `tasks` with their means.
-pub fn summarise(split: SplitKind, tasks: Vec<TaskScore>) -> EvalReport {
-    let n = tasks.len().max(1) as f64;
-    let mean_normalized = tasks
-        .iter()
-        .map(|t| t.normalized)
-        .collect::<Option<Vec<f64>>>()
-        .filter(|v| !v.is_empty())
-        .map(|v| v.iter().sum::<f64>() / v.len() as f64);
-    EvalReport {
-        split,
-        mean_accuracy: tasks.iter().map(|t| t.accuracy).sum::<f64>() / n,
-        mean_loss: tasks.iter().map(|t| t.loss).sum::<f64>() / n,
-        mean_normalized,
-        tasks,
+impl Evaluator for BackboneEvaluator {
+    fn describe(&self) -> String {
+        format!("{} backbones on {} tasks", self.arch, self.sets.len())
+    }
+
+    fn task_names(&self) -> Vec<String> {
+        self.sets.iter().map(|s| s.name.clone()).collect()
+    }
+
+    /// Loads the checkpoint onto the evaluator's device; it must be a backbone of the
+    /// evaluator's architecture (the error names the file and what does not match).
+    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
+        let params = load_params(path, &self.device)?;
+        self.arch.check(&params).map_err(|e| {
+            EngineError::Invalid(format!(
+                "'{}' cannot be evaluated as a {} backbone: {e}",
+                path.display(),
+                self.arch
+            ))
+        })?;
+        self.evaluate_until(&params, cancel)
+    }
+
+    fn in_memory(&self) -> Option<&dyn InMemoryEvaluator> {
+        Some(self)
+    }
+}
+
+impl InMemoryEvaluator for BackboneEvaluator {
+    fn evaluate(&self, model: &Params) -> Result<EvalReport> {
+        BackboneEvaluator::evaluate(self, model)
     }
 }
 
@@ -248,7 +216,7 @@ mod tests {
         let arch = Arch::Mlp;
         let backbone = arch.init(3, &dev).unwrap();
         let head = Head::init(arch.feature_dim(), 2, 9, &dev).unwrap();
-        let ev = Evaluator::new(
+        let ev = BackboneEvaluator::new(
             arch,
             SplitKind::Calibration,
             vec![EvalTask {
@@ -283,7 +251,8 @@ mod tests {
         let s = &r.tasks[0];
         assert_eq!(s.examples, 100);
         assert!((s.accuracy - correct as f64 / 100.0).abs() < 1e-12);
-        assert!((s.loss - loss / 100.0).abs() < 1e-5, "{} vs {}", s.loss, loss / 100.0);
+        let l = s.loss.unwrap();
+        assert!((l - loss / 100.0).abs() < 1e-5, "{} vs {}", l, loss / 100.0);
         assert!((s.normalized.unwrap() - s.accuracy / 0.5).abs() < 1e-12);
         assert_eq!(r.mean_normalized, s.normalized);
     }
@@ -293,7 +262,7 @@ mod tests {
         let dev = Device::Cpu;
         let tasks = demo_tasks().unwrap();
         let head = Head::init(128, 3, 0, &dev).unwrap();
-        let e = Evaluator::new(
+        let e = BackboneEvaluator::new(
             Arch::Mlp,
             SplitKind::Test,
             vec![EvalTask {

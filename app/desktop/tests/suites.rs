@@ -1,0 +1,113 @@
+//! Suites with an external evaluator command, end to end through the binary: the issue's
+//! smallest suite as written, `eval --json` and `merge --eval` on it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::Env;
+use mergescope_engine::dtype::DType;
+
+/// A scorer in plain Python (no packages): reads the F32 tensor `w` of the safetensors file it
+/// is given and reports task_a = w[0], task_b = w[1] as "accuracies".
+const SCORE_PY: &str = r#"
+import json, struct, sys
+path = sys.argv[1]
+with open(path, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+    start, end = header["w"]["data_offsets"]
+    f.seek(8 + n + start)
+    w = struct.unpack("<%df" % ((end - start) // 4), f.read(end - start))
+print("scored", path, file=sys.stderr)
+print(json.dumps({"task_a": {"accuracy": w[0], "f1": 0.5}, "task_b": {"accuracy": w[1]}}))
+"#;
+
+const SUITE: &str = r#"name = "my-eval"
+
+[evaluator]
+command = ["python3", "score.py", "{model}"]
+metric = "accuracy"
+tasks = ["task_a", "task_b"]
+"#;
+
+fn setup() -> (Env, String) {
+    let env = Env::new();
+    std::fs::write(env.path("score.py"), SCORE_PY).unwrap();
+    std::fs::write(env.path("suite.toml"), SUITE).unwrap();
+    let suite = env.path("suite.toml").to_string_lossy().into_owned();
+    (env, suite)
+}
+
+#[test]
+fn eval_json_reads_the_commands_metrics_per_task() {
+    let (env, suite) = setup();
+    let m = env.write("m.safetensors", &[("w", DType::F32, &[2], &[0.25, 0.75])]);
+    let out = env.ok(&["eval", "--benchmark", &suite, "--checkpoint", &m, "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["tasks"]["task_a"]["accuracy"], 0.25);
+    assert_eq!(j["tasks"]["task_a"]["f1"], 0.5);
+    assert_eq!(j["tasks"]["task_b"]["accuracy"], 0.75);
+    assert_eq!(j["average"]["accuracy"], 0.5);
+    // f1 is averaged over the one task that has it.
+    assert_eq!(j["average"]["f1"], 0.5);
+    // Only some tasks, as with a demo benchmark.
+    let out = env.ok(&[
+        "eval",
+        "--benchmark",
+        &suite,
+        "--checkpoint",
+        &m,
+        "--tasks",
+        "task_b",
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["average"]["accuracy"], 0.75);
+    assert!(j["tasks"].get("task_a").is_none());
+}
+
+/// The merged model is what the command scores: the weight average of w = (0.2, 0.6) and
+/// (0.6, 1.0) is (0.4, 0.8).
+#[test]
+fn merge_eval_scores_the_merged_model_with_the_suite() {
+    let (env, suite) = setup();
+    let a = env.write("a.safetensors", &[("w", DType::F32, &[2], &[0.2, 0.6])]);
+    let b = env.write("b.safetensors", &[("w", DType::F32, &[2], &[0.6, 1.0])]);
+    let out = env.path("merged.safetensors").to_string_lossy().into_owned();
+    let text = env.ok(&[
+        "merge",
+        "--method",
+        "weight-average",
+        "--expert",
+        &a,
+        "--expert",
+        &b,
+        "--out",
+        &out,
+        "--eval",
+        "--benchmark",
+        &suite,
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let tasks = &j["eval"]["report"]["tasks"];
+    assert!((tasks[0]["accuracy"].as_f64().unwrap() - 0.4).abs() < 1e-6, "{tasks}");
+    assert!((tasks[1]["accuracy"].as_f64().unwrap() - 0.8).abs() < 1e-6, "{tasks}");
+}
+
+#[test]
+fn a_command_that_fails_is_reported_with_its_error_output() {
+    let (env, _) = setup();
+    std::fs::write(
+        env.path("bad.toml"),
+        "name = \"bad\"\n[evaluator]\ncommand = [\"python3\", \"-c\", \"import sys; sys.exit('model {model} is unreadable')\"]\ntasks = [\"a\"]\n",
+    )
+    .unwrap();
+    let m = env.write("m.safetensors", &[("w", DType::F32, &[2], &[0.25, 0.75])]);
+    let bad = env.path("bad.toml").to_string_lossy().into_owned();
+    let e = env.fails(&["eval", "--benchmark", &bad, "--checkpoint", &m]);
+    assert!(
+        e.contains("failed") && e.contains("is unreadable") && !e.contains("panicked"),
+        "{e}"
+    );
+}

@@ -1,0 +1,266 @@
+//! The differentiable side of evaluation that data-driven merge methods (AdaMerging,
+//! Frank-Wolfe, MIMA, Fisher) drive through a model-level session: loss, accuracy, gradients,
+//! diagonal Fisher and fine-tuning of whole candidate models on each task's calibration (or
+//! train) data. [`CalibrationTasks`] is what a model family implements; [`DemoCalibration`]
+//! is the demo benchmark's (a backbone of a demo architecture with each task's frozen head).
+
+use crate::data::{SplitKind, TaskData};
+use crate::nn::{Arch, Head, Params, images_tensor, labels_tensor};
+use crate::train::{self, Examples, TrainConfig, TrainTask};
+use candle_core::{D, Device, Tensor, Var};
+use mergescope_engine::error::{EngineError, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// What a session minimises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Objective {
+    /// Mean cross-entropy against the calibration labels.
+    CrossEntropy,
+    /// Mean entropy of the predicted distribution (uses no labels; AdaMerging's objective).
+    Entropy,
+}
+
+/// Loss and accuracy of a candidate, averaged over the tasks asked for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CalibrationScore {
+    /// Mean cross-entropy.
+    pub loss: f64,
+    /// Fraction classified correctly.
+    pub accuracy: f64,
+    /// Examples evaluated in all.
+    pub examples: u64,
+}
+
+/// A model family's tasks as a data-driven method sees them. Task `t` belongs to expert `t`;
+/// models are tensors by name, on the session's device.
+pub trait CalibrationTasks {
+    /// Task names, in expert order.
+    fn task_names(&self) -> Vec<&str>;
+    /// Mean loss and accuracy of `model` over `tasks`' calibration examples.
+    fn evaluate(&self, model: &Params, tasks: &[usize]) -> Result<CalibrationScore>;
+    /// Σ over `tasks` of the mean `objective` and, with `with_grads`, its gradient for every
+    /// tensor named in `order` (in that order).
+    fn objective(
+        &self,
+        model: &Params,
+        order: &[String],
+        tasks: &[usize],
+        objective: Objective,
+        with_grads: bool,
+    ) -> Result<(f64, Option<Vec<Tensor>>)>;
+    /// Mean over task `task`'s calibration examples of the squared gradient of log p(y | x)
+    /// for every tensor named in `order`; y is the true label, or the model's argmax when
+    /// `predicted`.
+    fn diag_fisher(
+        &self,
+        model: &Params,
+        order: &[String],
+        task: usize,
+        predicted: bool,
+        cancel: &AtomicBool,
+    ) -> Result<Vec<Tensor>>;
+    /// `start` fine-tuned on the train split of `task`.
+    fn finetune(
+        &self,
+        start: &Params,
+        task: usize,
+        config: &TrainConfig,
+        device: &Device,
+        cancel: &AtomicBool,
+    ) -> Result<Params>;
+}
+
+/// One task of the demo benchmark: its data (calibration examples are the first of its train
+/// split) and its frozen head.
+pub struct CalibrationTask<'a> {
+    /// The task's data.
+    pub data: &'a TaskData,
+    /// Its frozen head.
+    pub head: Head,
+}
+
+struct Split {
+    images: Tensor,
+    labels: Tensor,
+}
+
+/// The demo benchmark's calibration tasks, with their examples on the session's device.
+pub struct DemoCalibration<'a> {
+    arch: Arch,
+    tasks: Vec<CalibrationTask<'a>>,
+    calibration: Vec<Split>,
+}
+
+impl<'a> DemoCalibration<'a> {
+    /// `tasks` for `arch` backbones, their calibration examples moved to `device` once.
+    pub fn new(arch: Arch, tasks: Vec<CalibrationTask<'a>>, device: &Device) -> Result<DemoCalibration<'a>> {
+        let calibration = tasks
+            .iter()
+            .map(|t| {
+                let s = t.data.split(SplitKind::Calibration);
+                Ok(Split {
+                    images: images_tensor(&s.images, device)?,
+                    labels: labels_tensor(&s.labels, device)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(DemoCalibration {
+            arch,
+            tasks,
+            calibration,
+        })
+    }
+
+    /// Logits of task `t`'s calibration images under `model`.
+    fn logits(&self, model: &Params, t: usize) -> Result<Tensor> {
+        let features = self.arch.features(model, &self.calibration[t].images)?;
+        self.tasks[t].head.logits(&features)
+    }
+}
+
+/// One fresh autograd variable per tensor named in `order`, and the model that reads them.
+fn variables(model: &Params, order: &[String]) -> Result<(Vec<Var>, Params)> {
+    let vars: Vec<Var> = order
+        .iter()
+        .map(|k| {
+            let t = model
+                .get(k)
+                .ok_or_else(|| EngineError::Invalid(format!("the candidate has no tensor '{k}'")))?;
+            Ok(Var::from_tensor(&t.detach())?)
+        })
+        .collect::<Result<_>>()?;
+    let p = order
+        .iter()
+        .zip(&vars)
+        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+        .collect();
+    Ok((vars, p))
+}
+
+impl CalibrationTasks for DemoCalibration<'_> {
+    fn task_names(&self) -> Vec<&str> {
+        self.tasks.iter().map(|t| t.data.name.as_str()).collect()
+    }
+
+    fn evaluate(&self, model: &Params, tasks: &[usize]) -> Result<CalibrationScore> {
+        let model: Params = model.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
+        let (mut loss, mut acc, mut examples) = (0.0, 0.0, 0u64);
+        for &t in tasks {
+            let c = &self.calibration[t];
+            let (correct, loss_sum, n) = super::score(self.arch, &model, &self.tasks[t].head, &c.images, &c.labels)?;
+            loss += loss_sum / n as f64;
+            acc += correct as f64 / n as f64;
+            examples += n as u64;
+        }
+        let n = tasks.len().max(1) as f64;
+        Ok(CalibrationScore {
+            loss: loss / n,
+            accuracy: acc / n,
+            examples,
+        })
+    }
+
+    fn objective(
+        &self,
+        model: &Params,
+        order: &[String],
+        tasks: &[usize],
+        objective: Objective,
+        with_grads: bool,
+    ) -> Result<(f64, Option<Vec<Tensor>>)> {
+        let (vars, p) = variables(model, order)?;
+        let mut total: Option<Tensor> = None;
+        for &t in tasks {
+            let logits = self.logits(&p, t)?;
+            let l = match objective {
+                Objective::CrossEntropy => candle_nn::loss::cross_entropy(&logits, &self.calibration[t].labels)?,
+                Objective::Entropy => {
+                    let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+                    (log_p.exp()? * &log_p)?.sum(D::Minus1)?.mean_all()?.neg()?
+                }
+            };
+            total = Some(match total {
+                Some(s) => (s + l)?,
+                None => l,
+            });
+        }
+        let Some(total) = total else {
+            return Ok((0.0, None));
+        };
+        let value = f64::from(total.to_scalar::<f32>()?);
+        if !with_grads {
+            return Ok((value, None));
+        }
+        let store = total.backward()?;
+        let grads = vars
+            .iter()
+            .map(|v| match store.get(v.as_tensor()) {
+                Some(g) => Ok(g.clone()),
+                None => Ok(v.as_tensor().zeros_like()?),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((value, Some(grads)))
+    }
+
+    fn diag_fisher(
+        &self,
+        model: &Params,
+        order: &[String],
+        task: usize,
+        predicted: bool,
+        cancel: &AtomicBool,
+    ) -> Result<Vec<Tensor>> {
+        let (vars, p) = variables(model, order)?;
+        let c = &self.calibration[task];
+        let n = c.images.dim(0)?;
+        let mut sums: Vec<Tensor> = vars
+            .iter()
+            .map(|v| v.as_tensor().zeros_like())
+            .collect::<candle_core::Result<_>>()?;
+        for i in 0..n {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(EngineError::Cancelled);
+            }
+            let x = c.images.narrow(0, i, 1)?;
+            let features = self.arch.features(&p, &x)?;
+            let log_p = candle_nn::ops::log_softmax(&self.tasks[task].head.logits(&features)?, D::Minus1)?;
+            let y = if predicted {
+                log_p.argmax_keepdim(D::Minus1)?
+            } else {
+                c.labels.narrow(0, i, 1)?.unsqueeze(1)?
+            };
+            let log_likelihood = log_p.gather(&y, D::Minus1)?.sum_all()?;
+            let store = log_likelihood.backward()?;
+            for (sum, v) in sums.iter_mut().zip(&vars) {
+                if let Some(g) = store.get(v.as_tensor()) {
+                    *sum = (&*sum + g.sqr()?)?;
+                }
+            }
+        }
+        let scale = 1.0 / n.max(1) as f64;
+        Ok(sums
+            .into_iter()
+            .map(|s| s.affine(scale, 0.0))
+            .collect::<candle_core::Result<_>>()?)
+    }
+
+    fn finetune(
+        &self,
+        start: &Params,
+        task: usize,
+        config: &TrainConfig,
+        device: &Device,
+        cancel: &AtomicBool,
+    ) -> Result<Params> {
+        let t = &self.tasks[task];
+        let data = TrainTask {
+            data: Examples {
+                images: &t.data.train.images,
+                labels: &t.data.train.labels,
+            },
+            head: &t.head,
+        };
+        let out = train::fine_tune(self.arch, start, &[data], config, device, &mut |_| {}, cancel)?;
+        Ok(out.backbone)
+    }
+}

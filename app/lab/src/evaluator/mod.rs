@@ -1,0 +1,50 @@
+//! The one evaluation door: an [`Evaluator`] scores a saved checkpoint on its tasks and gives
+//! an [`EvalReport`]. Every caller (CLI `eval` and `merge --eval`, the window's jobs, `compare`,
+//! sweeps, analyses) gets its evaluator from [`crate::evaluate::open`] (or from a benchmark it
+//! already holds)
+//! and calls [`Evaluator::evaluate_file`].
+//!
+//! Implementations: [`BackboneEvaluator`] (the demo benchmark's networks with their frozen
+//! heads, in candle on the requested device; it also evaluates models held in memory) and
+//! [`CommandEvaluator`] (an external command that prints per-task metrics as JSON, named by a
+//! suite file). Data-driven merge methods need loss and gradients on calibration data: that is
+//! the [`calibration::CalibrationTasks`] trait, which evaluators with a differentiable model
+//! provide through [`Evaluator::calibration`].
+
+mod backbone;
+pub mod calibration;
+mod command;
+mod report;
+pub mod suite;
+
+pub(crate) use backbone::score;
+pub use backbone::{BackboneEvaluator, EvalTask};
+pub use command::{CommandEvaluator, parse_metrics_json};
+pub use report::{ACCURACY, EvalReport, TaskScore, summarise};
+
+use crate::nn::Params;
+use mergescope_engine::error::Result;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+/// Scores checkpoints on a fixed list of tasks.
+pub trait Evaluator: Send + Sync {
+    /// What is evaluated, for messages and reports (a benchmark folder, a suite's name).
+    fn describe(&self) -> String;
+    /// The tasks, in report order.
+    fn task_names(&self) -> Vec<String>;
+    /// Scores the checkpoint at `path` (a file or a shard folder) on every task. `cancel` stops
+    /// a long evaluation with [`EngineError::Cancelled`].
+    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport>;
+    /// Scores a model held in memory (landscapes, data-driven methods); `None` when the
+    /// evaluator only scores saved files (an external command).
+    fn in_memory(&self) -> Option<&dyn InMemoryEvaluator> {
+        None
+    }
+}
+
+/// An evaluator that also scores models held in memory, without writing them out.
+pub trait InMemoryEvaluator {
+    /// Scores `model` (tensors by name, on the evaluator's device) on every task.
+    fn evaluate(&self, model: &Params) -> Result<EvalReport>;
+}

@@ -1,0 +1,244 @@
+//! Task suites: a TOML file naming how checkpoints are evaluated. The smallest suite names an
+//! external command, the metric it reports and the tasks:
+//!
+//! ```toml
+//! name = "my-eval"
+//!
+//! [evaluator]
+//! command = ["python3", "score.py", "{model}"]
+//! metric = "accuracy"
+//! tasks = ["task_a", "task_b", "task_c"]
+//! # optional: timeout_s = 3600, output = "results/{model}.json" (read instead of stdout)
+//! ```
+//!
+//! The command runs in the suite file's folder with `{model}` replaced by the checkpoint's path
+//! (a file or a shard folder); see [`super::CommandEvaluator`] for the JSON it prints.
+
+use super::{CommandEvaluator, Evaluator};
+use mergescope_engine::error::{EngineError, Result};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long an evaluator command may run on one checkpoint unless the suite says otherwise.
+pub const DEFAULT_TIMEOUT_S: u64 = 3600;
+
+/// True when `spec` names a suite file rather than a built-in benchmark.
+pub fn is_suite_path(spec: &str) -> bool {
+    Path::new(spec)
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("toml"))
+}
+
+/// A suite file as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SuiteFile {
+    name: String,
+    evaluator: EvaluatorTable,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvaluatorTable {
+    command: Vec<String>,
+    #[serde(default = "default_metric")]
+    metric: String,
+    tasks: Vec<String>,
+    #[serde(default = "default_timeout")]
+    timeout_s: u64,
+    #[serde(default)]
+    output: Option<String>,
+}
+
+fn default_metric() -> String {
+    super::report::ACCURACY.to_owned()
+}
+
+fn default_timeout() -> u64 {
+    DEFAULT_TIMEOUT_S
+}
+
+/// A loaded, checked suite.
+#[derive(Clone, Debug)]
+pub struct Suite {
+    /// The suite's name.
+    pub name: String,
+    /// The file it was read from.
+    pub path: PathBuf,
+    evaluator: EvaluatorTable,
+}
+
+impl Suite {
+    /// Reads and checks the suite at `path`; errors name the file, the key and the fix.
+    pub fn load(path: &Path) -> Result<Suite> {
+        let text = std::fs::read_to_string(path).map_err(|e| EngineError::io("read the suite", path, e))?;
+        let file: SuiteFile = toml::from_str(&text)
+            .map_err(|e| EngineError::Param(format!("suite '{}': {}", path.display(), e.to_string().trim_end())))?;
+        let at = |key: &str, what: String| EngineError::Param(format!("suite '{}', {key}: {what}", path.display()));
+        let ev = &file.evaluator;
+        if ev.command.is_empty() || ev.command[0].trim().is_empty() {
+            return Err(at(
+                "[evaluator] command",
+                "is empty; write the program and its arguments, e.g. [\"python3\", \"score.py\", \"{model}\"]".into(),
+            ));
+        }
+        if !ev.command.iter().any(|a| a.contains(super::command::MODEL_PLACEHOLDER)) {
+            return Err(at(
+                "[evaluator] command",
+                "never mentions {model}; put \"{model}\" where the command takes the checkpoint's path".into(),
+            ));
+        }
+        if ev.tasks.is_empty() {
+            return Err(at(
+                "[evaluator] tasks",
+                "is empty; list the tasks the command reports".into(),
+            ));
+        }
+        if let Some(dup) = ev.tasks.iter().enumerate().find(|(i, t)| ev.tasks[..*i].contains(t)) {
+            return Err(at("[evaluator] tasks", format!("'{}' is listed twice", dup.1)));
+        }
+        if ev.metric.trim().is_empty() {
+            return Err(at(
+                "[evaluator] metric",
+                "is empty; name the metric to read, e.g. \"accuracy\"".into(),
+            ));
+        }
+        if ev.timeout_s == 0 {
+            return Err(at("[evaluator] timeout_s", "must be at least 1 (seconds)".into()));
+        }
+        Ok(Suite {
+            name: file.name,
+            path: path.to_owned(),
+            evaluator: file.evaluator,
+        })
+    }
+
+    /// The tasks, in order.
+    pub fn task_names(&self) -> &[String] {
+        &self.evaluator.tasks
+    }
+
+    /// The suite's evaluator, restricted to `only` when given (every name must be a task).
+    pub fn evaluator(&self, only: Option<&[String]>) -> Result<Box<dyn Evaluator>> {
+        let mut tasks = self.evaluator.tasks.clone();
+        if let Some(only) = only {
+            if let Some(bad) = only.iter().find(|t| !tasks.contains(t)) {
+                return Err(EngineError::Param(format!(
+                    "unknown task '{bad}'; suite '{}' has: {}",
+                    self.path.display(),
+                    tasks.join(", ")
+                )));
+            }
+            tasks.retain(|t| only.contains(t));
+        }
+        let workdir = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        Ok(Box::new(CommandEvaluator {
+            name: self.name.clone(),
+            command: self.evaluator.command.clone(),
+            workdir,
+            metric: self.evaluator.metric.clone(),
+            tasks,
+            timeout: Duration::from_secs(self.evaluator.timeout_s),
+            output_file: self.evaluator.output.clone(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// The issue's smallest suite, as users copy it, with a scoring script that reads the
+    /// checkpoint it is given: the metrics reach the report.
+    #[test]
+    fn the_smallest_suite_runs_its_command_on_the_model() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "score.py",
+            "import sys, os, json\nsize = os.path.getsize(sys.argv[1])\n\
+             print('scoring', sys.argv[1])\n\
+             print(json.dumps({'task_a': {'accuracy': size / 100}, 'task_b': {'accuracy': 0.5}, 'task_c': {'accuracy': 0.25, 'f1': 0.1}}))\n",
+        );
+        let suite = write(
+            dir.path(),
+            "suite.toml",
+            "name = \"my-eval\"\n\n[evaluator]\ncommand = [\"python3\", \"score.py\", \"{model}\"]\n\
+             metric = \"accuracy\"\ntasks = [\"task_a\", \"task_b\", \"task_c\"]\n",
+        );
+        let model = write(dir.path(), "model.bin", &"x".repeat(75));
+        let s = Suite::load(&suite).unwrap();
+        let ev = s.evaluator(None).unwrap();
+        assert_eq!(ev.task_names(), ["task_a", "task_b", "task_c"]);
+        let r = ev.evaluate_file(&model, &AtomicBool::new(false)).unwrap();
+        assert!((r.tasks[0].accuracy - 0.75).abs() < 1e-12);
+        assert!((r.mean_accuracy - (0.75 + 0.5 + 0.25) / 3.0).abs() < 1e-12);
+        assert_eq!(r.tasks[2].metrics["f1"], 0.1);
+        let only = s.evaluator(Some(&["task_b".to_owned()])).unwrap();
+        let r = only.evaluate_file(&model, &AtomicBool::new(false)).unwrap();
+        assert_eq!(r.tasks.len(), 1);
+        assert_eq!(r.mean_accuracy, 0.5);
+    }
+
+    #[test]
+    fn a_failing_slow_or_silent_command_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = write(dir.path(), "m.bin", "x");
+        let suite = |cmd: &str, extra: &str| {
+            write(
+                dir.path(),
+                "s.toml",
+                &format!("name = \"s\"\n[evaluator]\ncommand = {cmd}\ntasks = [\"a\"]\n{extra}"),
+            )
+        };
+        let run = |p: &Path| {
+            Suite::load(p)
+                .unwrap()
+                .evaluator(None)
+                .unwrap()
+                .evaluate_file(&model, &AtomicBool::new(false))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = run(&suite(
+            r#"["sh", "-c", "echo 'no such model' >&2; exit 3", "{model}"]"#,
+            "",
+        ));
+        assert!(e.contains("failed") && e.contains("no such model"), "{e}");
+        let e = run(&suite(r#"["sh", "-c", "sleep 5", "{model}"]"#, "timeout_s = 1\n"));
+        assert!(e.contains("longer than 1 s") && e.contains("timeout_s"), "{e}");
+        let e = run(&suite(r#"["sh", "-c", "echo hello", "{model}"]"#, ""));
+        assert!(e.contains("standard output") && e.contains("no JSON object"), "{e}");
+        let e = run(&suite(r#"["no-such-program-mergescope", "{model}"]"#, ""));
+        assert!(e.contains("cannot start") && e.contains("PATH"), "{e}");
+    }
+
+    #[test]
+    fn suite_mistakes_name_the_file_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |text: &str| {
+            Suite::load(&write(dir.path(), "bad.toml", text))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = load("name = \"s\"\n[evaluator]\ncommand = [\"score\"]\ntasks = [\"a\"]\n");
+        assert!(e.contains("bad.toml") && e.contains("{model}"), "{e}");
+        let e = load("name = \"s\"\n[evaluator]\ncommand = [\"s\", \"{model}\"]\ntasks = [\"a\"]\ntimeout = 3\n");
+        assert!(e.contains("bad.toml") && e.contains("timeout"), "{e}");
+        let e = load("name = \"s\"\n[evaluator]\ncommand = [\"s\", \"{model}\"]\ntasks = [\"a\", \"a\"]\n");
+        assert!(e.contains("'a' is listed twice"), "{e}");
+        let e = Suite::load(&dir.path().join("missing.toml")).unwrap_err().to_string();
+        assert!(e.contains("missing.toml"), "{e}");
+    }
+}
