@@ -79,6 +79,11 @@ impl EngineError {
         }
     }
 
+    /// An invalid-request error with this message (it says what to fix).
+    pub fn invalid(message: impl Into<String>) -> Self {
+        EngineError::Invalid(message.into())
+    }
+
     /// A bad-checkpoint error on `path`.
     pub fn bad(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
         EngineError::BadCheckpoint {

@@ -5,7 +5,7 @@
 
 use crate::jobs::{Background, Notify, TaskMessage};
 use mergescope_engine::device::{DeviceChoice, open_device};
-use mergescope_engine::error::EngineError;
+use mergescope_engine::error::{EngineError, Result};
 use mergescope_figures::Figure;
 use mergescope_lab::analysis::landscape::{Metric, MetricKind};
 use mergescope_lab::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
@@ -248,7 +248,7 @@ impl Analysis {
                 TaskMessage::Done(r) => {
                     self.seconds = self.task.finish();
                     if let Err(e) = r {
-                        self.error = Some(e);
+                        self.error = Some(e.to_string());
                     }
                 }
             }
@@ -263,12 +263,11 @@ fn compute(
     options: &ViewOptions,
     cancel: &AtomicBool,
     emit: &mut dyn FnMut(Figure, Option<(usize, usize)>),
-) -> Result<(), String> {
-    let err = |e: EngineError| e.to_string();
+) -> Result<()> {
     let base = inputs
         .base
         .clone()
-        .ok_or_else(|| "add a base checkpoint first (the analyses measure from it)".to_owned())?;
+        .ok_or_else(|| EngineError::invalid("add a base checkpoint first (the analyses measure from it)"))?;
     let experts: Vec<PathBuf> = inputs.experts.iter().map(|(_, p)| p.clone()).collect();
     match kind {
         ViewKind::Pca => {
@@ -278,13 +277,10 @@ fn compute(
             roles.extend(experts.iter().map(|_| Role::Expert));
             files.extend(inputs.merges.iter().map(|(_, p, _)| p.clone()));
             roles.extend(inputs.merges.iter().map(|_| Role::Merge));
-            let points = gram_of_files(&files, &inputs.trajectories, None, None).map_err(err)?;
+            let points = gram_of_files(&files, &inputs.trajectories, None, None)?;
             let names: Vec<String> = inputs.trajectories.iter().map(|p| checkpoint_label(p)).collect();
             let (a, b) = options.pcs;
-            emit(
-                pca_figure(&points, &roles, &names, (a.max(1) - 1, b.max(1) - 1)).map_err(err)?,
-                None,
-            );
+            emit(pca_figure(&points, &roles, &names, (a.max(1) - 1, b.max(1) - 1))?, None);
         }
         ViewKind::Radar => {
             let mut models: Vec<(String, EvalReport)> = Vec::new();
@@ -298,25 +294,26 @@ fn compute(
                     .filter_map(|(l, _, e)| Some((l.clone(), e.clone()?))),
             );
             if models.len() <= usize::from(inputs.base_eval.is_some()) {
-                return Err("select evaluated merges in the results table to draw them".into());
+                return Err(EngineError::invalid(
+                    "select evaluated merges in the results table to draw them",
+                ));
             }
-            emit(radar_figure(&models).map_err(err)?, None);
+            emit(radar_figure(&models)?, None);
         }
         ViewKind::Cosine => {
             let tensor = options.tensor.as_deref();
-            let points = gram_of_files(&experts, &[], Some(&base), tensor).map_err(err)?;
+            let points = gram_of_files(&experts, &[], Some(&base), tensor)?;
             let scope = tensor.map_or("whole model".to_owned(), |t| format!("tensor {t}"));
             let title = format!("Cosine similarity of task vectors θ − θ_base ({scope})");
             emit(cosine_figure(&points, &title), None);
         }
         ViewKind::Spectrum | ViewKind::RankCurves => {
-            let tensor = matrix_names(&base)
-                .map_err(err)?
+            let tensor = matrix_names(&base)?
                 .into_iter()
                 .max_by_key(|(_, (r, c))| r * c)
                 .map(|(n, _)| n)
-                .ok_or_else(|| "the base has no 2-D weights".to_owned())?;
-            let s = task_spectra(&base, &experts, &tensor).map_err(err)?;
+                .ok_or_else(|| EngineError::invalid("the base has no 2-D weights"))?;
+            let s = task_spectra(&base, &experts, &tensor)?;
             emit(
                 if kind == ViewKind::Spectrum {
                     spectrum_figure(&s)
@@ -330,29 +327,28 @@ fn compute(
             let mask = Mask::Ties {
                 density: options.density,
             };
-            let h = heterogeneity_of_files(&base, &experts, None, mask).map_err(err)?;
+            let h = heterogeneity_of_files(&base, &experts, None, mask)?;
             let names: Vec<String> = inputs.experts.iter().map(|(l, _)| l.clone()).collect();
             emit(heterogeneity_figure(&names, &h, mask), None);
         }
         ViewKind::Weights => {
-            let steps: Vec<f64> = train_facts(&experts).map_err(err)?.iter().map(|f| f.steps).collect();
+            let steps: Vec<f64> = train_facts(&experts)?.iter().map(|f| f.steps).collect();
             let names: Vec<String> = inputs.experts.iter().map(|(l, _)| l.clone()).collect();
             emit(weights_figure(&names, &steps), None);
         }
         ViewKind::Bound => {
-            let bench = inputs
-                .benchmark
-                .as_ref()
-                .ok_or_else(|| "the bound measures gradients on calibration data: open a benchmark first".to_owned())?;
-            let tasks = benchmark_tasks(None).map_err(err)?;
-            let r = bound_of_files(bench, &tasks, &base, &experts, &options.bound, cancel).map_err(err)?;
+            let bench = inputs.benchmark.as_ref().ok_or_else(|| {
+                EngineError::invalid("the bound measures gradients on calibration data: open a benchmark first")
+            })?;
+            let tasks = benchmark_tasks(None)?;
+            let r = bound_of_files(bench, &tasks, &base, &experts, &options.bound, cancel)?;
             emit(bound_figure(&r.variants), None);
         }
         ViewKind::TaLine | ViewKind::CartGrid | ViewKind::CartRank | ViewKind::Plane | ViewKind::TrajectoryPlane => {
             let bench = inputs
                 .benchmark
                 .as_ref()
-                .ok_or_else(|| "landscapes evaluate models: open a benchmark first".to_owned())?;
+                .ok_or_else(|| EngineError::invalid("landscapes evaluate models: open a benchmark first"))?;
             let lk = match kind {
                 ViewKind::TaLine => LandscapeKind::TaLine,
                 ViewKind::CartGrid => LandscapeKind::Cart,
@@ -368,25 +364,24 @@ fn compute(
             spec.cache_root = inputs.cache_root.clone();
             spec.trajectories = inputs.trajectories.clone();
             if lk == LandscapeKind::TrajectoryPlane && spec.trajectories.is_empty() {
-                return Err("select a run of a model-level method (it leaves a trajectory) first".into());
+                return Err(EngineError::invalid(
+                    "select a run of a model-level method (it leaves a trajectory) first",
+                ));
             }
             if lk == LandscapeKind::Plane {
                 let (i, j) = options.plane;
                 let (a, b) = (experts.get(i).cloned(), experts.get(j).cloned());
                 let (Some(a), Some(b), true) = (a, b, i != j) else {
-                    return Err("a plane passes through two different experts".into());
+                    return Err(EngineError::invalid("a plane passes through two different experts"));
                 };
                 spec.through = Some((a, b));
             }
             let (device, _) = open_device(DeviceChoice::Cpu);
-            let tasks = benchmark_tasks(None).map_err(err)?;
-            let prepared = prepare_landscape(bench, &tasks, &base, &experts, &spec, &device).map_err(err)?;
+            let tasks = benchmark_tasks(None)?;
+            let prepared = prepare_landscape(bench, &tasks, &base, &experts, &spec, &device)?;
             let mut grid = prepared.initial_grid(true);
             let total = grid.cells.len();
-            emit(
-                prepared.figure(&grid, &device).map_err(err)?,
-                Some((grid.done(), total)),
-            );
+            emit(prepared.figure(&grid, &device)?, Some((grid.done(), total)));
             let mut last = Instant::now();
             // The worker fills `grid`; a shadow copy takes each new cell so pictures can be
             // drawn while it runs: at most every 0.3 s, and for each of the first coarse points.
@@ -407,12 +402,9 @@ fn compute(
             );
             match result {
                 Ok(()) | Err(EngineError::Cancelled) => {}
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e),
             }
-            emit(
-                prepared.figure(&grid, &device).map_err(err)?,
-                Some((grid.done(), total)),
-            );
+            emit(prepared.figure(&grid, &device)?, Some((grid.done(), total)));
         }
     }
     Ok(())

@@ -64,8 +64,8 @@ impl MergescopeApp {
                 self.view.selected.clear();
             }
             Err(e) => {
-                self.session.note(Level::Error, e.clone());
-                self.view.toast(&e);
+                self.session.note(Level::Error, e.to_string());
+                self.view.toast(e.to_string());
             }
         }
     }
@@ -83,8 +83,8 @@ impl MergescopeApp {
                     self.view.toast("project saved");
                 }
                 Err(e) => {
-                    self.session.note(Level::Error, e.clone());
-                    self.view.toast(&e);
+                    self.session.note(Level::Error, e.to_string());
+                    self.view.toast(e.to_string());
                 }
             }
         }

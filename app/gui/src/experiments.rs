@@ -7,7 +7,7 @@
 
 use crate::jobs::{Background, Notify, TaskMessage};
 use mergescope_engine::device::{DeviceChoice, open_device};
-use mergescope_engine::error::EngineError;
+use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::{Plugin, Registry};
 use mergescope_figures::Figure;
@@ -59,21 +59,21 @@ pub fn grid_text(grid: &Grid, var: Variable) -> String {
 }
 
 /// Why an item of the grid of `var` does not parse, naming the field and how to write it.
-fn not_a(var: Variable, item: &str, what: &str, example: &str) -> String {
-    format!(
+fn not_a(var: Variable, item: &str, what: &str, example: &str) -> EngineError {
+    EngineError::Param(format!(
         "{}: '{item}' is not {what}; write the values separated by commas, e.g. {example}",
         short_label(var)
-    )
+    ))
 }
 
-fn whole_numbers(var: Variable, items: &[&str], example: &str) -> Result<Vec<usize>, String> {
+fn whole_numbers(var: Variable, items: &[&str], example: &str) -> Result<Vec<usize>> {
     items
         .iter()
         .map(|s| s.parse::<usize>().map_err(|_| not_a(var, s, "a whole number", example)))
         .collect()
 }
 
-fn numbers(var: Variable, items: &[&str], example: &str) -> Result<Vec<f64>, String> {
+fn numbers(var: Variable, items: &[&str], example: &str) -> Result<Vec<f64>> {
     items
         .iter()
         .map(|s| {
@@ -87,7 +87,7 @@ fn numbers(var: Variable, items: &[&str], example: &str) -> Result<Vec<f64>, Str
 
 /// Sets the grid of `var` from `text` (values separated by commas; empty: only the default).
 /// The error names the field and the value that does not parse, and leaves `grid` unchanged.
-pub fn set_grid(grid: &mut Grid, var: Variable, text: &str) -> Result<(), String> {
+pub fn set_grid(grid: &mut Grid, var: Variable, text: &str) -> Result<()> {
     let items: Vec<&str> = text
         .split([',', ';'])
         .map(str::trim)
@@ -134,7 +134,7 @@ pub enum Outcome {
         /// Seconds it took.
         seconds: f64,
         /// The plots folder written, or why it could not be.
-        plots: Result<PathBuf, String>,
+        plots: std::result::Result<PathBuf, String>,
     },
     /// Cancelled; the finished cells stay in the results file.
     Cancelled {
@@ -391,7 +391,7 @@ impl Experiments {
         let before = self.spec.grid.clone();
         match set_grid(&mut self.spec.grid, field.variable, &field.text) {
             Ok(()) => field.error = None,
-            Err(e) => field.error = Some(e),
+            Err(e) => field.error = Some(e.to_string()),
         }
         self.spec.grid != before
     }
@@ -419,18 +419,19 @@ impl Experiments {
 
     /// Whether the sweep can run: every grid parses and the specification is valid for the
     /// open benchmark (when it is the sweep's) and the installed plugins.
-    pub fn check(&self, open: Option<&Benchmark>, installed: &[&str]) -> Result<(), String> {
+    pub fn check(&self, open: Option<&Benchmark>, installed: &[&str]) -> Result<()> {
         if let Some(e) = self.grids.iter().find_map(|g| g.error.clone()) {
-            return Err(e);
+            return Err(EngineError::Param(e));
         }
         let pool = self.matching(open).map_or(usize::MAX, |b| b.manifest.tasks.len());
-        self.spec.validate(pool, installed).map_err(|e| e.to_string())
+        self.spec.validate(pool, installed)
     }
 
     /// Reads a specification from a TOML file; the folder follows its name.
-    pub fn load_toml(&mut self, path: &Path) -> Result<(), String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
-        let spec = SweepSpec::from_toml(&text).map_err(|e| format!("in '{}': {e}", path.display()))?;
+    pub fn load_toml(&mut self, path: &Path) -> Result<()> {
+        let text = std::fs::read_to_string(path).map_err(|e| EngineError::io("cannot read", path, e))?;
+        let spec =
+            SweepSpec::from_toml(&text).map_err(|e| EngineError::Param(format!("in '{}': {e}", path.display())))?;
         self.name = path
             .file_stem()
             .map_or("sweep".to_owned(), |s| s.to_string_lossy().into_owned());
@@ -440,32 +441,27 @@ impl Experiments {
     }
 
     /// Writes the specification as TOML (atomically).
-    pub fn save_toml(&self, path: &Path) -> Result<(), String> {
-        let text = self.spec.to_toml().map_err(|e| e.to_string())?;
-        mergescope_engine::writer::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())
+    pub fn save_toml(&self, path: &Path) -> Result<()> {
+        let text = self.spec.to_toml()?;
+        mergescope_engine::writer::write_atomic(path, text.as_bytes())
     }
 
     /// What the sweep needs, from the registry, the open benchmark (or the one the
     /// specification names) and the device; the error says what to fix.
-    pub fn prepare(
-        &self,
-        registry: &Registry,
-        open: Option<&Benchmark>,
-        device: DeviceChoice,
-    ) -> Result<SweepJob, String> {
+    pub fn prepare(&self, registry: &Registry, open: Option<&Benchmark>, device: DeviceChoice) -> Result<SweepJob> {
         let installed: Vec<&str> = registry.plugins.iter().map(|p| p.id()).collect();
         self.check(open, &installed)?;
         let benchmark = match self.matching(open) {
             Some(b) => b.clone(),
             None => resolve_benchmark(&self.spec.benchmark, self.spec.arch().ok())
-                .map_err(|e| format!("the sweep's benchmark '{}': {e}", self.spec.benchmark))?,
+                .map_err(|e| EngineError::Invalid(format!("the sweep's benchmark '{}': {e}", self.spec.benchmark)))?,
         };
         let plugins = self
             .spec
             .methods
             .iter()
-            .map(|m| registry.find(&m.plugin))
-            .collect::<Result<Vec<_>, String>>()?;
+            .map(|m| registry.find(&m.plugin).map_err(EngineError::Param))
+            .collect::<Result<Vec<_>>>()?;
         Ok(SweepJob {
             spec: self.spec.clone(),
             benchmark,
@@ -525,7 +521,7 @@ impl Experiments {
                         }
                         Err(e) => {
                             self.notes.push((true, format!("sweep failed: {e}")));
-                            self.error = Some(e);
+                            self.error = Some(e.to_string());
                         }
                     }
                     break;
@@ -584,8 +580,8 @@ fn send_results(job: &SweepJob, send: &(dyn Fn(Update) + Sync)) -> Option<Vec<Va
 
 /// Runs the sweep, passing on progress (at most every 0.1 s, and every new stage) and the
 /// results whenever a cell finishes.
-fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Update) + Sync)) -> Result<Outcome, String> {
-    let tasks = benchmark_tasks(None).map_err(|e| e.to_string())?;
+fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Update) + Sync)) -> Result<Outcome> {
+    let tasks = benchmark_tasks(None)?;
     let (device, _) = open_device(job.device);
     let opts = ExecOptions {
         device,
@@ -641,7 +637,7 @@ fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Update) + Sync)) -> 
             cells_done: last.as_ref().map_or(0, |p| p.cells_done),
             cells: last.as_ref().map_or(0, |p| p.cells),
         }),
-        Err(e) => Err(for_window(&e)),
+        Err(e) => Err(EngineError::Invalid(for_window(&e))),
     }
 }
 
@@ -659,12 +655,14 @@ mod tests {
         set_grid(&mut g, Variable::Optimizer, "SGD, adamw").unwrap();
         assert_eq!(g.optimizer, ["sgd", "adamw"]);
         assert_eq!(grid_text(&g, Variable::Steps), "50, 100, 200");
-        let e = set_grid(&mut g, Variable::Steps, "50, 1o0").unwrap_err();
+        let e = set_grid(&mut g, Variable::Steps, "50, 1o0").unwrap_err().to_string();
         assert!(e.starts_with("steps K: '1o0' is not a whole number"), "{e}");
         assert_eq!(g.steps, [50, 100, 200], "a bad text leaves the grid as it was");
-        let e = set_grid(&mut g, Variable::DataRatio, "0.5, half").unwrap_err();
+        let e = set_grid(&mut g, Variable::DataRatio, "0.5, half")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("data ratio α") && e.contains("'half'"), "{e}");
-        let e = set_grid(&mut g, Variable::Optimizer, "lion").unwrap_err();
+        let e = set_grid(&mut g, Variable::Optimizer, "lion").unwrap_err().to_string();
         assert!(e.contains("sgd, momentum, adamw"), "{e}");
         set_grid(&mut g, Variable::Tasks, "").unwrap();
         assert!(g.tasks.is_empty(), "empty: only the default");
@@ -687,7 +685,7 @@ mod tests {
         assert_eq!(e.spec.methods[1].name(), "DARE", "the preset's label and parameters");
         e.grids[0].text = "10, x".into();
         assert!(!e.apply_grid_text(0));
-        let why = e.check(None, &["task-arithmetic", "dare"]).unwrap_err();
+        let why = e.check(None, &["task-arithmetic", "dare"]).unwrap_err().to_string();
         assert!(why.starts_with("steps K"), "{why}");
         e.grids[0].text = "10, 20".into();
         assert!(e.apply_grid_text(0));
@@ -699,7 +697,7 @@ mod tests {
         assert_eq!(back.spec, e.spec);
         assert_eq!(back.folder, root.path().join("sweeps").join("mine-cnn"));
         std::fs::write(&path, "arch = 3").unwrap();
-        let err = back.load_toml(&path).unwrap_err();
+        let err = back.load_toml(&path).unwrap_err().to_string();
         assert!(err.contains("mine.toml"), "{err}");
     }
 }

@@ -2,6 +2,7 @@
 //! parameter, per-task values where the schema allows them, and validation by the same
 //! function the CLI and recipes use, so the form flags exactly what a run would reject.
 
+use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::plugin::schema::{ParamSchema, ParamType, ResolvedParams, resolve_params};
 use serde_json::{Map, Value};
 
@@ -170,9 +171,9 @@ impl ParamForm {
     }
 
     /// Validates the whole form for `n_experts` experts.
-    pub fn validate(&self, n_experts: usize) -> Result<ResolvedParams, String> {
+    pub fn validate(&self, n_experts: usize) -> Result<ResolvedParams> {
         let schema: Vec<ParamSchema> = self.fields.iter().map(|f| f.schema.clone()).collect();
-        resolve_params(&self.method, &schema, &self.to_json(), n_experts.max(1))
+        resolve_params(&self.method, &schema, &self.to_json(), n_experts.max(1)).map_err(EngineError::Param)
     }
 }
 
@@ -227,7 +228,7 @@ mod tests {
             f.validate(3).unwrap().values[0].1,
             ParamValue::List(vec![0.1, 0.7, 0.3])
         );
-        assert!(f.validate(2).unwrap_err().contains("exactly 2"));
+        assert!(f.validate(2).unwrap_err().to_string().contains("exactly 2"));
         let mut g = form();
         g.set_json(&json);
         assert_eq!(g.fields[0].per_task, f.fields[0].per_task);

@@ -3,6 +3,7 @@
 
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::compat::{self, MissingPolicy, ModelDesc};
+use mergescope_engine::error::{EngineError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -24,8 +25,8 @@ pub struct Summary {
 
 impl Summary {
     /// Reads the headers of the checkpoint at `path`.
-    pub fn read(path: &Path) -> Result<Summary, String> {
-        let c = Checkpoint::open(path).map_err(|e| e.to_string())?;
+    pub fn read(path: &Path) -> Result<Summary> {
+        let c = Checkpoint::open(path)?;
         let dtypes: BTreeSet<&str> = c.tensors.values().map(|t| t.dtype.name()).collect();
         Ok(Summary {
             bytes: c.total_bytes(),
@@ -49,7 +50,7 @@ pub struct InputFile {
     /// The name shown in lists and result tables (a task name for the demo experts).
     pub label: String,
     /// Header summary, or why it could not be read.
-    pub summary: Result<Summary, String>,
+    pub summary: std::result::Result<Summary, String>,
     /// Compatibility problems with the reference (the base, or the first expert).
     pub problems: Vec<String>,
 }
@@ -61,7 +62,7 @@ impl InputFile {
         InputFile {
             path: path.to_path_buf(),
             label,
-            summary: Summary::read(path),
+            summary: Summary::read(path).map_err(|e| e.to_string()),
             problems: Vec::new(),
         }
     }
@@ -142,19 +143,22 @@ impl Inputs {
     }
 
     /// Whether a merge can start: at least one expert and no problems anywhere.
-    pub fn ready(&self) -> Result<(), String> {
+    pub fn ready(&self) -> Result<()> {
         if self.experts.is_empty() {
-            return Err("add at least one expert checkpoint".into());
+            return Err(EngineError::invalid("add at least one expert checkpoint"));
         }
         let all = self.base.iter().chain(&self.experts);
         if let Some(bad) = all.clone().find(|f| f.summary.is_err()) {
-            return Err(format!("'{}' cannot be read; remove or replace it", bad.label));
+            return Err(EngineError::Invalid(format!(
+                "'{}' cannot be read; remove or replace it",
+                bad.label
+            )));
         }
         if let Some(bad) = all.clone().find(|f| !f.problems.is_empty()) {
-            return Err(format!(
+            return Err(EngineError::Invalid(format!(
                 "'{}' does not match the other inputs; see its problems",
                 bad.label
-            ));
+            )));
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use mergescope_engine::device::{DeviceChoice, device_name, open_device};
+use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer, Phase, Progress};
 use mergescope_engine::plugin::Plugin;
 use mergescope_lab::data::{SplitKind, TaskData, benchmark_tasks};
@@ -63,7 +64,7 @@ pub struct MergeOutcome {
     /// The device it ran on (after any fallback).
     pub device: String,
     /// Per-task evaluation, or why there is none.
-    pub eval: Option<Result<EvalReport, String>>,
+    pub eval: Option<std::result::Result<EvalReport, String>>,
 }
 
 /// Reports from the worker.
@@ -118,7 +119,7 @@ pub enum TaskMessage<M, R> {
     /// An update while it runs.
     Update(M),
     /// Its result; a panic arrives as `Err(panicked)`.
-    Done(Result<R, String>),
+    Done(Result<R>),
 }
 
 /// Runs `work` on a thread named `name`, handing it a `send` for updates; every message is
@@ -129,8 +130,8 @@ pub fn spawn_task<M: Send + 'static, R: Send + 'static>(
     name: &str,
     notify: Notify,
     panicked: &'static str,
-    work: impl FnOnce(&(dyn Fn(M) + Sync)) -> Result<R, String> + Send + 'static,
-) -> Result<Receiver<TaskMessage<M, R>>, String> {
+    work: impl FnOnce(&(dyn Fn(M) + Sync)) -> Result<R> + Send + 'static,
+) -> Result<Receiver<TaskMessage<M, R>>> {
     let (tx, rx) = unbounded();
     std::thread::Builder::new()
         .name(name.to_owned())
@@ -141,11 +142,15 @@ pub fn spawn_task<M: Send + 'static, R: Send + 'static>(
             };
             let result =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&|m| send(TaskMessage::Update(m)))))
-                    .unwrap_or_else(|_| Err(panicked.to_owned()));
+                    .unwrap_or_else(|_| Err(EngineError::Bug(panicked.to_owned())));
             send(TaskMessage::Done(result));
         })
         .map(|_| rx)
-        .map_err(|e| e.to_string())
+        .map_err(|e| {
+            EngineError::invalid(format!(
+                "cannot start the '{name}' thread: {e}; close other programs and try again"
+            ))
+        })
 }
 
 /// The one background task a window runs at a time: its messages, cancel flag and start.
@@ -173,8 +178,8 @@ impl<M: Send + 'static, R: Send + 'static> Background<M, R> {
         name: &str,
         notify: Notify,
         panicked: &'static str,
-        work: impl FnOnce(&AtomicBool, &(dyn Fn(M) + Sync)) -> Result<R, String> + Send + 'static,
-    ) -> Result<(), String> {
+        work: impl FnOnce(&AtomicBool, &(dyn Fn(M) + Sync)) -> Result<R> + Send + 'static,
+    ) -> Result<()> {
         self.cancel();
         self.since = None;
         let cancel = Arc::new(AtomicBool::new(false));
@@ -329,24 +334,22 @@ impl Worker {
             let event = match outcome {
                 Ok(Ok(e)) => e,
                 Ok(Err(_)) if q.cancel.load(Ordering::Relaxed) => Event::Cancelled(q.id),
-                Ok(Err(msg)) => Event::Failed(q.id, msg),
+                Ok(Err(EngineError::Cancelled)) => Event::Cancelled(q.id),
+                Ok(Err(e)) => Event::Failed(q.id, e.to_string()),
                 Err(panic) => {
                     let what = panic
                         .downcast_ref::<String>()
                         .cloned()
                         .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                         .unwrap_or_else(|| "unknown panic".into());
-                    Event::Failed(
-                        q.id,
-                        format!("internal error: {what} (please report this with the log)"),
-                    )
+                    Event::Failed(q.id, EngineError::Bug(format!("the job panicked: {what}")).to_string())
                 }
             };
             self.send(event);
         }
     }
 
-    fn merge(&mut self, id: JobId, job: &MergeJob, cancel: &AtomicBool) -> Result<Event, String> {
+    fn merge(&mut self, id: JobId, job: &MergeJob, cancel: &AtomicBool) -> Result<Event> {
         let (device, note) = open_device(job.device);
         if let Some(n) = note {
             self.send(Event::Log {
@@ -361,7 +364,7 @@ impl Worker {
         };
         let model_level = job.plugin.is_model_level();
         if model_level && self.tasks.is_none() {
-            self.tasks = Some(benchmark_tasks(None).map_err(|e| e.to_string())?);
+            self.tasks = Some(benchmark_tasks(None)?);
         }
         let last = Mutex::new(Instant::now() - Duration::from_secs(1));
         let progress = |p: &Progress| {
@@ -394,26 +397,24 @@ impl Worker {
             log: &log,
         };
         if model_level && job.benchmark.is_none() {
-            return Err(format!(
+            return Err(EngineError::Invalid(format!(
                 "'{}' evaluates candidates on a benchmark's calibration data: open a benchmark (Benchmark menu) first",
                 job.plugin.id()
-            ));
+            )));
         }
         let tasks = job.benchmark.as_ref().map(|bench| TaskSource {
             bench,
             tasks: self.tasks.as_deref().unwrap_or_default(),
         });
-        let report = run::merge(&job.plugin, &job.request, tasks, &opts, observer, cancel)
-            .map(|o| {
-                if let Some(label) = o.model.as_ref().and_then(|r| r.partial.as_ref()) {
-                    log(
-                        abi::LOG_WARN,
-                        &format!("cancelled: kept the last iterate ('{label}') as a partial result"),
-                    );
-                }
-                o.report
-            })
-            .map_err(|e| e.to_string())?;
+        let report = run::merge(&job.plugin, &job.request, tasks, &opts, observer, cancel).map(|o| {
+            if let Some(label) = o.model.as_ref().and_then(|r| r.partial.as_ref()) {
+                log(
+                    abi::LOG_WARN,
+                    &format!("cancelled: kept the last iterate ('{label}') as a partial result"),
+                );
+            }
+            o.report
+        })?;
         let eval = match &job.benchmark {
             Some(b) => {
                 self.send(Event::Progress {
@@ -430,7 +431,7 @@ impl Worker {
             Box::new(MergeOutcome {
                 report,
                 device: device_name(&device).to_owned(),
-                eval,
+                eval: eval.map(|r| r.map_err(|e| format!("not evaluated: {e}"))),
             }),
         ))
     }
@@ -442,30 +443,25 @@ impl Worker {
         path: &std::path::Path,
         device: &candle_core::Device,
         cancel: &AtomicBool,
-    ) -> Result<EvalReport, String> {
+    ) -> Result<EvalReport> {
         let key = (bench.dir.clone(), device_name(device));
         let ev = match self.evaluator.take() {
             Some((k, ev)) if k == key => ev,
             _ => {
                 if self.tasks.is_none() {
-                    self.tasks = Some(benchmark_tasks(None).map_err(|e| e.to_string())?);
+                    self.tasks = Some(benchmark_tasks(None)?);
                 }
                 let tasks = self.tasks.as_deref().unwrap_or_default();
-                Box::new(
-                    bench
-                        .evaluator(tasks, None, SplitKind::Test, device)
-                        .map_err(|e| e.to_string())?,
-                )
+                Box::new(bench.evaluator(tasks, None, SplitKind::Test, device)?)
             }
         };
         let ev = &self.evaluator.insert((key, ev)).1;
         ev.evaluate_file(path, cancel)
-            .map_err(|e| format!("not evaluated: {e}"))
     }
 
-    fn build(&mut self, id: JobId, job: &BuildJob, cancel: &AtomicBool) -> Result<Event, String> {
+    fn build(&mut self, id: JobId, job: &BuildJob, cancel: &AtomicBool) -> Result<Event> {
         if self.tasks.is_none() {
-            self.tasks = Some(benchmark_tasks(None).map_err(|e| e.to_string())?);
+            self.tasks = Some(benchmark_tasks(None)?);
         }
         let tasks = self.tasks.clone().unwrap_or_default();
         let recipe = demo::BuildRecipe::default_for(job.arch, job.seed);
@@ -489,8 +485,7 @@ impl Worker {
         // An outdated build in `dir` is replaced only once the new one is complete.
         let b = demo::build_replacing(&job.dir, |staging| {
             demo::build(job.arch, &tasks, &recipe, staging, &device, &mut progress, cancel)
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         Ok(Event::Built(id, Box::new(b)))
     }
 }

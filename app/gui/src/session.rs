@@ -8,6 +8,7 @@ use crate::jobs::{BuildJob, Event, Job, JobId, JobQueue, MergeJob, Notify};
 use crate::runs::{Live, RunRecord, RunStatus};
 use mergescope_engine::compat::MissingPolicy;
 use mergescope_engine::device::DeviceChoice;
+use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::MergeRequest;
 use mergescope_engine::plugin::{Approvals, Plugin, PluginDirs, PluginOrigin, Registry};
 use mergescope_lab::demo::{self, Benchmark};
@@ -176,7 +177,7 @@ impl Session {
                 Ok(b) => s.use_benchmark(b),
                 Err(_) => s.note(
                     Level::Info,
-                    "no demo benchmark is built yet: use the Benchmark menu (Build demo), or add checkpoints".into(),
+                    "no demo benchmark is built yet: use the Benchmark menu (Build demo), or add checkpoints",
                 ),
             },
         }
@@ -185,7 +186,8 @@ impl Session {
     }
 
     /// Adds a line to the log.
-    pub fn note(&mut self, level: Level, text: String) {
+    pub fn note(&mut self, level: Level, text: impl std::fmt::Display) {
+        let text = text.to_string();
         self.log.push(LogLine {
             at: self.started.elapsed().as_secs_f64(),
             level,
@@ -232,12 +234,15 @@ impl Session {
     }
 
     /// Approves (when asked) and loads a plugin file; selects its method.
-    pub fn load_plugin_file(&mut self, path: &Path, approve: bool) -> Result<String, String> {
+    pub fn load_plugin_file(&mut self, path: &Path, approve: bool) -> Result<String> {
         if approve {
-            let mut approvals = Approvals::load()?;
-            approvals.approve(path)?;
+            let mut approvals = Approvals::load().map_err(EngineError::Invalid)?;
+            approvals.approve(path).map_err(EngineError::Invalid)?;
         }
-        let p = self.registry.load_file(path, PluginOrigin::Extra)?;
+        let p = self
+            .registry
+            .load_file(path, PluginOrigin::Extra)
+            .map_err(EngineError::Invalid)?;
         self.registry.pending.retain(|q| q.path != p.path);
         let id = p.id().to_owned();
         self.note(
@@ -292,7 +297,7 @@ impl Session {
     /// Queues a build of the demo benchmark for `arch` (into the cache).
     pub fn build_demo(&mut self, arch: Arch, seed: u64) {
         if self.build.is_some() {
-            self.note(Level::Warn, "a demo build is already running".into());
+            self.note(Level::Warn, "a demo build is already running");
             return;
         }
         let dir = match demo::demo_dir(arch, seed) {
@@ -337,8 +342,8 @@ impl Session {
     }
 
     /// Checks what a run needs; the message says what to fix.
-    pub fn can_run(&self) -> Result<(), String> {
-        self.plugin().ok_or("choose a method")?;
+    pub fn can_run(&self) -> Result<()> {
+        self.plugin().ok_or_else(|| EngineError::invalid("choose a method"))?;
         self.inputs.ready()?;
         if let Some(f) = &self.form {
             f.validate(self.inputs.experts.len())?;
@@ -347,15 +352,15 @@ impl Session {
     }
 
     /// Queues a merge of the current inputs with the selected method and form.
-    pub fn run(&mut self) -> Result<u64, String> {
+    pub fn run(&mut self) -> Result<u64> {
         self.can_run()?;
-        let plugin = self.plugin().ok_or("choose a method")?;
+        let plugin = self.plugin().ok_or_else(|| EngineError::invalid("choose a method"))?;
         let params = self.form.as_ref().map(ParamForm::to_json).unwrap_or_default();
         let id = self.next_run;
         self.next_run += 1;
         let output = self.runs_dir.join(format!("merge-{id:03}-{}.safetensors", plugin.id()));
         std::fs::create_dir_all(&self.runs_dir)
-            .map_err(|e| format!("cannot create the runs folder '{}': {e}", self.runs_dir.display()))?;
+            .map_err(|e| EngineError::io("cannot create the runs folder", &self.runs_dir, e))?;
         let (base, experts) = self.inputs.refs();
         let request = MergeRequest::new(experts.iter().map(|e| e.path.clone()).collect(), output.clone())
             .with_base(base.as_ref().map(|b| b.path.clone()))
@@ -513,7 +518,7 @@ impl Session {
                 );
                 self.experiments.start(job, self.notify.clone());
             }
-            Err(e) => self.experiments.error = Some(e),
+            Err(e) => self.experiments.error = Some(e.to_string()),
         }
     }
 
@@ -660,7 +665,7 @@ impl Session {
             Event::Log { text, .. } => self.note(Level::Info, text),
             Event::Built(_, bench) => {
                 self.build = None;
-                self.note(Level::Info, "demo benchmark built".into());
+                self.note(Level::Info, "demo benchmark built");
                 self.use_benchmark(*bench);
             }
             Event::Failed(_, msg) => {
@@ -669,7 +674,7 @@ impl Session {
             }
             Event::Cancelled(_) => {
                 self.build = None;
-                self.note(Level::Info, "demo build cancelled".into());
+                self.note(Level::Info, "demo build cancelled");
             }
             Event::Merged(..) => {}
         }
@@ -682,25 +687,32 @@ impl Session {
 
     /// Copies run `id`'s output to `dest` (atomically, never over an input) and writes the
     /// recipe that repeats it next to it (`<dest>.recipe.toml`).
-    pub fn save_output(&mut self, id: u64, dest: &Path) -> Result<PathBuf, String> {
-        let r = self.run_record(id).ok_or("no such run")?.clone();
+    pub fn save_output(&mut self, id: u64, dest: &Path) -> Result<PathBuf> {
+        let r = self
+            .run_record(id)
+            .ok_or_else(|| EngineError::invalid("no such run"))?
+            .clone();
         if r.status != RunStatus::Done {
-            return Err(format!("{} has no output to save ({})", r.title(), r.status.label()));
+            return Err(EngineError::Invalid(format!(
+                "{} has no output to save ({})",
+                r.title(),
+                r.status.label()
+            )));
         }
         let inputs = r.base.iter().chain(&r.experts);
         if inputs.clone().any(|i| same_file(&i.path, dest)) {
-            return Err(format!(
+            return Err(EngineError::Invalid(format!(
                 "'{}' is one of the inputs; mergescope never writes over an input",
                 dest.display()
-            ));
+            )));
         }
         let bytes = std::fs::read(&r.output).map_err(|e| {
-            format!(
+            EngineError::invalid(format!(
                 "cannot read the merge output '{}' ({e}); run the merge again",
                 r.output.display()
-            )
+            ))
         })?;
-        mergescope_engine::writer::write_atomic(dest, &bytes).map_err(|e| e.to_string())?;
+        mergescope_engine::writer::write_atomic(dest, &bytes)?;
         let recipe = mergescope_engine::recipe::Recipe {
             method: r.method.clone(),
             base: r.base.as_ref().map(|b| b.path.clone()),
@@ -714,8 +726,9 @@ impl Session {
             params: json_to_toml(&r.params),
         };
         let recipe_path = PathBuf::from(format!("{}.recipe.toml", dest.display()));
-        let text = toml::to_string_pretty(&recipe).map_err(|e| format!("cannot write the recipe: {e}"))?;
-        mergescope_engine::writer::write_atomic(&recipe_path, text.as_bytes()).map_err(|e| e.to_string())?;
+        let text = toml::to_string_pretty(&recipe)
+            .map_err(|e| EngineError::Bug(format!("the recipe of a run cannot be written as TOML: {e}")))?;
+        mergescope_engine::writer::write_atomic(&recipe_path, text.as_bytes())?;
         self.note(
             Level::Info,
             format!(
@@ -746,9 +759,10 @@ impl Session {
     }
 
     /// Saves the project to `path` (atomically).
-    pub fn save_project(&mut self, path: &Path) -> Result<(), String> {
-        let text = serde_json::to_string_pretty(&self.to_project()).map_err(|e| e.to_string())?;
-        mergescope_engine::writer::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())?;
+    pub fn save_project(&mut self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(&self.to_project())
+            .map_err(|e| EngineError::Bug(format!("the project cannot be written as JSON: {e}")))?;
+        mergescope_engine::writer::write_atomic(path, text.as_bytes())?;
         self.project_path = Some(path.to_path_buf());
         self.dirty = false;
         self.note(Level::Info, format!("project saved to '{}'", path.display()));
@@ -756,9 +770,11 @@ impl Session {
     }
 
     /// Replaces the session's inputs, method and runs by those of the project at `path`.
-    pub fn open_project(&mut self, path: &Path) -> Result<(), String> {
+    pub fn open_project(&mut self, path: &Path) -> Result<()> {
         if self.busy() {
-            return Err("runs are still going: wait for them or cancel them first".into());
+            return Err(EngineError::invalid(
+                "runs are still going: wait for them or cancel them first",
+            ));
         }
         let p = Project::load(path)?;
         self.benchmark = None;
@@ -852,19 +868,22 @@ pub struct Project {
 
 impl Project {
     /// Reads and checks a project file.
-    pub fn load(path: &Path) -> Result<Project, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Project> {
+        let text = std::fs::read_to_string(path).map_err(|e| EngineError::io("cannot read", path, e))?;
         let p: Project = serde_json::from_str(&text)
-            .map_err(|e| format!("'{}' is not a mergescope project ({e})", path.display()))?;
+            .map_err(|e| EngineError::invalid(format!("'{}' is not a mergescope project ({e})", path.display())))?;
         if p.format != PROJECT_FORMAT {
-            return Err(format!("'{}' is not a mergescope project file", path.display()));
+            return Err(EngineError::Invalid(format!(
+                "'{}' is not a mergescope project file",
+                path.display()
+            )));
         }
         if p.version > PROJECT_VERSION {
-            return Err(format!(
+            return Err(EngineError::Invalid(format!(
                 "'{}' was written by a newer mergescope (format {}, this one reads {PROJECT_VERSION}); update mergescope",
                 path.display(),
                 p.version
-            ));
+            )));
         }
         Ok(p)
     }
@@ -905,20 +924,27 @@ mod tests {
         let mut newer = serde_json::to_value(&ok).unwrap();
         newer["version"] = Value::from(PROJECT_VERSION + 1);
         let p = write(dir.path(), "newer.msproj", &newer.to_string());
-        assert!(Project::load(&p).unwrap_err().contains("newer mergescope"));
+        assert!(Project::load(&p).unwrap_err().to_string().contains("newer mergescope"));
 
         let mut other = serde_json::to_value(&ok).unwrap();
         other["format"] = Value::from("something-else");
         let p = write(dir.path(), "other.msproj", &other.to_string());
-        assert!(Project::load(&p).unwrap_err().contains("not a mergescope project"));
+        assert!(
+            Project::load(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("not a mergescope project")
+        );
 
         let p = write(dir.path(), "junk.msproj", "{ not json");
-        let e = Project::load(&p).unwrap_err();
+        let e = Project::load(&p).unwrap_err().to_string();
         assert!(
             e.contains("junk.msproj") && e.contains("not a mergescope project"),
             "{e}"
         );
-        let e = Project::load(&dir.path().join("missing.msproj")).unwrap_err();
+        let e = Project::load(&dir.path().join("missing.msproj"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cannot read"), "{e}");
     }
 

@@ -270,7 +270,7 @@ fn bad_parameters_and_bad_inputs_are_flagged_before_a_run() {
     h.state_mut().session.inputs.add_expert(&bad, None);
     h.run_steps(2);
     h.get_by_label_contains("bad.safetensors");
-    let why = h.state().session.inputs.ready().unwrap_err();
+    let why = h.state().session.inputs.ready().unwrap_err().to_string();
     assert!(why.contains("'bad'"), "{why}");
 }
 

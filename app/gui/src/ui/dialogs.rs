@@ -21,7 +21,7 @@ pub fn add_path(session: &mut Session, view: &mut ViewState, path: &Path) {
     if is_library(path) {
         request_plugin(session, view, path);
     } else if !session.inputs.add_expert(path, None) {
-        view.toast(&format!("'{}' is already an input", path.display()));
+        view.toast(format!("'{}' is already an input", path.display()));
     } else {
         session.dirty = true;
     }
@@ -69,7 +69,7 @@ pub fn request_plugin(session: &mut Session, view: &mut ViewState, path: &Path) 
     if session.needs_approval(path) {
         view.approval = Some(path.to_path_buf());
     } else if let Err(e) = session.load_plugin_file(path, false) {
-        session.note(Level::Error, e.clone());
+        session.note(Level::Error, &e);
         view.toast(&e);
     }
 }
@@ -156,7 +156,7 @@ pub fn approval_ui(ctx: &Context, session: &mut Session, view: &mut ViewState) {
             if ui.button("Approve and load").clicked() {
                 if let Err(e) = session.load_plugin_file(&path, true) {
                     session.note(Level::Error, format!("plugin not loaded: {e}"));
-                    view.toast(&format!("plugin not loaded: {e}"));
+                    view.toast(format!("plugin not loaded: {e}"));
                 }
                 close = true;
             }

@@ -92,7 +92,7 @@ fn form_ui(ui: &mut Ui, session: &mut Session) {
         // A grid that does not parse is already named under the grids.
         Err(_) if e.grids.iter().any(|g| g.error.is_some()) => {}
         Err(why) => {
-            ui.label(RichText::new(why).color(ui.visuals().error_fg_color));
+            ui.label(RichText::new(why.to_string()).color(ui.visuals().error_fg_color));
         }
     }
 }
@@ -204,7 +204,7 @@ fn load_toml(session: &mut Session) {
             Level::Info,
             format!("sweep specification read from '{}'", path.display()),
         ),
-        Err(e) => session.experiments.error = Some(e),
+        Err(e) => session.experiments.error = Some(e.to_string()),
     }
 }
 
@@ -222,7 +222,7 @@ fn save_toml(session: &mut Session) {
             Level::Info,
             format!("sweep specification saved to '{}'", path.display()),
         ),
-        Err(e) => session.experiments.error = Some(e),
+        Err(e) => session.experiments.error = Some(e.to_string()),
     }
 }
 

@@ -142,7 +142,7 @@ pub fn method_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
         view.start_run(session);
     }
     if let Err(why) = ready {
-        ui.label(RichText::new(why).color(ui.visuals().warn_fg_color).small());
+        ui.label(RichText::new(why.to_string()).color(ui.visuals().warn_fg_color).small());
     }
 }
 

@@ -67,14 +67,14 @@ impl Default for ViewState {
 
 impl ViewState {
     /// Shows `text` in the status bar for a few seconds.
-    pub fn toast(&mut self, text: &str) {
-        self.message = Some((text.to_owned(), Instant::now()));
+    pub fn toast(&mut self, text: impl std::fmt::Display) {
+        self.message = Some((text.to_string(), Instant::now()));
     }
 
     /// Queues a merge; a refusal goes to the status bar and the log.
     pub fn start_run(&mut self, session: &mut Session) {
         match session.run() {
-            Ok(id) => self.toast(&format!("run #{id} queued")),
+            Ok(id) => self.toast(format!("run #{id} queued")),
             Err(e) => {
                 self.toast(&e);
                 session.note(Level::Warn, format!("not run: {e}"));
