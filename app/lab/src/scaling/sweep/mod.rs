@@ -2,15 +2,17 @@
 //! hyperparameters and the number of tasks, merge seeded task groups with several methods,
 //! evaluate every task, and fit the scaling laws over the results.
 //!
-//! [`spec`] says what is varied (TOML, the `paper-002` preset), [`run`] does the work and
+//! [`spec`] says what is varied (TOML, the `paper-002` preset), `cells` plans the work, [`run`] does it and
 //! resumes a killed sweep from [`store`]'s results file, [`plots`] turns the rows into the
 //! paper's plots with the laws fitted.
 
+mod cells;
 pub mod plots;
 pub mod run;
 pub mod spec;
 pub mod store;
 
+pub use cells::{diverged_file, expert_file};
 pub use plots::{VariableResult, analyse, figures, fits_markdown, write_plots};
 pub use run::{SweepInputs, SweepProgress, SweepSummary, run_sweep};
 pub use spec::{SweepSpec, Variable};

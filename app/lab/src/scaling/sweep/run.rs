@@ -4,8 +4,11 @@
 //! Everything already on disk (checkpoints, finished cells) is reused, so a killed sweep
 //! resumes where it stopped.
 
-use super::spec::{EXPERT, Hyper, SweepSpec, task_groups};
-use super::store::{ResultsFile, Row, cell_key, expert_cell_key};
+use super::cells::{
+    Cell, RunJob, collapsed_rows, diverged_file, expert_file, plan_cells, rows_from_report, runs_needed,
+};
+use super::spec::{EXPERT, Hyper, SweepSpec};
+use super::store::{ResultsFile, Row};
 use crate::data::{SplitKind, TaskData};
 use crate::demo::{Benchmark, load_params, save_params};
 use crate::evaluator::{BackboneEvaluator, Evaluator};
@@ -16,6 +19,7 @@ use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Progress};
 use mergescope_engine::plugin::loader::Plugin;
 use rayon::prelude::*;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -90,12 +94,6 @@ pub struct SweepSummary {
     pub results: PathBuf,
 }
 
-/// One (run, task) fine-tuning job: its folder, the steps it checkpoints.
-struct RunJob {
-    hyper: Hyper,
-    snapshots: Vec<usize>,
-}
-
 /// Shared state of a running sweep.
 struct Tracker<'a> {
     started: Instant,
@@ -137,45 +135,6 @@ impl Tracker<'_> {
     }
 }
 
-/// The checkpoint of task `task` after `steps` steps of the run of `hyper`, relative to the
-/// sweep's models folder.
-pub fn expert_file(hyper: &Hyper, task: &str, steps: usize) -> String {
-    format!("experts/{}/{task}.k{steps}.safetensors", hyper.run_id())
-}
-
-/// The marker a diverged run leaves beside its snapshots: the step whose loss was not
-/// finite, then the error. The snapshots from that step on do not exist: those experts, and
-/// every merge that needs one, are recorded as collapsed (accuracy and loss NaN).
-pub fn diverged_file(hyper: &Hyper, task: &str) -> String {
-    format!("experts/{}/{task}.diverged", hyper.run_id())
-}
-
-/// The step at which the run of `hyper` on `task` diverged, if it did.
-fn diverged_at(models: &Path, hyper: &Hyper, task: &str) -> Option<usize> {
-    std::fs::read_to_string(models.join(diverged_file(hyper, task)))
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// Whether the expert of `task` at `hyper` (its `steps`) collapsed: its run diverged first.
-fn collapsed(models: &Path, hyper: &Hyper, task: &str) -> bool {
-    diverged_at(models, hyper, task).is_some_and(|step| step <= hyper.steps)
-}
-
-/// The rows of a collapsed cell: one per task, accuracy and loss NaN.
-fn collapsed_rows(template: &Row, tasks: &[String]) -> Vec<Row> {
-    tasks
-        .iter()
-        .map(|t| Row {
-            task: t.clone(),
-            ..template.clone()
-        })
-        .collect()
-}
-
 /// The first `ratio` of each class's training examples, in their order (a deterministic
 /// class-balanced subset; at least one example of each class present).
 pub fn class_balanced_subset(data: &TaskData, ratio: f64) -> (Vec<u8>, Vec<u8>) {
@@ -211,53 +170,21 @@ pub fn run_sweep(
     let SweepInputs {
         spec,
         bench,
-        tasks,
-        plugins,
         out_dir,
         opts,
+        ..
     } = *inputs;
     let pool: Vec<String> = bench.task_names().iter().map(|s| (*s).to_owned()).collect();
-    let ids: Vec<&str> = plugins.iter().map(|p| p.id()).collect();
-    spec.validate(pool.len(), &ids)?;
-    if spec.arch()? != bench.manifest.arch {
-        return Err(EngineError::Param(format!(
-            "the sweep is for {} but the benchmark '{}' is {}",
-            spec.arch,
-            bench.dir.display(),
-            bench.manifest.arch.name()
-        )));
-    }
-    let data: Vec<&TaskData> = pool
-        .iter()
-        .map(|name| {
-            tasks
-                .iter()
-                .find(|t| &t.name == name)
-                .ok_or_else(|| EngineError::Invalid(format!("no task data for the benchmark's task '{name}'")))
-        })
-        .collect::<Result<_>>()?;
+    let data = check_inputs(inputs, &pool)?;
     prepare_folder(spec, bench, out_dir)?;
     let models = out_dir.join("models");
 
     let cells = plan_cells(spec, &pool);
-    let expected = |r: &Row| -> Option<usize> {
-        if r.method == EXPERT {
-            Some(1)
-        } else {
-            Some(r.group_tasks.split('+').count())
-        }
-    };
     let results = out_dir.join(RESULTS_FILE);
-    let (mut file, mut rows) = ResultsFile::open(&results, &expected)?;
+    let (mut file, mut rows) = ResultsFile::open(&results, &rows_per_cell)?;
     let done: BTreeSet<String> = rows.iter().map(Row::cell).collect();
-    let is_done = |c: &Cell| match c {
-        Cell::Expert { hyper, task } => done.contains(&expert_cell_key(hyper, &pool[*task])),
-        Cell::Merge {
-            hyper, group, method, ..
-        } => done.contains(&cell_key(hyper, Some(*group), spec.methods[*method].name())),
-    };
+    let is_done = |c: &Cell| done.contains(&c.key(spec, &pool));
     let reused = cells.iter().filter(|c| is_done(c)).count();
-
     let mut needed = runs_needed(spec, &pool, cells.iter().filter(|c| !is_done(c)), &models);
     let tracker = Tracker {
         started: Instant::now(),
@@ -272,190 +199,31 @@ pub fn run_sweep(
     tracker.report(if reused > 0 { "resuming" } else { "starting" });
 
     let device = &opts.device;
-    let base = load_params(&bench.base_path(), device)?;
-    let heads = bench.heads(device)?;
-    let mut evaluators: HashMap<Vec<usize>, BackboneEvaluator> = HashMap::new();
+    let mut run = SweepRun {
+        inputs,
+        pool: &pool,
+        data,
+        models: &models,
+        base: load_params(&bench.base_path(), device)?,
+        heads: bench.heads(device)?,
+        evaluators: HashMap::new(),
+        tracker: &tracker,
+        cancel,
+    };
     let mut runs_trained = 0;
-    for cell in &cells {
-        if is_done(cell) {
-            continue;
-        }
+    for cell in cells.iter().filter(|c| !is_done(c)) {
         if cancel.load(Ordering::Relaxed) {
             return Err(EngineError::Cancelled);
         }
-        let (hyper, ts) = match cell {
-            Cell::Expert { hyper, task } => (hyper, vec![*task]),
-            Cell::Merge { hyper, tasks, .. } => (hyper, tasks.clone()),
-        };
-        // Train what this cell needs, the group's tasks in parallel.
-        let jobs: Vec<(usize, RunJob)> = ts
+        let hyper = cell.hyper();
+        let jobs: Vec<(usize, RunJob)> = cell
+            .tasks()
             .iter()
             .filter_map(|&t| needed.remove(&(hyper.run_id(), t)).map(|j| (t, j)))
             .collect();
-        if !jobs.is_empty() {
-            let t0 = Instant::now();
-            let stage = format!("fine-tuning {} ({})", hyper.run_id(), jobs.len());
-            tracker.report(&stage);
-            jobs.par_iter()
-                .map(|(t, job)| {
-                    train_expert(
-                        spec,
-                        bench,
-                        data[*t],
-                        &base,
-                        &heads,
-                        job,
-                        &models,
-                        device,
-                        &|| {
-                            tracker.steps_done.fetch_add(1, Ordering::Relaxed);
-                            tracker.report(&stage);
-                        },
-                        cancel,
-                    )
-                })
-                .collect::<Result<Vec<()>>>()?;
-            *tracker.train_seconds.lock().unwrap_or_else(|e| e.into_inner()) += t0.elapsed().as_secs_f64();
-            runs_trained += jobs.len();
-        }
+        runs_trained += run.train(hyper, &jobs)?;
         let t0 = Instant::now();
-        let new_rows = match cell {
-            Cell::Expert { hyper, task } if collapsed(&models, hyper, &pool[*task]) => collapsed_rows(
-                &Row {
-                    hyper: Hyper {
-                        tasks: 0,
-                        ..hyper.clone()
-                    },
-                    group: None,
-                    group_tasks: String::new(),
-                    method: EXPERT.to_owned(),
-                    task: String::new(),
-                    accuracy: f64::NAN,
-                    loss: f64::NAN,
-                    examples: 0,
-                    seconds: 0.0,
-                },
-                &[pool[*task].clone()],
-            ),
-            Cell::Merge {
-                hyper,
-                group,
-                tasks: members,
-                method,
-            } if members.iter().any(|&t| collapsed(&models, hyper, &pool[t])) => {
-                let names: Vec<String> = members.iter().map(|&t| pool[t].clone()).collect();
-                collapsed_rows(
-                    &Row {
-                        hyper: hyper.clone(),
-                        group: Some(*group),
-                        group_tasks: names.join("+"),
-                        method: spec.methods[*method].name().to_owned(),
-                        task: String::new(),
-                        accuracy: f64::NAN,
-                        loss: f64::NAN,
-                        examples: 0,
-                        seconds: 0.0,
-                    },
-                    &names,
-                )
-            }
-            Cell::Expert { hyper, task } => {
-                tracker.report(&format!("evaluating the {} expert of {}", pool[*task], hyper.run_id()));
-                let ev = evaluator(&mut evaluators, spec, bench, tasks, &pool, &[*task], device)?;
-                let report = ev.evaluate_file(&models.join(expert_file(hyper, &pool[*task], hyper.steps)), cancel)?;
-                let expert_hyper = Hyper {
-                    tasks: 0,
-                    ..hyper.clone()
-                };
-                report
-                    .tasks
-                    .iter()
-                    .map(|s| Row {
-                        hyper: expert_hyper.clone(),
-                        group: None,
-                        group_tasks: String::new(),
-                        method: EXPERT.to_owned(),
-                        task: s.task.clone(),
-                        accuracy: s.accuracy,
-                        loss: s.loss.unwrap_or(f64::NAN),
-                        examples: s.examples,
-                        seconds: t0.elapsed().as_secs_f64(),
-                    })
-                    .collect::<Vec<_>>()
-            }
-            Cell::Merge {
-                hyper,
-                group,
-                tasks: members,
-                method,
-            } => {
-                let m = &spec.methods[*method];
-                let stage = format!(
-                    "{} on group {} of N={} at {}",
-                    m.name(),
-                    group,
-                    hyper.tasks,
-                    hyper.run_id()
-                );
-                tracker.report(&stage);
-                let plugin = plugins.iter().find(|p| p.id() == m.plugin).ok_or_else(|| {
-                    EngineError::Invalid(format!("method plugin '{}' was not handed to the sweep", m.plugin))
-                })?;
-                let names: Vec<String> = members.iter().map(|&t| pool[t].clone()).collect();
-                let group_bench = group_benchmark(bench, &models, hyper, &names);
-                let out = out_dir.join("merges").join("current.safetensors");
-                let req = MergeRequest::new(group_bench.expert_paths(), out.clone())
-                    .with_base(Some(bench.base_path()))
-                    .with_params(m.params_for(members.len()))
-                    .with_seed(spec.seed)
-                    .overwriting(true);
-                let on_progress = |p: &Progress| {
-                    if p.total > 0 {
-                        tracker.report(&format!("{stage}: {}", p.tensor));
-                    }
-                };
-                let observer = Observer {
-                    progress: &on_progress,
-                    log: Observer::silent().log,
-                };
-                let source = TaskSource {
-                    bench: &group_bench,
-                    tasks,
-                };
-                let merged = run::merge(plugin, &req, Some(source), opts, observer, cancel).map(|_| ());
-                merged.map_err(|e| match e {
-                    EngineError::Cancelled => EngineError::Cancelled,
-                    e => EngineError::Invalid(format!(
-                        "{} on tasks {} at {} (K={}): {e}",
-                        m.name(),
-                        names.join("+"),
-                        hyper.run_id(),
-                        hyper.steps
-                    )),
-                })?;
-                let ev = evaluator(&mut evaluators, spec, bench, tasks, &pool, members, device)?;
-                let report = ev.evaluate_file(&out, cancel)?;
-                for p in [out.clone(), out.with_extension("trajectory.safetensors")] {
-                    let _ = std::fs::remove_file(p);
-                }
-                let seconds = t0.elapsed().as_secs_f64();
-                report
-                    .tasks
-                    .iter()
-                    .map(|s| Row {
-                        hyper: hyper.clone(),
-                        group: Some(*group),
-                        group_tasks: names.join("+"),
-                        method: m.name().to_owned(),
-                        task: s.task.clone(),
-                        accuracy: s.accuracy,
-                        loss: s.loss.unwrap_or(f64::NAN),
-                        examples: s.examples,
-                        seconds,
-                    })
-                    .collect()
-            }
-        };
+        let new_rows = run.cell_rows(cell, t0)?;
         file.append(&new_rows)?;
         rows.extend(new_rows);
         {
@@ -477,80 +245,205 @@ pub fn run_sweep(
     })
 }
 
-/// A unit of work with its own rows.
-enum Cell {
-    /// An expert on its own task.
-    Expert { hyper: Hyper, task: usize },
-    /// A merge of a task group with a method, on each of the group's tasks.
-    Merge {
-        hyper: Hyper,
-        group: usize,
-        tasks: Vec<usize>,
-        method: usize,
-    },
+/// Rows a finished cell has in the results file: one for an expert, one per group task for a
+/// merge (a cell with fewer rows was cut off and is run again).
+fn rows_per_cell(r: &Row) -> Option<usize> {
+    if r.method == EXPERT {
+        Some(1)
+    } else {
+        Some(r.group_tasks.split('+').count())
+    }
 }
 
-/// Every cell of the sweep, in order: each point's task groups, the experts of a group (each
-/// (point, task) once, whatever groups it is in) before the group's merges, one per method.
-fn plan_cells(spec: &SweepSpec, pool: &[String]) -> Vec<Cell> {
-    let mut cells: Vec<Cell> = Vec::new();
-    let mut seen = BTreeSet::new();
-    for h in &spec.points() {
-        for (g, group) in task_groups(pool.len(), h.tasks, spec.groups, spec.seed)
-            .into_iter()
-            .enumerate()
-        {
-            for &t in &group {
-                if seen.insert(expert_cell_key(h, &pool[t])) {
-                    cells.push(Cell::Expert {
-                        hyper: h.clone(),
-                        task: t,
-                    });
+/// Checks the specification against the benchmark and plugins, and finds the data of every
+/// task of the benchmark's pool, in pool order.
+fn check_inputs<'a>(inputs: &SweepInputs<'a>, pool: &[String]) -> Result<Vec<&'a TaskData>> {
+    let SweepInputs {
+        spec,
+        bench,
+        tasks,
+        plugins,
+        ..
+    } = *inputs;
+    let ids: Vec<&str> = plugins.iter().map(|p| p.id()).collect();
+    spec.validate(pool.len(), &ids)?;
+    if spec.arch()? != bench.manifest.arch {
+        return Err(EngineError::Param(format!(
+            "the sweep is for {} but the benchmark '{}' is {}",
+            spec.arch,
+            bench.dir.display(),
+            bench.manifest.arch.name()
+        )));
+    }
+    pool.iter()
+        .map(|name| {
+            tasks.iter().find(|t| &t.name == name).ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "no task data for the benchmark's task '{name}': add its file to the task folder"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// What the cells of a running sweep share.
+struct SweepRun<'a, 'i> {
+    inputs: &'a SweepInputs<'i>,
+    pool: &'a [String],
+    data: Vec<&'i TaskData>,
+    models: &'a Path,
+    base: Params,
+    heads: BTreeMap<String, crate::nn::Head>,
+    /// Test evaluators by the pool indices of their tasks (their data is converted once).
+    evaluators: HashMap<Vec<usize>, BackboneEvaluator>,
+    tracker: &'a Tracker<'a>,
+    cancel: &'a AtomicBool,
+}
+
+impl SweepRun<'_, '_> {
+    /// Fine-tunes the runs `jobs` of `hyper` (one per task, in parallel); returns how many.
+    fn train(&self, hyper: &Hyper, jobs: &[(usize, RunJob)]) -> Result<usize> {
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        let t0 = Instant::now();
+        let stage = format!("fine-tuning {} ({})", hyper.run_id(), jobs.len());
+        self.tracker.report(&stage);
+        let SweepInputs { spec, bench, opts, .. } = *self.inputs;
+        jobs.par_iter()
+            .map(|(t, job)| {
+                train_expert(
+                    spec,
+                    bench,
+                    self.data[*t],
+                    &self.base,
+                    &self.heads,
+                    job,
+                    self.models,
+                    &opts.device,
+                    &|| {
+                        self.tracker.steps_done.fetch_add(1, Ordering::Relaxed);
+                        self.tracker.report(&stage);
+                    },
+                    self.cancel,
+                )
+            })
+            .collect::<Result<Vec<()>>>()?;
+        *self.tracker.train_seconds.lock().unwrap_or_else(|e| e.into_inner()) += t0.elapsed().as_secs_f64();
+        Ok(jobs.len())
+    }
+
+    /// The rows of `cell`, whose experts are trained: NaN rows when one of them collapsed,
+    /// else the expert's (or the group's merge's) evaluation on each task.
+    fn cell_rows(&mut self, cell: &Cell, t0: Instant) -> Result<Vec<Row>> {
+        let spec = self.inputs.spec;
+        let cancel = self.cancel;
+        let template = cell.template(spec, self.pool);
+        if cell.collapsed(self.models, self.pool) {
+            return Ok(collapsed_rows(&template, &cell.task_names(self.pool)));
+        }
+        let report = match cell {
+            Cell::Expert { hyper, task } => {
+                let name = &self.pool[*task];
+                self.tracker
+                    .report(&format!("evaluating the {name} expert of {}", hyper.run_id()));
+                let path = self.models.join(expert_file(hyper, name, hyper.steps));
+                self.evaluator(cell.tasks())?.evaluate_file(&path, cancel)?
+            }
+            Cell::Merge {
+                hyper, group, method, ..
+            } => {
+                let out = self.merge_group(hyper, *group, cell, *method)?;
+                let report = self.evaluator(cell.tasks())?.evaluate_file(&out, cancel)?;
+                for p in [out.clone(), out.with_extension("trajectory.safetensors")] {
+                    let _ = std::fs::remove_file(p);
                 }
+                report
             }
-            for m in 0..spec.methods.len() {
-                cells.push(Cell::Merge {
-                    hyper: h.clone(),
-                    group: g,
-                    tasks: group.clone(),
-                    method: m,
-                });
-            }
-        }
-    }
-    cells
-}
-
-/// The fine-tuning runs that `cells` still need: one per (run, task) whose snapshots are not
-/// all in `models` (a diverged run is not asked for the snapshots from its divergence on).
-fn runs_needed<'c>(
-    spec: &SweepSpec,
-    pool: &[String],
-    cells: impl Iterator<Item = &'c Cell>,
-    models: &Path,
-) -> BTreeMap<(String, usize), RunJob> {
-    let snapshots = spec.snapshots();
-    let mut needed: BTreeMap<(String, usize), RunJob> = BTreeMap::new();
-    for c in cells {
-        let (hyper, ts) = match c {
-            Cell::Expert { hyper, task } => (hyper, vec![*task]),
-            Cell::Merge { hyper, tasks, .. } => (hyper, tasks.clone()),
         };
-        for t in ts {
-            let snaps = snapshots.get(&hyper.run_id()).cloned().unwrap_or_default();
-            let stop = diverged_at(models, hyper, &pool[t]).unwrap_or(usize::MAX);
-            if snaps
-                .iter()
-                .any(|&k| k < stop && !models.join(expert_file(hyper, &pool[t], k)).is_file())
-            {
-                needed.entry((hyper.run_id(), t)).or_insert(RunJob {
-                    hyper: hyper.clone(),
-                    snapshots: snaps,
-                });
+        Ok(rows_from_report(&template, &report, t0.elapsed().as_secs_f64()))
+    }
+
+    /// Merges the experts of `cell`'s group at `hyper` with method `method` of the
+    /// specification; returns the merged file.
+    fn merge_group(&self, hyper: &Hyper, group: usize, cell: &Cell, method: usize) -> Result<PathBuf> {
+        let SweepInputs {
+            spec,
+            bench,
+            tasks,
+            plugins,
+            out_dir,
+            opts,
+        } = *self.inputs;
+        let m = &spec.methods[method];
+        let stage = format!(
+            "{} on group {group} of N={} at {}",
+            m.name(),
+            hyper.tasks,
+            hyper.run_id()
+        );
+        self.tracker.report(&stage);
+        let plugin = plugins.iter().find(|p| p.id() == m.plugin).ok_or_else(|| {
+            EngineError::Param(format!(
+                "method plugin '{}' is not installed; install it or remove the method from the sweep",
+                m.plugin
+            ))
+        })?;
+        let names = cell.task_names(self.pool);
+        let group_bench = group_benchmark(bench, self.models, hyper, &names);
+        let out = out_dir.join("merges").join("current.safetensors");
+        let req = MergeRequest::new(group_bench.expert_paths(), out.clone())
+            .with_base(Some(bench.base_path()))
+            .with_params(m.params_for(names.len()))
+            .with_seed(spec.seed)
+            .overwriting(true);
+        let on_progress = |p: &Progress| {
+            if p.total > 0 {
+                self.tracker.report(&format!("{stage}: {}", p.tensor));
+            }
+        };
+        let observer = Observer {
+            progress: &on_progress,
+            log: Observer::silent().log,
+        };
+        let source = TaskSource {
+            bench: &group_bench,
+            tasks,
+        };
+        run::merge(plugin, &req, Some(source), opts, observer, self.cancel).map_err(|e| match e {
+            EngineError::Cancelled => EngineError::Cancelled,
+            e => EngineError::Invalid(format!(
+                "{} on tasks {} at {} (K={}): {e}",
+                m.name(),
+                names.join("+"),
+                hyper.run_id(),
+                hyper.steps
+            )),
+        })?;
+        Ok(out)
+    }
+
+    /// The (cached) test evaluator of the tasks `members` of the pool.
+    fn evaluator(&mut self, members: &[usize]) -> Result<&BackboneEvaluator> {
+        let SweepInputs {
+            spec,
+            bench,
+            tasks,
+            opts,
+            ..
+        } = *self.inputs;
+        match self.evaluators.entry(members.to_vec()) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(v) => {
+                let names: Vec<String> = members.iter().map(|&t| self.pool[t].clone()).collect();
+                let mut ev = bench.evaluator(tasks, Some(&names), SplitKind::Test, &opts.device)?;
+                if let Some(n) = spec.eval_examples {
+                    ev = ev.subsample(n)?;
+                }
+                Ok(v.insert(ev))
             }
         }
     }
-    needed
 }
 
 /// Checks that `out_dir` is empty or holds the same sweep (same benchmark, seed, evaluation and
@@ -610,29 +503,6 @@ fn group_benchmark(bench: &Benchmark, models: &Path, hyper: &Hyper, names: &[Str
         dir: models.to_path_buf(),
         manifest,
     }
-}
-
-/// The (cached) test evaluator of the tasks `members` of the pool.
-fn evaluator<'e>(
-    cache: &'e mut HashMap<Vec<usize>, BackboneEvaluator>,
-    spec: &SweepSpec,
-    bench: &Benchmark,
-    tasks: &[TaskData],
-    pool: &[String],
-    members: &[usize],
-    device: &candle_core::Device,
-) -> Result<&'e BackboneEvaluator> {
-    if !cache.contains_key(members) {
-        let names: Vec<String> = members.iter().map(|&t| pool[t].clone()).collect();
-        let mut ev = bench.evaluator(tasks, Some(&names), SplitKind::Test, device)?;
-        if let Some(n) = spec.eval_examples {
-            ev = ev.subsample(n)?;
-        }
-        cache.insert(members.to_vec(), ev);
-    }
-    cache
-        .get(members)
-        .ok_or_else(|| EngineError::Invalid("evaluator cache lost an entry".into()))
 }
 
 /// Fine-tunes the expert of `data` for `job`, writing each of its snapshots atomically.
@@ -709,100 +579,5 @@ fn train_expert(
             data.name,
             h.run_id()
         ))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::nn::Arch;
-
-    /// The Experiments window test's tiny sweep: K ∈ {2, 4} around 6, N ∈ {2, 3} around 2,
-    /// two groups, task arithmetic and TIES, on three tasks.
-    fn tiny_spec() -> (SweepSpec, Vec<String>) {
-        let mut spec = SweepSpec::paper_002(Arch::Mlp);
-        spec.methods.truncate(2);
-        spec.grid.steps = vec![2, 4];
-        spec.grid.lr.clear();
-        spec.grid.batch.clear();
-        spec.grid.data_ratio.clear();
-        spec.grid.optimizer.clear();
-        spec.grid.tasks = vec![2, 3];
-        spec.defaults.steps = 6;
-        spec.defaults.batch = 16;
-        spec.defaults.tasks = 2;
-        spec.groups = 2;
-        let pool = ["fashion_mnist", "letters", "mnist"].map(str::to_owned).to_vec();
-        (spec, pool)
-    }
-
-    fn expert_tasks(cells: &[Cell], steps: usize) -> BTreeSet<usize> {
-        cells
-            .iter()
-            .filter_map(|c| match c {
-                Cell::Expert { hyper, task } if hyper.steps == steps => Some(*task),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn cells_are_each_expert_once_then_the_merges_that_need_them() {
-        let (spec, pool) = tiny_spec();
-        let cells = plan_cells(&spec, &pool);
-        // By hand: K = 6, 2, 4 with N = 2 each give two 2-subsets of 3 tasks, which cover all 3
-        // (3 experts + 2 groups × 2 methods = 7 cells each); N = 3 at K = 6 has one group and
-        // reuses K = 6's experts (2 merges): 7 + 7 + 7 + 2 = 23.
-        assert_eq!(cells.len(), 23);
-        for k in [2, 4, 6] {
-            assert_eq!(expert_tasks(&cells, k), BTreeSet::from([0, 1, 2]), "K = {k}");
-        }
-        let experts = cells.iter().filter(|c| matches!(c, Cell::Expert { .. })).count();
-        assert_eq!(experts, 9);
-        // Every merge comes after the expert cells of its group's tasks at its step count.
-        for (i, c) in cells.iter().enumerate() {
-            if let Cell::Merge {
-                hyper, tasks, method, ..
-            } = c
-            {
-                assert!(*method < 2);
-                for t in tasks {
-                    let before = cells[..i]
-                        .iter()
-                        .any(|e| matches!(e, Cell::Expert { hyper: h, task } if task == t && h.steps == hyper.steps));
-                    assert!(before, "merge {i} ({:?}) before its expert of task {t}", hyper.run_id());
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn runs_needed_are_the_runs_with_a_missing_snapshot_before_any_divergence() {
-        let (spec, pool) = tiny_spec();
-        let cells = plan_cells(&spec, &pool);
-        let models = tempfile::tempdir().unwrap();
-        let h = spec.defaults.clone();
-        let needed = |models: &Path| runs_needed(&spec, &pool, cells.iter(), models);
-        // One run per task (the steps are snapshots of one run), each saving K = 2, 4 and 6.
-        let all = needed(models.path());
-        assert_eq!(all.len(), 3);
-        assert!(all.values().all(|j| j.snapshots == [2, 4, 6]));
-        let touch = |rel: String, text: &str| {
-            let p = models.path().join(rel);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, text).unwrap();
-        };
-        // Task 0 has every snapshot: not needed any more.
-        for k in [2, 4, 6] {
-            touch(expert_file(&h, &pool[0], k), "");
-        }
-        // Task 1 diverged at step 3 and has its K = 2 snapshot: nothing it can still give.
-        touch(diverged_file(&h, &pool[1]), "3 loss NaN");
-        touch(expert_file(&h, &pool[1], 2), "");
-        let left = needed(models.path());
-        assert_eq!(left.keys().map(|(_, t)| *t).collect::<Vec<_>>(), [2]);
-        // Without its K = 2 snapshot the diverged run is needed again (for K = 2 only).
-        std::fs::remove_file(models.path().join(expert_file(&h, &pool[1], 2))).unwrap();
-        assert_eq!(needed(models.path()).len(), 2);
     }
 }
