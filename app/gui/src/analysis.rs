@@ -123,6 +123,8 @@ pub struct AnalysisInputs {
     pub tensors: Vec<String>,
     /// Task names of the benchmark (the per-task metric choices).
     pub tasks: Vec<String>,
+    /// The device the session's runs use; landscapes evaluate on it.
+    pub device: DeviceChoice,
 }
 
 /// A figure as it improves, with landscape progress.
@@ -376,7 +378,7 @@ fn compute(
                 };
                 spec.through = Some((a, b));
             }
-            let (device, _) = open_device(DeviceChoice::Cpu);
+            let (device, _) = open_device(inputs.device);
             let tasks = benchmark_tasks(None)?;
             let prepared = prepare_landscape(bench, &tasks, &base, &experts, &spec, &device)?;
             let mut grid = prepared.initial_grid(true);

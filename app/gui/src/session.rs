@@ -492,6 +492,7 @@ impl Session {
                 .as_ref()
                 .map(|b| b.task_names().iter().map(|t| t.to_string()).collect())
                 .unwrap_or_default(),
+            device: self.device,
         };
         self.analysis.start(kind, inputs, self.notify.clone());
     }

@@ -6,7 +6,6 @@ use super::{Common, short_name};
 use crate::cli::{cancel_on_ctrl_c, progress_bar};
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
-use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::error::EngineError;
 use mergescope_lab::analysis::landscape::Metric;
 use mergescope_lab::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
@@ -130,7 +129,7 @@ pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
         };
         spec.through = Some((resolve(first)?, resolve(second)?));
     }
-    let (device, _) = open_device(DeviceChoice::Cpu);
+    let device = a.common.device()?;
     let tasks = benchmark_tasks(a.data.as_deref())?;
     let prepared = prepare_landscape(&bench, &tasks, &models.base, &models.experts, &spec, &device)?;
     let mut grid = prepared.initial_grid(!a.no_cache);

@@ -8,6 +8,7 @@ mod views;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
+use mergescope_engine::device::{Device, DeviceChoice, open_device};
 use mergescope_engine::writer::write_atomic;
 use mergescope_figures::{Figure, render_png, to_csv};
 use mergescope_lab::demo::{Benchmark, resolve_benchmark};
@@ -63,6 +64,10 @@ pub struct Common {
     /// Replace --png/--csv files that exist.
     #[arg(long)]
     pub overwrite: bool,
+    /// Device the views that evaluate models (radar, landscape) run on: cpu, cuda or metal
+    /// (falls back to the CPU with a warning when the build or the machine lacks it).
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub device: String,
 }
 
 /// The base and experts an analysis runs on.
@@ -72,6 +77,17 @@ pub struct Models {
 }
 
 impl Common {
+    /// The device of --device, opened (a fallback is announced on stderr).
+    pub fn device(&self) -> anyhow::Result<Device> {
+        let choice = DeviceChoice::parse(&self.device)
+            .with_context(|| format!("--device '{}': use cpu, cuda or metal", self.device))?;
+        let (device, note) = open_device(choice);
+        if let Some(n) = note {
+            eprintln!("warning: {n}");
+        }
+        Ok(device)
+    }
+
     /// The base and expert files: --base/--expert, or the benchmark's.
     pub fn models(&self) -> anyhow::Result<Models> {
         if let Some(base) = &self.base {

@@ -3,7 +3,6 @@
 use super::{Common, short_name};
 use anyhow::{Context as _, bail};
 use clap::Args;
-use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_lab::analysis::gram_of_files;
 use mergescope_lab::analysis::spectrum::{matrix_names, task_spectra};
 use mergescope_lab::analysis::views::{
@@ -151,7 +150,7 @@ pub fn radar(a: &RadarArgs) -> anyhow::Result<()> {
     }
     files.extend(a.checkpoints.iter().cloned());
     // One evaluator (task data converted once) for every checkpoint.
-    let (device, _) = open_device(DeviceChoice::Cpu);
+    let device = a.common.device()?;
     let tasks = benchmark_tasks(a.data.as_deref())?;
     let evaluator = bench.evaluator(&tasks, None, SplitKind::Test, &device)?;
     let mut models = Vec::new();
