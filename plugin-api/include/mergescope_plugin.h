@@ -23,6 +23,11 @@
  *     host can never call a new layout.
  *   - Model-level methods (MS_KIND_MODEL_LEVEL, ABI 1.1) fill run_model, which the host calls
  *     once with an ms_session_api_v1; a 1.0 host refuses them by their minor version.
+ *   - Optional host features are extensions looked up by id with ms_host_api_v1.get_extension
+ *     (ABI 1.2: MS_HOST_EXT_SIGN_CONSENSUS_V1, MS_HOST_EXT_RANDOM_V1, MS_HOST_EXT_LINALG_V1,
+ *     MS_HOST_EXT_PARALLEL_V1). The method-specific fused operations of the core table
+ *     (bernoulli_mask, svd, low_rank, trim_abs, elect_sign, disjoint_merge) stay in it for
+ *     1.0/1.1 plugins; new plugins take them from the extensions.
  *
  * Ownership:
  *   - Tensors are opaque handles (ms_tensor_handle) owned by the host; 0 is never valid.
@@ -96,7 +101,7 @@ extern "C" {
 /* Major ABI version: a host only loads plugins of exactly this major. */
 #define MS_ABI_MAJOR 1u
 /* Minor ABI version: a host loads plugins whose minor is at most its own. */
-#define MS_ABI_MINOR 1u
+#define MS_ABI_MINOR 2u
 
 /* Name of the exported static ms_plugin_header. */
 #define MS_HEADER_SYMBOL "mergescope_plugin_header"
@@ -424,9 +429,7 @@ typedef struct ms_host_api_v1 {
     /* Elementwise reduction over n same-shape tensors (MS_STACK_*). */
     ms_status (*reduce_stack)(void *ctx, ms_stack_op op, const ms_tensor_handle *ts, size_t n,
                               ms_tensor_handle *out);
-    /* A 0/1 mask of `like`'s shape with P(1) = keep_probability, from a counter-based
-     * generator: element j of the full tensor gets the same draw for the same `seed` whatever
-     * the device or chunking (`offset` is the chunk's first element, as in ms_tensor_info). */
+    /* Kept for ABI 1.0/1.1 plugins; since 1.2: ms_host_random_v1.bernoulli_mask. */
     ms_status (*bernoulli_mask)(void *ctx, ms_tensor_handle like, double keep_probability, uint64_t seed,
                                 uint64_t offset, ms_tensor_handle *out);
     /* Matrix product of 2-D tensors. */
@@ -435,26 +438,102 @@ typedef struct ms_host_api_v1 {
     ms_status (*transpose)(void *ctx, ms_tensor_handle a, ms_tensor_handle *out);
     /* Same data, new shape (same element count). */
     ms_status (*reshape)(void *ctx, ms_tensor_handle a, const size_t *dims, size_t rank, ms_tensor_handle *out);
-    /* Truncated SVD of a 2-D tensor (m x n): U (m x k), S (k), V^T (k x n), computed in double;
-     * k is clamped to min(m, n). Any of the outputs may be NULL when not wanted. */
+    /* Kept for ABI 1.0/1.1 plugins; since 1.2: ms_host_linalg_v1.svd. */
     ms_status (*svd)(void *ctx, ms_tensor_handle a, size_t k, ms_tensor_handle *out_u, ms_tensor_handle *out_s,
                      ms_tensor_handle *out_vt);
-    /* Best rank-k approximation U_k diag(S_k) V_k^T of a 2-D tensor (Eckart-Young). */
+    /* Kept for ABI 1.0/1.1 plugins; since 1.2: ms_host_linalg_v1.low_rank. */
     ms_status (*low_rank)(void *ctx, ms_tensor_handle a, size_t k, ms_tensor_handle *out);
     /* Frees a tensor made during this call before the call returns, so long computations on
      * large tensors keep few intermediates alive. The handle is invalid afterwards; input
      * handles may be released too. */
     ms_status (*release)(void *ctx, ms_tensor_handle t);
-    /* Magnitude trim: |a| >= threshold ? a : 0, elementwise. */
+    /* Kept for ABI 1.0/1.1 plugins; since 1.2: ms_host_sign_consensus_v1.trim_abs. */
     ms_status (*trim_abs)(void *ctx, ms_tensor_handle a, double threshold, ms_tensor_handle *out);
-    /* Elected sign in {-1, 0, 1} per element over n same-shape tensors (MS_ELECT_*). */
+    /* Kept for ABI 1.0/1.1 plugins; since 1.2: ms_host_sign_consensus_v1.elect_sign. */
     ms_status (*elect_sign)(void *ctx, const ms_tensor_handle *ts, size_t n, ms_elect_rule rule,
                             ms_tensor_handle *out);
-    /* Disjoint aggregation (MS_DISJOINT_*) over the entries whose sign equals `sign`'s (zeros
-     * never agree; where `sign` is 0 nothing agrees and the result is 0). */
+    /* Kept for ABI 1.0/1.1 plugins; since 1.2: ms_host_sign_consensus_v1.disjoint_merge. */
     ms_status (*disjoint_merge)(void *ctx, const ms_tensor_handle *ts, size_t n, ms_tensor_handle sign,
                                 ms_disjoint_op op, ms_tensor_handle *out);
 } ms_host_api_v1;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Host extensions (ABI 1.2), looked up with ms_host_api_v1.get_extension                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* |a| >= threshold ? a : 0, elementwise (magnitude trim). */
+typedef ms_status (*ms_trim_abs_fn)(void *ctx, ms_tensor_handle a, double threshold, ms_tensor_handle *out);
+/* Elected sign in {-1, 0, 1} per element over n same-shape tensors (MS_ELECT_*). */
+typedef ms_status (*ms_elect_sign_fn)(void *ctx, const ms_tensor_handle *ts, size_t n, ms_elect_rule rule,
+                                      ms_tensor_handle *out);
+/* Disjoint aggregation (MS_DISJOINT_*) over the entries whose sign equals `sign`'s (zeros never
+ * agree; where `sign` is 0 nothing agrees and the result is 0). */
+typedef ms_status (*ms_disjoint_merge_fn)(void *ctx, const ms_tensor_handle *ts, size_t n, ms_tensor_handle sign,
+                                          ms_disjoint_op op, ms_tensor_handle *out);
+/* A 0/1 mask of `like`'s shape with P(1) = keep_probability, from a counter-based generator:
+ * element j of the full tensor gets the same draw for the same `seed` whatever the device or
+ * chunking (`offset` is the chunk's first element, as in ms_tensor_info). */
+typedef ms_status (*ms_bernoulli_mask_fn)(void *ctx, ms_tensor_handle like, double keep_probability, uint64_t seed,
+                                          uint64_t offset, ms_tensor_handle *out);
+/* Truncated SVD of a 2-D tensor (m x n): U (m x k), S (k), V^T (k x n), computed in double; k is
+ * clamped to min(m, n). Any of the outputs may be NULL when not wanted. */
+typedef ms_status (*ms_svd_fn)(void *ctx, ms_tensor_handle a, size_t k, ms_tensor_handle *out_u,
+                               ms_tensor_handle *out_s, ms_tensor_handle *out_vt);
+/* Best rank-k approximation U_k diag(S_k) V_k^T of a 2-D tensor (Eckart-Young). */
+typedef ms_status (*ms_low_rank_fn)(void *ctx, ms_tensor_handle a, size_t k, ms_tensor_handle *out);
+
+/* Id of the host extension ms_host_sign_consensus_v1: the fused operations of sign-consensus
+ * methods (TIES, DARE-TIES). */
+#define MS_HOST_EXT_SIGN_CONSENSUS_V1 "mergescope.host.sign-consensus.v1"
+/* Id of the host extension ms_host_random_v1: seeded random masks. */
+#define MS_HOST_EXT_RANDOM_V1 "mergescope.host.random.v1"
+/* Id of the host extension ms_host_linalg_v1: truncated SVD and low-rank approximation. */
+#define MS_HOST_EXT_LINALG_V1 "mergescope.host.linalg.v1"
+/* Id of the host extension ms_host_parallel_v1: the host's worker threads. */
+#define MS_HOST_EXT_PARALLEL_V1 "mergescope.host.parallel.v1"
+
+/* Host extension MS_HOST_EXT_SIGN_CONSENSUS_V1. Static; call its functions with the ctx of the
+ * ms_host_api_v1 it was looked up through, under that table's threading rules. */
+typedef struct ms_host_sign_consensus_v1 {
+    /* sizeof(ms_host_sign_consensus_v1) as the host knows it. */
+    size_t struct_size;
+    ms_trim_abs_fn trim_abs;
+    ms_elect_sign_fn elect_sign;
+    ms_disjoint_merge_fn disjoint_merge;
+} ms_host_sign_consensus_v1;
+
+/* Host extension MS_HOST_EXT_RANDOM_V1. Static; called like ms_host_sign_consensus_v1's. */
+typedef struct ms_host_random_v1 {
+    /* sizeof(ms_host_random_v1) as the host knows it. */
+    size_t struct_size;
+    ms_bernoulli_mask_fn bernoulli_mask;
+} ms_host_random_v1;
+
+/* Host extension MS_HOST_EXT_LINALG_V1. Static; called like ms_host_sign_consensus_v1's. */
+typedef struct ms_host_linalg_v1 {
+    /* sizeof(ms_host_linalg_v1) as the host knows it. */
+    size_t struct_size;
+    ms_svd_fn svd;
+    ms_low_rank_fn low_rank;
+} ms_host_linalg_v1;
+
+/* One job of ms_host_parallel_v1.parallel_for: works on item `index` with the plugin's `user`
+ * data. It runs on a host worker thread and must not call any host function. */
+typedef ms_status (*ms_parallel_job_fn)(void *user, size_t index);
+
+/* Host extension MS_HOST_EXT_PARALLEL_V1: lends the host's worker threads to a plugin for plain
+ * computation on its own data, so plugins keep no thread pools of their own and honour the
+ * user's thread setting. */
+typedef struct ms_host_parallel_v1 {
+    /* sizeof(ms_host_parallel_v1) as the host knows it. */
+    size_t struct_size;
+    /* How many threads parallel_for runs jobs on (at least 1). */
+    size_t (*threads)(void *ctx);
+    /* Calls job(user, i) for every i in 0..n, on up to `threads` threads, and returns when all
+     * have returned: MS_STATUS_OK, or the first failing job's status (jobs not yet started are
+     * then skipped), or MS_STATUS_CANCELLED when the user cancelled. */
+    ms_status (*parallel_for)(void *ctx, size_t n, ms_parallel_job_fn job, void *user);
+} ms_host_parallel_v1;
 
 /* ---------------------------------------------------------------------------------------- */
 /* Model-level sessions (ABI 1.1)                                                            */

@@ -1,5 +1,7 @@
 //! The raw C ABI, version 1 (minor 1 added model-level methods: [`SessionApiV1`] and
-//! `PluginApiV1::run_model`). Every type here is `#[repr(C)]` and mirrored one to one in
+//! `PluginApiV1::run_model`; minor 2 moved the method-specific fused operations behind host
+//! extensions that `HostApiV1::get_extension` returns by id, and added the host's worker
+//! threads as the [`HostParallelV1`] extension). Every type here is `#[repr(C)]` and mirrored one to one in
 //! `include/mergescope_plugin.h`; a test keeps the two in sync.
 //!
 //! Compatibility rules (CLAP-style): tables start with `struct_size` and only ever grow at the
@@ -13,7 +15,7 @@ pub const MAGIC: [u8; 8] = *b"MRGSCOPE";
 /// Major ABI version: a host only loads plugins of exactly this major.
 pub const ABI_MAJOR: u32 = 1;
 /// Minor ABI version: a host loads plugins whose minor is at most its own.
-pub const ABI_MINOR: u32 = 1;
+pub const ABI_MINOR: u32 = 2;
 
 /// Name of the exported static [`PluginHeader`].
 pub const HEADER_SYMBOL: &str = "mergescope_plugin_header";
@@ -307,7 +309,8 @@ pub struct HostApiV1 {
     pub is_cancelled: unsafe extern "C" fn(ctx: *mut c_void) -> i32,
     /// Records the error text of the failure the plugin is about to return (copied by the host).
     pub set_error: unsafe extern "C" fn(ctx: *mut c_void, message: Str),
-    /// Looks up an optional host extension by id; null when the host has none.
+    /// Looks up an optional host extension by id (`HOST_EXT_*`; a pointer to its static table);
+    /// null when the host has none.
     pub get_extension: unsafe extern "C" fn(ctx: *mut c_void, id: Str) -> *const c_void,
 
     /// Writes the rank to `rank` and up to `max_rank` dimensions to `dims`.
@@ -387,17 +390,9 @@ pub struct HostApiV1 {
         n: usize,
         out: *mut TensorHandle,
     ) -> Status,
-    /// A 0/1 mask of `like`'s shape with P(1) = `keep_probability`, from a counter-based
-    /// generator: element j of the full tensor gets the same draw for the same `seed` whatever
-    /// the device or chunking (`offset` is the chunk's first element, as in `TensorInfo`).
-    pub bernoulli_mask: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        like: TensorHandle,
-        keep_probability: f64,
-        seed: u64,
-        offset: u64,
-        out: *mut TensorHandle,
-    ) -> Status,
+    /// Kept for ABI 1.0/1.1 plugins; since 1.2 the same function is
+    /// [`HostRandomV1::bernoulli_mask`] (extension [`HOST_EXT_RANDOM_V1`]).
+    pub bernoulli_mask: BernoulliMaskFn,
     /// Matrix product of 2-D tensors.
     pub matmul:
         unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, b: TensorHandle, out: *mut TensorHandle) -> Status,
@@ -411,43 +406,133 @@ pub struct HostApiV1 {
         rank: usize,
         out: *mut TensorHandle,
     ) -> Status,
-    /// Truncated SVD of a 2-D tensor (m×n): U (m×k), S (k), Vᵀ (k×n), computed in f64;
-    /// k is clamped to min(m, n). Any of the outputs may be null when not wanted.
-    pub svd: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        a: TensorHandle,
-        k: usize,
-        out_u: *mut TensorHandle,
-        out_s: *mut TensorHandle,
-        out_vt: *mut TensorHandle,
-    ) -> Status,
-    /// Best rank-k approximation U_k diag(S_k) V_kᵀ of a 2-D tensor (Eckart–Young).
-    pub low_rank: unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, k: usize, out: *mut TensorHandle) -> Status,
+    /// Kept for ABI 1.0/1.1 plugins; since 1.2 the same function is [`HostLinalgV1::svd`]
+    /// (extension [`HOST_EXT_LINALG_V1`]).
+    pub svd: SvdFn,
+    /// Kept for ABI 1.0/1.1 plugins; since 1.2 the same function is [`HostLinalgV1::low_rank`].
+    pub low_rank: LowRankFn,
     /// Frees a tensor made during this call before the call returns, so long computations on
     /// large tensors keep few intermediates alive. The handle is invalid afterwards; input
     /// handles may be released too.
     pub release: unsafe extern "C" fn(ctx: *mut c_void, t: TensorHandle) -> Status,
-    /// Magnitude trim: `|a| ≥ threshold ? a : 0`, elementwise.
-    pub trim_abs:
-        unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, threshold: f64, out: *mut TensorHandle) -> Status,
-    /// Elected sign in {−1, 0, 1} per element over n same-shape tensors (`ELECT_*`).
-    pub elect_sign: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        ts: *const TensorHandle,
-        n: usize,
-        rule: ElectRule,
-        out: *mut TensorHandle,
-    ) -> Status,
-    /// Disjoint aggregation (`DISJOINT_*`) over the entries whose sign equals `sign`'s
-    /// (zeros never agree; where `sign` is 0 nothing agrees and the result is 0).
-    pub disjoint_merge: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        ts: *const TensorHandle,
-        n: usize,
-        sign: TensorHandle,
-        op: DisjointOp,
-        out: *mut TensorHandle,
-    ) -> Status,
+    /// Kept for ABI 1.0/1.1 plugins; since 1.2 the same function is
+    /// [`HostSignConsensusV1::trim_abs`] (extension [`HOST_EXT_SIGN_CONSENSUS_V1`]).
+    pub trim_abs: TrimAbsFn,
+    /// Kept for ABI 1.0/1.1 plugins; since 1.2 the same function is
+    /// [`HostSignConsensusV1::elect_sign`].
+    pub elect_sign: ElectSignFn,
+    /// Kept for ABI 1.0/1.1 plugins; since 1.2 the same function is
+    /// [`HostSignConsensusV1::disjoint_merge`].
+    pub disjoint_merge: DisjointMergeFn,
+}
+
+/// `|a| ≥ threshold ? a : 0`, elementwise (magnitude trim).
+pub type TrimAbsFn =
+    unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, threshold: f64, out: *mut TensorHandle) -> Status;
+/// Elected sign in {−1, 0, 1} per element over n same-shape tensors (`ELECT_*`).
+pub type ElectSignFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    ts: *const TensorHandle,
+    n: usize,
+    rule: ElectRule,
+    out: *mut TensorHandle,
+) -> Status;
+/// Disjoint aggregation (`DISJOINT_*`) over the entries whose sign equals `sign`'s (zeros never
+/// agree; where `sign` is 0 nothing agrees and the result is 0).
+pub type DisjointMergeFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    ts: *const TensorHandle,
+    n: usize,
+    sign: TensorHandle,
+    op: DisjointOp,
+    out: *mut TensorHandle,
+) -> Status;
+/// A 0/1 mask of `like`'s shape with P(1) = `keep_probability`, from a counter-based generator:
+/// element j of the full tensor gets the same draw for the same `seed` whatever the device or
+/// chunking (`offset` is the chunk's first element, as in `TensorInfo`).
+pub type BernoulliMaskFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    like: TensorHandle,
+    keep_probability: f64,
+    seed: u64,
+    offset: u64,
+    out: *mut TensorHandle,
+) -> Status;
+/// Truncated SVD of a 2-D tensor (m×n): U (m×k), S (k), Vᵀ (k×n), computed in f64; k is clamped
+/// to min(m, n). Any of the outputs may be null when not wanted.
+pub type SvdFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    a: TensorHandle,
+    k: usize,
+    out_u: *mut TensorHandle,
+    out_s: *mut TensorHandle,
+    out_vt: *mut TensorHandle,
+) -> Status;
+/// Best rank-k approximation U_k diag(S_k) V_kᵀ of a 2-D tensor (Eckart–Young).
+pub type LowRankFn =
+    unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, k: usize, out: *mut TensorHandle) -> Status;
+
+/// Id of the host extension [`HostSignConsensusV1`] (ABI 1.2): the fused operations of
+/// sign-consensus methods (TIES, DARE-TIES).
+pub const HOST_EXT_SIGN_CONSENSUS_V1: &str = "mergescope.host.sign-consensus.v1";
+/// Id of the host extension [`HostRandomV1`] (ABI 1.2): seeded random masks.
+pub const HOST_EXT_RANDOM_V1: &str = "mergescope.host.random.v1";
+/// Id of the host extension [`HostLinalgV1`] (ABI 1.2): truncated SVD and low-rank approximation.
+pub const HOST_EXT_LINALG_V1: &str = "mergescope.host.linalg.v1";
+/// Id of the host extension [`HostParallelV1`] (ABI 1.2): the host's worker threads.
+pub const HOST_EXT_PARALLEL_V1: &str = "mergescope.host.parallel.v1";
+
+/// Host extension [`HOST_EXT_SIGN_CONSENSUS_V1`]. Static; call its functions with the `ctx` of the
+/// `HostApiV1` it was looked up through, under that table's threading rules.
+#[repr(C)]
+pub struct HostSignConsensusV1 {
+    /// `size_of::<HostSignConsensusV1>()` as the host knows it.
+    pub struct_size: usize,
+    /// Magnitude trim (see [`TrimAbsFn`]).
+    pub trim_abs: TrimAbsFn,
+    /// Sign election (see [`ElectSignFn`]).
+    pub elect_sign: ElectSignFn,
+    /// Disjoint aggregation (see [`DisjointMergeFn`]).
+    pub disjoint_merge: DisjointMergeFn,
+}
+
+/// Host extension [`HOST_EXT_RANDOM_V1`]. Static; called like [`HostSignConsensusV1`]'s.
+#[repr(C)]
+pub struct HostRandomV1 {
+    /// `size_of::<HostRandomV1>()` as the host knows it.
+    pub struct_size: usize,
+    /// Seeded Bernoulli mask (see [`BernoulliMaskFn`]).
+    pub bernoulli_mask: BernoulliMaskFn,
+}
+
+/// Host extension [`HOST_EXT_LINALG_V1`]. Static; called like [`HostSignConsensusV1`]'s.
+#[repr(C)]
+pub struct HostLinalgV1 {
+    /// `size_of::<HostLinalgV1>()` as the host knows it.
+    pub struct_size: usize,
+    /// Truncated SVD (see [`SvdFn`]).
+    pub svd: SvdFn,
+    /// Best rank-k approximation (see [`LowRankFn`]).
+    pub low_rank: LowRankFn,
+}
+
+/// One job of `HostParallelV1::parallel_for`: works on item `index` with the plugin's `user`
+/// data. It runs on a host worker thread and must not call any host function.
+pub type ParallelJob = unsafe extern "C" fn(user: *mut c_void, index: usize) -> Status;
+
+/// Host extension [`HOST_EXT_PARALLEL_V1`]: lends the host's worker threads to a plugin for
+/// plain computation on its own data (statistics over a copied tensor), so plugins keep no
+/// thread pools of their own and honour the user's thread setting.
+#[repr(C)]
+pub struct HostParallelV1 {
+    /// `size_of::<HostParallelV1>()` as the host knows it.
+    pub struct_size: usize,
+    /// How many threads `parallel_for` runs jobs on (at least 1).
+    pub threads: unsafe extern "C" fn(ctx: *mut c_void) -> usize,
+    /// Calls `job(user, i)` for every i in `0..n`, on up to `threads` threads, and returns when
+    /// all have returned: `STATUS_OK`, or the first failing job's status (jobs not yet started
+    /// are then skipped), or `STATUS_CANCELLED` when the user cancelled.
+    pub parallel_for: unsafe extern "C" fn(ctx: *mut c_void, n: usize, job: ParallelJob, user: *mut c_void) -> Status,
 }
 
 /// Objectives for `SessionApiV1::loss_and_grad`.

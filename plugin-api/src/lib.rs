@@ -14,4 +14,6 @@ pub mod abi;
 pub mod model;
 pub mod sdk;
 
-pub use sdk::{CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta};
+pub use sdk::{
+    Choice, CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+};

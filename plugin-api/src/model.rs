@@ -9,7 +9,7 @@
 use crate::abi::{self, EvalMetrics, FinetuneOptions, HostApiV1, SessionApiV1, Status, Str, TensorHandle, TensorInfo};
 use crate::sdk::{
     CreateContext, Descriptor, Error, Host, Params, Result, StaticTable, Tensor, TensorMeta, check, create_with,
-    destroy_impl, guard, instance, table_parts,
+    described_table, destroy_impl, guard, instance,
 };
 use std::ffi::c_void;
 
@@ -132,21 +132,7 @@ impl<'a> Session<'a> {
 
     /// The objective (`abi::OBJECTIVE_*`) of `candidate` on the calibration data of `tasks`.
     pub fn loss(&self, candidate: &[Tensor], tasks: Tasks, objective: abi::Objective) -> Result<f64> {
-        let c = handles(candidate);
-        let mut loss = 0.0;
-        // SAFETY: valid table; null `grads` asks for the value only.
-        check(unsafe {
-            (self.api.loss_and_grad)(
-                self.api.ctx,
-                c.as_ptr(),
-                c.len(),
-                tasks.raw(),
-                objective,
-                &mut loss,
-                std::ptr::null_mut(),
-            )
-        })?;
-        Ok(loss)
+        self.objective(candidate, tasks, objective, None)
     }
 
     /// The objective and its gradient with respect to every candidate tensor.
@@ -156,10 +142,24 @@ impl<'a> Session<'a> {
         tasks: Tasks,
         objective: abi::Objective,
     ) -> Result<(f64, Vec<Tensor>)> {
+        let mut grads = vec![0 as TensorHandle; candidate.len()];
+        let loss = self.objective(candidate, tasks, objective, Some(&mut grads))?;
+        Ok((loss, grads.into_iter().map(Tensor).collect()))
+    }
+
+    /// `loss_and_grad` of the session table: the value, and the gradient into `grads` (one
+    /// handle per candidate tensor) when given.
+    fn objective(
+        &self,
+        candidate: &[Tensor],
+        tasks: Tasks,
+        objective: abi::Objective,
+        grads: Option<&mut [TensorHandle]>,
+    ) -> Result<f64> {
         let c = handles(candidate);
         let mut loss = 0.0;
-        let mut grads = vec![0 as TensorHandle; c.len()];
-        // SAFETY: valid table; `grads` has room for `c.len()` handles.
+        let grads = grads.map_or(std::ptr::null_mut(), <[TensorHandle]>::as_mut_ptr);
+        // SAFETY: valid table; `grads` is null (value only) or has room for `c.len()` handles.
         check(unsafe {
             (self.api.loss_and_grad)(
                 self.api.ctx,
@@ -168,10 +168,10 @@ impl<'a> Session<'a> {
                 tasks.raw(),
                 objective,
                 &mut loss,
-                grads.as_mut_ptr(),
+                grads,
             )
         })?;
-        Ok((loss, grads.into_iter().map(Tensor).collect()))
+        Ok(loss)
     }
 
     /// `candidate` fine-tuned on the train split of `task`.
@@ -272,29 +272,15 @@ pub trait ModelMethod: Sized + 'static {
 
 #[doc(hidden)]
 pub fn build_model_table<M: ModelMethod>(version: &'static str) -> StaticTable {
-    let d = M::descriptor();
-    let (strings, [id, name, version, description, help, schema]) = table_parts(&d, version);
-    let api = abi::PluginApiV1 {
-        struct_size: std::mem::size_of::<abi::PluginApiV1>(),
-        id,
-        name,
+    let mut table = described_table(
+        &M::descriptor(),
         version,
-        description,
-        help,
-        kind: abi::KIND_MODEL_LEVEL,
-        capabilities: d.capabilities,
-        params_schema_json: schema,
-        create: create_model_impl::<M>,
-        destroy: destroy_impl::<M>,
-        prepare_passes: None,
-        prepare_tensor: None,
-        finish_pass: None,
-        merge_tensor: no_merge_tensor,
-        get_extension: None,
-        instance_capabilities: None,
-        run_model: Some(run_model_impl::<M>),
-    };
-    StaticTable::new(api, strings)
+        abi::KIND_MODEL_LEVEL,
+        create_model_impl::<M>,
+        destroy_impl::<M>,
+    );
+    table.api.run_model = Some(run_model_impl::<M>);
+    table
 }
 
 unsafe extern "C" fn create_model_impl<M: ModelMethod>(
@@ -310,24 +296,6 @@ unsafe extern "C" fn create_model_impl<M: ModelMethod>(
 }
 
 /// `merge_tensor` of a model-level table: never valid.
-unsafe extern "C" fn no_merge_tensor(
-    _instance: *mut c_void,
-    host: *const HostApiV1,
-    _info: *const TensorInfo,
-    _base: TensorHandle,
-    _experts: *const TensorHandle,
-    _n_experts: usize,
-    _out: *mut TensorHandle,
-) -> Status {
-    // SAFETY: the host passes its table for this call.
-    let h = unsafe { Host::from_raw(host) };
-    guard(h, || {
-        Err(Error::Message(
-            "this is a model-level method: the host must call run_model, not merge_tensor".into(),
-        ))
-    })
-}
-
 unsafe extern "C" fn run_model_impl<M: ModelMethod>(
     inst: *mut c_void,
     host: *const HostApiV1,

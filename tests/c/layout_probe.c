@@ -172,6 +172,35 @@ static const ms_session_fisher_v1 probe_session_fisher = {
 
 static const ms_entry_v1_fn probe_entry = FN(const ms_plugin_api_v1 *, (void));
 
+static const ms_host_sign_consensus_v1 probe_sign_consensus = {
+    sizeof(ms_host_sign_consensus_v1),                                                      /* struct_size */
+    FN(ms_status, (void *, ms_tensor_handle, double, ms_tensor_handle *)),                  /* trim_abs */
+    FN(ms_status, (void *, const ms_tensor_handle *, size_t, ms_elect_rule, ms_tensor_handle *)), /* elect_sign */
+    FN(ms_status, (void *, const ms_tensor_handle *, size_t, ms_tensor_handle, ms_disjoint_op,
+                   ms_tensor_handle *)),                                                    /* disjoint_merge */
+};
+
+static const ms_host_random_v1 probe_random = {
+    sizeof(ms_host_random_v1),                                                                   /* struct_size */
+    FN(ms_status, (void *, ms_tensor_handle, double, uint64_t, uint64_t, ms_tensor_handle *)),   /* bernoulli_mask */
+};
+
+static const ms_host_linalg_v1 probe_linalg = {
+    sizeof(ms_host_linalg_v1),                                                              /* struct_size */
+    FN(ms_status, (void *, ms_tensor_handle, size_t, ms_tensor_handle *, ms_tensor_handle *,
+                   ms_tensor_handle *)),                                                    /* svd */
+    FN(ms_status, (void *, ms_tensor_handle, size_t, ms_tensor_handle *)),                  /* low_rank */
+};
+
+static const ms_host_parallel_v1 probe_parallel = {
+    sizeof(ms_host_parallel_v1),                                                            /* struct_size */
+    FN(size_t, (void *)),                                                                   /* threads */
+    FN(ms_status, (void *, size_t, ms_parallel_job_fn, void *)),                            /* parallel_for */
+};
+
+/* The function types of the extensions, checked against the fields that use them. */
+static const ms_parallel_job_fn probe_job = FN(ms_status, (void *, size_t));
+
 /* ---- the facts ------------------------------------------------------------------------- */
 
 static const ms_probe_entry ENTRIES[] = {
@@ -393,6 +422,34 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_TYPE(ms_session_fisher_v1),
     PROBE_FIELD(ms_session_fisher_v1, struct_size),
     PROBE_FIELD(ms_session_fisher_v1, diag_fisher),
+
+    PROBE_TYPE(ms_trim_abs_fn),
+    PROBE_TYPE(ms_elect_sign_fn),
+    PROBE_TYPE(ms_disjoint_merge_fn),
+    PROBE_TYPE(ms_bernoulli_mask_fn),
+    PROBE_TYPE(ms_svd_fn),
+    PROBE_TYPE(ms_low_rank_fn),
+    PROBE_TYPE(ms_parallel_job_fn),
+    PROBE_STR(MS_HOST_EXT_SIGN_CONSENSUS_V1),
+    PROBE_STR(MS_HOST_EXT_RANDOM_V1),
+    PROBE_STR(MS_HOST_EXT_LINALG_V1),
+    PROBE_STR(MS_HOST_EXT_PARALLEL_V1),
+    PROBE_TYPE(ms_host_sign_consensus_v1),
+    PROBE_FIELD(ms_host_sign_consensus_v1, struct_size),
+    PROBE_FIELD(ms_host_sign_consensus_v1, trim_abs),
+    PROBE_FIELD(ms_host_sign_consensus_v1, elect_sign),
+    PROBE_FIELD(ms_host_sign_consensus_v1, disjoint_merge),
+    PROBE_TYPE(ms_host_random_v1),
+    PROBE_FIELD(ms_host_random_v1, struct_size),
+    PROBE_FIELD(ms_host_random_v1, bernoulli_mask),
+    PROBE_TYPE(ms_host_linalg_v1),
+    PROBE_FIELD(ms_host_linalg_v1, struct_size),
+    PROBE_FIELD(ms_host_linalg_v1, svd),
+    PROBE_FIELD(ms_host_linalg_v1, low_rank),
+    PROBE_TYPE(ms_host_parallel_v1),
+    PROBE_FIELD(ms_host_parallel_v1, struct_size),
+    PROBE_FIELD(ms_host_parallel_v1, threads),
+    PROBE_FIELD(ms_host_parallel_v1, parallel_for),
 };
 
 /* Returns the facts and writes their number to `n`. */
@@ -411,5 +468,7 @@ const uint8_t *ms_probe_magic_init(void) {
 size_t ms_probe_struct_sizes(void) {
     return probe_str.len + probe_param_value.list_len + probe_tensor_info.struct_size + probe_host_api.struct_size +
            probe_plugin_api.struct_size + probe_eval_metrics.struct_size + probe_finetune_options.struct_size +
-           probe_session_api.struct_size + probe_session_fisher.struct_size + (probe_entry == NULL ? 0 : 1);
+           probe_session_api.struct_size + probe_session_fisher.struct_size + probe_sign_consensus.struct_size +
+           probe_random.struct_size + probe_linalg.struct_size + probe_parallel.struct_size +
+           (probe_entry == NULL ? 0 : 1) + (probe_job == NULL ? 0 : 1);
 }

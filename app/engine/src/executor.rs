@@ -4,7 +4,7 @@
 //! in-memory merges (tests, GUI previews).
 
 use crate::error::{EngineError, Result};
-use crate::plugin::host_api::{to_f32_vec, with_cpu_f32};
+use crate::plugin::call::{to_f32_vec, with_cpu_f32};
 use crate::plugin::instance::{CallEnv, Instance, TensorCall};
 use crate::role::role_of;
 use candle_core::{Device, Tensor};
@@ -186,6 +186,7 @@ impl Run<'_> {
             device: &self.opts.device,
             cancel: self.cancel,
             log: self.observer.log,
+            threads: self.opts.threads,
         }
     }
 

@@ -168,6 +168,7 @@ pub fn merge_in_memory_with(
         device: &opts.device,
         cancel: &cancel,
         log: observer.log,
+        threads: opts.threads,
     };
     let (instance, _) = instance_for(plugin, params, seed, base.is_some(), experts.len(), env)?;
     let mut models: Vec<&MemModel> = Vec::new();
@@ -547,6 +548,7 @@ pub fn merge_files(
         device: &opts.device,
         cancel,
         log: observer.log,
+        threads: opts.threads,
     };
     let (instance, resolved) = instance_for(plugin, &req.params, req.seed, base.is_some(), experts.len(), env)?;
 

@@ -140,6 +140,7 @@ pub fn run_model_in_memory(
         device,
         cancel,
         log: &log,
+        threads: 0,
     };
     let (instance, _) = create_instance(plugin, params, seed, true, model.experts.len(), env)?;
     Ok(run_model(&instance, env, model, on_iterate))
@@ -174,6 +175,7 @@ pub(crate) fn merge_model_files(
         device: &opts.device,
         cancel,
         log: observer.log,
+        threads: opts.threads,
     };
     let (instance, resolved) = create_instance(plugin, &req.params, req.seed, true, experts.len(), env)?;
 

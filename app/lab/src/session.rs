@@ -8,7 +8,7 @@ use crate::nn::Params;
 use crate::train::{BatchSize, Budget, OptimConfig, TrainConfig};
 use candle_core::Tensor;
 use mergescope_engine::error::{EngineError, Result};
-use mergescope_engine::plugin::host_api::CallCtx;
+use mergescope_engine::plugin::call::CallCtx;
 use mergescope_engine::plugin::instance::{CallEnv, Instance};
 use mergescope_plugin_api::abi::{self, EvalMetrics, FinetuneOptions, SessionApiV1, Status, Str, TensorHandle};
 use std::ffi::c_void;
@@ -587,7 +587,7 @@ pub fn run_model(
             Some("it is not a model-level method".into()),
         ));
     }
-    let mut call = CallCtx::new(env.device, env.cancel, env.log);
+    let mut call = CallCtx::new(env.device, env.cancel, env.log).with_threads(env.threads);
     let host = call.table();
     let mut session = SessionCtx::new(model, &mut call, on_iterate);
     let table = session.table();

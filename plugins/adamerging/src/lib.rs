@@ -42,6 +42,30 @@ pub fn cart_rank(ratio: f64, m: usize, n: usize) -> usize {
     mergescope_plugin_api::sdk::rank_from_ratio(m.min(n), ratio)
 }
 
+mergescope_plugin_api::choice_enum! {
+    /// One coefficient per task and tensor, or per task.
+    enum Granularity {
+        Layer = "layer",
+        Task = "task",
+    }
+}
+
+mergescope_plugin_api::choice_enum! {
+    /// What the coefficients scale.
+    enum MergeOn {
+        TaskArithmetic = "task-arithmetic",
+        Cart = "cart",
+    }
+}
+
+mergescope_plugin_api::choice_enum! {
+    /// The calibration objective.
+    enum ObjectiveChoice {
+        Entropy = "entropy",
+        CrossEntropy = "cross-entropy",
+    }
+}
+
 impl ModelMethod for AdaMerging {
     fn descriptor() -> Descriptor {
         Descriptor {
@@ -52,16 +76,14 @@ impl ModelMethod for AdaMerging {
             help: HELP,
             capabilities: CAP_NEEDS_BASE,
             params: vec![
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "granularity",
-                    &["layer", "task"],
-                    "layer",
+                    Granularity::Layer,
                     "One coefficient per task and tensor, or per task.",
                 ),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "merge",
-                    &["task-arithmetic", "cart"],
-                    "task-arithmetic",
+                    MergeOn::TaskArithmetic,
                     "What the coefficients scale: task vectors θ_t − θ0, or CART's low-rank centred deltas.",
                 ),
                 ParamSpec::float(
@@ -74,10 +96,9 @@ impl ModelMethod for AdaMerging {
                 ParamSpec::float("lr", 1e-3, "Adam learning rate.").range(1e-6, 1.0),
                 ParamSpec::int("steps", 500, "Adam steps.").range(1.0, 100000.0),
                 ParamSpec::bool("clamp", true, "Clamp λ to [0, 1] after each step."),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "objective",
-                    &["entropy", "cross-entropy"],
-                    "entropy",
+                    ObjectiveChoice::Entropy,
                     "Prediction entropy (unlabelled, the original) or labelled cross-entropy.",
                 ),
                 ParamSpec::float("rank_ratio", 0.08, "CART: fraction of each matrix's rank kept.").range(0.0, 1.0),
@@ -87,18 +108,17 @@ impl ModelMethod for AdaMerging {
     }
 
     fn create(_host: &Host<'_>, p: &Params<'_>, _ctx: CreateContext) -> Result<Self> {
-        let cart = p.choice("merge")? == "cart";
+        let cart = p.choice_of::<MergeOn>("merge")? == MergeOn::Cart;
         Ok(AdaMerging {
-            layer_wise: p.choice("granularity")? == "layer",
+            layer_wise: p.choice_of::<Granularity>("granularity")? == Granularity::Layer,
             cart,
             init: if cart { p.float("cart_init")? } else { p.float("init")? },
             lr: p.float("lr")?,
             steps: p.int("steps")? as usize,
             clamp: p.bool("clamp")?,
-            objective: if p.choice("objective")? == "cross-entropy" {
-                abi::OBJECTIVE_CROSS_ENTROPY
-            } else {
-                abi::OBJECTIVE_ENTROPY
+            objective: match p.choice_of("objective")? {
+                ObjectiveChoice::CrossEntropy => abi::OBJECTIVE_CROSS_ENTROPY,
+                ObjectiveChoice::Entropy => abi::OBJECTIVE_ENTROPY,
             },
             rank_ratio: p.float("rank_ratio")?,
             report_every: p.int("report_every")?.max(1) as usize,

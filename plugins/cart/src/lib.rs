@@ -27,6 +27,14 @@ k = 0 and k = r both give θ_avg (an empty sum, or Σ_t τ̄_t = 0; the plugin r
 both cases). With T = 2 experts τ̄_2 = −τ̄_1, so CART equals weight averaging for every k and λ; the \
 plugin warns about that once.";
 
+mergescope_plugin_api::choice_enum! {
+    /// The `rank_mode` parameter.
+    enum RankChoice {
+        Fraction = "fraction",
+        Absolute = "absolute",
+    }
+}
+
 /// How the rank k of each matrix is chosen.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum RankMode {
@@ -40,7 +48,6 @@ enum RankMode {
 pub struct Cart {
     rank: RankMode,
     lambda: f64,
-    n_experts: usize,
 }
 
 /// Rank k kept for a matrix of full rank `r` under `ratio` (the SDK's shared rule).
@@ -65,10 +72,9 @@ impl MergeMethod for Cart {
             help: HELP,
             capabilities: CAP_THREAD_SAFE,
             params: vec![
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "rank_mode",
-                    &["fraction", "absolute"],
-                    "fraction",
+                    RankChoice::Fraction,
                     "How the rank k is chosen: a fraction of each matrix's full rank, or an absolute number.",
                 ),
                 ParamSpec::float(
@@ -88,48 +94,23 @@ impl MergeMethod for Cart {
     }
 
     fn create(host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<Self> {
-        if ctx.n_experts == 0 {
-            return Err(Error::Message("cart needs at least one expert model".into()));
-        }
-        let rank = match params.choice("rank_mode")? {
-            "fraction" => {
-                let ratio = params.float("rank_ratio")?;
-                if !(0.0..=1.0).contains(&ratio) {
-                    return Err(Error::Message(format!(
-                        "parameter 'rank_ratio': {ratio} is outside [0, 1]; give the fraction of the rank to keep"
-                    )));
-                }
-                RankMode::Fraction(ratio)
-            }
-            "absolute" => {
+        // The host validated every value against the schema (rank_ratio in [0, 1], rank ≥ 0,
+        // λ finite).
+        let rank = match params.choice_of("rank_mode")? {
+            RankChoice::Fraction => RankMode::Fraction(params.float("rank_ratio")?),
+            RankChoice::Absolute => {
                 let k = params.int("rank")?;
-                let k = usize::try_from(k)
-                    .map_err(|_| Error::Message(format!("parameter 'rank': {k} is negative; give a rank ≥ 0")))?;
-                RankMode::Absolute(k)
-            }
-            other => {
-                return Err(Error::Message(format!(
-                    "parameter 'rank_mode': unknown choice '{other}'; use 'fraction' or 'absolute'"
-                )));
+                RankMode::Absolute(usize::try_from(k).map_err(|_| format!("parameter 'rank': {k} is negative"))?)
             }
         };
         let lambda = params.float("lambda")?;
-        if !lambda.is_finite() {
-            return Err(Error::Message(format!(
-                "parameter 'lambda': {lambda} is not a finite number"
-            )));
-        }
         if ctx.n_experts == 2 {
             host.warn(
                 "cart: with 2 experts the centered task vectors are opposite (τ̄_2 = −τ̄_1), so CART \
                  equals weight averaging for every rank and λ; merge at least 3 experts to see an effect",
             );
         }
-        Ok(Cart {
-            rank,
-            lambda,
-            n_experts: ctx.n_experts,
-        })
+        Ok(Cart { rank, lambda })
     }
 
     fn merge_tensor(
@@ -139,14 +120,6 @@ impl MergeMethod for Cart {
         _base: Option<Tensor>,
         experts: &[Tensor],
     ) -> Result<Tensor> {
-        if experts.len() != self.n_experts || experts.is_empty() {
-            return Err(Error::Message(format!(
-                "tensor '{}': the instance was created for {} experts but got {}",
-                tensor.name,
-                self.n_experts,
-                experts.len()
-            )));
-        }
         let t = experts.len();
         let avg = host.weighted_sum(experts, Some(&vec![1.0 / t as f64; t]))?;
         if tensor.role != ROLE_MATRIX {

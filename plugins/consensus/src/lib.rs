@@ -6,7 +6,7 @@
 
 use mergescope_plugin_api::abi::{BINARY_GE, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
 };
 
 const HELP: &str = "Consensus merging with TALL masks (Wang et al., 2024). With task vectors τ_t = θ_t − θ0 \
@@ -32,28 +32,6 @@ pub struct Consensus {
     tall_lambda: Vec<f64>,
     min_tasks: f64,
     lambda: f64,
-}
-
-/// Reads a per-task float list, broadcasting a single value, and checks its length.
-fn per_task(params: &Params<'_>, name: &str, n_experts: usize) -> Result<Vec<f64>> {
-    let values = params.list(name)?;
-    let values = match values.len() {
-        len if len == n_experts => values,
-        1 => vec![values[0]; n_experts],
-        len => {
-            return Err(Error::Message(format!(
-                "parameter '{name}': expected {n_experts} values (one per expert model, in input order) \
-                 or a single value for all, got {len}"
-            )));
-        }
-    };
-    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-        return Err(Error::Message(format!(
-            "parameter '{name}': value {} (expert {i}) is not a finite number",
-            values[i]
-        )));
-    }
-    Ok(values)
 }
 
 impl MergeMethod for Consensus {
@@ -88,29 +66,12 @@ impl MergeMethod for Consensus {
         }
     }
 
-    fn create(_host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<Self> {
-        if ctx.n_experts == 0 {
-            return Err(Error::Message("consensus needs at least one expert model".into()));
-        }
-        let tall_lambda = per_task(params, "tall_lambda", ctx.n_experts)?;
-        if let Some(i) = tall_lambda.iter().position(|v| *v < 0.0) {
-            return Err(Error::Message(format!(
-                "parameter 'tall_lambda': value {} (expert {i}) is negative; TALL mask thresholds must be ≥ 0",
-                tall_lambda[i]
-            )));
-        }
+    fn create(_host: &Host<'_>, params: &Params<'_>, _ctx: CreateContext) -> Result<Self> {
+        // The host validated every value against the schema (λ_t ≥ 0 per expert, min_tasks ≥ 0,
+        // λ finite).
+        let tall_lambda = params.per_task("tall_lambda")?;
         let min_tasks = params.int("min_tasks")?;
-        if min_tasks < 0 {
-            return Err(Error::Message(format!(
-                "parameter 'min_tasks': {min_tasks} is negative; give a value ≥ 0"
-            )));
-        }
         let lambda = params.float("lambda")?;
-        if !lambda.is_finite() {
-            return Err(Error::Message(format!(
-                "parameter 'lambda': {lambda} is not a finite number"
-            )));
-        }
         Ok(Consensus {
             tall_lambda,
             min_tasks: min_tasks as f64,
@@ -126,14 +87,6 @@ impl MergeMethod for Consensus {
         experts: &[Tensor],
     ) -> Result<Tensor> {
         let base = tensor.require_base(base, "consensus")?;
-        if experts.len() != self.tall_lambda.len() {
-            return Err(Error::Message(format!(
-                "tensor '{}': the instance was created for {} experts but got {}",
-                tensor.name,
-                self.tall_lambda.len(),
-                experts.len()
-            )));
-        }
         let taus = experts.iter().map(|e| host.sub(*e, base)).collect::<Result<Vec<_>>>()?;
         let mtl = host.weighted_sum(&taus, None)?;
         let mut masks = Vec::with_capacity(taus.len());

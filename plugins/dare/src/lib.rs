@@ -7,7 +7,7 @@ use mergescope_plugin_api::abi::{
     CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MEAN, ELECT_MASS, REDUCE_SUM_ABS,
 };
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
 };
 
 const HELP: &str = "DARE, Drop And REscale (Yu et al., 2024). With task vectors τ_t = θ_t − θ0 (a base \
@@ -32,24 +32,26 @@ fnv1a64(name)) XOR t) (t 0-based, fnv1a64 of the UTF-8 name), and element j of t
 the host's draw bernoulli(s_t, j, 1 − p). The same seed therefore gives the same merge on any device, \
 thread count or chunk size. Every tensor of every role is dropped (no linear-weights-only scope).";
 
-/// How the kept entries are rescaled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Rescale {
-    /// 1/(1 − p) (paper).
-    Inverse,
-    /// ‖τ‖₁ / ‖m ⊙ τ‖₁ per tensor (mergekit).
-    L1,
-    /// No rescaling.
-    None,
+mergescope_plugin_api::choice_enum! {
+    /// How the kept entries are rescaled.
+    enum Rescale {
+        /// 1/(1 − p) (paper).
+        Inverse = "inverse",
+        /// ‖τ‖₁ / ‖m ⊙ τ‖₁ per tensor (mergekit).
+        L1 = "l1",
+        /// No rescaling.
+        None = "none",
+    }
 }
 
-/// How the sparsified task vectors are combined.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Combine {
-    /// θ0 + λ·Σ τ̃.
-    Sum,
-    /// Mass sign election and disjoint mean on τ̃, no trimming.
-    Ties,
+mergescope_plugin_api::choice_enum! {
+    /// How the sparsified task vectors are combined.
+    enum Combine {
+        /// θ0 + λ·Σ τ̃.
+        Sum = "sum",
+        /// Mass sign election and disjoint mean on τ̃, no trimming.
+        Ties = "ties",
+    }
 }
 
 /// The DARE method.
@@ -59,7 +61,6 @@ pub struct Dare {
     combine: Combine,
     lambda: f64,
     seed: u64,
-    n_experts: usize,
 }
 
 /// FNV-1a, 64-bit.
@@ -96,16 +97,14 @@ impl MergeMethod for Dare {
             capabilities: CAP_THREAD_SAFE | CAP_NEEDS_BASE,
             params: vec![
                 ParamSpec::float("drop_rate", 0.5, "Probability p of dropping each task-vector entry.").range(0.0, 1.0),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "rescale",
-                    &["inverse", "l1", "none"],
-                    "inverse",
+                    Rescale::Inverse,
                     "Rescale of kept entries: 1/(1−p) (paper), L1-norm match per tensor (mergekit), or none.",
                 ),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "combine",
-                    &["sum", "ties"],
-                    "sum",
+                    Combine::Sum,
                     "How the sparsified task vectors are combined: task arithmetic, or TIES sign election + disjoint mean.",
                 ),
                 ParamSpec::float("lambda", 1.0, "Scaling coefficient λ of the combined task vector."),
@@ -114,47 +113,17 @@ impl MergeMethod for Dare {
     }
 
     fn create(_host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<Self> {
-        if ctx.n_experts == 0 {
-            return Err(Error::Message("dare needs at least one expert model".into()));
-        }
+        // The host validated every value against the schema (drop_rate in [0, 1], λ finite).
         let drop_rate = params.float("drop_rate")?;
-        if !(0.0..=1.0).contains(&drop_rate) {
-            return Err(Error::Message(format!(
-                "parameter 'drop_rate': {drop_rate} is outside [0, 1]; give the probability of dropping an entry"
-            )));
-        }
-        let rescale = match params.choice("rescale")? {
-            "inverse" => Rescale::Inverse,
-            "l1" => Rescale::L1,
-            "none" => Rescale::None,
-            other => {
-                return Err(Error::Message(format!(
-                    "parameter 'rescale': unknown choice '{other}'; use 'inverse', 'l1' or 'none'"
-                )));
-            }
-        };
-        let combine = match params.choice("combine")? {
-            "sum" => Combine::Sum,
-            "ties" => Combine::Ties,
-            other => {
-                return Err(Error::Message(format!(
-                    "parameter 'combine': unknown choice '{other}'; use 'sum' or 'ties'"
-                )));
-            }
-        };
+        let rescale = params.choice_of("rescale")?;
+        let combine = params.choice_of("combine")?;
         let lambda = params.float("lambda")?;
-        if !lambda.is_finite() {
-            return Err(Error::Message(format!(
-                "parameter 'lambda': {lambda} is not a finite number"
-            )));
-        }
         Ok(Dare {
             drop_rate,
             rescale,
             combine,
             lambda,
             seed: ctx.seed,
-            n_experts: ctx.n_experts,
         })
     }
 
@@ -177,14 +146,6 @@ impl MergeMethod for Dare {
         experts: &[Tensor],
     ) -> Result<Tensor> {
         let base = tensor.require_base(base, "dare")?;
-        if experts.len() != self.n_experts {
-            return Err(Error::Message(format!(
-                "tensor '{}': the instance was created for {} experts but got {}",
-                tensor.name,
-                self.n_experts,
-                experts.len()
-            )));
-        }
         if self.drop_rate >= 1.0 {
             // Everything is dropped: τ̃ = 0 and θ = θ0 (no 0/0).
             return host.affine(base, 1.0, 0.0);

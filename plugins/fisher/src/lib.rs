@@ -25,6 +25,14 @@ pub struct Fisher {
     min_fisher: f64,
 }
 
+mergescope_plugin_api::choice_enum! {
+    /// Which y the Fisher differentiates log p(y|x) of.
+    enum Labels {
+        True = "true",
+        Predicted = "predicted",
+    }
+}
+
 impl ModelMethod for Fisher {
     fn descriptor() -> Descriptor {
         Descriptor {
@@ -35,10 +43,9 @@ impl ModelMethod for Fisher {
             help: HELP,
             capabilities: CAP_NEEDS_BASE,
             params: vec![
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "labels",
-                    &["true", "predicted"],
-                    "true",
+                    Labels::True,
                     "y of log p(y|x): the calibration label, or the expert's prediction.",
                 ),
                 ParamSpec::bool("normalize", true, "Scale each expert's Fisher to unit norm first."),
@@ -49,10 +56,9 @@ impl ModelMethod for Fisher {
 
     fn create(_host: &Host<'_>, p: &Params<'_>, _ctx: CreateContext) -> Result<Self> {
         Ok(Fisher {
-            labels: if p.choice("labels")? == "predicted" {
-                abi::FISHER_LABELS_PREDICTED
-            } else {
-                abi::FISHER_LABELS_TRUE
+            labels: match p.choice_of("labels")? {
+                Labels::True => abi::FISHER_LABELS_TRUE,
+                Labels::Predicted => abi::FISHER_LABELS_PREDICTED,
             },
             normalize: p.bool("normalize")?,
             min_fisher: p.float("min_fisher")?,

@@ -30,6 +30,55 @@ Paper defaults: hard, init TA, 10 iterations (NLP); soft from the pretrained mod
 Adam steps at soft_lr = 0.05, which reach the same λ on this benchmark at a fraction of the cost.\n\
 Every iterate is reported, so the run leaves a trajectory; a cancelled run keeps its last iterate.";
 
+mergescope_plugin_api::choice_enum! {
+    /// Hard (one vertex per step) or soft (a learned mix) Frank-Wolfe.
+    enum Variant {
+        Hard = "hard",
+        Soft = "soft",
+    }
+}
+
+mergescope_plugin_api::choice_enum! {
+    /// One expert for the whole model, or one per tensor.
+    enum Granularity {
+        Task = "task",
+        Layer = "layer",
+    }
+}
+
+mergescope_plugin_api::choice_enum! {
+    /// The `init` parameter.
+    enum InitChoice {
+        TaskArithmetic = "task-arithmetic",
+        Base = "base",
+        Average = "average",
+    }
+}
+
+mergescope_plugin_api::choice_enum! {
+    /// The calibration objective.
+    enum ObjectiveChoice {
+        CrossEntropy = "cross-entropy",
+        Entropy = "entropy",
+    }
+}
+
+mergescope_plugin_api::choice_enum! {
+    /// How the linear minimisation oracle scores a vertex.
+    enum LmoScore {
+        Raw = "raw",
+        Cosine = "cosine",
+    }
+}
+
+mergescope_plugin_api::choice_enum! {
+    /// The soft variant's simplex.
+    enum Simplex {
+        AtMostOne = "at-most-one",
+        Equal = "equal",
+    }
+}
+
 /// How candidates start.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Init {
@@ -63,36 +112,31 @@ impl ModelMethod for FrankWolfe {
             help: HELP,
             capabilities: CAP_NEEDS_BASE,
             params: vec![
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "variant",
-                    &["hard", "soft"],
-                    "hard",
+                    Variant::Hard,
                     "hard: one vertex per step; soft: a learned mix of the top-k vertices.",
                 ),
                 ParamSpec::int("iterations", 10, "Frank-Wolfe iterations.").range(1.0, 1000.0),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "granularity",
-                    &["task", "layer"],
-                    "task",
+                    Granularity::Task,
                     "Hard FW: one expert for the whole model, or one per tensor.",
                 ),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "init",
-                    &["task-arithmetic", "base", "average"],
-                    "task-arithmetic",
+                    InitChoice::TaskArithmetic,
                     "Starting point (task arithmetic uses λ = init_lambda).",
                 ),
                 ParamSpec::float("init_lambda", 0.3, "λ of the task-arithmetic starting point.").range(0.0, 2.0),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "objective",
-                    &["cross-entropy", "entropy"],
-                    "cross-entropy",
+                    ObjectiveChoice::CrossEntropy,
                     "Loss on the calibration data: labelled cross-entropy, or prediction entropy (no labels).",
                 ),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "lmo_score",
-                    &["raw", "cosine"],
-                    "raw",
+                    LmoScore::Raw,
                     "Vertex score: ⟨g, θ_i − θ⟩ (the FW gap) or Σ_p cos(g_p, θ_i,p).",
                 ),
                 ParamSpec::float(
@@ -107,10 +151,9 @@ impl ModelMethod for FrankWolfe {
                     "Soft FW: number of vertices mixed per step (0: all experts).",
                 )
                 .range(0.0, 64.0),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "simplex",
-                    &["at-most-one", "equal"],
-                    "at-most-one",
+                    Simplex::AtMostOne,
                     "Soft FW: Σλ ≤ 1 (the current model is an implicit vertex) or Σλ = 1 (Prop. 1).",
                 ),
                 ParamSpec::int("soft_steps", 30, "Soft FW: Adam steps on λ per iteration.").range(1.0, 10000.0),
@@ -120,32 +163,31 @@ impl ModelMethod for FrankWolfe {
     }
 
     fn create(_host: &Host<'_>, p: &Params<'_>, ctx: CreateContext) -> Result<Self> {
-        let init = match p.choice("init")? {
-            "base" => Init::Base,
-            "average" => Init::Average,
-            _ => Init::TaskArithmetic(p.float("init_lambda")?),
+        let init = match p.choice_of("init")? {
+            InitChoice::Base => Init::Base,
+            InitChoice::Average => Init::Average,
+            InitChoice::TaskArithmetic => Init::TaskArithmetic(p.float("init_lambda")?),
         };
         let top_k = p.int("top_k")? as usize;
         Ok(FrankWolfe {
-            soft: p.choice("variant")? == "soft",
-            layer_wise: p.choice("granularity")? == "layer",
+            soft: p.choice_of::<Variant>("variant")? == Variant::Soft,
+            layer_wise: p.choice_of::<Granularity>("granularity")? == Granularity::Layer,
             iterations: p.int("iterations")? as usize,
             step: StepRule {
                 scale: p.float("step_scale")?,
             },
             init,
-            objective: if p.choice("objective")? == "entropy" {
-                abi::OBJECTIVE_ENTROPY
-            } else {
-                abi::OBJECTIVE_CROSS_ENTROPY
+            objective: match p.choice_of("objective")? {
+                ObjectiveChoice::CrossEntropy => abi::OBJECTIVE_CROSS_ENTROPY,
+                ObjectiveChoice::Entropy => abi::OBJECTIVE_ENTROPY,
             },
-            cosine: p.choice("lmo_score")? == "cosine",
+            cosine: p.choice_of::<LmoScore>("lmo_score")? == LmoScore::Cosine,
             top_k: if top_k == 0 {
                 ctx.n_experts
             } else {
                 top_k.min(ctx.n_experts)
             },
-            capped: p.choice("simplex")? == "at-most-one",
+            capped: p.choice_of::<Simplex>("simplex")? == Simplex::AtMostOne,
             soft_steps: p.int("soft_steps")? as usize,
             soft_lr: p.float("soft_lr")?,
         })

@@ -26,12 +26,22 @@ Each round reports its average θ̄⁽ⁱ⁾ as an iterate with the mean pairwis
 vectors θ_t⁽ⁱ⁾ − θ0 (which rises with N: seed 003, Prop. 1 and Fig. 5) and of the round's updates \
 θ_t⁽ⁱ⁾ − θ̄⁽ⁱ⁻¹⁾. A cancelled run keeps its last average.";
 
-/// The final merge of MIMA's experts.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Final {
-    Average,
-    TaskArithmetic,
-    Ties,
+mergescope_plugin_api::choice_enum! {
+    /// The fine-tuning optimiser.
+    enum Optimizer {
+        AdamW = "adamw",
+        Momentum = "momentum",
+        Sgd = "sgd",
+    }
+}
+
+mergescope_plugin_api::choice_enum! {
+    /// The final merge of MIMA's experts.
+    enum Final {
+        Average = "average",
+        TaskArithmetic = "task-arithmetic",
+        Ties = "ties",
+    }
 }
 
 /// The MIMA method.
@@ -66,21 +76,15 @@ impl ModelMethod for Mima {
                     "S: fine-tuning steps per task over all rounds (K = S/N per round).",
                 )
                 .range(1.0, 1_000_000.0),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "optimizer",
-                    &["adamw", "momentum", "sgd"],
-                    "adamw",
+                    Optimizer::AdamW,
                     "Fine-tuning optimiser (fresh each round).",
                 ),
                 ParamSpec::float("lr", 5e-4, "Fine-tuning learning rate.").range(1e-7, 10.0),
                 ParamSpec::int("batch_size", 64, "Minibatch size (0: full batch).").range(0.0, 1_000_000.0),
                 ParamSpec::float("weight_decay", 0.0, "AdamW weight decay.").range(0.0, 1.0),
-                ParamSpec::choice(
-                    "final",
-                    &["average", "task-arithmetic", "ties"],
-                    "average",
-                    "How the final experts are merged.",
-                ),
+                ParamSpec::choice_of("final", Final::Average, "How the final experts are merged."),
                 ParamSpec::float("ta_lambda", 0.4, "Task arithmetic: λ on the sum of task vectors.").range(0.0, 4.0),
                 ParamSpec::float("ties_lambda", 1.0, "TIES: λ on the merged task vector.").range(0.0, 4.0),
                 ParamSpec::float("density", 0.2, "TIES: share of each task vector kept per tensor.").range(0.0, 1.0),
@@ -100,19 +104,15 @@ impl ModelMethod for Mima {
         Ok(Mima {
             rounds,
             total_steps,
-            optimizer: match p.choice("optimizer")? {
-                "sgd" => abi::OPTIMIZER_SGD,
-                "momentum" => abi::OPTIMIZER_MOMENTUM,
-                _ => abi::OPTIMIZER_ADAMW,
+            optimizer: match p.choice_of("optimizer")? {
+                Optimizer::Sgd => abi::OPTIMIZER_SGD,
+                Optimizer::Momentum => abi::OPTIMIZER_MOMENTUM,
+                Optimizer::AdamW => abi::OPTIMIZER_ADAMW,
             },
             lr: p.float("lr")?,
             batch_size: p.int("batch_size")? as u64,
             weight_decay: p.float("weight_decay")?,
-            final_merge: match p.choice("final")? {
-                "task-arithmetic" => Final::TaskArithmetic,
-                "ties" => Final::Ties,
-                _ => Final::Average,
-            },
+            final_merge: p.choice_of("final")?,
             ta_lambda: p.float("ta_lambda")?,
             ties_lambda: p.float("ties_lambda")?,
             density: p.float("density")?,

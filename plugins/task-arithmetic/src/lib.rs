@@ -30,28 +30,6 @@ pub struct TaskArithmetic {
     coefficients: Vec<f64>,
 }
 
-/// Reads a per-task float list, broadcasting a single value, and checks its length.
-fn per_task(params: &Params<'_>, name: &str, n_experts: usize) -> Result<Vec<f64>> {
-    let values = params.list(name)?;
-    let values = match values.len() {
-        len if len == n_experts => values,
-        1 => vec![values[0]; n_experts],
-        len => {
-            return Err(Error::Message(format!(
-                "parameter '{name}': expected {n_experts} values (one per expert model, in input order) \
-                 or a single value for all, got {len}"
-            )));
-        }
-    };
-    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-        return Err(Error::Message(format!(
-            "parameter '{name}': value {} (expert {i}) is not a finite number",
-            values[i]
-        )));
-    }
-    Ok(values)
-}
-
 impl MergeMethod for TaskArithmetic {
     fn descriptor() -> Descriptor {
         Descriptor {
@@ -74,16 +52,9 @@ impl MergeMethod for TaskArithmetic {
     }
 
     fn create(_host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<Self> {
-        if ctx.n_experts == 0 {
-            return Err(Error::Message("task-arithmetic needs at least one expert model".into()));
-        }
+        // The host validated every value against the schema (finite numbers, one weight per expert).
         let lambda = params.float("lambda")?;
-        if !lambda.is_finite() {
-            return Err(Error::Message(format!(
-                "parameter 'lambda': {lambda} is not a finite number"
-            )));
-        }
-        let mut weights = per_task(params, "task_weights", ctx.n_experts)?;
+        let mut weights = params.per_task("task_weights")?;
         if params.bool("normalize")? {
             let total: f64 = weights.iter().sum();
             if total.abs() < 1e-12 {
@@ -110,14 +81,6 @@ impl MergeMethod for TaskArithmetic {
         experts: &[Tensor],
     ) -> Result<Tensor> {
         let base = tensor.require_base(base, "task-arithmetic")?;
-        if experts.len() + 1 != self.coefficients.len() {
-            return Err(Error::Message(format!(
-                "tensor '{}': the instance was created for {} experts but got {}",
-                tensor.name,
-                self.coefficients.len() - 1,
-                experts.len()
-            )));
-        }
         let mut all = Vec::with_capacity(experts.len() + 1);
         all.push(base);
         all.extend_from_slice(experts);

@@ -20,8 +20,9 @@
 //! with `zero_sign = reference`, the tensor's majority sign, and keeps them by tensor name.
 //!
 //! The statistics loops run over copies of the inputs (`read_f32`, the host tensors released at
-//! once). With `trim_scope = tensor` (whole tensors) they are split over a few scoped threads for
-//! large tensors; those threads never call the host. With `trim_scope = global` the host's
+//! once). With `trim_scope = tensor` (whole tensors) they are split over the host's worker threads
+//! for large tensors (`Host::map_ranges`, the host's parallel extension: no thread pool of its own);
+//! those jobs never call the host. With `trim_scope = global` the host's
 //! workers already run the chunks in parallel, so each call counts on its own thread. The loops
 //! refuse NaN task-vector entries, which no threshold can rank.
 //!
@@ -74,11 +75,13 @@ Every tensor of every role takes part (the parameter-set policy is the host's)."
 
 const BINS: usize = 1 << 16;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Aggregation {
-    Mean,
-    Sum,
-    Max,
+mergescope_plugin_api::choice_enum! {
+    /// The disjoint aggregation of the entries that agree with the elected sign.
+    enum Aggregation {
+        Mean = "dis-mean",
+        Sum = "dis-sum",
+        Max = "dis-max",
+    }
 }
 
 impl Aggregation {
@@ -91,25 +94,30 @@ impl Aggregation {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Scope {
-    Global,
-    Tensor,
+mergescope_plugin_api::choice_enum! {
+    /// Where the magnitude thresholds are taken.
+    enum Scope {
+        Global = "global",
+        Tensor = "tensor",
+    }
 }
 
-/// How many entries the trim keeps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CountRule {
-    /// k = round(density·n).
-    Exact,
-    /// int(n·density) + 1 (the original code's kthvalue), at most n.
-    Reference,
+mergescope_plugin_api::choice_enum! {
+    /// How many entries the trim keeps.
+    pub enum CountRule {
+        /// k = round(density·n).
+        Exact = "exact",
+        /// int(n·density) + 1 (the original code's kthvalue), at most n.
+        Reference = "reference",
+    }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Election {
-    Mass,
-    Count,
+mergescope_plugin_api::choice_enum! {
+    /// How the sign of a coordinate is elected.
+    enum Election {
+        Mass = "mass",
+        Count = "count",
+    }
 }
 
 impl Election {
@@ -121,11 +129,13 @@ impl Election {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ZeroSign {
-    None,
-    Reference,
-    Positive,
+mergescope_plugin_api::choice_enum! {
+    /// What a coordinate whose elected sign is 0 becomes.
+    enum ZeroSign {
+        None = "none",
+        Reference = "reference",
+        Positive = "positive",
+    }
 }
 
 /// Rank k (1-based, from the largest |τ|) of the threshold entry among `n`, or 0 to keep nothing.
@@ -198,21 +208,6 @@ pub struct Ties {
     per_tensor: Option<HashMap<String, TensorStats>>,
 }
 
-fn choice<T: Copy>(params: &Params<'_>, name: &str, options: &[(&str, T)]) -> Result<T> {
-    let value = params.choice(name)?;
-    options
-        .iter()
-        .find(|(n, _)| *n == value)
-        .map(|(_, v)| *v)
-        .ok_or_else(|| {
-            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
-            Error::Message(format!(
-                "parameter '{name}': unknown choice '{value}'; use one of {}",
-                names.join(", ")
-            ))
-        })
-}
-
 fn nan_error(tensor: &TensorMeta<'_>, expert: usize, element: Option<u64>) -> Error {
     let at = element.map_or_else(String::new, |j| format!(" at element {j}"));
     Error::Message(format!(
@@ -273,54 +268,24 @@ fn count_digit(hist: &mut [u64; BINS], e: &[f32], b: &[f32], digit: Digit) -> st
     Ok(())
 }
 
-/// Below this many elements per thread the statistics loops stay on the calling thread.
-const MIN_PER_THREAD: usize = 1 << 18;
+/// Below this many elements per job the statistics loops of one tensor stay on one thread.
+const MIN_PER_JOB: usize = 1 << 18;
 
-fn thread_count(n: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    cores.min(n / MIN_PER_THREAD).max(1)
-}
-
-/// Runs `f` on contiguous ranges of `0..n`, on scoped threads when `n` is large (the closures
-/// never call the host, which may only be called from the host's own thread), and returns the
-/// results in range order.
-fn par_ranges<R: Send>(n: usize, f: impl Fn(Range<usize>) -> R + Sync) -> Result<Vec<R>> {
-    let threads = thread_count(n);
-    if threads == 1 {
-        return Ok(vec![f(0..n)]);
-    }
-    let step = n.div_ceil(threads);
-    std::thread::scope(|scope| {
-        let f = &f;
-        let handles: Vec<_> = (0..threads)
-            .map(|i| {
-                let range = (i * step).min(n)..((i + 1) * step).min(n);
-                scope.spawn(move || f(range))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| Error::Message("ties: a statistics worker thread panicked".into()))
-            })
-            .collect()
-    })
-}
-
-/// `count_digit` over a whole tensor, on several threads when it is large. `Ok(Err(j))`: τ_j is
-/// NaN (the first one); `Err(_)`: a worker failed.
+/// `count_digit` over a whole tensor, split over the host's threads when it is large.
+/// `Ok(Err(j))`: τ_j is NaN (the first one); `Err(_)`: a job failed.
 fn par_count_digit(
+    host: &Host<'_>,
     hist: &mut [u64; BINS],
     e: &[f32],
     b: &[f32],
     digit: Digit,
 ) -> Result<std::result::Result<(), usize>> {
     let n = e.len().min(b.len());
-    if thread_count(n) == 1 {
+    if n < 2 * MIN_PER_JOB || host.threads() == 1 {
+        // One job: count straight into `hist`.
         return Ok(count_digit(hist, &e[..n], &b[..n], digit));
     }
-    let parts = par_ranges(n, |r| {
+    let parts = host.map_ranges(n, MIN_PER_JOB, |r| {
         let mut local = vec![0u64; BINS];
         let counted = count_digit(as_bins(&mut local)?, &e[r.clone()], &b[r.clone()], digit);
         Ok::<_, Error>(counted.map(|()| local).map_err(|j| r.start + j))
@@ -378,12 +343,12 @@ fn sign_votes_in(b: &[f32], experts: &[(&[f32], f32)], count: bool, range: Range
     sum
 }
 
-/// `sign_votes_in` over the whole of `b`, on several threads when it is large.
-fn sign_votes(b: &[f32], experts: &[(&[f32], f32)], count: bool) -> Result<i64> {
+/// `sign_votes_in` over the whole of `b`, split over the host's threads when it is large.
+fn sign_votes(host: &Host<'_>, b: &[f32], experts: &[(&[f32], f32)], count: bool) -> Result<i64> {
     if experts.is_empty() {
         return Ok(0);
     }
-    let parts = par_ranges(b.len(), |r| sign_votes_in(b, experts, count, r))?;
+    let parts = host.map_ranges(b.len(), MIN_PER_JOB, |r| sign_votes_in(b, experts, count, r))?;
     Ok(parts.into_iter().sum())
 }
 
@@ -415,19 +380,6 @@ impl Ties {
         self.stats
             .lock()
             .map_err(|_| Error::Message("ties: statistics state poisoned by an earlier failure".into()))
-    }
-
-    fn check_experts(&self, tensor: &TensorMeta<'_>, experts: &[Tensor]) -> Result<()> {
-        if experts.len() == self.n_experts {
-            Ok(())
-        } else {
-            Err(Error::Message(format!(
-                "tensor '{}': the instance was created for {} experts but got {}",
-                tensor.name,
-                self.n_experts,
-                experts.len()
-            )))
-        }
     }
 
     /// Global scope: the per-expert thresholds of the statistics passes.
@@ -531,6 +483,7 @@ impl Ties {
 
     /// Adds the histogram of a digit of |τ| for one expert to `hist` (NaN refused).
     fn expert_histogram(
+        host: &Host<'_>,
         hist: &mut [u64],
         tensor: &TensorMeta<'_>,
         expert: usize,
@@ -538,13 +491,20 @@ impl Ties {
         b: &[f32],
         digit: Digit,
     ) -> Result<()> {
-        par_count_digit(as_bins(hist)?, e, b, digit)?
+        par_count_digit(host, as_bins(hist)?, e, b, digit)?
             .map_err(|j| nan_error(tensor, expert, Some(tensor.offset + j as u64)))
     }
 
     /// The k-th largest |τ| (1 ≤ k ≤ n) of one expert on one tensor, exactly: by direct selection
     /// for small tensors, otherwise by the two-digit radix selection of the global passes.
-    fn kth_largest(tensor: &TensorMeta<'_>, expert: usize, e: &[f32], b: &[f32], k: u64) -> Result<f64> {
+    fn kth_largest(
+        host: &Host<'_>,
+        tensor: &TensorMeta<'_>,
+        expert: usize,
+        e: &[f32],
+        b: &[f32],
+        k: u64,
+    ) -> Result<f64> {
         let internal = || {
             Error::Message(format!(
                 "tensor '{}': ties lost count of the task-vector entries (internal error)",
@@ -566,12 +526,12 @@ impl Ties {
             return Ok(f64::from(f32::from_bits(*kth)));
         }
         let mut high = vec![0u64; BINS];
-        Self::expert_histogram(&mut high, tensor, expert, e, b, Digit::High)?;
+        Self::expert_histogram(host, &mut high, tensor, expert, e, b, Digit::High)?;
         let (hi, rank) = find_bin(&high, k).ok_or_else(internal)?;
         let hi = hi as u32;
         let mut low = high;
         low.iter_mut().for_each(|c| *c = 0);
-        Self::expert_histogram(&mut low, tensor, expert, e, b, Digit::Low(hi))?;
+        Self::expert_histogram(host, &mut low, tensor, expert, e, b, Digit::Low(hi))?;
         let (lo, _) = find_bin(&low, rank).ok_or_else(internal)?;
         Ok(f64::from(f32::from_bits((hi << 16) | lo as u32)))
     }
@@ -596,7 +556,7 @@ impl Ties {
                 continue;
             }
             let values = Self::read_expert(host, *e)?;
-            let thr = Self::kth_largest(tensor, t, &values, b, k)?;
+            let thr = Self::kth_largest(host, tensor, t, &values, b, k)?;
             thresholds.push(Some(thr));
             if reference {
                 kept.push((values, thr as f32));
@@ -604,7 +564,7 @@ impl Ties {
         }
         let majority = if reference {
             let votes: Vec<(&[f32], f32)> = kept.iter().map(|(v, thr)| (v.as_slice(), *thr)).collect();
-            majority_of(sign_votes(b, &votes, self.election == Election::Count)?)
+            majority_of(sign_votes(host, b, &votes, self.election == Election::Count)?)
         } else {
             0.0
         };
@@ -710,34 +670,29 @@ impl MergeMethod for Ties {
                 )
                 .range(0.0, 1.0),
                 ParamSpec::float("lambda", 1.0, "Scaling coefficient λ of the merged task vector."),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "aggregation",
-                    &["dis-mean", "dis-sum", "dis-max"],
-                    "dis-mean",
+                    Aggregation::Mean,
                     "Disjoint aggregation of the entries that agree with the elected sign.",
                 ),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "trim_scope",
-                    &["global", "tensor"],
-                    "global",
+                    Scope::Global,
                     "Magnitude threshold over the whole model (paper) or per tensor (mergekit).",
                 ),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "count_rule",
-                    &["exact", "reference"],
-                    "exact",
+                    CountRule::Exact,
                     "Entries kept: round(density·n) plus ties, or the original code's int(n·density)+1 plus ties.",
                 ),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "election",
-                    &["mass", "count"],
-                    "mass",
+                    Election::Mass,
                     "Sign election by the summed values (mass) or by the number of positive/negative entries.",
                 ),
-                ParamSpec::choice(
+                ParamSpec::choice_of(
                     "zero_sign",
-                    &["none", "reference", "positive"],
-                    "none",
+                    ZeroSign::None,
                     "Where the elected sign is 0: keep nothing, use the model-wide majority sign (original code), or + (mergekit).",
                 ),
             ],
@@ -745,54 +700,14 @@ impl MergeMethod for Ties {
     }
 
     fn create(_host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<Self> {
-        if ctx.n_experts == 0 {
-            return Err(Error::Message("ties needs at least one expert model".into()));
-        }
+        // The host validated every value against the schema (density in [0, 1], λ finite).
         let density = params.float("density")?;
-        if !(0.0..=1.0).contains(&density) {
-            return Err(Error::Message(format!(
-                "parameter 'density': {density} is outside [0, 1]; give the fraction of entries to keep (0.2 = top 20%)"
-            )));
-        }
         let lambda = params.float("lambda")?;
-        if !lambda.is_finite() {
-            return Err(Error::Message(format!(
-                "parameter 'lambda': {lambda} is not a finite number"
-            )));
-        }
-        let aggregation = choice(
-            params,
-            "aggregation",
-            &[
-                ("dis-mean", Aggregation::Mean),
-                ("dis-sum", Aggregation::Sum),
-                ("dis-max", Aggregation::Max),
-            ],
-        )?;
-        let scope = choice(
-            params,
-            "trim_scope",
-            &[("global", Scope::Global), ("tensor", Scope::Tensor)],
-        )?;
-        let count_rule = choice(
-            params,
-            "count_rule",
-            &[("exact", CountRule::Exact), ("reference", CountRule::Reference)],
-        )?;
-        let election = choice(
-            params,
-            "election",
-            &[("mass", Election::Mass), ("count", Election::Count)],
-        )?;
-        let zero_sign = choice(
-            params,
-            "zero_sign",
-            &[
-                ("none", ZeroSign::None),
-                ("reference", ZeroSign::Reference),
-                ("positive", ZeroSign::Positive),
-            ],
-        )?;
+        let aggregation = params.choice_of("aggregation")?;
+        let scope = params.choice_of("trim_scope")?;
+        let count_rule = params.choice_of("count_rule")?;
+        let election = params.choice_of("election")?;
+        let zero_sign = params.choice_of("zero_sign")?;
         Ok(Ties {
             density,
             lambda,
@@ -839,7 +754,6 @@ impl MergeMethod for Ties {
     ) -> Result<()> {
         host.check_cancelled()?;
         let base = tensor.require_base(base, "ties")?;
-        self.check_experts(tensor, experts)?;
         if pass >= self.prepare_passes() {
             return Err(Error::Message(format!(
                 "ties: the host asked for statistics pass {pass}, but ties has only {}",
@@ -939,7 +853,6 @@ impl MergeMethod for Ties {
         experts: &[Tensor],
     ) -> Result<Tensor> {
         let base = tensor.require_base(base, "ties")?;
-        self.check_experts(tensor, experts)?;
         let (thresholds, majority) = self.lookup(tensor)?;
         let trimmed = Self::trimmed(host, base, experts, thresholds)?;
         if trimmed.is_empty() {

@@ -30,15 +30,8 @@ impl MergeMethod for WeightAverage {
         }
     }
 
-    fn create(_host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<Self> {
-        let w = params.list("weights")?;
-        if w.len() != ctx.n_experts {
-            return Err(Error::Message(format!(
-                "weights: expected {} values, got {}",
-                ctx.n_experts,
-                w.len()
-            )));
-        }
+    fn create(_host: &Host<'_>, params: &Params<'_>, _ctx: CreateContext) -> Result<Self> {
+        let w = params.per_task("weights")?;
         let total: f64 = w.iter().sum();
         if total.abs() < 1e-12 {
             return Err(Error::Message(format!(

@@ -61,6 +61,17 @@ const TYPE_NAMES: &[(&str, &str)] = &[
     ("SessionApiV1", "ms_session_api_v1"),
     ("FisherLabels", "ms_fisher_labels"),
     ("SessionFisherV1", "ms_session_fisher_v1"),
+    ("TrimAbsFn", "ms_trim_abs_fn"),
+    ("ElectSignFn", "ms_elect_sign_fn"),
+    ("DisjointMergeFn", "ms_disjoint_merge_fn"),
+    ("BernoulliMaskFn", "ms_bernoulli_mask_fn"),
+    ("SvdFn", "ms_svd_fn"),
+    ("LowRankFn", "ms_low_rank_fn"),
+    ("ParallelJob", "ms_parallel_job_fn"),
+    ("HostSignConsensusV1", "ms_host_sign_consensus_v1"),
+    ("HostRandomV1", "ms_host_random_v1"),
+    ("HostLinalgV1", "ms_host_linalg_v1"),
+    ("HostParallelV1", "ms_host_parallel_v1"),
 ];
 
 /// One fact from the C probe (mirrors `ms_probe_entry` in layout_probe.c).
@@ -151,6 +162,19 @@ macro_rules! layout {
             );
             $facts.insert(format!("size {c}.{}", stringify!($field)), Value::Int(size_of::<$fty>() as i64));
         )*
+    }};
+}
+
+/// A function-pointer type alias: size and alignment, with its signature pinned.
+macro_rules! fn_type {
+    ($facts:ident, $ty:ident = $sig:ty) => {{
+        #[allow(dead_code)]
+        fn pin(f: $ty) -> $sig {
+            f
+        }
+        let c = c_name(stringify!($ty));
+        $facts.insert(format!("size {c}"), Value::Int(size_of::<$ty>() as i64));
+        $facts.insert(format!("align {c}"), Value::Int(align_of::<$ty>() as i64));
     }};
 }
 
@@ -324,6 +348,51 @@ fn rust_facts() -> BTreeMap<String, Value> {
         "str MS_SESSION_EXT_FISHER_V1".into(),
         Value::Bytes(SESSION_EXT_FISHER_V1.as_bytes().to_vec()),
     );
+
+    fn_type!(f, TrimAbsFn = unsafe extern "C" fn(Ctx, H, f64, *mut H) -> Status);
+    fn_type!(f, ElectSignFn = unsafe extern "C" fn(Ctx, *const H, usize, ElectRule, *mut H) -> Status);
+    fn_type!(f, DisjointMergeFn = unsafe extern "C" fn(Ctx, *const H, usize, H, DisjointOp, *mut H) -> Status);
+    fn_type!(f, BernoulliMaskFn = unsafe extern "C" fn(Ctx, H, f64, u64, u64, *mut H) -> Status);
+    fn_type!(f, SvdFn = unsafe extern "C" fn(Ctx, H, usize, *mut H, *mut H, *mut H) -> Status);
+    fn_type!(f, LowRankFn = unsafe extern "C" fn(Ctx, H, usize, *mut H) -> Status);
+    fn_type!(f, ParallelJob = unsafe extern "C" fn(Ctx, usize) -> Status);
+    for (name, id) in [
+        ("MS_HOST_EXT_SIGN_CONSENSUS_V1", HOST_EXT_SIGN_CONSENSUS_V1),
+        ("MS_HOST_EXT_RANDOM_V1", HOST_EXT_RANDOM_V1),
+        ("MS_HOST_EXT_LINALG_V1", HOST_EXT_LINALG_V1),
+        ("MS_HOST_EXT_PARALLEL_V1", HOST_EXT_PARALLEL_V1),
+    ] {
+        f.insert(format!("str {name}"), Value::Bytes(id.as_bytes().to_vec()));
+    }
+    layout!(
+        f,
+        HostSignConsensusV1 {
+            struct_size: usize,
+            trim_abs: TrimAbsFn,
+            elect_sign: ElectSignFn,
+            disjoint_merge: DisjointMergeFn,
+        }
+    );
+    layout!(
+        f,
+        HostRandomV1 {
+            struct_size: usize,
+            bernoulli_mask: BernoulliMaskFn,
+        }
+    );
+    layout!(
+        f,
+        HostLinalgV1 {
+            struct_size: usize,
+            svd: SvdFn,
+            low_rank: LowRankFn,
+        }
+    );
+    layout!(f, HostParallelV1 {
+        struct_size: usize,
+        threads: unsafe extern "C" fn(Ctx) -> usize,
+        parallel_for: unsafe extern "C" fn(Ctx, usize, ParallelJob, Ctx) -> Status,
+    });
 
     f.insert("str MS_MAGIC".into(), Value::Bytes(MAGIC.to_vec()));
     f.insert(
@@ -501,8 +570,11 @@ fn every_header_item_is_covered() {
             types.push(name);
         }
     }
-    if HEADER.contains("(*ms_entry_v1_fn)") {
-        types.push("ms_entry_v1_fn");
+    // Function-pointer typedefs: `typedef R (*ms_x_fn)(...)`.
+    for rest in HEADER.lines().filter_map(|l| l.strip_prefix("typedef ")) {
+        if let Some(name) = rest.split("(*").nth(1).and_then(|r| r.split(')').next()) {
+            types.push(name);
+        }
     }
     for t in &types {
         if !c.contains_key(&format!("size {t}")) {
@@ -537,6 +609,10 @@ fn header_helpers_agree() {
             + size_of::<FinetuneOptions>()
             + size_of::<SessionApiV1>()
             + size_of::<SessionFisherV1>()
+            + size_of::<HostSignConsensusV1>()
+            + size_of::<HostRandomV1>()
+            + size_of::<HostLinalgV1>()
+            + size_of::<HostParallelV1>()
     );
     // The minimum table is the ABI 1.0 layout, which ends with `instance_capabilities`; it must
     // not grow when later minors append fields.

@@ -631,6 +631,7 @@ fn chunked_statistics_capability_by_scope() {
         device: &opts.device,
         cancel: &cancel,
         log: Observer::silent().log,
+        threads: opts.threads,
     };
     for (scope, zero_sign, chunked, passes) in [
         ("global", "none", true, 2),

@@ -3,6 +3,7 @@
 //! `golden_dare` are binaries of their own: they link their plugin's rlib for its helpers, and
 //! two plugin rlibs in one binary would export the plugin entry symbol twice.
 
+mod abi_compat;
 mod abi_failures;
 mod abi_header_sync;
 mod abi_host_ops;

@@ -1,123 +1,17 @@
-//! The host side of the ABI: the tensor table plugins call back into, implemented over candle.
-//! One [`CallCtx`] lives for one call into a plugin; the handles it hands out index its arena,
-//! which is dropped when the call returns (except the tensor the plugin returns).
-//! No function here unwinds into the plugin: every body runs under `catch_unwind`.
+//! The host side of the ABI: the core tensor table plugins call back into
+//! ([`HostApiV1`]), implemented over candle, and the lookup of host extensions by id. Every
+//! function body runs under [`with_ctx`], so nothing unwinds into the plugin.
 
-use crate::rng;
-use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
+use crate::plugin::call::{
+    CallCtx, HResult, HostError, bounded_text, slice_arg, to_f32_vec, with_cpu_f32, with_cpu_slices, with_ctx,
+};
+use crate::plugin::host_ext::{self, linalg, random, sign_consensus};
+use candle_core::{DType, Tensor};
 use mergescope_plugin_api::abi::{self, HostApiV1, Status, Str, TensorHandle};
 use std::ffi::c_void;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
-/// Receives log lines of a plugin: (level, message).
-pub type LogSink<'a> = &'a (dyn Fn(abi::LogLevel, &str) + Sync);
-
-/// State of one call into a plugin.
-pub struct CallCtx<'a> {
-    device: &'a Device,
-    tensors: Vec<Option<Tensor>>,
-    /// The error text the plugin or a host function set during the call.
-    pub error: Option<String>,
-    cancel: &'a AtomicBool,
-    log: LogSink<'a>,
-    /// Last progress fraction the plugin reported inside the call.
-    pub progress: f64,
-}
-
-enum HostError {
-    Invalid(String),
-    Failed(String),
-    Unsupported(String),
-}
-
-impl From<candle_core::Error> for HostError {
-    fn from(e: candle_core::Error) -> Self {
-        HostError::Failed(e.to_string())
-    }
-}
-
-type HResult<T> = Result<T, HostError>;
-
-impl<'a> CallCtx<'a> {
-    /// A fresh context for one call.
-    pub fn new(device: &'a Device, cancel: &'a AtomicBool, log: LogSink<'a>) -> Self {
-        CallCtx {
-            device,
-            tensors: Vec::new(),
-            error: None,
-            cancel,
-            log,
-            progress: 0.0,
-        }
-    }
-
-    /// Registers a tensor and returns its handle.
-    pub fn insert(&mut self, t: Tensor) -> TensorHandle {
-        self.tensors.push(Some(t));
-        self.tensors.len() as TensorHandle
-    }
-
-    /// The tensor behind a handle.
-    pub fn get(&self, h: TensorHandle) -> Option<&Tensor> {
-        (h as usize)
-            .checked_sub(1)
-            .and_then(|i| self.tensors.get(i))
-            .and_then(Option::as_ref)
-    }
-
-    /// The handle the next `insert` will return minus one: a mark for [`CallCtx::release_since`].
-    pub fn mark(&self) -> u64 {
-        self.tensors.len() as u64
-    }
-
-    /// Frees every tensor made after `mark` except the handles in `keep`; unknown handles in
-    /// `keep` are an error (nothing is freed then).
-    pub fn release_since(&mut self, mark: u64, keep: &[TensorHandle]) -> Result<(), String> {
-        if let Some(bad) = keep.iter().find(|h| self.get(**h).is_none()) {
-            return Err(format!("release_since: cannot keep unknown or released handle {bad}"));
-        }
-        for i in (mark as usize).min(self.tensors.len())..self.tensors.len() {
-            if !keep.contains(&(i as TensorHandle + 1)) {
-                self.tensors[i] = None;
-            }
-        }
-        Ok(())
-    }
-
-    /// Records an error for the plugin's current call.
-    pub fn fail(&mut self, message: String) {
-        self.error = Some(message);
-    }
-
-    /// The device tensors live on.
-    pub fn device(&self) -> &Device {
-        self.device
-    }
-
-    /// The job's cancel flag.
-    pub fn cancel_flag(&self) -> &AtomicBool {
-        self.cancel
-    }
-
-    fn tensor(&self, h: TensorHandle) -> HResult<&Tensor> {
-        self.get(h).ok_or_else(|| {
-            HostError::Invalid(format!(
-                "unknown or released tensor handle {h} (handles are valid only during the call that made them)"
-            ))
-        })
-    }
-
-    fn put(&mut self, t: Tensor, out: *mut TensorHandle) -> HResult<()> {
-        if out.is_null() {
-            return Err(HostError::Invalid("null output pointer".into()));
-        }
-        let h = self.insert(t);
-        // SAFETY: checked for null; the plugin passes a writable pointer.
-        unsafe { *out = h };
-        Ok(())
-    }
-
+impl CallCtx<'_> {
     /// The host table for this call. The returned table points at `self`: keep `self` alive
     /// and unmoved while the plugin runs.
     pub fn table(&mut self) -> HostApiV1 {
@@ -125,7 +19,7 @@ impl<'a> CallCtx<'a> {
             struct_size: std::mem::size_of::<HostApiV1>(),
             abi_major: abi::ABI_MAJOR,
             abi_minor: abi::ABI_MINOR,
-            ctx: (self as *mut CallCtx<'a>).cast::<c_void>(),
+            ctx: (self as *mut Self).cast::<c_void>(),
             log: h_log,
             report_progress: h_report_progress,
             is_cancelled: h_is_cancelled,
@@ -146,116 +40,25 @@ impl<'a> CallCtx<'a> {
             kth_largest_abs: h_kth_largest_abs,
             weighted_sum: h_weighted_sum,
             reduce_stack: h_reduce_stack,
-            bernoulli_mask: h_bernoulli_mask,
+            bernoulli_mask: random::h_bernoulli_mask,
             matmul: h_matmul,
             transpose: h_transpose,
             reshape: h_reshape,
-            svd: h_svd,
-            low_rank: h_low_rank,
+            svd: linalg::h_svd,
+            low_rank: linalg::h_low_rank,
             release: h_release,
-            trim_abs: h_trim_abs,
-            elect_sign: h_elect_sign,
-            disjoint_merge: h_disjoint_merge,
+            trim_abs: sign_consensus::h_trim_abs,
+            elect_sign: sign_consensus::h_elect_sign,
+            disjoint_merge: sign_consensus::h_disjoint_merge,
         }
     }
-}
-
-/// Runs a host function body: resolves the context, catches panics, records errors.
-fn with_ctx(ctx: *mut c_void, f: impl FnOnce(&mut CallCtx<'_>) -> HResult<()>) -> Status {
-    let ptr = ctx.cast::<CallCtx<'static>>();
-    if ptr.is_null() {
-        return abi::STATUS_INVALID_ARGUMENT;
-    }
-    // SAFETY: `ctx` is the pointer `CallCtx::table` put in the table; the context outlives the call.
-    let result = catch_unwind(AssertUnwindSafe(|| f(unsafe { &mut *ptr })));
-    // SAFETY: as above; the closure's borrow has ended.
-    let c = unsafe { &mut *ptr };
-    match result {
-        Ok(Ok(())) => abi::STATUS_OK,
-        Ok(Err(HostError::Invalid(m))) => {
-            c.error = Some(m);
-            abi::STATUS_INVALID_ARGUMENT
-        }
-        Ok(Err(HostError::Unsupported(m))) => {
-            c.error = Some(m);
-            abi::STATUS_UNSUPPORTED
-        }
-        Ok(Err(HostError::Failed(m))) => {
-            c.error = Some(m);
-            abi::STATUS_ERROR
-        }
-        Err(_) => {
-            c.error = Some("internal error in a host tensor operation".into());
-            abi::STATUS_ERROR
-        }
-    }
-}
-
-/// Borrows a contiguous CPU f32 tensor's data without copying, when possible.
-pub fn with_cpu_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
-    if t.dtype() != DType::F32 {
-        return None;
-    }
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        Storage::Cpu(CpuStorage::F32(v)) => layout.contiguous_offsets().map(|(s, e)| f(&v[s..e])),
-        _ => None,
-    }
-}
-
-/// Borrows several contiguous CPU f32 tensors at once without copying, when all allow it.
-pub fn with_cpu_slices<R>(ts: &[&Tensor], f: impl FnOnce(&[&[f32]]) -> R) -> Option<R> {
-    let guards: Vec<_> = ts.iter().map(|t| t.storage_and_layout()).collect();
-    let slices: Option<Vec<&[f32]>> = guards
-        .iter()
-        .map(|(s, l)| match &**s {
-            Storage::Cpu(CpuStorage::F32(v)) => l.contiguous_offsets().map(|(a, b)| &v[a..b]),
-            _ => None,
-        })
-        .collect();
-    slices.map(|sl| f(&sl))
-}
-
-/// A tensor's values as a flat f32 vector (copied).
-pub fn to_f32_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
-    if let Some(v) = with_cpu_f32(t, <[f32]>::to_vec) {
-        return Ok(v);
-    }
-    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
-}
-
-fn slice_arg<'s, T>(ptr: *const T, len: usize, what: &str) -> HResult<&'s [T]> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if ptr.is_null() {
-        return Err(HostError::Invalid(format!("null {what} pointer with length {len}")));
-    }
-    // SAFETY: the plugin promises `len` readable elements for the call.
-    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
-}
-
-/// Longest plugin message (error or log line) shown to the user, in bytes.
-pub const MAX_PLUGIN_MESSAGE_BYTES: usize = 2000;
-
-/// A plugin's text cut to [`MAX_PLUGIN_MESSAGE_BYTES`] (at a character boundary), saying how
-/// much was cut: a plugin cannot flood the terminal, the log panel or an error dialog.
-pub fn bounded_text(text: &str) -> String {
-    if text.len() <= MAX_PLUGIN_MESSAGE_BYTES {
-        return text.to_owned();
-    }
-    let mut end = MAX_PLUGIN_MESSAGE_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} more bytes cut)", &text[..end], text.len() - end)
 }
 
 unsafe extern "C" fn h_log(ctx: *mut c_void, level: abi::LogLevel, message: Str) {
     with_ctx(ctx, |c| {
         // SAFETY: the plugin passes a string valid for the call.
         let m = unsafe { message.as_str() }.unwrap_or("<log message is not UTF-8>");
-        (c.log)(level, &bounded_text(m));
+        (c.log())(level, &bounded_text(m));
         Ok(())
     });
 }
@@ -270,7 +73,7 @@ unsafe extern "C" fn h_report_progress(ctx: *mut c_void, fraction: f64) {
 unsafe extern "C" fn h_is_cancelled(ctx: *mut c_void) -> i32 {
     let mut r = 0;
     with_ctx(ctx, |c| {
-        r = i32::from(c.cancel.load(Ordering::Relaxed));
+        r = i32::from(c.cancel_flag().load(Ordering::Relaxed));
         Ok(())
     });
     r
@@ -285,8 +88,12 @@ unsafe extern "C" fn h_set_error(ctx: *mut c_void, message: Str) {
     });
 }
 
-unsafe extern "C" fn h_get_extension(_ctx: *mut c_void, _id: Str) -> *const c_void {
-    std::ptr::null()
+unsafe extern "C" fn h_get_extension(_ctx: *mut c_void, id: Str) -> *const c_void {
+    // SAFETY: the plugin passes a string valid for the call.
+    match unsafe { id.as_str() } {
+        Ok(id) => host_ext::lookup(id),
+        Err(_) => std::ptr::null(),
+    }
 }
 
 unsafe extern "C" fn h_shape(
@@ -362,7 +169,7 @@ unsafe extern "C" fn h_from_f32(
                 "from_f32: shape {dims:?} does not hold {len} values"
             )));
         }
-        let t = Tensor::from_slice(data, dims, c.device)?;
+        let t = Tensor::from_slice(data, dims, c.device())?;
         c.put(t, out)
     })
 }
@@ -370,7 +177,7 @@ unsafe extern "C" fn h_from_f32(
 unsafe extern "C" fn h_full_like(ctx: *mut c_void, like: TensorHandle, value: f64, out: *mut TensorHandle) -> Status {
     with_ctx(ctx, |c| {
         let like = c.tensor(like)?;
-        let t = Tensor::full(value as f32, like.shape(), c.device)?.contiguous()?;
+        let t = Tensor::full(value as f32, like.shape(), c.device())?.contiguous()?;
         c.put(t, out)
     })
 }
@@ -600,7 +407,7 @@ unsafe extern "C" fn h_weighted_sum(
                 bad.shape()
             )));
         }
-        let result = if c.device.is_cpu() {
+        let result = if c.device().is_cpu() {
             let summed = match with_cpu_slices(&tensors, |slices| weighted_sum_cpu(slices, &w)) {
                 Some(v) => v,
                 None => {
@@ -612,7 +419,7 @@ unsafe extern "C" fn h_weighted_sum(
                     weighted_sum_cpu(&slices, &w)
                 }
             };
-            Tensor::from_vec(summed, shape, c.device)?
+            Tensor::from_vec(summed, shape, c.device())?
         } else {
             let mut acc = tensors[0].affine(w[0], 0.0)?;
             for (t, wi) in tensors.iter().zip(&w).skip(1) {
@@ -645,40 +452,6 @@ unsafe extern "C" fn h_reduce_stack(
             abi::STACK_MIN => s.min(0)?,
             other => return Err(HostError::Unsupported(format!("unknown stack reduction {other}"))),
         };
-        c.put(t, out)
-    })
-}
-
-unsafe extern "C" fn h_bernoulli_mask(
-    ctx: *mut c_void,
-    like: TensorHandle,
-    keep_probability: f64,
-    seed: u64,
-    offset: u64,
-    out: *mut TensorHandle,
-) -> Status {
-    with_ctx(ctx, |c| {
-        if !(0.0..=1.0).contains(&keep_probability) {
-            return Err(HostError::Invalid(format!(
-                "bernoulli_mask: probability {keep_probability} not in [0, 1]"
-            )));
-        }
-        let like = c.tensor(like)?;
-        let shape = like.shape().clone();
-        // Same draws as `rng::bernoulli_keep(seed, offset + i, p)`, with the key computed once per
-        // 2³² elements.
-        let threshold = rng::keep_threshold(keep_probability);
-        let n = like.elem_count() as u64;
-        let mut mask: Vec<f32> = Vec::with_capacity(n as usize);
-        let mut i = 0u64;
-        while i < n {
-            let index = offset + i;
-            let key = rng::stream_key(seed, index);
-            let run = (n - i).min((1u64 << 32) - (index & 0xFFFF_FFFF));
-            mask.extend((index..index + run).map(|j| f32::from(u8::from(u64::from(rng::bits32(key, j)) < threshold))));
-            i += run;
-        }
-        let t = Tensor::from_vec(mask, shape, c.device)?;
         c.put(t, out)
     })
 }
@@ -718,108 +491,6 @@ unsafe extern "C" fn h_reshape(
     })
 }
 
-/// Row-major factors of a truncated SVD: (U m×k, S k, Vᵀ k×n).
-pub type SvdFactors = (Vec<f64>, Vec<f64>, Vec<f64>);
-
-/// Thin SVD of a row-major m×n matrix in f64, truncated to k.
-pub fn truncated_svd(data: &[f32], m: usize, n: usize, k: usize) -> Result<SvdFactors, String> {
-    let k = k.min(m.min(n));
-    let a = faer::Mat::<f64>::from_fn(m, n, |i, j| f64::from(data[i * n + j]));
-    let svd = a.thin_svd().map_err(|e| format!("SVD did not converge: {e:?}"))?;
-    let (u, s, v) = (svd.U(), svd.S().column_vector(), svd.V());
-    let mut uk = vec![0f64; m * k];
-    for i in 0..m {
-        for j in 0..k {
-            uk[i * k + j] = u[(i, j)];
-        }
-    }
-    let sk: Vec<f64> = (0..k).map(|j| s[j]).collect();
-    let mut vt = vec![0f64; k * n];
-    for j in 0..k {
-        for c in 0..n {
-            vt[j * n + c] = v[(c, j)];
-        }
-    }
-    Ok((uk, sk, vt))
-}
-
-fn matrix_arg(c: &CallCtx<'_>, a: TensorHandle, what: &str) -> HResult<(Vec<f32>, usize, usize)> {
-    let t = c.tensor(a)?;
-    let &[m, n] = t.dims() else {
-        return Err(HostError::Invalid(format!(
-            "{what} needs a 2-D tensor, got shape {:?}",
-            t.dims()
-        )));
-    };
-    Ok((to_f32_vec(t)?, m, n))
-}
-
-fn to_f32_tensor(v: &[f64], dims: &[usize], device: &Device) -> candle_core::Result<Tensor> {
-    let v: Vec<f32> = v.iter().map(|x| *x as f32).collect();
-    Tensor::from_vec(v, dims, device)
-}
-
-unsafe extern "C" fn h_svd(
-    ctx: *mut c_void,
-    a: TensorHandle,
-    k: usize,
-    out_u: *mut TensorHandle,
-    out_s: *mut TensorHandle,
-    out_vt: *mut TensorHandle,
-) -> Status {
-    with_ctx(ctx, |c| {
-        let (data, m, n) = matrix_arg(c, a, "svd")?;
-        let (u, s, vt) = truncated_svd(&data, m, n, k).map_err(HostError::Failed)?;
-        let k = s.len();
-        let dev = c.device;
-        if !out_u.is_null() {
-            let t = to_f32_tensor(&u, &[m, k], dev)?;
-            c.put(t, out_u)?;
-        }
-        if !out_s.is_null() {
-            let t = to_f32_tensor(&s, &[k], dev)?;
-            c.put(t, out_s)?;
-        }
-        if !out_vt.is_null() {
-            let t = to_f32_tensor(&vt, &[k, n], dev)?;
-            c.put(t, out_vt)?;
-        }
-        Ok(())
-    })
-}
-
-/// Best rank-k approximation of a row-major m×n matrix, computed in f64.
-pub fn low_rank_approx(data: &[f32], m: usize, n: usize, k: usize) -> Result<Vec<f64>, String> {
-    let mut r = vec![0f64; m * n];
-    if k == 0 {
-        return Ok(r);
-    }
-    let (u, s, vt) = truncated_svd(data, m, n, k)?;
-    let k = s.len();
-    for i in 0..m {
-        for j in 0..k {
-            let w = u[i * k + j] * s[j];
-            if w == 0.0 {
-                continue;
-            }
-            let row = &vt[j * n..(j + 1) * n];
-            for (o, v) in r[i * n..(i + 1) * n].iter_mut().zip(row) {
-                *o += w * v;
-            }
-        }
-    }
-    Ok(r)
-}
-
-unsafe extern "C" fn h_low_rank(ctx: *mut c_void, a: TensorHandle, k: usize, out: *mut TensorHandle) -> Status {
-    with_ctx(ctx, |c| {
-        let (data, m, n) = matrix_arg(c, a, "low_rank")?;
-        let r = low_rank_approx(&data, m, n, k).map_err(HostError::Failed)?;
-        let t = to_f32_tensor(&r, &[m, n], c.device)?;
-        c.put(t, out)
-    })
-}
-
 unsafe extern "C" fn h_release(ctx: *mut c_void, t: TensorHandle) -> Status {
     with_ctx(ctx, |c| {
         let slot = (t as usize).checked_sub(1).and_then(|i| c.tensors.get_mut(i));
@@ -835,251 +506,9 @@ unsafe extern "C" fn h_release(ctx: *mut c_void, t: TensorHandle) -> Status {
     })
 }
 
-/// `|a| ≥ threshold ? a : 0`.
-pub fn trim_abs_cpu(a: &[f32], threshold: f32) -> Vec<f32> {
-    a.iter().map(|x| if x.abs() >= threshold { *x } else { 0.0 }).collect()
-}
-
-unsafe extern "C" fn h_trim_abs(ctx: *mut c_void, a: TensorHandle, threshold: f64, out: *mut TensorHandle) -> Status {
-    with_ctx(ctx, |c| {
-        let a = c.tensor(a)?;
-        let thr = threshold as f32;
-        let t = match with_cpu_f32(a, |s| trim_abs_cpu(s, thr)) {
-            Some(v) => Tensor::from_vec(v, a.shape(), c.device)?,
-            None => a.abs()?.ge(thr)?.where_cond(a, &a.zeros_like()?)?,
-        };
-        c.put(t, out)
-    })
-}
-
-/// Sign in {−1, 0, 1}, branch-free.
-fn sign_b(x: f32) -> f32 {
-    (i32::from(x > 0.0) - i32::from(x < 0.0)) as f32
-}
-
-/// Elements per block of the fused loops: small enough that a block of every input stays in
-/// cache while the inputs are swept one after another.
-const FUSED_BLOCK: usize = 4096;
-
-/// Elected sign per element: of the summed values (mass) or of the summed signs (count).
-/// Sums run over the tensors in order, as `Σ_t` would.
-pub fn elect_sign_cpu(ts: &[&[f32]], rule: abi::ElectRule) -> Vec<f32> {
-    let n = ts.first().map_or(0, |t| t.len());
-    let mut total = vec![0f32; n];
-    for (bi, block) in total.chunks_mut(FUSED_BLOCK).enumerate() {
-        let from = bi * FUSED_BLOCK;
-        for t in ts {
-            let src = &t[from..from + block.len()];
-            if rule == abi::ELECT_COUNT {
-                block.iter_mut().zip(src).for_each(|(o, v)| *o += sign_b(*v));
-            } else {
-                block.iter_mut().zip(src).for_each(|(o, v)| *o += *v);
-            }
-        }
-        block.iter_mut().for_each(|o| *o = sign_b(*o));
-    }
-    total
-}
-
-/// Disjoint aggregation of the entries agreeing with `sign` (zeros never agree), branch-free
-/// and blocked so it vectorises.
-pub fn disjoint_merge_cpu(ts: &[&[f32]], sign: &[f32], op: abi::DisjointOp) -> Vec<f32> {
-    let n = sign.len();
-    let mut out = vec![0f32; n];
-    let mut count = vec![0f32; FUSED_BLOCK];
-    let mut max_abs = vec![0f32; FUSED_BLOCK];
-    for (bi, block) in out.chunks_mut(FUSED_BLOCK).enumerate() {
-        let from = bi * FUSED_BLOCK;
-        let len = block.len();
-        let s = &sign[from..from + len];
-        let (count, max_abs) = (&mut count[..len], &mut max_abs[..len]);
-        count.fill(0.0);
-        max_abs.fill(0.0);
-        for t in ts {
-            let src = &t[from..from + len];
-            for i in 0..len {
-                let (v, si) = (src[i], s[i]);
-                // `v·s > 0` would underflow for tiny values; compare the signs instead.
-                let agree = (v > 0.0 && si > 0.0) | (v < 0.0 && si < 0.0);
-                let kept = if agree { v } else { 0.0 };
-                block[i] += kept;
-                count[i] += f32::from(u8::from(agree));
-                max_abs[i] = max_abs[i].max(kept.abs());
-            }
-        }
-        match op {
-            abi::DISJOINT_SUM => {}
-            abi::DISJOINT_MEAN => block.iter_mut().zip(count.iter()).for_each(|(o, c)| *o /= c.max(1.0)),
-            _ => block
-                .iter_mut()
-                .zip(max_abs.iter().zip(s))
-                .for_each(|(o, (m, si))| *o = m * sign_b(*si)),
-        }
-    }
-    out
-}
-
-fn handles_arg<'c>(c: &'c CallCtx<'_>, ts: *const TensorHandle, n: usize) -> HResult<Vec<&'c Tensor>> {
-    if n == 0 {
-        return Err(HostError::Invalid("no tensors given".into()));
-    }
-    let handles = slice_arg(ts, n, "tensor array")?;
-    let tensors: Vec<&Tensor> = handles.iter().map(|h| c.tensor(*h)).collect::<HResult<_>>()?;
-    let shape = tensors[0].shape();
-    if let Some(bad) = tensors.iter().find(|t| t.shape() != shape) {
-        return Err(HostError::Invalid(format!(
-            "shapes differ ({shape:?} vs {:?})",
-            bad.shape()
-        )));
-    }
-    Ok(tensors)
-}
-
-unsafe extern "C" fn h_elect_sign(
-    ctx: *mut c_void,
-    ts: *const TensorHandle,
-    n: usize,
-    rule: abi::ElectRule,
-    out: *mut TensorHandle,
-) -> Status {
-    with_ctx(ctx, |c| {
-        if rule != abi::ELECT_MASS && rule != abi::ELECT_COUNT {
-            return Err(HostError::Unsupported(format!("unknown sign-election rule {rule}")));
-        }
-        let tensors = handles_arg(c, ts, n)?;
-        let shape = tensors[0].shape().clone();
-        let t = match with_cpu_slices(&tensors, |sl| elect_sign_cpu(sl, rule)) {
-            Some(v) => Tensor::from_vec(v, shape, c.device)?,
-            None => {
-                let owned: Vec<Tensor> = tensors.iter().map(|t| (*t).clone()).collect();
-                let stacked = Tensor::stack(&owned, 0)?;
-                let summed = if rule == abi::ELECT_COUNT {
-                    stacked.sign()?.sum(0)?
-                } else {
-                    stacked.sum(0)?
-                };
-                summed.sign()?
-            }
-        };
-        c.put(t, out)
-    })
-}
-
-unsafe extern "C" fn h_disjoint_merge(
-    ctx: *mut c_void,
-    ts: *const TensorHandle,
-    n: usize,
-    sign: TensorHandle,
-    op: abi::DisjointOp,
-    out: *mut TensorHandle,
-) -> Status {
-    with_ctx(ctx, |c| {
-        if !matches!(op, abi::DISJOINT_SUM | abi::DISJOINT_MEAN | abi::DISJOINT_MAX) {
-            return Err(HostError::Unsupported(format!("unknown disjoint aggregation {op}")));
-        }
-        let tensors = handles_arg(c, ts, n)?;
-        let sign = c.tensor(sign)?;
-        if sign.shape() != tensors[0].shape() {
-            return Err(HostError::Invalid(format!(
-                "disjoint_merge: sign has shape {:?}, tensors {:?}",
-                sign.shape(),
-                tensors[0].shape()
-            )));
-        }
-        let shape = sign.shape().clone();
-        let mut all = tensors.clone();
-        all.push(sign);
-        let cpu = with_cpu_slices(&all, |sl| {
-            let (sign, ts) = sl.split_last().map_or((&[][..], &[][..]), |(s, t)| (*s, t));
-            disjoint_merge_cpu(ts, sign, op)
-        });
-        let t = match cpu {
-            Some(v) => Tensor::from_vec(v, shape, c.device)?,
-            None => {
-                let sign = &sign.sign()?;
-                let nonzero_sign = sign.ne(0f32)?.to_dtype(DType::F32)?;
-                let mut sum = sign.zeros_like()?;
-                let mut count = sign.zeros_like()?;
-                let mut max_abs = sign.zeros_like()?;
-                for t in &tensors {
-                    let agree = (t.sign()?.eq(sign)?.to_dtype(DType::F32)? * &nonzero_sign)?;
-                    let kept = (&agree * *t)?;
-                    max_abs = max_abs.maximum(&kept.abs()?)?;
-                    sum = (sum + kept)?;
-                    count = (count + agree)?;
-                }
-                match op {
-                    abi::DISJOINT_SUM => sum,
-                    abi::DISJOINT_MEAN => (sum / count.maximum(1f32)?)?,
-                    _ => (max_abs * sign)?,
-                }
-            }
-        };
-        c.put(t, out)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ties_ops_reproduce_the_reference_golden_vectors() {
-        // seeds-002-004 §4.6: trimmed rows at K = 20 %, elected signs, and dis-mean/sum/max.
-        let t1 = [0.0f32, 0.0, 0.0, 0.0, 0.9, -0.7, 0.0, 0.0, 0.0, 0.6];
-        let t2 = [-0.6f32, 0.0, 0.0, 0.0, -0.8, 0.7, 0.0, 0.0, 0.0, 0.0];
-        let t3 = [0.4f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.55];
-        let ts: [&[f32]; 3] = [&t1, &t2, &t3];
-        let raw = elect_sign_cpu(&ts, abi::ELECT_MASS);
-        assert_eq!(raw, vec![-1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
-        // The reference replaces zero signs by the global majority (+1).
-        let elected: Vec<f32> = raw.iter().map(|s| if *s == 0.0 { 1.0 } else { *s }).collect();
-        let mean = disjoint_merge_cpu(&ts, &elected, abi::DISJOINT_MEAN);
-        let sum = disjoint_merge_cpu(&ts, &elected, abi::DISJOINT_SUM);
-        let max = disjoint_merge_cpu(&ts, &elected, abi::DISJOINT_MAX);
-        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6);
-        assert!(
-            close(&mean, &[-0.6, 0.0, 0.0, 0.0, 0.9, 0.7, 0.0, 0.0, 0.5, 0.575]),
-            "{mean:?}"
-        );
-        assert!(
-            close(&sum, &[-0.6, 0.0, 0.0, 0.0, 0.9, 0.7, 0.0, 0.0, 0.5, 1.15]),
-            "{sum:?}"
-        );
-        assert!(
-            close(&max, &[-0.6, 0.0, 0.0, 0.0, 0.9, 0.7, 0.0, 0.0, 0.5, 0.6]),
-            "{max:?}"
-        );
-        // Count election: index 4 has one + and one −, so its sign is 0.
-        assert_eq!(elect_sign_cpu(&ts, abi::ELECT_COUNT)[4], 0.0);
-        let raw_t1 = [0.5f32, -0.2, 0.1, 0.0, 0.9, -0.7, 0.05, 0.3, -0.4, 0.6];
-        assert_eq!(trim_abs_cpu(&raw_t1, 0.6), t1.to_vec());
-    }
-
-    #[test]
-    fn cpu_and_candle_paths_agree() {
-        // The candle fallback (used on GPUs) must match the CPU loops: run both on the CPU.
-        let dev = Device::Cpu;
-        let a = Tensor::new(&[0.5f32, -0.2, 0.0, 0.9, -0.7, 0.3], &dev).unwrap();
-        let b = Tensor::new(&[-0.6f32, 0.25, 0.1, -0.8, 0.7, 0.3], &dev).unwrap();
-        let s = Tensor::new(&[-1f32, 1.0, 1.0, 0.0, -1.0, 1.0], &dev).unwrap();
-        let nonzero = s.ne(0f32).unwrap().to_dtype(DType::F32).unwrap();
-        let (va, vb, vs) = (
-            a.to_vec1::<f32>().unwrap(),
-            b.to_vec1::<f32>().unwrap(),
-            s.to_vec1::<f32>().unwrap(),
-        );
-        let cpu = disjoint_merge_cpu(&[&va, &vb], &vs, abi::DISJOINT_MEAN);
-        let mut sum = s.zeros_like().unwrap();
-        let mut count = s.zeros_like().unwrap();
-        for t in [&a, &b] {
-            let agree = (t.sign().unwrap().eq(&s).unwrap().to_dtype(DType::F32).unwrap() * &nonzero).unwrap();
-            sum = (sum + (&agree * t).unwrap()).unwrap();
-            count = (count + agree).unwrap();
-        }
-        let gpu_path = (sum / count.maximum(1f32).unwrap()).unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(cpu, gpu_path);
-    }
 
     #[test]
     fn kth_largest_abs_golden() {
@@ -1090,21 +519,6 @@ mod tests {
         assert_eq!(kth_largest_abs(&v, 10), Some(0.0));
         assert_eq!(kth_largest_abs(&v, 0), None);
         assert_eq!(kth_largest_abs(&v, 11), None);
-    }
-
-    #[test]
-    fn low_rank_golden_cart_gc1() {
-        // τ̄_1 = [[2,2],[1,-1]] has σ = 2√2 (v = (1,1)/√2) and √2: rank 1 keeps [[2,2],[0,0]].
-        let r = low_rank_approx(&[2.0, 2.0, 1.0, -1.0], 2, 2, 1).unwrap();
-        for (a, b) in r.iter().zip([2.0, 2.0, 0.0, 0.0]) {
-            assert!((a - b).abs() < 1e-9, "{r:?}");
-        }
-        let full = low_rank_approx(&[2.0, 2.0, 1.0, -1.0], 2, 2, 5).unwrap();
-        for (a, b) in full.iter().zip([2.0, 2.0, 1.0, -1.0]) {
-            assert!((a - b).abs() < 1e-9);
-        }
-        let (_, s, _) = truncated_svd(&[2.0, 2.0, 1.0, -1.0], 2, 2, 2).unwrap();
-        assert!((s[0] - 8f64.sqrt()).abs() < 1e-9 && (s[1] - 2f64.sqrt()).abs() < 1e-9);
     }
 
     #[test]

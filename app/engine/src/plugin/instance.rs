@@ -1,7 +1,7 @@
 //! One instance of a plugin for one merge, and the calls into it. Every call gets a fresh
 //! [`CallCtx`]; statuses are turned into [`EngineError`]s that name the plugin and tensor.
 
-use super::host_api::{CallCtx, LogSink};
+use super::call::{CallCtx, LogSink};
 use super::loader::Plugin;
 use super::schema::{ParamValue, ResolvedParams};
 use crate::error::{EngineError, Result};
@@ -19,6 +19,8 @@ pub struct CallEnv<'a> {
     pub cancel: &'a AtomicBool,
     /// Receives the plugin's log lines.
     pub log: LogSink<'a>,
+    /// Threads the host lends the plugin through the parallel extension (0: one per core).
+    pub threads: usize,
 }
 
 /// Parameter values laid out for the C ABI; owns what the pointers point at.
@@ -145,7 +147,7 @@ impl<'p> Instance<'p> {
         env: CallEnv<'_>,
     ) -> Result<Instance<'p>> {
         let block = ParamBlock::new(params);
-        let mut ctx = CallCtx::new(env.device, env.cancel, env.log);
+        let mut ctx = CallCtx::new(env.device, env.cancel, env.log).with_threads(env.threads);
         let table = ctx.table();
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: a validated v1 table; the parameter block and host table outlive the call.
@@ -205,7 +207,7 @@ impl<'p> Instance<'p> {
         f: impl FnOnce(&HostApiV1, TensorHandle, &[TensorHandle]) -> Status,
         finish: impl FnOnce(&mut CallCtx<'_>) -> R,
     ) -> (Status, Option<String>, R) {
-        let mut ctx = CallCtx::new(env.device, env.cancel, env.log);
+        let mut ctx = CallCtx::new(env.device, env.cancel, env.log).with_threads(env.threads);
         let base_h = base.map_or(0, |b| ctx.insert(b));
         let expert_h: Vec<TensorHandle> = experts.into_iter().map(|t| ctx.insert(t)).collect();
         let table = ctx.table();
@@ -247,7 +249,7 @@ impl<'p> Instance<'p> {
         let Some(f) = self.plugin.api.finish_pass else {
             return Ok(());
         };
-        let mut ctx = CallCtx::new(env.device, env.cancel, env.log);
+        let mut ctx = CallCtx::new(env.device, env.cancel, env.log).with_threads(env.threads);
         let table = ctx.table();
         // SAFETY: live instance and host table.
         let status = unsafe { f(self.ptr, &table, pass) };

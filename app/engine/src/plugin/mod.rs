@@ -1,8 +1,11 @@
 //! The plugin host: discovery and approval, loading and validation, the host tensor table
-//! plugins call back into, parameter schemas, and plugin instances.
+//! plugins call back into (`call`, `host_api`) and its extensions (`host_ext`), parameter
+//! schemas, and plugin instances.
 
+pub mod call;
 pub mod discovery;
 pub mod host_api;
+pub mod host_ext;
 pub mod instance;
 pub mod loader;
 pub mod schema;

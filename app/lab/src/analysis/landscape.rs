@@ -9,7 +9,7 @@ use crate::evaluator::{BackboneEvaluator, EvalReport};
 use crate::nn::Params;
 use candle_core::{Device, Tensor};
 use mergescope_engine::error::{EngineError, Result};
-use mergescope_engine::plugin::host_api::truncated_svd;
+use mergescope_engine::plugin::host_ext::linalg::truncated_svd;
 use mergescope_plugin_api::sdk::rank_from_ratio;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

@@ -6,7 +6,7 @@
 
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::error::{EngineError, Result};
-use mergescope_engine::plugin::host_api::truncated_svd;
+use mergescope_engine::plugin::host_ext::linalg::truncated_svd;
 use std::path::PathBuf;
 
 /// The thin SVD of one task matrix: singular values and right singular vectors (k × n rows).
