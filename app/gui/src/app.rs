@@ -1,7 +1,7 @@
-//! The application: a [`Session`] (the document), [`Settings`] (persisted) and [`ViewState`]
+//! The application: a [`Document`] (the document), [`Settings`] (persisted) and [`ViewState`]
 //! (this window), laid out as menu bar, Inputs | Results | Method, log and status bar.
 
-use crate::session::{Level, Session, SessionConfig};
+use crate::document::{Document, DocumentConfig, Level};
 use crate::settings::Settings;
 use crate::ui::{
     ViewState, analysis_view, dialogs, experiments_view, inputs_view, log_view, menu, method_view, results_view,
@@ -14,7 +14,7 @@ use std::time::Duration;
 /// The mergescope window's state.
 pub struct MergescopeApp {
     /// The document: inputs, method, runs.
-    pub session: Session,
+    pub doc: Document,
     /// What is remembered between launches.
     pub settings: Settings,
     /// Transient window state.
@@ -25,14 +25,14 @@ pub struct MergescopeApp {
 
 impl MergescopeApp {
     /// A new window over a new session; the worker thread wakes `ctx` on progress.
-    pub fn new(ctx: &egui::Context, settings: Settings, config: &SessionConfig) -> MergescopeApp {
+    pub fn new(ctx: &egui::Context, settings: Settings, config: &DocumentConfig) -> MergescopeApp {
         let repaint = ctx.clone();
-        let mut session = Session::new(config, Arc::new(move || repaint.request_repaint()));
+        let mut doc = Document::new(config, Arc::new(move || repaint.request_repaint()));
         if method_view::device_compiled(settings.device) {
-            session.device = settings.device;
+            doc.device = settings.device;
         }
         MergescopeApp {
-            session,
+            doc,
             settings,
             view: ViewState::default(),
             title: String::new(),
@@ -41,7 +41,7 @@ impl MergescopeApp {
     }
 
     /// Builds the app from eframe's creation context, restoring the settings.
-    pub fn from_creation_context(cc: &eframe::CreationContext<'_>, config: &SessionConfig) -> MergescopeApp {
+    pub fn from_creation_context(cc: &eframe::CreationContext<'_>, config: &DocumentConfig) -> MergescopeApp {
         let settings: Settings = cc
             .storage
             .and_then(|s| eframe::get_value(s, Settings::KEY))
@@ -58,13 +58,13 @@ impl MergescopeApp {
 
     /// Opens the project at `path`.
     pub fn open_project(&mut self, path: &Path) {
-        match self.session.open_project(path) {
+        match self.doc.open_project(path) {
             Ok(()) => {
                 self.settings.remember(path);
                 self.view.selected.clear();
             }
             Err(e) => {
-                self.session.note(Level::Error, e.to_string());
+                self.doc.note(Level::Error, e.to_string());
                 self.view.toast(e.to_string());
             }
         }
@@ -72,18 +72,18 @@ impl MergescopeApp {
 
     /// Saves the project (asking where when it has no file yet, or when `save_as`).
     pub fn save_project(&mut self, save_as: bool) {
-        let path = match (&self.session.project_path, save_as) {
+        let path = match (&self.doc.project_path, save_as) {
             (Some(p), false) => Some(p.clone()),
             _ => dialogs::pick_project_to_save(),
         };
         if let Some(p) = path {
-            match self.session.save_project(&p) {
+            match self.doc.save_project(&p) {
                 Ok(()) => {
                     self.settings.remember(&p);
                     self.view.toast("project saved");
                 }
                 Err(e) => {
-                    self.session.note(Level::Error, e.to_string());
+                    self.doc.note(Level::Error, e.to_string());
                     self.view.toast(e.to_string());
                 }
             }
@@ -93,19 +93,19 @@ impl MergescopeApp {
     fn take_dropped_files(&mut self, ui: &Ui) {
         let dropped = ui.input(|i| i.raw.dropped_files.clone());
         for f in dropped {
-            dialogs::add_path(&mut self.session, &mut self.view, f.path());
+            dialogs::add_path(&mut self.doc, &mut self.view, f.path());
         }
     }
 
     fn update_title(&mut self, ui: &Ui) {
         let name = self
-            .session
+            .doc
             .project_path
             .as_ref()
             .and_then(|p| p.file_name())
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "untitled".into());
-        let title = format!("mergescope: {name}{}", if self.session.dirty { " *" } else { "" });
+        let title = format!("mergescope: {name}{}", if self.doc.dirty { " *" } else { "" });
         if title != self.title {
             ui.send_viewport_cmd(egui::ViewportCommand::Title(title.clone()));
             self.title = title;
@@ -114,7 +114,7 @@ impl MergescopeApp {
 
     /// Asks before closing a window whose merges are not saved in a project.
     fn guard_close(&mut self, ui: &mut Ui) {
-        let unsaved = self.session.dirty && !self.session.runs.is_empty();
+        let unsaved = self.doc.dirty && !self.doc.runs.is_empty();
         if ui.input(|i| i.viewport().close_requested()) && unsaved && !self.view.closing {
             ui.send_viewport_cmd(egui::ViewportCommand::CancelClose);
             self.view.confirm_close = true;
@@ -122,7 +122,7 @@ impl MergescopeApp {
         if !self.view.confirm_close {
             return;
         }
-        let n = self.session.runs.len();
+        let n = self.doc.runs.len();
         let mut choice = None;
         egui::Modal::new(egui::Id::unique("confirm-close")).show(ui.ctx(), |ui| {
             ui.heading("Save the session before closing?");
@@ -145,7 +145,7 @@ impl MergescopeApp {
         match choice {
             Some(0) => {
                 self.save_project(false);
-                if !self.session.dirty {
+                if !self.doc.dirty {
                     self.view.closing = true;
                     ui.send_viewport_cmd(egui::ViewportCommand::Close);
                 }
@@ -163,25 +163,25 @@ impl MergescopeApp {
 
     fn status_bar(&mut self, ui: &mut Ui) {
         ui.horizontal(|ui| {
-            if self.session.busy() {
+            if self.doc.busy() {
                 ui.spinner();
             }
-            let n = self.session.registry.plugins.len();
+            let n = self.doc.registry.plugins.len();
             ui.label(RichText::new(format!("{n} method{}", if n == 1 { "" } else { "s" })).weak());
             ui.separator();
-            let running = self.session.runs.iter().filter(|r| r.status.is_active()).count();
+            let running = self.doc.runs.iter().filter(|r| r.status.is_active()).count();
             ui.label(RichText::new(format!("{running} running or queued")).weak());
             ui.separator();
             if let Some(p) = self
-                .session
+                .doc
                 .experiments
                 .progress
                 .as_ref()
-                .filter(|_| self.session.experiments.running())
+                .filter(|_| self.doc.experiments.running())
             {
                 let text = format!("sweep: {} / {} cells", p.cells_done, p.cells);
                 if ui.button(text).on_hover_text("Show the Experiments window").clicked() {
-                    self.session.open_experiments();
+                    self.doc.open_experiments();
                 }
                 ui.separator();
             }
@@ -200,7 +200,7 @@ impl MergescopeApp {
 
     fn menu_target(&mut self) -> menu::MenuTarget<'_> {
         menu::MenuTarget {
-            session: &mut self.session,
+            doc: &mut self.doc,
             settings: &mut self.settings,
             view: &mut self.view,
         }
@@ -218,7 +218,7 @@ impl MergescopeApp {
 
     /// Draws one frame (the eframe entry point and the tests call this).
     pub fn show(&mut self, ui: &mut Ui) {
-        self.session.pump();
+        self.doc.pump();
         self.view.frames += 1;
         if self.applied_theme != Some(self.settings.theme) {
             ui.ctx().set_theme(self.settings.theme.preference());
@@ -238,23 +238,23 @@ impl MergescopeApp {
             egui::Panel::bottom("log")
                 .resizable(true)
                 .default_size(150.0)
-                .show(ui, |ui| log_view::log_ui(ui, &self.session));
+                .show(ui, |ui| log_view::log_ui(ui, &self.doc));
         }
         egui::Panel::left("inputs")
             .default_size(300.0)
-            .show(ui, |ui| inputs_view::inputs_ui(ui, &mut self.session, &mut self.view));
+            .show(ui, |ui| inputs_view::inputs_ui(ui, &mut self.doc, &mut self.view));
         egui::Panel::right("method").default_size(310.0).show(ui, |ui| {
             egui::ScrollArea::vertical()
                 .id_salt("method-scroll")
-                .show(ui, |ui| method_view::method_ui(ui, &mut self.session, &mut self.view));
+                .show(ui, |ui| method_view::method_ui(ui, &mut self.doc, &mut self.view));
         });
-        egui::CentralPanel::default().show(ui, |ui| results_view::results_ui(ui, &mut self.session, &mut self.view));
+        egui::CentralPanel::default().show(ui, |ui| results_view::results_ui(ui, &mut self.doc, &mut self.view));
 
         let ctx = ui.ctx().clone();
-        dialogs::approval_ui(&ctx, &mut self.session, &mut self.view);
+        dialogs::approval_ui(&ctx, &mut self.doc, &mut self.view);
         dialogs::about_ui(&ctx, &mut self.view);
-        analysis_view::analysis_window(&ctx, &mut self.session, &mut self.view);
-        experiments_view::experiments_window(&ctx, &mut self.session);
+        analysis_view::analysis_window(&ctx, &mut self.doc, &mut self.view);
+        experiments_view::experiments_window(&ctx, &mut self.doc);
         let mut open = self.view.shortcuts;
         egui::Window::new("Keyboard shortcuts")
             .open(&mut open)
@@ -270,8 +270,8 @@ impl MergescopeApp {
             });
         self.view.shortcuts = open;
         self.guard_close(ui);
-        self.settings.device = self.session.device;
-        if self.session.busy() || self.session.experiments.running() {
+        self.settings.device = self.doc.device;
+        if self.doc.busy() || self.doc.experiments.running() {
             // Elapsed times tick even when no progress event comes.
             ctx.request_repaint_after(Duration::from_millis(250));
         }

@@ -42,7 +42,7 @@ impl Summary {
     }
 }
 
-/// One checkpoint in the session.
+/// One checkpoint in the doc.
 #[derive(Clone, Debug)]
 pub struct InputFile {
     /// File or sharded folder.

@@ -1,25 +1,26 @@
 //! mergescope's desktop window: egui views over the engine, the plugins and the demo
-//! benchmark. Layers, as in rerun: [`session`] (the document and its jobs, no UI) →
-//! [`ui`] (views that draw the session and turn clicks into session calls) → [`app`] (the
+//! benchmark. Layers, as in rerun: [`document`] (the user's working document and its jobs, no
+//! UI; "session" is the plugin ABI's word for a model-level run) → [`ui`] (views that draw the
+//! document and turn clicks into document calls) → [`app`] (the
 //! eframe application that ties them to the window and the persisted [`settings`]).
 
 pub mod analysis;
 pub mod app;
+pub mod document;
 pub mod experiments;
 pub mod form;
 pub mod inputs;
 pub mod jobs;
 pub mod runs;
-pub mod session;
 pub mod settings;
 pub mod text;
 pub mod ui;
 
 pub use app::MergescopeApp;
-pub use session::{Session, SessionConfig};
+pub use document::{Document, DocumentConfig};
 
 /// Opens the window and runs until it is closed.
-pub fn run(config: SessionConfig) -> anyhow::Result<()> {
+pub fn run(config: DocumentConfig) -> anyhow::Result<()> {
     let options = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()
             .with_title("mergescope")

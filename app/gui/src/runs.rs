@@ -65,7 +65,7 @@ impl Live {
     }
 }
 
-/// One merge of the session.
+/// One merge of the doc.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunRecord {
     /// Number in the session ("#3").

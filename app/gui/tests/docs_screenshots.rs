@@ -11,7 +11,7 @@ use egui_kittest::Harness;
 use egui_kittest::kittest::{Queryable as _, by};
 use mergescope_gui::runs::RunStatus;
 use mergescope_gui::settings::{Settings, Theme};
-use mergescope_gui::{MergescopeApp, SessionConfig};
+use mergescope_gui::{DocumentConfig, MergescopeApp};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,7 @@ fn docs_screenshots() {
             theme,
             ..Settings::default()
         };
-        let config = SessionConfig {
+        let config = DocumentConfig {
             plugin_dirs: Vec::new(),
             runs_dir: Some(runs.path().join(suffix)),
             benchmark: Some(bench.dir.clone()),
@@ -75,13 +75,13 @@ fn docs_screenshots() {
             h.run_steps(2);
         }
         let start = Instant::now();
-        while h.state().session.runs.iter().any(|r| r.status.is_active()) {
+        while h.state().doc.runs.iter().any(|r| r.status.is_active()) {
             assert!(start.elapsed() < Duration::from_secs(300));
             h.step();
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(h.state().session.runs.iter().all(|r| r.status == RunStatus::Done));
-        let ids: Vec<u64> = h.state().session.runs.iter().map(|r| r.id).collect();
+        assert!(h.state().doc.runs.iter().all(|r| r.status == RunStatus::Done));
+        let ids: Vec<u64> = h.state().doc.runs.iter().map(|r| r.id).collect();
         h.state_mut().view.selected.extend(ids);
         h.get_by_label("Norm. acc %").click();
         h.state_mut().view.message = None;

@@ -6,7 +6,7 @@
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable as _;
 use mergescope_gui::settings::Settings;
-use mergescope_gui::{MergescopeApp, SessionConfig};
+use mergescope_gui::{DocumentConfig, MergescopeApp};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,7 +46,7 @@ fn dropped_checkpoints_become_experts_and_outside_plugins_ask_for_approval_once(
         // An empty cache: no demo benchmark of the user's fills the inputs.
         std::env::set_var("MERGESCOPE_CACHE_DIR", root.path().join("cache"));
     }
-    let config = SessionConfig {
+    let config = DocumentConfig {
         plugin_dirs: Vec::new(),
         runs_dir: Some(root.path().join("runs")),
         benchmark: None,
@@ -74,18 +74,11 @@ fn dropped_checkpoints_become_experts_and_outside_plugins_ask_for_approval_once(
     checkpoint(&odd, 4, 0.0);
     drop_file(&mut h, &a);
     drop_file(&mut h, &b);
-    let labels: Vec<String> = h
-        .state()
-        .session
-        .inputs
-        .experts
-        .iter()
-        .map(|e| e.label.clone())
-        .collect();
+    let labels: Vec<String> = h.state().doc.inputs.experts.iter().map(|e| e.label.clone()).collect();
     assert_eq!(labels, ["math", "code"]);
     h.get_by_label("Experts (2)");
     drop_file(&mut h, &odd);
-    let odd_input = &h.state().session.inputs.experts[2];
+    let odd_input = &h.state().doc.inputs.experts[2];
     assert!(
         odd_input.problems.iter().any(|p| p.contains("layer.weight")),
         "{:?}",
@@ -97,7 +90,7 @@ fn dropped_checkpoints_become_experts_and_outside_plugins_ask_for_approval_once(
     );
     drop_file(&mut h, &a);
     assert_eq!(
-        h.state().session.inputs.experts.len(),
+        h.state().doc.inputs.experts.len(),
         3,
         "a file already listed is not added twice"
     );
@@ -121,22 +114,22 @@ fn dropped_checkpoints_become_experts_and_outside_plugins_ask_for_approval_once(
     h.run_steps(2);
     assert!(h.state().view.approval.is_none());
     assert!(
-        h.state().session.registry.find("mstest-slow").is_err(),
+        h.state().doc.registry.find("mstest-slow").is_err(),
         "cancelled: not loaded"
     );
 
     drop_file(&mut h, &lib);
     h.get_by_label("Approve and load").click();
     h.run_steps(2);
-    assert_eq!(h.state().session.method.as_deref(), Some("mstest-slow"));
+    assert_eq!(h.state().doc.method.as_deref(), Some("mstest-slow"));
     let approvals = std::fs::read_to_string(root.path().join("config/approved-plugins.json")).unwrap();
     assert!(approvals.contains("mstest_slow"), "{approvals}");
 
     // Approved once: a new window loads the same file without asking.
     let mut again = new_window();
     again.run_steps(2);
-    assert!(!again.state().session.needs_approval(&lib));
+    assert!(!again.state().doc.needs_approval(&lib));
     drop_file(&mut again, &lib);
     assert!(again.state().view.approval.is_none());
-    assert_eq!(again.state().session.method.as_deref(), Some("mstest-slow"));
+    assert_eq!(again.state().doc.method.as_deref(), Some("mstest-slow"));
 }

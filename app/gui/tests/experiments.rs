@@ -165,7 +165,7 @@ fn update_reference(results: &Path) {
 }
 
 fn running(a: &MergescopeApp) -> bool {
-    a.session.experiments.running()
+    a.doc.experiments.running()
 }
 
 #[test]
@@ -179,7 +179,7 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
     h.run_steps(2);
     h.get_by_label("Experiments: fine-tuning sweeps…").click();
     h.run_steps(3);
-    let e = &h.state().session.experiments;
+    let e = &h.state().doc.experiments;
     assert!(e.open);
     assert_eq!(e.name, "paper-002");
     assert_eq!(e.spec.arch, "mlp", "the preset for the open benchmark's arch");
@@ -193,7 +193,7 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
     // plugins are built) by their checkboxes.
     let others: Vec<String> = h
         .state()
-        .session
+        .doc
         .registry
         .plugins
         .iter()
@@ -205,7 +205,7 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
         h.get(by().role(Role::CheckBox).label(&name)).click();
         h.run_steps(2);
     }
-    let e = &h.state().session.experiments;
+    let e = &h.state().doc.experiments;
     let methods: Vec<&str> = e.spec.methods.iter().map(|m| m.plugin.as_str()).collect();
     assert_eq!(methods, ["task-arithmetic", "ties"]);
     assert_eq!(e.folder, runs.path().join("sweeps").join("paper-002-mlp"));
@@ -219,7 +219,7 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
     // A grid value that does not parse is named in red under the form.
     set_grid(&mut h, "steps K", "2, 4x");
     h.get_by_label_contains("steps K: '4x' is not a whole number");
-    assert_eq!(h.state().session.experiments.spec.grid.steps, [50, 100, 200, 300]);
+    assert_eq!(h.state().doc.experiments.spec.grid.steps, [50, 100, 200, 300]);
 
     // The tiny sweep: K ∈ {2, 4, 6}, N ∈ {2, 3}, two task groups, 64 test examples a task.
     set_grid(&mut h, "steps K", "2, 4");
@@ -235,7 +235,7 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
     h.run_steps(2);
     set_number(&mut h, "eval examples / task", 64.0);
     assert!(h.query_by_label_contains("is not a whole number").is_none());
-    let spec = h.state().session.experiments.spec.clone();
+    let spec = h.state().doc.experiments.spec.clone();
     assert_eq!(spec.swept(), [Variable::Steps, Variable::Tasks]);
     assert_eq!(
         (spec.defaults.steps, spec.defaults.batch, spec.defaults.tasks),
@@ -250,18 +250,14 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
     // merges).
     h.get_by_label("▶ Run sweep").click();
     step_until(&mut h, "the first cells", |a| {
-        a.session
-            .experiments
-            .progress
-            .as_ref()
-            .is_some_and(|p| p.cells_done >= 4)
+        a.doc.experiments.progress.as_ref().is_some_and(|p| p.cells_done >= 4)
     });
     assert!(running(h.state()), "the sweep was still going");
     // In the window and in the status bar (which reopens the window).
     assert_eq!(h.get_all_by_label_contains("/ 23 cells").count(), 2);
     h.get_by_label("■ Cancel").click();
     step_until(&mut h, "the cancellation", |a| !running(a));
-    let e = &h.state().session.experiments;
+    let e = &h.state().doc.experiments;
     assert!(e.error.is_none(), "{:?}", e.error);
     let Some(Outcome::Cancelled { cells_done, cells: all }) = e.outcome.clone() else {
         panic!("not cancelled: {:?}", e.outcome)
@@ -275,10 +271,10 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
     // Resume: the finished cells are reused, the others computed; the plots fill in.
     h.get_by_label("⟳ Resume").click();
     step_until(&mut h, "the resumed sweep", |a| {
-        let e = &a.session.experiments;
+        let e = &a.doc.experiments;
         !e.running() && (matches!(e.outcome, Some(Outcome::Finished { .. })) || e.error.is_some())
     });
-    let e = &h.state().session.experiments;
+    let e = &h.state().doc.experiments;
     assert!(e.error.is_none(), "{:?}", e.error);
     let Some(Outcome::Finished {
         cells: all,
@@ -328,7 +324,7 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
     assert_eq!(h.get_all_by_label("a + c1·K + c2/√K").count(), 2, "a row per method");
     h.get_by_label("tasks merged N").click();
     h.run_steps(2);
-    assert_eq!(h.state().session.experiments.variable, Some(Variable::Tasks));
+    assert_eq!(h.state().doc.experiments.variable, Some(Variable::Tasks));
     h.get_by_label("Merged models' average loss against tasks merged N");
     h.get_by_label_contains("No fit yet: the law needs at least 3 values of tasks N");
     h.get_by_label("fine-tuning steps K").click();
@@ -342,8 +338,8 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
     // A picture of the window with the plots, drawn from the reference results (the same
     // numbers on every machine; timings vary from run to run).
     std::fs::copy(reference_results(), &results).unwrap();
-    h.state_mut().session.experiments.reload();
-    let e = &h.state().session.experiments;
+    h.state_mut().doc.experiments.reload();
+    let e = &h.state().doc.experiments;
     assert!(e.error.is_none(), "{:?}", e.error);
     assert_eq!(e.rows, reference);
     let expected = analyse(&e.spec, &reference);
@@ -353,7 +349,7 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
         assert_eq!(shown, &figures(r));
     }
     assert_eq!(expected[0].fits.len(), 2, "both methods' fits are in the picture");
-    let e = &mut h.state_mut().session.experiments;
+    let e = &mut h.state_mut().doc.experiments;
     if let Some(p) = &mut e.progress {
         p.elapsed = 12.0;
     }

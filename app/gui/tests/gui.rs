@@ -26,8 +26,8 @@ fn slow_plugin() -> PathBuf {
 /// A window whose selected method is the slow fixture, with `delay_ms` set in its form.
 fn app_with_slow_plugin(runs_dir: &Path, delay_ms: i64) -> MergescopeApp {
     let mut a = app(runs_dir, Theme::Light);
-    a.session.load_plugin_file(&slow_plugin(), false).unwrap();
-    a.session.form.as_mut().unwrap().fields[0].value = mergescope_gui::form::FieldValue::Int(delay_ms);
+    a.doc.load_plugin_file(&slow_plugin(), false).unwrap();
+    a.doc.form.as_mut().unwrap().fields[0].value = mergescope_gui::form::FieldValue::Int(delay_ms);
     a
 }
 
@@ -59,7 +59,7 @@ fn slider<'h>(h: &'h Harness<'static, MergescopeApp>, name: &'h str) -> egui_kit
 }
 
 fn last_status(app: &MergescopeApp) -> Option<RunStatus> {
-    app.session.runs.last().map(|r| r.status)
+    app.doc.runs.last().map(|r| r.status)
 }
 
 #[test]
@@ -79,7 +79,7 @@ fn merge_three_methods_by_clicking_and_compare_them() {
     step_until(&mut h, "the task-arithmetic run", |a| {
         last_status(a) == Some(RunStatus::Done)
     });
-    let r = &h.state().session.runs[0];
+    let r = &h.state().doc.runs[0];
     assert_eq!(r.method, "task-arithmetic");
     assert_eq!(r.params["lambda"], serde_json::json!(0.5));
     assert_eq!(
@@ -103,13 +103,13 @@ fn merge_three_methods_by_clicking_and_compare_them() {
     h.run_steps(1);
     h.get_by_label("▶ Run merge").click();
     step_until(&mut h, "the two queued runs", |a| {
-        a.session.runs.len() == 3 && a.session.runs.iter().all(|r| r.status == RunStatus::Done)
+        a.doc.runs.len() == 3 && a.doc.runs.iter().all(|r| r.status == RunStatus::Done)
     });
-    let methods: Vec<&str> = h.state().session.runs.iter().map(|r| r.method.as_str()).collect();
+    let methods: Vec<&str> = h.state().doc.runs.iter().map(|r| r.method.as_str()).collect();
     assert_eq!(methods, ["task-arithmetic", "weight-average", "ties"]);
 
     // Weight averaging is the mean of the experts: check one tensor against the inputs.
-    let wa = &h.state().session.runs[1];
+    let wa = &h.state().doc.runs[1];
     let (device, _) = mergescope_engine::device::open_device(mergescope_engine::device::DeviceChoice::Cpu);
     let merged = mergescope_lab::demo::load_params(&wa.output, &device).unwrap();
     let name = merged.keys().next().unwrap().clone();
@@ -137,16 +137,16 @@ fn merge_three_methods_by_clicking_and_compare_them() {
     h.state_mut().view.selected.extend([1, 3]);
     h.run_steps(3);
     h.get_by_label("Test accuracy per task (%)");
-    let csv = mergescope_gui::runs::to_csv(&h.state().session.runs);
+    let csv = mergescope_gui::runs::to_csv(&h.state().doc.runs);
     assert_eq!(csv.lines().count(), 4);
 
     // Save one merge with its recipe; the file is the run's output, byte for byte.
     let dest = runs.path().join("saved").join("ties.safetensors");
     std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-    let recipe = h.state_mut().session.save_output(3, &dest).unwrap();
+    let recipe = h.state_mut().doc.save_output(3, &dest).unwrap();
     assert_eq!(
         std::fs::read(&dest).unwrap(),
-        std::fs::read(&h.state().session.runs[2].output).unwrap()
+        std::fs::read(&h.state().doc.runs[2].output).unwrap()
     );
     let text = std::fs::read_to_string(&recipe).unwrap();
     assert!(
@@ -156,14 +156,14 @@ fn merge_three_methods_by_clicking_and_compare_them() {
 
     // The project round-trips: reopen it in a fresh window and the table is back.
     let project = runs.path().join("session.msproj");
-    h.state_mut().session.save_project(&project).unwrap();
+    h.state_mut().doc.save_project(&project).unwrap();
     let mut again = harness(app(runs.path(), Theme::Light));
     again.state_mut().open_project(&project);
     again.run_steps(3);
-    let back = &again.state().session.runs;
+    let back = &again.state().doc.runs;
     assert_eq!(back.len(), 3);
     assert_eq!(back[2].params["density"], serde_json::json!(0.4));
-    assert_eq!(back[0].eval, h.state().session.runs[0].eval);
+    assert_eq!(back[0].eval, h.state().doc.runs[0].eval);
     again.get_by_label("density=0.4");
 }
 
@@ -182,7 +182,7 @@ fn a_model_level_method_shows_its_iterates_and_leaves_a_trajectory() {
     // What the run shows while it goes: the method's latest iterate and its progress.
     let seen = std::cell::RefCell::new(Vec::new());
     step_until(&mut h, "the Frank-Wolfe run", |a| {
-        if let Some(l) = a.session.runs.last().and_then(|r| r.live.as_ref()) {
+        if let Some(l) = a.doc.runs.last().and_then(|r| r.live.as_ref()) {
             seen.borrow_mut().push((l.stage.clone(), l.fraction));
         }
         last_status(a) == Some(RunStatus::Done)
@@ -193,7 +193,7 @@ fn a_model_level_method_shows_its_iterates_and_leaves_a_trajectory() {
             .any(|(s, f)| s.starts_with("optimising: iteration") && *f > 0.0 && *f <= 1.0),
         "{seen:?}"
     );
-    let r = h.state().session.runs.last().unwrap();
+    let r = h.state().doc.runs.last().unwrap();
     assert_eq!(r.method, "frank-wolfe");
     assert_eq!(r.resolved["iterations"], serde_json::json!(4));
     let trajectory = r.output.with_extension("trajectory.safetensors");
@@ -237,7 +237,7 @@ fn frames_keep_coming_during_a_run_and_cancel_stops_it() {
     step_until(&mut h, "the cancellation", |a| {
         last_status(a) == Some(RunStatus::Cancelled)
     });
-    let r = h.state().session.runs.last().unwrap();
+    let r = h.state().doc.runs.last().unwrap();
     assert!(!r.output.exists(), "a cancelled run leaves no output");
     assert!(r.eval.is_none());
     h.get_by_label("cancelled");
@@ -263,14 +263,14 @@ fn bad_parameters_and_bad_inputs_are_flagged_before_a_run() {
     let mut h = harness(app_with_slow_plugin(runs.path(), -5));
     h.run_steps(2);
     assert!(h.get_all_by_label_contains("is out of range").count() >= 1);
-    assert!(h.state().session.can_run().is_err());
+    assert!(h.state().doc.can_run().is_err());
     // An unreadable expert is named inline and blocks the run.
     let bad = runs.path().join("bad.safetensors");
     std::fs::write(&bad, b"not a safetensors file").unwrap();
-    h.state_mut().session.inputs.add_expert(&bad, None);
+    h.state_mut().doc.inputs.add_expert(&bad, None);
     h.run_steps(2);
     h.get_by_label_contains("bad.safetensors");
-    let why = h.state().session.inputs.ready().unwrap_err().to_string();
+    let why = h.state().doc.inputs.ready().unwrap_err().to_string();
     assert!(why.contains("'bad'"), "{why}");
 }
 
@@ -296,9 +296,9 @@ fn snapshots_of_the_main_screens() {
     choose_method(&mut h, "TIES-Merging");
     h.get_by_label("▶ Run merge").click();
     step_until(&mut h, "two runs", |a| {
-        a.session.runs.len() == 2 && a.session.runs.iter().all(|r| r.status == RunStatus::Done)
+        a.doc.runs.len() == 2 && a.doc.runs.iter().all(|r| r.status == RunStatus::Done)
     });
-    for r in &mut h.state_mut().session.runs {
+    for r in &mut h.state_mut().doc.runs {
         r.seconds = Some(0.05); // timings vary from run to run
     }
     h.state_mut().view.selected.extend([1, 2]);
@@ -335,26 +335,26 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
 
     h.get_by_label("PCA").click();
     step_until(&mut h, "the PCA", |a| {
-        a.session.analysis.figure.is_some() && !a.session.analysis.running()
+        a.doc.analysis.figure.is_some() && !a.doc.analysis.running()
     });
-    let Some(Figure::Scatter(s)) = h.state().session.analysis.figure.clone() else {
-        panic!("no PCA: {:?}", h.state().session.analysis.error)
+    let Some(Figure::Scatter(s)) = h.state().doc.analysis.figure.clone() else {
+        panic!("no PCA: {:?}", h.state().doc.analysis.error)
     };
     let count = |g: &str| s.points.iter().filter(|p| p.group == g).count();
     assert_eq!((count("base"), count("expert"), count("merge")), (1, 3, 1));
     assert_eq!(s.paths.len(), 1);
     assert_eq!(s.paths[0].points.len(), 5, "init + 4 iterations");
     assert!(s.x_label.starts_with("PC1 (") && s.x_label.contains("% of variance"));
-    h.state_mut().session.analysis.seconds = Some(1.0); // timings vary from run to run
+    h.state_mut().doc.analysis.seconds = Some(1.0); // timings vary from run to run
     h.run_steps(2);
     h.snapshot("analysis_pca_light");
 
     h.get_all_by_label("Plane").last().unwrap().click();
     step_until(&mut h, "the plane", |a| {
-        !a.session.analysis.running() && a.session.analysis.progress == Some((441, 441))
+        !a.doc.analysis.running() && a.doc.analysis.progress == Some((441, 441))
     });
-    let Some(Figure::Heatmap(m)) = h.state().session.analysis.figure.clone() else {
-        panic!("no landscape: {:?}", h.state().session.analysis.error)
+    let Some(Figure::Heatmap(m)) = h.state().doc.analysis.figure.clone() else {
+        panic!("no landscape: {:?}", h.state().doc.analysis.error)
     };
     assert!(m.values.iter().flatten().all(|v| v.is_finite()));
     assert_eq!(m.overlay.len(), 1);
@@ -375,7 +375,7 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     assert!((m.values[5][5] - direct).abs() < 1e-9, "{} vs {direct}", m.values[5][5]);
     // The grid is cached with the session's runs: reopening computes nothing.
     assert_eq!(std::fs::read_dir(runs.path().join("landscapes")).unwrap().count(), 1);
-    h.state_mut().session.analysis.seconds = Some(10.0);
+    h.state_mut().doc.analysis.seconds = Some(10.0);
     h.run_steps(2);
     h.snapshot("analysis_plane_light");
 
@@ -383,10 +383,10 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     h.get_all_by_label("Trajectory plane").last().unwrap().click();
     h.run_steps(2); // the click lands in the next frame
     step_until(&mut h, "the trajectory plane", |a| {
-        !a.session.analysis.running() && a.session.analysis.progress == Some((441, 441))
+        !a.doc.analysis.running() && a.doc.analysis.progress == Some((441, 441))
     });
-    let Some(Figure::Heatmap(t)) = h.state().session.analysis.figure.clone() else {
-        panic!("no trajectory plane: {:?}", h.state().session.analysis.error)
+    let Some(Figure::Heatmap(t)) = h.state().doc.analysis.figure.clone() else {
+        panic!("no trajectory plane: {:?}", h.state().doc.analysis.error)
     };
     assert_eq!(t.overlay[0].points.len(), 5);
     assert!(t.x_label.starts_with("PC1 of the iterates"));
@@ -394,13 +394,13 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     // The radar of the run against the base, with the experts' ring.
     h.get_all_by_label("Radar").last().unwrap().click();
     h.run_steps(2);
-    step_until(&mut h, "the radar", |a| !a.session.analysis.running());
-    let Some(Figure::Radar(r)) = h.state().session.analysis.figure.clone() else {
-        panic!("no radar: {:?}", h.state().session.analysis.error)
+    step_until(&mut h, "the radar", |a| !a.doc.analysis.running());
+    let Some(Figure::Radar(r)) = h.state().doc.analysis.figure.clone() else {
+        panic!("no radar: {:?}", h.state().doc.analysis.error)
     };
     assert_eq!(r.series.len(), 2, "base and the merge");
     assert_eq!(r.axes.len(), 3);
-    h.state_mut().session.analysis.seconds = Some(0.0);
+    h.state_mut().doc.analysis.seconds = Some(0.0);
     h.run_steps(2);
     h.snapshot("analysis_radar_light");
 
@@ -408,18 +408,18 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     let open = |h: &mut Harness<'static, MergescopeApp>, label: &str| {
         h.get_all_by_label(label).last().unwrap().click();
         h.run_steps(2);
-        step_until(h, label, |a| !a.session.analysis.running());
+        step_until(h, label, |a| !a.doc.analysis.running());
         assert!(
-            h.state().session.analysis.error.is_none(),
+            h.state().doc.analysis.error.is_none(),
             "{:?}",
-            h.state().session.analysis.error
+            h.state().doc.analysis.error
         );
-        h.state_mut().session.analysis.seconds = Some(0.0);
+        h.state_mut().doc.analysis.seconds = Some(0.0);
         h.run_steps(2);
-        h.state().session.analysis.figure.clone().unwrap()
+        h.state().doc.analysis.figure.clone().unwrap()
     };
     // Cosine of one layer: the experts' task vectors, 1 on the diagonal.
-    h.state_mut().session.analysis.options.tensor = Some("fc1.weight".into());
+    h.state_mut().doc.analysis.options.tensor = Some("fc1.weight".into());
     let Figure::Heatmap(c) = open(&mut h, "Cosine") else {
         panic!("cosine")
     };
@@ -432,8 +432,8 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     assert_eq!(sp.series.len(), 6, "3 tasks, original and centred");
     h.snapshot("analysis_spectrum_light");
     // The λ line of one task's loss.
-    h.state_mut().session.analysis.options.task = Some("mnist".into());
-    h.state_mut().session.analysis.options.metric = mergescope_lab::analysis::landscape::MetricKind::Loss;
+    h.state_mut().doc.analysis.options.task = Some("mnist".into());
+    h.state_mut().doc.analysis.options.metric = mergescope_lab::analysis::landscape::MetricKind::Loss;
     let Figure::Lines(l) = open(&mut h, "λ line") else {
         panic!("λ line")
     };
@@ -466,7 +466,7 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     let Figure::Bars(het) = open(&mut h, "Heterogeneity") else {
         panic!("heterogeneity")
     };
-    let inputs = h.state().session.analysis.inputs.clone();
+    let inputs = h.state().doc.analysis.inputs.clone();
     let experts: Vec<std::path::PathBuf> = inputs.experts.iter().map(|(_, p)| p.clone()).collect();
     let direct = mergescope_lab::scaling::views::heterogeneity_of_files(
         inputs.base.as_ref().unwrap(),
@@ -497,17 +497,17 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     // default's (the demo experts record another learning rate).
     h.get_all_by_label("set").next().unwrap().click();
     h.run_steps(2);
-    step_until(&mut h, "bound with η set", |a| !a.session.analysis.running());
+    step_until(&mut h, "bound with η set", |a| !a.doc.analysis.running());
     h.get_by_label("L").click();
     h.run_steps(2);
     h.get_by_label("L").type_text("2");
     h.key_press(egui::Key::Enter);
     h.run_steps(2);
-    step_until(&mut h, "bound with L = 2", |a| !a.session.analysis.running());
-    let settings = h.state().session.analysis.options.bound.clone();
+    step_until(&mut h, "bound with L = 2", |a| !a.doc.analysis.running());
+    let settings = h.state().doc.analysis.options.bound.clone();
     assert_eq!((settings.smoothness, settings.lr), (2.0, Some(1e-3)));
-    let edited = h.state().session.analysis.figure.clone().unwrap();
-    let bench = h.state().session.benchmark.clone().unwrap();
+    let edited = h.state().doc.analysis.figure.clone().unwrap();
+    let bench = h.state().doc.benchmark.clone().unwrap();
     let direct = mergescope_lab::scaling::views::bound_of_files(
         &bench,
         &mergescope_lab::data::benchmark_tasks(None).unwrap(),

@@ -1,7 +1,7 @@
 //! `mergescope` with no subcommand (or `mergescope gui`): the desktop window.
 
 use clap::Args;
-use mergescope_gui::SessionConfig;
+use mergescope_gui::DocumentConfig;
 use mergescope_lab::nn::Arch;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,7 +24,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: &GuiArgs) -> anyhow::Result<ExitCode> 
         Some(a) => Some(Arch::parse(a).ok_or_else(|| anyhow::anyhow!("--arch '{a}': use mlp, cnn or vit"))?),
         None => None,
     };
-    mergescope_gui::run(SessionConfig {
+    mergescope_gui::run(DocumentConfig {
         plugin_dirs: plugin_dirs.to_vec(),
         runs_dir: None,
         benchmark: args.benchmark.clone(),

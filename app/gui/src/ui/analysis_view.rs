@@ -3,13 +3,13 @@
 //! hover for values, save PNG or CSV. Opened from the results with the selected merges.
 
 use crate::analysis::ViewKind;
-use crate::session::Session;
+use crate::document::Document;
 use crate::ui::{ViewState, dialogs, figure_view};
 use egui::{Context, RichText};
 use mergescope_lab::analysis::landscape::MetricKind;
 
 /// Buttons that open each view on the selected runs (the second click from a result).
-pub fn open_buttons(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
+pub fn open_buttons(ui: &mut egui::Ui, doc: &mut Document, view: &ViewState) {
     ui.label(RichText::new("Analyze:").weak());
     for kind in ViewKind::ALL {
         let hint = match kind {
@@ -38,14 +38,14 @@ pub fn open_buttons(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) 
             }
         };
         if ui.small_button(kind.label()).on_hover_text(hint).clicked() {
-            session.analyze(kind, &view.selected);
+            doc.analyze(kind, &view.selected);
         }
     }
 }
 
 /// The analysis window, when open.
-pub fn analysis_window(ctx: &Context, session: &mut Session, view: &mut ViewState) {
-    let mut open = session.analysis.open;
+pub fn analysis_window(ctx: &Context, doc: &mut Document, view: &mut ViewState) {
+    let mut open = doc.analysis.open;
     egui::Window::new("Analysis")
         .open(&mut open)
         .default_size([760.0, 620.0])
@@ -53,24 +53,21 @@ pub fn analysis_window(ctx: &Context, session: &mut Session, view: &mut ViewStat
         .show(ctx, |ui| {
             ui.horizontal_wrapped(|ui| {
                 for kind in ViewKind::ALL {
-                    if ui
-                        .selectable_label(session.analysis.kind == kind, kind.label())
-                        .clicked()
-                    {
-                        session.analyze(kind, &view.selected);
+                    if ui.selectable_label(doc.analysis.kind == kind, kind.label()).clicked() {
+                        doc.analyze(kind, &view.selected);
                     }
                 }
             });
-            let kind = session.analysis.kind;
+            let kind = doc.analysis.kind;
             if kind.is_landscape() {
-                landscape_controls(ui, session, view);
+                landscape_controls(ui, doc, view);
             } else if matches!(kind, ViewKind::Pca | ViewKind::Cosine | ViewKind::Heterogeneity) {
-                view_controls(ui, session, view);
+                view_controls(ui, doc, view);
             } else if kind == ViewKind::Bound {
-                bound_controls(ui, session, view);
+                bound_controls(ui, doc, view);
             }
             ui.horizontal(|ui| {
-                let a = &session.analysis;
+                let a = &doc.analysis;
                 if let Some(since) = a.running_since() {
                     ui.spinner();
                     let text = match a.progress {
@@ -85,7 +82,7 @@ pub fn analysis_window(ctx: &Context, session: &mut Session, view: &mut ViewStat
                         .on_hover_text("Points computed so far stay cached")
                         .clicked()
                     {
-                        session.analysis.cancel();
+                        doc.analysis.cancel();
                     }
                 } else if let Some(s) = a.seconds {
                     let points = a
@@ -94,28 +91,28 @@ pub fn analysis_window(ctx: &Context, session: &mut Session, view: &mut ViewStat
                         .unwrap_or_default();
                     ui.label(RichText::new(format!("computed in {s:.1} s{points}")).weak());
                 }
-                let has = session.analysis.figure.is_some();
+                let has = doc.analysis.figure.is_some();
                 if ui.add_enabled(has, egui::Button::new("Save PNG…")).clicked() {
-                    dialogs::export_figure(session, true);
+                    dialogs::export_figure(doc, true);
                 }
                 if ui.add_enabled(has, egui::Button::new("Save CSV…")).clicked() {
-                    dialogs::export_figure(session, false);
+                    dialogs::export_figure(doc, false);
                 }
             });
-            if let Some(e) = &session.analysis.error {
+            if let Some(e) = &doc.analysis.error {
                 ui.label(RichText::new(e).color(ui.visuals().error_fg_color));
             }
-            if let Some(fig) = &session.analysis.figure {
+            if let Some(fig) = &doc.analysis.figure {
                 ui.label(RichText::new(fig.title()).strong());
                 let height = (ui.available_height() - 10.0).clamp(240.0, 460.0);
                 figure_view::figure_ui(ui, "analysis-figure", fig, height);
             }
         });
-    session.analysis.open = open;
+    doc.analysis.open = open;
     if !open {
-        session.analysis.cancel();
+        doc.analysis.cancel();
     }
-    if session.analysis.running() {
+    if doc.analysis.running() {
         ctx.request_repaint_after(std::time::Duration::from_millis(200));
     }
 }
@@ -146,10 +143,10 @@ fn optional_choice(
 
 /// PCA: the components on the axes; cosine: the whole model or one layer; heterogeneity: the
 /// TIES density.
-fn view_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
+fn view_controls(ui: &mut egui::Ui, doc: &mut Document, view: &ViewState) {
     let mut changed = false;
     ui.horizontal(|ui| {
-        let a = &mut session.analysis;
+        let a = &mut doc.analysis;
         if a.kind == ViewKind::Pca {
             let n = (a.inputs.experts.len() + a.inputs.merges.len() + 1).max(2);
             for (which, slot) in [
@@ -181,16 +178,16 @@ fn view_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
         }
     });
     if changed {
-        let kind = session.analysis.kind;
-        session.analyze(kind, &view.selected);
+        let kind = doc.analysis.kind;
+        doc.analyze(kind, &view.selected);
     }
 }
 
 /// The bound's constants: L, C, η and Δ0 (measured or from the checkpoints unless set), and
 /// the calibration examples per task. The bound is recomputed when an edit is committed.
-fn bound_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
+fn bound_controls(ui: &mut egui::Ui, doc: &mut Document, view: &ViewState) {
     let mut changed = false;
-    let b = &mut session.analysis.options.bound;
+    let b = &mut doc.analysis.options.bound;
     ui.horizontal_wrapped(|ui| {
         for (name, hover, slot) in [
             ("L", "smoothness constant L", &mut b.smoothness),
@@ -235,7 +232,7 @@ fn bound_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
         );
     });
     if changed {
-        session.analyze(ViewKind::Bound, &view.selected);
+        doc.analyze(ViewKind::Bound, &view.selected);
     }
 }
 
@@ -245,11 +242,11 @@ fn committed(r: &egui::Response) -> bool {
     r.drag_stopped() || (r.changed() && !r.dragged())
 }
 
-fn landscape_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState) {
+fn landscape_controls(ui: &mut egui::Ui, doc: &mut Document, view: &ViewState) {
     let mut changed = false;
     ui.horizontal(|ui| {
         ui.label("Metric");
-        let a = &mut session.analysis;
+        let a = &mut doc.analysis;
         for (m, name) in [
             (MetricKind::Accuracy, "accuracy"),
             (MetricKind::Normalized, "normalised"),
@@ -283,7 +280,7 @@ fn landscape_controls(ui: &mut egui::Ui, session: &mut Session, view: &ViewState
         }
     });
     if changed {
-        let kind = session.analysis.kind;
-        session.analyze(kind, &view.selected);
+        let kind = doc.analysis.kind;
+        doc.analyze(kind, &view.selected);
     }
 }

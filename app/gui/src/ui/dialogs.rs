@@ -1,7 +1,7 @@
 //! Native file dialogs (rfd), the plugin approval dialog and the About box. File dialogs
 //! block the UI thread while open, as native modal dialogs do; the job thread keeps working.
 
-use crate::session::{Level, Session};
+use crate::document::{Document, Level};
 use crate::ui::ViewState;
 use egui::{Context, RichText};
 use std::path::Path;
@@ -17,78 +17,78 @@ pub fn is_library(path: &Path) -> bool {
 }
 
 /// Adds a checkpoint or sharded folder as an expert; a shared library is offered as a plugin.
-pub fn add_path(session: &mut Session, view: &mut ViewState, path: &Path) {
+pub fn add_path(doc: &mut Document, view: &mut ViewState, path: &Path) {
     if is_library(path) {
-        request_plugin(session, view, path);
-    } else if !session.inputs.add_expert(path, None) {
+        request_plugin(doc, view, path);
+    } else if !doc.inputs.add_expert(path, None) {
         view.toast(format!("'{}' is already an input", path.display()));
     } else {
-        session.dirty = true;
+        doc.dirty = true;
     }
 }
 
 /// Asks for the base checkpoint.
-pub fn pick_base(session: &mut Session) {
+pub fn pick_base(doc: &mut Document) {
     if let Some(p) = rfd::FileDialog::new()
         .set_title("Base checkpoint")
         .add_filter("safetensors", CHECKPOINTS)
         .pick_file()
     {
-        session.inputs.set_base(&p, None);
-        session.dirty = true;
+        doc.inputs.set_base(&p, None);
+        doc.dirty = true;
     }
 }
 
 /// Asks for expert checkpoints (several at once).
-pub fn pick_experts(session: &mut Session) {
+pub fn pick_experts(doc: &mut Document) {
     if let Some(files) = rfd::FileDialog::new()
         .set_title("Expert checkpoints")
         .add_filter("safetensors", CHECKPOINTS)
         .pick_files()
     {
         for f in files {
-            session.inputs.add_expert(&f, None);
+            doc.inputs.add_expert(&f, None);
         }
-        session.dirty = true;
+        doc.dirty = true;
     }
 }
 
 /// Asks for a folder of shards (with `model.safetensors.index.json`) to add as an expert.
-pub fn pick_expert_folder(session: &mut Session) {
+pub fn pick_expert_folder(doc: &mut Document) {
     if let Some(dir) = rfd::FileDialog::new()
         .set_title("Sharded expert checkpoint (folder)")
         .pick_folder()
     {
-        session.inputs.add_expert(&dir, None);
-        session.dirty = true;
+        doc.inputs.add_expert(&dir, None);
+        doc.dirty = true;
     }
 }
 
 /// Loads a plugin now, or asks for approval first when it comes from outside the app.
-pub fn request_plugin(session: &mut Session, view: &mut ViewState, path: &Path) {
-    if session.needs_approval(path) {
+pub fn request_plugin(doc: &mut Document, view: &mut ViewState, path: &Path) {
+    if doc.needs_approval(path) {
         view.approval = Some(path.to_path_buf());
-    } else if let Err(e) = session.load_plugin_file(path, false) {
-        session.note(Level::Error, &e);
+    } else if let Err(e) = doc.load_plugin_file(path, false) {
+        doc.note(Level::Error, &e);
         view.toast(&e);
     }
 }
 
 /// Asks for a plugin library.
-pub fn pick_plugin(session: &mut Session, view: &mut ViewState) {
+pub fn pick_plugin(doc: &mut Document, view: &mut ViewState) {
     let ext: &[&str] = &["so", "dylib", "dll"];
     if let Some(p) = rfd::FileDialog::new()
         .set_title("Load a method plugin")
         .add_filter("plugin library", ext)
         .pick_file()
     {
-        request_plugin(session, view, &p);
+        request_plugin(doc, view, &p);
     }
 }
 
 /// Asks where to save run `id` and saves it there with its recipe.
-pub fn save_merge(session: &mut Session, id: u64) {
-    let name = session
+pub fn save_merge(doc: &mut Document, id: u64) {
+    let name = doc
         .run_record(id)
         .map(|r| format!("merged-{}-{}.safetensors", r.method, r.id))
         .unwrap_or_default();
@@ -97,24 +97,24 @@ pub fn save_merge(session: &mut Session, id: u64) {
         .set_file_name(name)
         .add_filter("safetensors", CHECKPOINTS)
         .save_file()
-        && let Err(e) = session.save_output(id, &dest)
+        && let Err(e) = doc.save_output(id, &dest)
     {
-        session.note(Level::Error, e);
+        doc.note(Level::Error, e);
     }
 }
 
 /// Asks where to write the results table as CSV.
-pub fn export_csv(session: &mut Session) {
+pub fn export_csv(doc: &mut Document) {
     if let Some(dest) = rfd::FileDialog::new()
         .set_title("Export the results table")
         .set_file_name("mergescope-results.csv")
         .add_filter("CSV", &["csv"])
         .save_file()
     {
-        let csv = crate::runs::to_csv(&session.runs);
+        let csv = crate::runs::to_csv(&doc.runs);
         match mergescope_engine::writer::write_atomic(&dest, csv.as_bytes()) {
-            Ok(()) => session.note(Level::Info, format!("results exported to '{}'", dest.display())),
-            Err(e) => session.note(Level::Error, e.to_string()),
+            Ok(()) => doc.note(Level::Info, format!("results exported to '{}'", dest.display())),
+            Err(e) => doc.note(Level::Error, e.to_string()),
         }
     }
 }
@@ -137,7 +137,7 @@ pub fn pick_project_to_save() -> Option<std::path::PathBuf> {
 }
 
 /// The approval dialog for a plugin from outside the app's folder.
-pub fn approval_ui(ctx: &Context, session: &mut Session, view: &mut ViewState) {
+pub fn approval_ui(ctx: &Context, doc: &mut Document, view: &mut ViewState) {
     let Some(path) = view.approval.clone() else {
         return;
     };
@@ -154,8 +154,8 @@ pub fn approval_ui(ctx: &Context, session: &mut Session, view: &mut ViewState) {
         );
         ui.horizontal(|ui| {
             if ui.button("Approve and load").clicked() {
-                if let Err(e) = session.load_plugin_file(&path, true) {
-                    session.note(Level::Error, format!("plugin not loaded: {e}"));
+                if let Err(e) = doc.load_plugin_file(&path, true) {
+                    doc.note(Level::Error, format!("plugin not loaded: {e}"));
                     view.toast(format!("plugin not loaded: {e}"));
                 }
                 close = true;
@@ -215,20 +215,17 @@ pub const SHORTCUTS: &[(&str, &str)] = &[
 ];
 
 /// Saves the analysis figure shown as PNG (`png`) or CSV, where the user picks.
-pub fn export_figure(session: &mut Session, png: bool) {
-    let Some(figure) = session.analysis.figure.clone() else {
+pub fn export_figure(doc: &mut Document, png: bool) {
+    let Some(figure) = doc.analysis.figure.clone() else {
         return;
     };
-    let name = format!(
-        "mergescope-{}",
-        session.analysis.kind.label().replace([' ', '/', '×'], "-")
-    );
-    save_figure(session, &figure, &name, png);
+    let name = format!("mergescope-{}", doc.analysis.kind.label().replace([' ', '/', '×'], "-"));
+    save_figure(doc, &figure, &name, png);
 }
 
 /// Saves `figure` as PNG (`png`) or CSV where the user picks (`name` is the suggested file
 /// name, without extension); the outcome goes to the log.
-pub fn save_figure(session: &mut Session, figure: &mergescope_figures::Figure, name: &str, png: bool) {
+pub fn save_figure(doc: &mut Document, figure: &mergescope_figures::Figure, name: &str, png: bool) {
     let (ext, what) = if png {
         ("png", "PNG picture")
     } else {
@@ -245,13 +242,13 @@ pub fn save_figure(session: &mut Session, figure: &mergescope_figures::Figure, n
     let bytes = if png {
         match mergescope_figures::render_png(figure, 1200, 860) {
             Ok(b) => b,
-            Err(e) => return session.note(Level::Error, e.to_string()),
+            Err(e) => return doc.note(Level::Error, e.to_string()),
         }
     } else {
         mergescope_figures::to_csv(figure).into_bytes()
     };
     match mergescope_engine::writer::write_atomic(&dest, &bytes) {
-        Ok(()) => session.note(Level::Info, format!("figure saved to '{}'", dest.display())),
-        Err(e) => session.note(Level::Error, e.to_string()),
+        Ok(()) => doc.note(Level::Info, format!("figure saved to '{}'", dest.display())),
+        Err(e) => doc.note(Level::Error, e.to_string()),
     }
 }

@@ -3,8 +3,8 @@
 //! cells finish: accuracy and loss per swept variable with standard-error bars, the fitted
 //! laws, and the paper's prediction with each method's verdict.
 
+use crate::document::{Document, Level};
 use crate::experiments::short_label;
-use crate::session::{Level, Session};
 use crate::text::time_text;
 use crate::ui::{dialogs, figure_view};
 use egui::{Context, RichText, Ui};
@@ -18,8 +18,8 @@ use std::time::Duration;
 const FORM_WIDTH: f32 = 390.0;
 
 /// The Experiments window, when open.
-pub fn experiments_window(ctx: &Context, session: &mut Session) {
-    let mut open = session.experiments.open;
+pub fn experiments_window(ctx: &Context, doc: &mut Document) {
+    let mut open = doc.experiments.open;
     egui::Window::new("Experiments: fine-tuning sweeps")
         .open(&mut open)
         .default_pos([16.0, 32.0])
@@ -32,48 +32,48 @@ pub fn experiments_window(ctx: &Context, session: &mut Session) {
                     egui::ScrollArea::vertical()
                         .id_salt("sweep-form")
                         .auto_shrink([false, true])
-                        .show(ui, |ui| form_ui(ui, session));
+                        .show(ui, |ui| form_ui(ui, doc));
                 });
                 ui.separator();
                 ui.vertical(|ui| {
-                    run_ui(ui, session);
+                    run_ui(ui, doc);
                     ui.separator();
-                    results_ui(ui, session);
+                    results_ui(ui, doc);
                 });
             });
         });
-    session.experiments.open = open;
-    if session.experiments.running() {
+    doc.experiments.open = open;
+    if doc.experiments.running() {
         // Elapsed times tick even when no progress comes.
         ctx.request_repaint_after(Duration::from_millis(250));
     }
 }
 
-fn installed(session: &Session) -> Vec<String> {
-    session.registry.plugins.iter().map(|p| p.id().to_owned()).collect()
+fn installed(doc: &Document) -> Vec<String> {
+    doc.registry.plugins.iter().map(|p| p.id().to_owned()).collect()
 }
 
 /// The specification: preset, benchmark, folder, TOML, hyperparameters, evaluation, methods.
-fn form_ui(ui: &mut Ui, session: &mut Session) {
-    let running = session.experiments.running();
+fn form_ui(ui: &mut Ui, doc: &mut Document) {
+    let running = doc.experiments.running();
     ui.add_enabled_ui(!running, |ui| {
-        let before = session.experiments.spec.clone();
-        source_ui(ui, session);
+        let before = doc.experiments.spec.clone();
+        source_ui(ui, doc);
         ui.separator();
-        hyper_ui(ui, session);
+        hyper_ui(ui, doc);
         ui.separator();
-        evaluation_ui(ui, &mut session.experiments.spec);
+        evaluation_ui(ui, &mut doc.experiments.spec);
         ui.separator();
-        methods_ui(ui, session);
-        if session.experiments.spec != before {
-            session.experiments.reanalyse();
+        methods_ui(ui, doc);
+        if doc.experiments.spec != before {
+            doc.experiments.reanalyse();
         }
     });
     ui.add_space(4.0);
-    let ids = installed(session);
+    let ids = installed(doc);
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let e = &session.experiments;
-    match e.check(session.benchmark.as_ref(), &ids) {
+    let e = &doc.experiments;
+    match e.check(doc.benchmark.as_ref(), &ids) {
         Ok(()) => {
             let swept: Vec<&str> = e.spec.swept().into_iter().map(short_label).collect();
             ui.label(
@@ -98,15 +98,15 @@ fn form_ui(ui: &mut Ui, session: &mut Session) {
 }
 
 /// Preset, benchmark, folder, and the TOML file.
-fn source_ui(ui: &mut Ui, session: &mut Session) {
+fn source_ui(ui: &mut Ui, doc: &mut Document) {
     ui.horizontal(|ui| {
         let label = ui.label("Preset");
         let mut chosen = None;
         egui::ComboBox::from_id_salt("sweep-preset")
-            .selected_text(session.experiments.name.clone())
+            .selected_text(doc.experiments.name.clone())
             .show_ui(ui, |ui| {
                 for p in SweepSpec::PRESETS {
-                    if ui.selectable_label(session.experiments.name == p, p).clicked() {
+                    if ui.selectable_label(doc.experiments.name == p, p).clicked() {
                         chosen = Some(p);
                     }
                 }
@@ -122,43 +122,43 @@ fn source_ui(ui: &mut Ui, session: &mut Session) {
             chosen = Some(SweepSpec::PRESETS[0]);
         }
         if let Some(p) = chosen {
-            let ids = installed(session);
+            let ids = installed(doc);
             let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-            session.experiments.reset_to_preset(p, session.benchmark.as_ref(), &ids);
+            doc.experiments.reset_to_preset(p, doc.benchmark.as_ref(), &ids);
         }
     });
-    benchmark_row(ui, session);
+    benchmark_row(ui, doc);
     ui.horizontal(|ui| {
         ui.label("Folder");
-        ui.label(RichText::new(session.experiments.folder_label()).monospace())
-            .on_hover_text(session.experiments.folder.display().to_string());
+        ui.label(RichText::new(doc.experiments.folder_label()).monospace())
+            .on_hover_text(doc.experiments.folder.display().to_string());
         if ui
             .small_button("Folder…")
             .on_hover_text("Where the results, checkpoints and plots go; a folder with results resumes")
             .clicked()
             && let Some(dir) = rfd::FileDialog::new()
                 .set_title("Sweep folder")
-                .set_directory(session.experiments.sweeps_root())
+                .set_directory(doc.experiments.sweeps_root())
                 .pick_folder()
         {
-            session.experiments.set_folder(dir);
+            doc.experiments.set_folder(dir);
         }
     });
     ui.horizontal(|ui| {
         if ui.button("Load TOML…").clicked() {
-            load_toml(session);
+            load_toml(doc);
         }
         if ui.button("Save TOML…").clicked() {
-            save_toml(session);
+            save_toml(doc);
         }
     });
 }
 
-fn benchmark_row(ui: &mut Ui, session: &mut Session) {
-    let e = &session.experiments;
+fn benchmark_row(ui: &mut Ui, doc: &mut Document) {
+    let e = &doc.experiments;
     ui.horizontal_wrapped(|ui| {
         ui.label("Benchmark");
-        let open = session.benchmark.as_ref();
+        let open = doc.benchmark.as_ref();
         match open.filter(|b| crate::experiments::benchmark_id(b) == e.spec.benchmark) {
             Some(b) => {
                 let name = b
@@ -178,20 +178,20 @@ fn benchmark_row(ui: &mut Ui, session: &mut Session) {
             }
         }
     });
-    if let Some(b) = session.benchmark.clone()
-        && crate::experiments::benchmark_id(&b) != session.experiments.spec.benchmark
+    if let Some(b) = doc.benchmark.clone()
+        && crate::experiments::benchmark_id(&b) != doc.experiments.spec.benchmark
         && ui
             .small_button("Use the open benchmark")
             .on_hover_text(b.dir.display().to_string())
             .clicked()
     {
-        let spec = &mut session.experiments.spec;
+        let spec = &mut doc.experiments.spec;
         spec.benchmark = crate::experiments::benchmark_id(&b);
         spec.arch = b.manifest.arch.name().to_owned();
     }
 }
 
-fn load_toml(session: &mut Session) {
+fn load_toml(doc: &mut Document) {
     let Some(path) = rfd::FileDialog::new()
         .set_title("Load a sweep specification")
         .add_filter("TOML", &["toml"])
@@ -199,30 +199,30 @@ fn load_toml(session: &mut Session) {
     else {
         return;
     };
-    match session.experiments.load_toml(&path) {
-        Ok(()) => session.note(
+    match doc.experiments.load_toml(&path) {
+        Ok(()) => doc.note(
             Level::Info,
             format!("sweep specification read from '{}'", path.display()),
         ),
-        Err(e) => session.experiments.error = Some(e.to_string()),
+        Err(e) => doc.experiments.error = Some(e.to_string()),
     }
 }
 
-fn save_toml(session: &mut Session) {
+fn save_toml(doc: &mut Document) {
     let Some(path) = rfd::FileDialog::new()
         .set_title("Save the sweep specification")
-        .set_file_name(format!("{}.toml", session.experiments.name))
+        .set_file_name(format!("{}.toml", doc.experiments.name))
         .add_filter("TOML", &["toml"])
         .save_file()
     else {
         return;
     };
-    match session.experiments.save_toml(&path) {
-        Ok(()) => session.note(
+    match doc.experiments.save_toml(&path) {
+        Ok(()) => doc.note(
             Level::Info,
             format!("sweep specification saved to '{}'", path.display()),
         ),
-        Err(e) => session.experiments.error = Some(e.to_string()),
+        Err(e) => doc.experiments.error = Some(e.to_string()),
     }
 }
 
@@ -256,9 +256,9 @@ fn default_widget(ui: &mut Ui, spec: &mut SweepSpec, var: Variable, label: egui:
 }
 
 /// The hyperparameters: each one's default and the values its grid tries.
-fn hyper_ui(ui: &mut Ui, session: &mut Session) {
-    let pool = session.benchmark.as_ref().map_or(64, |b| b.manifest.tasks.len());
-    let e = &mut session.experiments;
+fn hyper_ui(ui: &mut Ui, doc: &mut Document) {
+    let pool = doc.benchmark.as_ref().map_or(64, |b| b.manifest.tasks.len());
+    let e = &mut doc.experiments;
     egui::Grid::new("sweep-hyper")
         .num_columns(3)
         .spacing([8.0, 4.0])
@@ -339,15 +339,15 @@ fn params_text(params: &std::collections::BTreeMap<String, Value>) -> String {
 
 /// The methods: a checkbox per installed plugin (the preset's label and parameters when it has
 /// them); methods of plugins not installed stay listed until unticked.
-fn methods_ui(ui: &mut Ui, session: &mut Session) {
+fn methods_ui(ui: &mut Ui, doc: &mut Document) {
     ui.label(RichText::new("Methods").strong());
-    let plugins: Vec<(String, String)> = session
+    let plugins: Vec<(String, String)> = doc
         .registry
         .plugins
         .iter()
         .map(|p| (p.id().to_owned(), p.info.name.clone()))
         .collect();
-    let e = &mut session.experiments;
+    let e = &mut doc.experiments;
     for (id, name) in &plugins {
         let current = e.spec.methods.iter().find(|m| &m.plugin == id).cloned();
         let mut on = current.is_some();
@@ -387,12 +387,12 @@ fn methods_ui(ui: &mut Ui, session: &mut Session) {
 }
 
 /// Run, Resume, Cancel, the progress, and how the last sweep ended.
-fn run_ui(ui: &mut Ui, session: &mut Session) {
-    let ids = installed(session);
+fn run_ui(ui: &mut Ui, doc: &mut Document) {
+    let ids = installed(doc);
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let running = session.experiments.running();
-    let ready = session.experiments.check(session.benchmark.as_ref(), &ids).is_ok();
-    let has_results = session.experiments.has_results();
+    let running = doc.experiments.running();
+    let ready = doc.experiments.check(doc.benchmark.as_ref(), &ids).is_ok();
+    let has_results = doc.experiments.has_results();
     ui.horizontal(|ui| {
         let run = ui
             .add_enabled(
@@ -404,20 +404,20 @@ fn run_ui(ui: &mut Ui, session: &mut Session) {
             .add_enabled(ready && !running && has_results, egui::Button::new("⟳ Resume"))
             .on_hover_text("Start again on the same folder: the finished cells are skipped");
         if run.clicked() || resume.clicked() {
-            session.start_sweep();
+            doc.start_sweep();
         }
         if ui
             .add_enabled(running, egui::Button::new("■ Cancel"))
             .on_hover_text("Stop after the current step; the finished cells stay in the folder")
             .clicked()
         {
-            session.experiments.cancel();
+            doc.experiments.cancel();
         }
         if running {
             ui.spinner();
         }
     });
-    let e = &session.experiments;
+    let e = &doc.experiments;
     if let Some(p) = &e.progress {
         ui.horizontal(|ui| {
             ui.add(
@@ -447,8 +447,8 @@ fn direction_text(d: Direction) -> &'static str {
 }
 
 /// The variable picker, the accuracy and loss plots side by side, and the fits.
-fn results_ui(ui: &mut Ui, session: &mut Session) {
-    let e = &mut session.experiments;
+fn results_ui(ui: &mut Ui, doc: &mut Document) {
+    let e = &mut doc.experiments;
     if e.rows.is_empty() || e.results.is_empty() {
         ui.label(RichText::new("No results yet: Run fills the plots in as the cells finish.").weak());
         return;
@@ -482,16 +482,16 @@ fn results_ui(ui: &mut Ui, session: &mut Session) {
             });
         }
     });
-    fits_ui(ui, session, i);
+    fits_ui(ui, doc, i);
     if let Some((figure, name, png)) = save {
-        let file = format!("sweep-{}-{name}", session.experiments.name);
-        dialogs::save_figure(session, &figure, &file, png);
+        let file = format!("sweep-{}-{name}", doc.experiments.name);
+        dialogs::save_figure(doc, &figure, &file, png);
     }
 }
 
 /// The laws fitted to each method's loss along the shown variable.
-fn fits_ui(ui: &mut Ui, session: &Session, i: usize) {
-    let r = &session.experiments.results[i];
+fn fits_ui(ui: &mut Ui, doc: &Document, i: usize) {
+    let r = &doc.experiments.results[i];
     let Some(law) = r.variable.law() else {
         ui.label(RichText::new("The optimiser is categorical: no law is fitted.").weak());
         return;

@@ -1,8 +1,8 @@
 //! The Inputs panel: the benchmark, the base and the experts with their size, dtypes, tensor
 //! count, accuracy on the benchmark and compatibility problems; reorder, rename, remove.
 
+use crate::document::Document;
 use crate::inputs::{InputFile, human_bytes};
-use crate::session::Session;
 use crate::ui::{ViewState, dialogs};
 use egui::{RichText, Ui};
 use mergescope_lab::demo::Benchmark;
@@ -130,9 +130,9 @@ fn input_row(
 }
 
 /// The panel.
-pub fn inputs_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
+pub fn inputs_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
     ui.heading("Inputs");
-    if let Some(b) = &session.benchmark {
+    if let Some(b) = &doc.benchmark {
         ui.label(
             RichText::new(format!(
                 "Benchmark: {} demo, seed {}, {} tasks",
@@ -144,7 +144,7 @@ pub fn inputs_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
         )
         .on_hover_text(b.dir.display().to_string());
     }
-    if let Some(build) = &session.build {
+    if let Some(build) = &doc.build {
         let (elapsed, left) = build.live.times();
         ui.label(format!(
             "Building the {} demo benchmark (once; it is cached for the next launches)",
@@ -158,16 +158,16 @@ pub fn inputs_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
         ui.horizontal(|ui| {
             ui.label(RichText::new(crate::text::time_text(elapsed, left)).weak());
             if ui.button("Cancel build").clicked() {
-                session.cancel_current();
+                doc.cancel_current();
             }
         });
     }
     ui.separator();
-    let bench = session.benchmark.clone();
+    let bench = doc.benchmark.clone();
     egui::ScrollArea::vertical().auto_shrink([false, false]).show(ui, |ui| {
         ui.label(RichText::new("Base").strong());
         let mut changed = false;
-        match &mut session.inputs.base {
+        match &mut doc.inputs.base {
             Some(base) => {
                 let before = base.label.clone();
                 input_row(ui, base, bench.as_ref(), true, 0, view);
@@ -179,57 +179,57 @@ pub fn inputs_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
         }
         ui.horizontal(|ui| {
             if ui.button("Set base…").clicked() {
-                dialogs::pick_base(session);
+                dialogs::pick_base(doc);
             }
-            if session.inputs.base.is_some() && ui.button("Clear base").clicked() {
-                session.inputs.base = None;
-                session.inputs.recheck();
-                session.dirty = true;
+            if doc.inputs.base.is_some() && ui.button("Clear base").clicked() {
+                doc.inputs.base = None;
+                doc.inputs.recheck();
+                doc.dirty = true;
             }
         });
         ui.add_space(6.0);
-        ui.label(RichText::new(format!("Experts ({})", session.inputs.experts.len())).strong());
+        ui.label(RichText::new(format!("Experts ({})", doc.inputs.experts.len())).strong());
         let mut act = None;
-        for i in 0..session.inputs.experts.len() {
-            let before = session.inputs.experts[i].label.clone();
-            if let Some(a) = input_row(ui, &mut session.inputs.experts[i], bench.as_ref(), false, i, view) {
+        for i in 0..doc.inputs.experts.len() {
+            let before = doc.inputs.experts[i].label.clone();
+            if let Some(a) = input_row(ui, &mut doc.inputs.experts[i], bench.as_ref(), false, i, view) {
                 act = Some((i, a));
             }
-            changed |= session.inputs.experts[i].label != before;
+            changed |= doc.inputs.experts[i].label != before;
         }
         if changed {
-            session.dirty = true;
+            doc.dirty = true;
         }
         if let Some((i, a)) = act {
             match a {
-                RowAction::Up => session.inputs.move_up(i),
-                RowAction::Remove => session.inputs.remove_expert(i),
+                RowAction::Up => doc.inputs.move_up(i),
+                RowAction::Remove => doc.inputs.remove_expert(i),
                 RowAction::MakeBase => {
-                    let e = session.inputs.experts.remove(i);
-                    if let Some(old) = session.inputs.base.replace(e) {
-                        session.inputs.experts.insert(i, old);
+                    let e = doc.inputs.experts.remove(i);
+                    if let Some(old) = doc.inputs.base.replace(e) {
+                        doc.inputs.experts.insert(i, old);
                     }
-                    session.inputs.recheck();
+                    doc.inputs.recheck();
                 }
             }
             view.renaming = None;
-            session.dirty = true;
+            doc.dirty = true;
         }
         ui.horizontal(|ui| {
             if ui.button("Add experts…").on_hover_text("Ctrl+E").clicked() {
-                dialogs::pick_experts(session);
+                dialogs::pick_experts(doc);
             }
             if ui
                 .button("Add folder…")
                 .on_hover_text("A sharded checkpoint: a folder with model.safetensors.index.json")
                 .clicked()
             {
-                dialogs::pick_expert_folder(session);
+                dialogs::pick_expert_folder(doc);
             }
-            if !session.inputs.experts.is_empty() && ui.button("Clear").clicked() {
-                session.inputs.experts.clear();
-                session.inputs.recheck();
-                session.dirty = true;
+            if !doc.inputs.experts.is_empty() && ui.button("Clear").clicked() {
+                doc.inputs.experts.clear();
+                doc.inputs.recheck();
+                doc.dirty = true;
             }
         });
         ui.label(

@@ -1,8 +1,8 @@
-//! The menu bar and the keyboard shortcuts (the same actions). They act on the session, the
+//! The menu bar and the keyboard shortcuts (the same actions). They act on the doc, the
 //! settings and the view directly; what only the window can do (its project file) comes back as
 //! a [`ProjectCommand`] for the window to carry out.
 
-use crate::session::Session;
+use crate::document::Document;
 use crate::settings::{Settings, Theme};
 use crate::ui::{ViewState, dialogs};
 use egui::{Key, KeyboardShortcut, Modifiers, Ui};
@@ -32,7 +32,7 @@ pub enum ProjectCommand {
 /// What the menu and the shortcuts change.
 pub struct MenuTarget<'a> {
     /// The document.
-    pub session: &'a mut Session,
+    pub doc: &'a mut Document,
     /// The remembered settings.
     pub settings: &'a mut Settings,
     /// The window's transient state.
@@ -58,13 +58,13 @@ pub fn shortcuts(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
         command = Some(ProjectCommand::Save { choose_path: false });
     }
     if add {
-        dialogs::pick_experts(app.session);
+        dialogs::pick_experts(app.doc);
     }
     if run {
-        app.view.start_run(app.session);
+        app.view.start_run(app.doc);
     }
     if cancel && app.view.approval.is_none() {
-        app.session.cancel_current();
+        app.doc.cancel_current();
     }
     command
 }
@@ -105,19 +105,19 @@ pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
             }
             ui.separator();
             if ui.button("Set base…").clicked() {
-                dialogs::pick_base(app.session);
+                dialogs::pick_base(app.doc);
             }
             if ui
                 .add(egui::Button::new("Add experts…").shortcut_text(ui.ctx().format_shortcut(&ADD_EXPERTS)))
                 .clicked()
             {
-                dialogs::pick_experts(app.session);
+                dialogs::pick_experts(app.doc);
             }
             if ui.button("Add sharded expert (folder)…").clicked() {
-                dialogs::pick_expert_folder(app.session);
+                dialogs::pick_expert_folder(app.doc);
             }
             if ui.button("Load plugin…").clicked() {
-                dialogs::pick_plugin(app.session, app.view);
+                dialogs::pick_plugin(app.doc, app.view);
             }
             ui.separator();
             if ui.button("Quit").clicked() {
@@ -129,13 +129,13 @@ pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
                 .add(egui::Button::new("Run merge").shortcut_text(ui.ctx().format_shortcut(&RUN)))
                 .clicked()
             {
-                app.view.start_run(app.session);
+                app.view.start_run(app.doc);
             }
             if ui
                 .add(egui::Button::new("Cancel running").shortcut_text("Esc"))
                 .clicked()
             {
-                app.session.cancel_current();
+                app.doc.cancel_current();
             }
         });
         ui.menu_button("Benchmark", |ui| {
@@ -144,7 +144,7 @@ pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
                     .button(format!("Build {} demo", arch.to_string().to_uppercase()))
                     .clicked()
                 {
-                    app.session.build_demo(arch, 0);
+                    app.doc.build_demo(arch, 0);
                 }
             }
             ui.separator();
@@ -164,7 +164,7 @@ pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
                     button = button.on_disabled_hover_text(why);
                 }
                 if button.clicked() {
-                    app.session.use_benchmark(b);
+                    app.doc.use_benchmark(b);
                 }
             }
         });
@@ -186,7 +186,7 @@ pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
                 .on_hover_text("Seed 002's sweeps: fine-tune, merge, evaluate and fit the scaling laws")
                 .clicked()
             {
-                app.session.open_experiments();
+                app.doc.open_experiments();
             }
         });
         ui.menu_button("Help", |ui| {

@@ -1,7 +1,7 @@
 //! The Method panel: every loaded plugin with its description and version, the parameter
 //! form built from its schema, seed and device, plugin approvals, and the Run button.
 
-use crate::session::Session;
+use crate::document::Document;
 use crate::ui::{ViewState, dialogs, form_view};
 use egui::{RichText, Ui};
 use mergescope_engine::device::DeviceChoice;
@@ -24,11 +24,11 @@ fn device_label(d: DeviceChoice) -> &'static str {
 }
 
 /// The panel.
-pub fn method_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
+pub fn method_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
     ui.heading("Merge method");
-    let current = session.method.clone().unwrap_or_default();
+    let current = doc.method.clone().unwrap_or_default();
     let mut chosen = current.clone();
-    let selected_text = session
+    let selected_text = doc
         .plugin()
         .map(|p| p.info.name.clone())
         .unwrap_or_else(|| "choose a method".into());
@@ -39,7 +39,7 @@ pub fn method_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
         .height(f32::INFINITY)
         .show_ui(ui, |ui| {
             for (model_level, heading) in [(false, "Per tensor"), (true, "Model level · calibration data")] {
-                let group: Vec<_> = session
+                let group: Vec<_> = doc
                     .registry
                     .plugins
                     .iter()
@@ -56,10 +56,10 @@ pub fn method_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
             }
         });
     if chosen != current {
-        session.select_method(&chosen);
-        session.dirty = true;
+        doc.select_method(&chosen);
+        doc.dirty = true;
     }
-    if let Some(p) = session.plugin() {
+    if let Some(p) = doc.plugin() {
         ui.label(&p.info.description);
         ui.label(
             RichText::new(format!(
@@ -81,11 +81,11 @@ pub fn method_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
                 });
         }
     }
-    approvals_ui(ui, session, view);
+    approvals_ui(ui, doc, view);
     ui.separator();
 
-    let experts: Vec<String> = session.inputs.experts.iter().map(|e| e.label.clone()).collect();
-    if let Some(form) = &mut session.form {
+    let experts: Vec<String> = doc.inputs.experts.iter().map(|e| e.label.clone()).collect();
+    if let Some(form) = &mut doc.form {
         ui.horizontal(|ui| {
             ui.label(RichText::new("Parameters").strong());
             if ui
@@ -103,13 +103,13 @@ pub fn method_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
         form.fit_experts(experts.len());
         form_view::form_ui(ui, form, &experts);
         if form.to_json() != before {
-            session.dirty = true;
+            doc.dirty = true;
         }
     }
     ui.separator();
     ui.horizontal(|ui| {
         let label = ui.label("Seed");
-        ui.add(egui::DragValue::new(&mut session.seed).range(0..=u64::MAX))
+        ui.add(egui::DragValue::new(&mut doc.seed).range(0..=u64::MAX))
             .labelled_by(label.id)
             .on_hover_text("Seed given to the method (random drops, sampling) and recorded in the output");
     });
@@ -117,9 +117,9 @@ pub fn method_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
         ui.label("Device");
         for d in [DeviceChoice::Cpu, DeviceChoice::Cuda, DeviceChoice::Metal] {
             let ok = device_compiled(d);
-            let r = ui.add_enabled(ok, egui::RadioButton::new(session.device == d, device_label(d)));
+            let r = ui.add_enabled(ok, egui::RadioButton::new(doc.device == d, device_label(d)));
             if r.clicked() {
-                session.device = d;
+                doc.device = d;
             }
             if !ok {
                 r.on_disabled_hover_text(format!(
@@ -131,7 +131,7 @@ pub fn method_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
         }
     });
     ui.add_space(8.0);
-    let ready = session.can_run();
+    let ready = doc.can_run();
     let run = ui
         .add_enabled(
             ready.is_ok(),
@@ -139,15 +139,15 @@ pub fn method_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
         )
         .on_hover_text("Ctrl+Enter: merge, then evaluate every task");
     if run.clicked() {
-        view.start_run(session);
+        view.start_run(doc);
     }
     if let Err(why) = ready {
         ui.label(RichText::new(why.to_string()).color(ui.visuals().warn_fg_color).small());
     }
 }
 
-fn approvals_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
-    for p in &session.registry.pending {
+fn approvals_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
+    for p in &doc.registry.pending {
         ui.horizontal_wrapped(|ui| {
             ui.label(RichText::new("⚠ needs approval:").color(ui.visuals().warn_fg_color));
             ui.label(RichText::new(p.path.display().to_string()).monospace().small());
@@ -156,7 +156,7 @@ fn approvals_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
             }
         });
     }
-    for f in &session.registry.failures {
+    for f in &doc.registry.failures {
         ui.label(
             RichText::new(format!("🗑 {}: {}", f.path.display(), f.error))
                 .color(ui.visuals().error_fg_color)
@@ -164,6 +164,6 @@ fn approvals_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
         );
     }
     if ui.small_button("Load plugin…").clicked() {
-        dialogs::pick_plugin(session, view);
+        dialogs::pick_plugin(doc, view);
     }
 }

@@ -1,5 +1,5 @@
-//! egui views over a [`Session`](crate::session::Session). Views only draw and turn clicks
-//! into session calls; all state that outlives a frame lives in the session (the document),
+//! egui views over a [`Document`](crate::document::Document). Views only draw and turn clicks
+//! into document calls; all state that outlives a frame lives in the document,
 //! the settings (persisted) or [`ViewState`] (this window's transient state).
 
 pub mod analysis_view;
@@ -14,8 +14,8 @@ pub mod menu;
 pub mod method_view;
 pub mod results_view;
 
+use crate::document::{Document, Level};
 use crate::runs::SortKey;
-use crate::session::{Level, Session};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -72,12 +72,12 @@ impl ViewState {
     }
 
     /// Queues a merge; a refusal goes to the status bar and the log.
-    pub fn start_run(&mut self, session: &mut Session) {
-        match session.run() {
+    pub fn start_run(&mut self, doc: &mut Document) {
+        match doc.run() {
             Ok(id) => self.toast(format!("run #{id} queued")),
             Err(e) => {
                 self.toast(&e);
-                session.note(Level::Warn, format!("not run: {e}"));
+                doc.note(Level::Warn, format!("not run: {e}"));
             }
         }
     }

@@ -2,8 +2,8 @@
 //! the results table of every merge of the session (sortable, selectable), a per-task chart
 //! of the selected merges against the experts, and the details of one run.
 
+use crate::document::Document;
 use crate::runs::{RunRecord, RunStatus, SortKey, sort_runs, task_names};
-use crate::session::Session;
 use crate::text::time_text;
 use crate::ui::{ViewState, dialogs};
 use egui::{RichText, Ui};
@@ -14,9 +14,9 @@ fn pct(x: Option<f64>) -> String {
 }
 
 /// Runs queued or in progress.
-fn active_ui(ui: &mut Ui, session: &mut Session) {
+fn active_ui(ui: &mut Ui, doc: &mut Document) {
     let mut cancel = None;
-    for r in session.runs.iter().filter(|r| r.status.is_active()) {
+    for r in doc.runs.iter().filter(|r| r.status.is_active()) {
         ui.horizontal(|ui| {
             ui.label(RichText::new(r.title()).strong());
             ui.label(RichText::new(r.params_summary()).weak());
@@ -45,7 +45,7 @@ fn active_ui(ui: &mut Ui, session: &mut Session) {
         });
     }
     if let Some(id) = cancel {
-        session.cancel(id);
+        doc.cancel(id);
     }
 }
 
@@ -88,8 +88,8 @@ fn status_cell(ui: &mut Ui, r: &RunRecord) {
 }
 
 /// The results table.
-fn table_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
-    let mut rows: Vec<&RunRecord> = session.runs.iter().filter(|r| !r.status.is_active()).collect();
+fn table_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
+    let mut rows: Vec<&RunRecord> = doc.runs.iter().filter(|r| !r.status.is_active()).collect();
     if rows.is_empty() {
         ui.label(RichText::new("No merges yet: pick a method and press Run merge.").weak());
         return;
@@ -113,7 +113,7 @@ fn table_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
                     header(ui, view, t, SortKey::Task(t.clone()));
                 }
                 ui.end_row();
-                if let Some(b) = &session.benchmark {
+                if let Some(b) = &doc.benchmark {
                     let m = &b.manifest;
                     for (name, get) in [
                         (
@@ -170,8 +170,8 @@ fn table_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
 }
 
 /// Buttons acting on the selection.
-fn actions_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
-    let chosen: Vec<u64> = session
+fn actions_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
+    let chosen: Vec<u64> = doc
         .runs
         .iter()
         .filter(|r| view.selected.contains(&r.id))
@@ -180,7 +180,7 @@ fn actions_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
     let one = (chosen.len() == 1).then(|| chosen[0]);
     ui.horizontal(|ui| {
         let done = one
-            .and_then(|id| session.run_record(id))
+            .and_then(|id| doc.run_record(id))
             .is_some_and(|r| r.status == RunStatus::Done);
         if ui
             .add_enabled(done, egui::Button::new("Save merge…"))
@@ -189,23 +189,23 @@ fn actions_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
             .clicked()
             && let Some(id) = one
         {
-            dialogs::save_merge(session, id);
+            dialogs::save_merge(doc, id);
         }
         if ui
             .add_enabled(one.is_some(), egui::Button::new("Copy CLI command"))
             .on_hover_text("The `mergescope merge` command that repeats the selected run")
             .on_disabled_hover_text("Select one run")
             .clicked()
-            && let Some(r) = one.and_then(|id| session.run_record(id))
+            && let Some(r) = one.and_then(|id| doc.run_record(id))
         {
             ui.ctx().copy_text(crate::runs::cli_command(r));
             view.toast("CLI command copied");
         }
         if ui
-            .add_enabled(!session.runs.is_empty(), egui::Button::new("Export CSV…"))
+            .add_enabled(!doc.runs.is_empty(), egui::Button::new("Export CSV…"))
             .clicked()
         {
-            dialogs::export_csv(session);
+            dialogs::export_csv(doc);
         }
         if ui
             .add_enabled(!chosen.is_empty(), egui::Button::new("Clear selection"))
@@ -214,12 +214,12 @@ fn actions_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
             view.selected.clear();
         }
     });
-    ui.horizontal_wrapped(|ui| crate::ui::analysis_view::open_buttons(ui, session, view));
+    ui.horizontal_wrapped(|ui| crate::ui::analysis_view::open_buttons(ui, doc, view));
 }
 
 /// Grouped bars: accuracy per task of each selected, evaluated merge, with the experts.
-fn chart_ui(ui: &mut Ui, session: &Session, view: &ViewState) {
-    let runs: Vec<&RunRecord> = session
+fn chart_ui(ui: &mut Ui, doc: &Document, view: &ViewState) {
+    let runs: Vec<&RunRecord> = doc
         .runs
         .iter()
         .filter(|r| view.selected.contains(&r.id) && r.eval.is_some())
@@ -228,11 +228,11 @@ fn chart_ui(ui: &mut Ui, session: &Session, view: &ViewState) {
         return;
     }
     let tasks = task_names(runs.iter().copied());
-    let series = runs.len() + usize::from(session.benchmark.is_some());
+    let series = runs.len() + usize::from(doc.benchmark.is_some());
     let width = 0.8 / series as f64;
     let mut charts = Vec::new();
     let mut k = 0usize;
-    if let Some(b) = &session.benchmark {
+    if let Some(b) = &doc.benchmark {
         let bars = tasks
             .iter()
             .enumerate()
@@ -288,11 +288,11 @@ fn chart_ui(ui: &mut Ui, session: &Session, view: &ViewState) {
 }
 
 /// Details of the one selected run: output, parameters as resolved, log, error.
-fn details_ui(ui: &mut Ui, session: &Session, view: &ViewState) {
+fn details_ui(ui: &mut Ui, doc: &Document, view: &ViewState) {
     if view.selected.len() != 1 {
         return;
     }
-    let Some(r) = view.selected.iter().next().and_then(|id| session.run_record(*id)) else {
+    let Some(r) = view.selected.iter().next().and_then(|id| doc.run_record(*id)) else {
         return;
     };
     egui::CollapsingHeader::new(format!("Details of {}", r.title()))
@@ -318,18 +318,18 @@ fn details_ui(ui: &mut Ui, session: &Session, view: &ViewState) {
 }
 
 /// The whole central area.
-pub fn results_ui(ui: &mut Ui, session: &mut Session, view: &mut ViewState) {
+pub fn results_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
     egui::ScrollArea::vertical().id_salt("central").show(ui, |ui| {
-        if session.runs.iter().any(|r| r.status.is_active()) {
+        if doc.runs.iter().any(|r| r.status.is_active()) {
             ui.heading("Running");
-            active_ui(ui, session);
+            active_ui(ui, doc);
             ui.separator();
         }
         ui.heading("Results");
-        actions_ui(ui, session, view);
-        table_ui(ui, session, view);
+        actions_ui(ui, doc, view);
+        table_ui(ui, doc, view);
         ui.add_space(8.0);
-        chart_ui(ui, session, view);
-        details_ui(ui, session, view);
+        chart_ui(ui, doc, view);
+        details_ui(ui, doc, view);
     });
 }

@@ -5,7 +5,7 @@
 
 use egui_kittest::Harness;
 use mergescope_gui::settings::{Settings, Theme};
-use mergescope_gui::{MergescopeApp, SessionConfig};
+use mergescope_gui::{DocumentConfig, MergescopeApp};
 use mergescope_lab::demo::{Benchmark, BuildRecipe, build};
 use mergescope_lab::nn::Arch;
 use mergescope_lab::train::Budget;
@@ -100,7 +100,7 @@ pub fn app(runs_dir: &Path, theme: Theme) -> MergescopeApp {
         theme,
         ..Settings::default()
     };
-    let config = SessionConfig {
+    let config = DocumentConfig {
         plugin_dirs: Vec::new(),
         runs_dir: Some(runs_dir.to_path_buf()),
         benchmark: Some(benchmark().to_path_buf()),

@@ -1,4 +1,4 @@
-//! A working session, without any UI: the inputs, the plugins, the method form, the queue of
+//! The document of one window, without any UI: the inputs, the plugins, the method form, the queue of
 //! runs and their results, and the project file that saves them. The egui views read and
 //! change this; tests drive it directly too.
 
@@ -22,7 +22,7 @@ use std::time::Instant;
 
 /// How a session starts.
 #[derive(Clone, Debug, Default)]
-pub struct SessionConfig {
+pub struct DocumentConfig {
     /// Extra plugin folders (as `--plugin-dir`).
     pub plugin_dirs: Vec<PathBuf>,
     /// Folder where merge outputs go until the user saves them (default: the cache's
@@ -69,8 +69,8 @@ pub struct BuildState {
     pub live: Live,
 }
 
-/// The session.
-pub struct Session {
+/// The doc.
+pub struct Document {
     /// Base and experts.
     pub inputs: Inputs,
     /// Benchmark the merges are evaluated on.
@@ -111,7 +111,7 @@ pub struct Session {
 /// Where sweep folders go: `sweeps/` in the session's own runs folder when it has one
 /// (scripts, tests), otherwise in the cache folder, shared across sessions so that a sweep
 /// resumes in a later one.
-fn sweeps_root(config: &SessionConfig) -> PathBuf {
+fn sweeps_root(config: &DocumentConfig) -> PathBuf {
     match &config.runs_dir {
         Some(d) => d.join("sweeps"),
         None => demo::cache_dir()
@@ -129,10 +129,10 @@ fn default_runs_dir() -> PathBuf {
     root.join("runs").join(format!("{stamp}-{}", std::process::id()))
 }
 
-impl Session {
+impl Document {
     /// Starts a session: finds plugins, opens the benchmark (or queues its build).
-    pub fn new(config: &SessionConfig, notify: Notify) -> Session {
-        let mut s = Session {
+    pub fn new(config: &DocumentConfig, notify: Notify) -> Document {
+        let mut s = Document {
             inputs: Inputs::default(),
             benchmark: None,
             registry: Registry::default(),
