@@ -60,9 +60,11 @@ expert is taken over the whole model, computed exactly in statistics passes with
 tensor (mergekit: a threshold per tensor and expert).\n\
 - count_rule: exact (default: k = round(density·n) of the n entries in scope, keep |τ| ≥ the k-th \
 largest |τ|, ties at the threshold kept; k = 0 keeps nothing) | reference (the original code's \
-kthvalue: int(n·density) + 1 entries kept, plus ties; density 1 keeps everything instead of raising). \
-mergekit keeps exactly int(density·n) with ties broken arbitrarily, which no deterministic rule \
-reproduces; exact differs from it only at magnitude ties.\n\
+kthvalue: int(n·density) + 1 entries kept, plus ties; density 1 keeps everything instead of raising) | \
+mergekit (mergekit 0.1.5's k = max(1, int(density·n)) for 0 < density < 1, plus ties). mergekit keeps \
+exactly k entries, breaking magnitude ties at the threshold in torch.argsort's order, which no \
+deterministic rule reproduces; with count_rule = mergekit the results differ from mergekit's only \
+where an expert has a magnitude tie at its threshold (docs/mergekit.md).\n\
 - election: mass (default, everyone's: the sign of the summed trimmed values) | count (mergekit's \
 `count`: majority of the signs).\n\
 - zero_sign, for coordinates whose elected sign is 0 (exact cancellation or nothing kept): none \
@@ -109,6 +111,8 @@ mergescope_plugin_api::choice_enum! {
         Exact = "exact",
         /// int(n·density) + 1 (the original code's kthvalue), at most n.
         Reference = "reference",
+        /// max(1, int(n·density)) for 0 < density < 1 (mergekit 0.1.5's `magnitude`).
+        Mergekit = "mergekit",
     }
 }
 
@@ -147,6 +151,9 @@ pub fn kept_count(n: u64, density: f64, rule: CountRule) -> u64 {
     let k = match rule {
         CountRule::Exact => product.round(),
         CountRule::Reference => product.floor() + 1.0,
+        CountRule::Mergekit if density >= 1.0 => n as f64,
+        CountRule::Mergekit if density <= 0.0 => 0.0,
+        CountRule::Mergekit => product.floor().max(1.0),
     };
     if k <= 0.0 {
         0
@@ -683,7 +690,7 @@ impl MergeMethod for Ties {
                 ParamSpec::choice_of(
                     "count_rule",
                     CountRule::Exact,
-                    "Entries kept: round(density·n) plus ties, or the original code's int(n·density)+1 plus ties.",
+                    "Entries kept: round(density·n), the original code's int(n·density)+1, or mergekit's max(1, int(density·n)); ties at the threshold kept.",
                 ),
                 ParamSpec::choice_of(
                     "election",

@@ -1,0 +1,458 @@
+#!/usr/bin/env python3
+"""Make small parity fixtures from mergekit, the reference model-merging library.
+
+What it makes, under OUT_DIR:
+  inputs/{base,expert1,expert2,expert3}/  tiny Llama-shaped Hugging Face folders
+                                           (config.json + one bfloat16 model.safetensors),
+                                           generated deterministically with numpy
+  mergekit/<name>.yml                      the mergekit config of each merge
+  mergekit/<name>/                         mergekit's output for it (float32 safetensors,
+                                           config.json)
+  manifest.json                            mergekit/torch versions, the generation
+                                           settings, and per merge its method, parameters,
+                                           models, output files and every output tensor's
+                                           shape and dtype
+
+Why: mergescope's tests compare its merges (linear, task arithmetic, TIES, SLERP, Model
+Stock) with mergekit's on these inputs. The fixtures are committed to the repository, so
+the tests and CI need no Python; this script only has to be run again to regenerate them
+(for instance against a newer mergekit), and the diff of manifest.json shows what changed.
+
+How to run:
+  python3 scripts/mergekit-parity.py OUT_DIR [--venv DIR] [--mergekit VERSION]
+
+It creates a virtualenv (default ~/.cache/mergescope/mergekit-venv, reused when present),
+pip-installs mergekit into it from the default package index (that pulls torch), then runs
+itself again inside that virtualenv to generate the inputs, run `mergekit-yaml` on the CPU
+for every config and write the manifest. OUT_DIR's inputs/, mergekit/ and manifest.json
+are replaced; nothing else in OUT_DIR is touched. Any failure exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT_VENV = Path.home() / ".cache" / "mergescope" / "mergekit-venv"
+
+# --- the tiny model ---------------------------------------------------------------------
+ARCH = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 64,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+BASE_SEED = 0
+BASE_STD = 0.02  # matrices ~ N(0, BASE_STD)
+NORM_STD = 0.01  # norm weights = 1 + N(0, NORM_STD)
+DELTA_STD = 0.005  # expert = base + N(0, DELTA_STD), for every tensor
+EXPERT_SEEDS = {"expert1": 1, "expert2": 2, "expert3": 3}
+# expert3's delta for this tensor is COLINEAR_FACTOR x expert1's (nearly colinear task vectors).
+COLINEAR_TENSOR = "model.layers.0.mlp.up_proj.weight"
+COLINEAR_FACTOR = 1.0001
+
+
+def tensor_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor of the architecture, in a fixed order (the order values are drawn in)."""
+    h, i, v = ARCH["hidden_size"], ARCH["intermediate_size"], ARCH["vocab_size"]
+    heads, kv_heads = ARCH["num_attention_heads"], ARCH["num_key_value_heads"]
+    kv = h // heads * kv_heads
+    out = [("model.embed_tokens.weight", (v, h))]
+    for layer in range(ARCH["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        out += [
+            (f"{p}.input_layernorm.weight", (h,)),
+            (f"{p}.self_attn.q_proj.weight", (h, h)),
+            (f"{p}.self_attn.k_proj.weight", (kv, h)),
+            (f"{p}.self_attn.v_proj.weight", (kv, h)),
+            (f"{p}.self_attn.o_proj.weight", (h, h)),
+            (f"{p}.post_attention_layernorm.weight", (h,)),
+            (f"{p}.mlp.gate_proj.weight", (i, h)),
+            (f"{p}.mlp.up_proj.weight", (i, h)),
+            (f"{p}.mlp.down_proj.weight", (h, i)),
+        ]
+    out += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
+    return out
+
+
+# --- the merges ---------------------------------------------------------------------------
+EXPERTS = ["expert1", "expert2", "expert3"]
+
+
+def merge_configs() -> dict[str, dict]:
+    """mergekit YAML configs by fixture name. Model paths are relative to OUT_DIR."""
+
+    def m(name: str, **params) -> dict:
+        entry = {"model": f"inputs/{name}"}
+        if params:
+            entry["parameters"] = params
+        return entry
+
+    dtypes = {"dtype": "float32", "out_dtype": "float32"}
+    base = "inputs/base"
+    return {
+        "linear": {
+            "merge_method": "linear",
+            "models": [m(e, weight=1.0) for e in EXPERTS],
+            "parameters": {"normalize": True},
+            **dtypes,
+        },
+        "task_arithmetic": {
+            "merge_method": "task_arithmetic",
+            "base_model": base,
+            "models": [m(e, weight=0.3) for e in EXPERTS],
+            **dtypes,
+        },
+        "ties": {
+            "merge_method": "ties",
+            "base_model": base,
+            "models": [m(e, density=0.2, weight=1.0) for e in EXPERTS],
+            "parameters": {"normalize": False},
+            **dtypes,
+        },
+        "slerp_t03": {
+            "merge_method": "slerp",
+            "base_model": base,
+            "models": [m("base"), m("expert1")],
+            "parameters": {"t": 0.3},
+            **dtypes,
+        },
+        "slerp_t07": {
+            "merge_method": "slerp",
+            "base_model": base,
+            "models": [m("base"), m("expert3")],
+            "parameters": {"t": 0.7},
+            **dtypes,
+        },
+        "model_stock": {
+            "merge_method": "model_stock",
+            "base_model": base,
+            "models": [m(e) for e in EXPERTS],
+            **dtypes,
+        },
+        "model_stock_filter_wise": {
+            "merge_method": "model_stock",
+            "base_model": base,
+            "models": [m(e) for e in EXPERTS],
+            "parameters": {"filter_wise": True},
+            **dtypes,
+        },
+    }
+
+
+# mergekit-yaml flags: CPU only, one thread (deterministic reductions, light on the machine),
+# no tokenizer (the inputs have none), no README model card (the YAML sits beside the output).
+MERGEKIT_FLAGS = [
+    "--device", "cpu",
+    "--no-copy-tokenizer",
+    "--no-write-model-card",
+    "--num-threads", "1",
+    "--random-seed", "0",
+]
+
+
+def die(msg: str) -> None:
+    print(f"mergekit-parity: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    print("+ " + " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.run([str(c) for c in cmd], **kw)
+
+
+# --- phase 1: the virtualenv (any Python 3) ------------------------------------------------
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def installed_mergekit(py: Path) -> str | None:
+    r = subprocess.run(
+        [str(py), "-c", "import importlib.metadata as m; print(m.version('mergekit'))"],
+        capture_output=True,
+        text=True,
+    )
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def ensure_venv(venv: Path, pin: str | None) -> Path:
+    py = venv_python(venv)
+    if not py.exists():
+        print(f"Creating virtualenv {venv}", flush=True)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        if run([sys.executable, "-m", "venv", venv]).returncode != 0:
+            die(f"could not create the virtualenv {venv}")
+    have = installed_mergekit(py)
+    if have is None or (pin is not None and have != pin):
+        spec = f"mergekit=={pin}" if pin else "mergekit"
+        print(f"Installing {spec} into {venv} (this pulls torch; it may take minutes)", flush=True)
+        if run([py, "-m", "pip", "install", spec]).returncode != 0:
+            die(f"pip install {spec} failed (see pip's output above)")
+        if installed_mergekit(py) is None:
+            die("mergekit is still not importable after pip install")
+    else:
+        print(f"Reusing {venv} (mergekit {have})", flush=True)
+    return py
+
+
+# --- phase 2: inside the virtualenv ---------------------------------------------------------
+def to_bf16_file(tensors_f32: dict, path: Path) -> None:
+    """Write float32 numpy arrays as a bfloat16 safetensors file (round to nearest even)."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file(
+        {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in tensors_f32.items()},
+        str(path),
+        metadata={"format": "pt"},
+    )
+
+
+def generate_inputs(inputs: Path) -> dict:
+    import numpy as np
+    import torch
+
+    def bf16_round(a):
+        # The value bfloat16 stores, back as float32: experts are built on the stored base.
+        return torch.from_numpy(a).to(torch.bfloat16).to(torch.float32).numpy()
+
+    shapes = tensor_shapes()
+    rng = np.random.default_rng(BASE_SEED)
+    base = {}
+    for name, shape in shapes:
+        if len(shape) == 1:  # norm weights
+            a = 1.0 + rng.normal(0.0, NORM_STD, size=shape)
+        else:
+            a = rng.normal(0.0, BASE_STD, size=shape)
+        base[name] = bf16_round(a.astype(np.float32))
+
+    models = {"base": base}
+    deltas = {}
+    for expert, seed in EXPERT_SEEDS.items():
+        rng = np.random.default_rng(seed)
+        deltas[expert] = {n: rng.normal(0.0, DELTA_STD, size=s).astype(np.float32) for n, s in shapes}
+    deltas["expert3"][COLINEAR_TENSOR] = (
+        deltas["expert1"][COLINEAR_TENSOR].astype(np.float64) * COLINEAR_FACTOR
+    ).astype(np.float32)
+    for expert in EXPERT_SEEDS:
+        models[expert] = {n: base[n] + deltas[expert][n] for n, _ in shapes}
+
+    for name, tensors in models.items():
+        folder = inputs / name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(ARCH, indent=2) + "\n")
+        to_bf16_file(tensors, folder / "model.safetensors")
+
+    # After rounding to bfloat16 the colinear edge case may collapse to equal tensors.
+    e1 = bf16_round(models["expert1"][COLINEAR_TENSOR])
+    e3 = bf16_round(models["expert3"][COLINEAR_TENSOR])
+    colinear_equal = int((e1 == e3).sum())
+
+    return {
+        "architecture": ARCH,
+        "dtype": "bfloat16",
+        "generator": "numpy.random.default_rng(seed).normal, drawn in float64 in the tensor order "
+        "below, cast to float32, stored as bfloat16 (round to nearest even via torch)",
+        "base": {"seed": BASE_SEED, "std": BASE_STD, "norm_weights": f"1 + N(0, {NORM_STD})"},
+        "experts": {
+            "formula": "bf16(base_as_stored + N(0, delta_std)), every tensor",
+            "delta_std": DELTA_STD,
+            "seeds": EXPERT_SEEDS,
+        },
+        "colinear_edge_case": {
+            "tensor": COLINEAR_TENSOR,
+            "rule": f"expert3 delta = {COLINEAR_FACTOR} x expert1 delta",
+            "elements": int(e1.size),
+            "elements_equal_after_bf16": colinear_equal,
+        },
+        "models": {n: f"inputs/{n}" for n in models},
+        "tensors": {n: list(s) for n, s in shapes},
+    }
+
+
+def describe_output(folder: Path, expected: dict) -> dict:
+    from safetensors import safe_open
+
+    files = sorted(p.name for p in folder.iterdir() if p.is_file())
+    st_files = [f for f in files if f.endswith(".safetensors")]
+    if not st_files:
+        die(f"{folder} has no .safetensors file (files: {files})")
+    tensors, order, sha = {}, {}, {}
+    for f in st_files:
+        data = (folder / f).read_bytes()
+        sha[f] = hashlib.sha256(data).hexdigest()
+        # The order the writer laid the tensors out in (safe_open's keys() are sorted).
+        header_len = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + header_len])
+        header.pop("__metadata__", None)
+        order[f] = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+        with safe_open(str(folder / f), framework="pt") as fh:
+            for k in fh.keys():
+                t = fh.get_tensor(k)
+                tensors[k] = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "file": f}
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        die(f"{folder}: tensors missing {missing}, unexpected {extra}")
+    for k, info in tensors.items():
+        if info["shape"] != expected[k]:
+            die(f"{folder}: {k} has shape {info['shape']}, expected {expected[k]}")
+        if info["dtype"] != "float32":
+            die(f"{folder}: {k} is {info['dtype']}, expected float32 (out_dtype)")
+    return {"files": files, "safetensors_files": st_files, "sha256": sha,
+            "tensor_order_in_file": order, "tensors": tensors}
+
+
+def tied_topk(out: Path, cfg: dict) -> dict[str, list[str]]:
+    """For a config with `density`: per tensor, the experts whose task vector has several
+    elements at its k-th largest magnitude (k = max(1, int(density * numel)), as in
+    mergekit's magnitude pruning). mergekit picks the top k with torch.argsort, which
+    breaks such ties arbitrarily, so another implementation may keep other, equally large
+    elements there: a parity test must allow for it on exactly these tensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    base = load_file(str(out / cfg["base_model"] / "model.safetensors"))
+    res: dict[str, list[str]] = {}
+    for entry in cfg["models"]:
+        density = entry.get("parameters", {}).get("density", 1.0)
+        if density >= 1:
+            continue
+        model = load_file(str(out / entry["model"] / "model.safetensors"))
+        for name, b in base.items():
+            mag = (model[name].float() - b.float()).abs().reshape(-1)
+            k = max(1, int(density * mag.numel()))
+            top = torch.sort(mag, descending=True).values
+            if k < mag.numel() and top[k] == top[k - 1]:
+                res.setdefault(name, []).append(entry["model"])
+    return dict(sorted(res.items()))
+
+
+def inside_venv(out: Path, venv: Path) -> None:
+    import importlib.metadata as md
+
+    import yaml
+
+    versions = {p: md.version(p) for p in ("mergekit", "torch", "safetensors", "numpy", "transformers")}
+    versions["python"] = platform.python_version()
+    print("Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
+
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("inputs", "mergekit"):
+        shutil.rmtree(out / stale, ignore_errors=True)
+    (out / "manifest.json").unlink(missing_ok=True)
+
+    print(f"Generating inputs in {out / 'inputs'}", flush=True)
+    inputs = generate_inputs(out / "inputs")
+    expected = inputs["tensors"]
+
+    mergekit_yaml = venv / "bin" / "mergekit-yaml"
+    if not mergekit_yaml.exists():
+        die(f"{mergekit_yaml} not found: is mergekit installed in {venv}?")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    (out / "mergekit").mkdir()
+    results, warnings = [], {}
+    for name, cfg in merge_configs().items():
+        rel_yaml, rel_out = f"mergekit/{name}.yml", f"mergekit/{name}"
+        (out / rel_yaml).write_text(yaml.safe_dump(cfg, sort_keys=False))
+        r = run([mergekit_yaml, rel_yaml, rel_out, *MERGEKIT_FLAGS], cwd=out, env=env,
+                capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.stderr.write(r.stdout + r.stderr)
+            die(f"mergekit-yaml failed for {name} (exit {r.returncode}); config: {out / rel_yaml}")
+        # Everything mergekit printed except progress bars and blank lines.
+        noise = [l.strip() for l in (r.stdout + r.stderr).replace("\r", "\n").splitlines()
+                 if l.strip() and "it/s]" not in l and "%|" not in l]
+        if noise:
+            warnings[name] = sorted(set(noise))
+        desc = describe_output(out / rel_out, expected)
+        results.append({
+            "name": name,
+            "merge_method": cfg["merge_method"],
+            "base_model": cfg.get("base_model"),
+            "parameters": cfg.get("parameters", {}),
+            "models": cfg["models"],
+            "dtype": cfg["dtype"],
+            "out_dtype": cfg["out_dtype"],
+            "config": rel_yaml,
+            "output": rel_out,
+            **desc,
+        })
+        if any("density" in m.get("parameters", {}) for m in cfg["models"]):
+            results[-1]["topk_threshold_ties"] = tied_topk(out, cfg)
+
+    manifest = {
+        "about": "Parity fixtures made by scripts/mergekit-parity.py: mergekit's merges of "
+        "the tiny inputs; paths are relative to this file's folder.",
+        "versions": versions,
+        "mergekit_yaml_flags": MERGEKIT_FLAGS,
+        "inputs": inputs,
+        "configs": results,
+        "mergekit_warnings": warnings,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+    def size(p: Path) -> int:
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+    print("\nSummary")
+    print("  " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    c = inputs["colinear_edge_case"]
+    print(f"  inputs: 4 models x {len(expected)} tensors, {size(out / 'inputs')} bytes; "
+          f"{c['tensor']}: {c['elements_equal_after_bf16']}/{c['elements']} elements of "
+          f"expert3 equal expert1's after bf16")
+    for r in results:
+        print(f"  {r['name']:<24} {r['merge_method']:<16} {len(r['tensors'])} tensors in "
+              f"{', '.join(r['safetensors_files'])}")
+    for r in results:
+        if "topk_threshold_ties" in r:
+            print(f"  {r['name']}: {len(r['topk_threshold_ties'])} tensors have magnitude ties "
+                  "at the density cut (mergekit breaks them arbitrarily; see manifest)")
+    print(f"  mergekit outputs: {size(out / 'mergekit')} bytes")
+    for name, lines in warnings.items():
+        for l in lines:
+            print(f"  warning ({name}): {l}")
+    print(f"  manifest: {out / 'manifest.json'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", type=Path, help="where inputs/, mergekit/ and manifest.json go")
+    ap.add_argument("--venv", type=Path, default=DEFAULT_VENV,
+                    help=f"virtualenv to create or reuse (default {DEFAULT_VENV})")
+    ap.add_argument("--mergekit", metavar="VERSION", default=None,
+                    help="install exactly this mergekit version (default: the latest, or "
+                    "whatever the reused virtualenv has)")
+    args = ap.parse_args()
+    out, venv = args.out_dir.resolve(), args.venv.expanduser().absolute()
+
+    if Path(sys.prefix).resolve() == venv.resolve():
+        inside_venv(out, venv)
+        return
+    if sys.version_info < (3, 10):
+        die("Python 3.10 or newer is needed (mergekit requires it)")
+    py = ensure_venv(venv, args.mergekit)
+    argv = [str(py), str(Path(__file__).resolve()), str(out), "--venv", str(venv)]
+    sys.stdout.flush()
+    os.execv(str(py), argv)
+
+
+if __name__ == "__main__":
+    main()
