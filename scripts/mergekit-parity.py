@@ -153,6 +153,47 @@ def merge_configs() -> dict[str, dict]:
             "parameters": {"filter_wise": True},
             **dtypes,
         },
+        # Layer-wise parameters: a gradient per filter and a catch-all value; tensors outside the
+        # layers take the first anchor of the first matching entry (mergekit's t = 0).
+        "slerp_gradient": {
+            "merge_method": "slerp",
+            "base_model": base,
+            "models": [m("base"), m("expert2")],
+            "parameters": {
+                "t": [
+                    {"filter": "self_attn", "value": [0.1, 0.9, 0.4, 0.6]},
+                    {"filter": "mlp", "value": [0.8, 0.2]},
+                    {"value": 0.35},
+                ]
+            },
+            **dtypes,
+        },
+        # NuSLERP: two models, t = w2 / (w1 + w2); with a base, their task vectors.
+        "nuslerp": {
+            "merge_method": "nuslerp",
+            "models": [m("expert1", weight=1.0), m("expert2", weight=3.0)],
+            **dtypes,
+        },
+        "nuslerp_base": {
+            "merge_method": "nuslerp",
+            "base_model": base,
+            "models": [m("expert1", weight=2.0), m("expert3", weight=1.0)],
+            **dtypes,
+        },
+        "nuslerp_rows": {
+            "merge_method": "nuslerp",
+            "base_model": base,
+            "models": [m("expert2", weight=1.0), m("expert3", weight=1.0)],
+            "parameters": {"nuslerp_flatten": False},
+            **dtypes,
+        },
+        "nuslerp_row_wise": {
+            "merge_method": "nuslerp",
+            "base_model": base,
+            "models": [m("expert1", weight=1.0), m("expert2", weight=1.0)],
+            "parameters": {"nuslerp_flatten": False, "nuslerp_row_wise": True},
+            **dtypes,
+        },
     }
 
 

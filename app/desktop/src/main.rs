@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     mergescope_engine::sys::tune_allocator();
+    mergescope_engine::sys::default_sigpipe();
     match cli::run() {
         Ok(code) => code,
         Err(e) => {

@@ -32,11 +32,11 @@ pub enum EngineError {
     #[error("{0}")]
     Param(String),
     /// The plugin failed or returned a bad result.
-    #[error("merge method '{plugin}' failed on tensor '{tensor}': {message}")]
+    #[error("merge method '{plugin}' failed {place}: {message}", place = place_of(.tensor))]
     Plugin {
         /// Plugin id.
         plugin: String,
-        /// Tensor name, or a step such as "create".
+        /// Tensor name, or a step in parentheses such as "(create)".
         tensor: String,
         /// What went wrong.
         message: String,
@@ -101,3 +101,13 @@ impl From<candle_core::Error> for EngineError {
 
 /// Result type of the engine.
 pub type Result<T> = std::result::Result<T, EngineError>;
+
+/// Where in a merge a plugin failed, as a phrase: "on tensor 'x'", or for a step in parentheses
+/// ("(create)", "(end of statistics pass 0)") what that step is.
+fn place_of(tensor: &str) -> String {
+    match tensor.strip_prefix('(').and_then(|s| s.strip_suffix(')')) {
+        Some("create") => "before merging (when it checked the inputs and parameters)".to_owned(),
+        Some(step) => format!("at {step}"),
+        None => format!("on tensor '{tensor}'"),
+    }
+}

@@ -7,7 +7,8 @@
 //! - [`merge`] / [`executor`]: validated merge requests streamed tensor by tensor on worker
 //!   threads inside a memory budget, written atomically by [`writer`].
 //! - [`compat`], [`dtype`], [`role`]: input compatibility, dtypes, tensor roles.
-//! - [`recipe`]: the TOML recipe that the GUI saves and the CLI runs.
+//! - [`recipe`]: the TOML recipe that the GUI saves and the CLI runs; [`layered`]: layer-wise
+//!   and filtered parameter values resolved per tensor.
 //! - [`synthetic`]: synthetic LLM-shaped checkpoints for `mergescope bench`.
 
 pub mod checkpoint;
@@ -17,6 +18,7 @@ pub mod dtype;
 pub mod error;
 pub mod executor;
 pub mod finite;
+pub mod layered;
 pub mod merge;
 pub mod plugin;
 pub mod recipe;

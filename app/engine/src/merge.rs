@@ -8,6 +8,7 @@ use crate::dtype::{DType, OutDType, decode_f32_vec};
 use crate::error::{EngineError, Result};
 pub use crate::executor::{ExecOptions, Observer, Phase, Progress};
 use crate::executor::{PlanItem, Run, Sink, Source};
+use crate::layered;
 use crate::plugin::Plugin;
 use crate::plugin::instance::{CallEnv, Instance};
 use crate::plugin::schema::{ResolvedParams, resolve_params};
@@ -170,7 +171,12 @@ pub fn merge_in_memory_with(
         log: observer.log,
         threads: opts.threads,
     };
-    let (instance, _) = instance_for(plugin, params, seed, base.is_some(), experts.len(), env)?;
+    let layer_wise = layered::is_layered(params, plugin.schema())?;
+    let single = if layer_wise {
+        None
+    } else {
+        Some(instance_for(plugin, params, seed, base.is_some(), experts.len(), env)?)
+    };
     let mut models: Vec<&MemModel> = Vec::new();
     models.extend(base);
     models.extend(experts.iter());
@@ -199,19 +205,16 @@ pub fn merge_in_memory_with(
                 .collect(),
         ),
     };
-    let run = Run {
-        instance: &instance,
+    let groups = instance_groups(plugin, params, single, seed, base.is_some(), experts.len(), env, &items)?;
+    let run = GroupRun {
         plugin_id: plugin.id(),
-        items: &items,
-        source: &MemSource { models: models.clone() },
-        sink: &sink,
         has_base: base.is_some(),
         n_experts: experts.len(),
         opts,
         observer,
         cancel: &cancel,
     };
-    run.execute()?;
+    run.execute(&groups, &MemSource { models: models.clone() }, &sink)?;
     let out = sink.out.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
     Ok(out
         .into_iter()
@@ -529,6 +532,120 @@ pub fn write_copies(writer: &OutputWriter, reference: &Checkpoint, copies: &[Ten
     Ok(())
 }
 
+/// A plugin instance and the tensors it merges: the whole model, or with layer-wise parameters
+/// ([`layered`]) one group of tensors that share parameter values.
+struct InstanceGroup<'p> {
+    instance: Instance<'p>,
+    resolved: ResolvedParams,
+    items: Vec<PlanItem>,
+}
+
+/// The instances of a merge of `items`: `single` (the instance made before the inputs were
+/// checked, when no parameter is layer-wise), or one per group of tensors sharing values.
+#[allow(clippy::too_many_arguments)]
+fn instance_groups<'p>(
+    plugin: &'p Plugin,
+    params: &Value,
+    single: Option<(Instance<'p>, ResolvedParams)>,
+    seed: u64,
+    has_base: bool,
+    n_experts: usize,
+    env: CallEnv<'_>,
+    items: &[PlanItem],
+) -> Result<Vec<InstanceGroup<'p>>> {
+    if let Some((instance, resolved)) = single {
+        return Ok(vec![InstanceGroup {
+            instance,
+            resolved,
+            items: items.to_vec(),
+        }]);
+    }
+    let names: Vec<String> = items.iter().map(|i| i.name.clone()).collect();
+    layered::split(params, plugin.schema(), &names)?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| {
+            let (instance, resolved) = instance_for(plugin, &g.params, seed, has_base, n_experts, env)?;
+            let items = g.tensors.iter().map(|i| items[*i].clone()).collect();
+            Ok(InstanceGroup {
+                instance,
+                resolved,
+                items,
+            })
+        })
+        .collect()
+}
+
+/// What runs every group of a merge share.
+struct GroupRun<'a> {
+    plugin_id: &'a str,
+    has_base: bool,
+    n_experts: usize,
+    opts: &'a ExecOptions,
+    observer: Observer<'a>,
+    cancel: &'a AtomicBool,
+}
+
+impl GroupRun<'_> {
+    /// Runs every group's instance over its tensors, reporting progress over the whole merge
+    /// (each group's counts shifted by the elements of the groups before it).
+    fn execute(&self, groups: &[InstanceGroup<'_>], source: &dyn Source, sink: &dyn Sink) -> Result<()> {
+        let elements = |items: &[PlanItem]| {
+            items
+                .iter()
+                .map(|i| i.shape.iter().product::<usize>() as u64)
+                .sum::<u64>()
+        };
+        let total: u64 = groups.iter().map(|g| elements(&g.items)).sum();
+        let mut done_before = 0u64;
+        for group in groups {
+            let offset = done_before;
+            let progress = |p: &Progress| {
+                if groups.len() == 1 {
+                    (self.observer.progress)(p);
+                } else {
+                    (self.observer.progress)(&Progress {
+                        done: offset + p.done,
+                        total,
+                        ..p.clone()
+                    });
+                }
+            };
+            Run {
+                instance: &group.instance,
+                plugin_id: self.plugin_id,
+                items: &group.items,
+                source,
+                sink,
+                has_base: self.has_base,
+                n_experts: self.n_experts,
+                opts: self.opts,
+                observer: Observer {
+                    progress: &progress,
+                    log: self.observer.log,
+                },
+                cancel: self.cancel,
+            }
+            .execute()?;
+            done_before += elements(&group.items);
+        }
+        Ok(())
+    }
+}
+
+/// The parameters an output records: the resolved values with defaults; for a layer-wise merge,
+/// the user's layer-wise values (gradients, filters) in place of one group's numbers, so that
+/// the record replays the whole merge.
+fn recorded_params(groups: &[InstanceGroup<'_>], user: &Value, layer_wise: bool) -> Value {
+    let mut json = groups.first().map_or_else(|| user.clone(), |g| g.resolved.to_json());
+    if layer_wise && let (Some(out), Some(given)) = (json.as_object_mut(), user.as_object()) {
+        for (key, value) in given {
+            out.insert(key.clone(), value.clone());
+        }
+    }
+    json
+}
+
 /// Merges checkpoint files with `plugin`, streaming tensor by tensor.
 pub fn merge_files(
     plugin: &Plugin,
@@ -550,7 +667,21 @@ pub fn merge_files(
         log: observer.log,
         threads: opts.threads,
     };
-    let (instance, resolved) = instance_for(plugin, &req.params, req.seed, base.is_some(), experts.len(), env)?;
+    // Plain parameters are checked before the inputs are; layer-wise ones once the tensors are
+    // known (each group of tensors sharing values gets its own instance).
+    let layer_wise = layered::is_layered(&req.params, plugin.schema())?;
+    let single = if layer_wise {
+        None
+    } else {
+        Some(instance_for(
+            plugin,
+            &req.params,
+            req.seed,
+            base.is_some(),
+            experts.len(),
+            env,
+        )?)
+    };
 
     let descs: Vec<ModelDesc> = models.iter().map(|c| file_desc(c)).collect();
     let labels: Vec<String> = models.iter().map(|c| file_label(&c.path)).collect();
@@ -565,25 +696,35 @@ pub fn merge_files(
         skipped,
     } = plan_outputs(&report.fates, reference, req.out_dtype);
 
-    let params_json = resolved.to_json();
+    let groups = instance_groups(
+        plugin,
+        &req.params,
+        single,
+        req.seed,
+        base.is_some(),
+        experts.len(),
+        env,
+        &items,
+    )?;
+    let params_json = recorded_params(&groups, &req.params, layer_wise);
     let metadata = output_metadata(plugin, &params_json, req.seed, &models, base.is_some(), &report.notes);
 
     let writer = OutputWriter::create(&req.out, &outputs, &metadata, req.shard_limit(reference), req.overwrite)?;
     write_copies(&writer, reference, &copies)?;
-    let run = Run {
-        instance: &instance,
+    let run = GroupRun {
         plugin_id: plugin.id(),
-        items: &items,
-        source: &FileSource { models: models.clone() },
-        sink: &FileSink { writer: &writer },
         has_base: base.is_some(),
         n_experts: experts.len(),
         opts,
         observer,
         cancel,
     };
-    run.execute()?;
-    drop(instance);
+    run.execute(
+        &groups,
+        &FileSource { models: models.clone() },
+        &FileSink { writer: &writer },
+    )?;
+    drop(groups);
     let files = writer.commit()?;
     Ok(MergeReport {
         files,

@@ -23,3 +23,14 @@ pub fn single_threaded_tensor_ops() {
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
     }
 }
+
+/// Restores the default action of SIGPIPE, so that `mergescope inspect … | head` ends quietly
+/// when the reader goes away, as other command-line tools do, instead of panicking on a failed
+/// write to stdout (Rust ignores SIGPIPE by default). Call once at start-up.
+pub fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: resets one signal's disposition to its default; no handler runs Rust code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}

@@ -46,6 +46,14 @@ pub fn merge(
         let report = merge_files(plugin, req, opts, observer, cancel)?;
         return Ok(MergeOutcome { report, model: None });
     }
+    if mergescope_engine::layered::is_layered(&req.params, plugin.schema())? {
+        return Err(EngineError::Param(format!(
+            "method '{}' runs over the whole model at once, so its parameters take one value each: \
+             layer-wise values (lists of anchors across the layers, or filters by tensor name) work with \
+             per-tensor methods only",
+            plugin.id()
+        )));
+    }
     let Some(TaskSource { bench, tasks }) = tasks else {
         return Err(EngineError::Invalid(format!(
             "method '{}' evaluates its candidates on the tasks of the benchmark its experts were fine-tuned on: \

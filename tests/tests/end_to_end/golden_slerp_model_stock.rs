@@ -1,6 +1,6 @@
-//! Golden tests of the `slerp` and `model-stock` plugins, loaded from their built libraries,
-//! with numbers worked out by hand from the definitions (mergekit's slerp.py and
-//! model_stock.py, which the plugins follow).
+//! Golden tests of the `slerp`, `nuslerp` and `model-stock` plugins, loaded from their built
+//! libraries, with numbers worked out by hand from the definitions (mergekit's slerp.py,
+//! nuslerp.py and model_stock.py, which the plugins follow).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
@@ -18,7 +18,11 @@ fn one(name: &str, shape: &[usize], values: &[f32]) -> MemModel {
 
 #[test]
 fn both_plugins_describe_themselves() {
-    for lib in ["mergescope_plugin_slerp", "mergescope_plugin_model_stock"] {
+    for lib in [
+        "mergescope_plugin_slerp",
+        "mergescope_plugin_nuslerp",
+        "mergescope_plugin_model_stock",
+    ] {
         assert_documented(&load(lib));
     }
 }
@@ -141,4 +145,34 @@ fn model_stock_needs_two_experts_and_keeps_the_base_where_t_is_undefined() {
     )
     .unwrap();
     assert_close(&out, "w", &[0.5, 0.25], "opposing task vectors");
+}
+
+#[test]
+fn nuslerp_interpolates_experts_or_their_task_vectors() {
+    // Without a base: θ1 = (2, 0), θ2 = (0, 2), weights 2 and 1 → t = 1/3: (√3, 1) as for slerp.
+    let e1 = one("w", &[2], &[2.0, 0.0]);
+    let e2 = one("w", &[2], &[0.0, 2.0]);
+    let lib = load("mergescope_plugin_nuslerp");
+    let out = merge_in_memory(
+        &lib,
+        &json!({"weights": [2.0, 1.0]}),
+        0,
+        None,
+        &[e1.clone(), e2.clone()],
+    )
+    .unwrap();
+    assert_close(&out, "w", &[3f64.sqrt(), 1.0], "no base, t = 1/3");
+    // With base (1, 1): task vectors (1, −1) and (−1, 1) are antipodal (colinear): linear at
+    // t = 1/2 gives 0, so the base.
+    let base = one("w", &[2], &[1.0, 1.0]);
+    let out = merge("mergescope_plugin_nuslerp", &json!({}), &base, &[e1, e2]).unwrap();
+    assert_close(&out, "w", &[1.0, 1.0], "antipodal task vectors");
+    let err = merge(
+        "mergescope_plugin_nuslerp",
+        &json!({}),
+        &base,
+        &[one("w", &[2], &[0.0, 1.0])],
+    )
+    .unwrap_err();
+    assert_contains(&err, &["exactly two experts", "--expert"]);
 }

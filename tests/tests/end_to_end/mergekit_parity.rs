@@ -66,7 +66,7 @@ const F32_AGREEMENT: f64 = 1e-6;
 #[test]
 fn deterministic_methods_agree_with_mergekit() {
     let e123 = ["expert1", "expert2", "expert3"];
-    let cases: [(&str, &str, Value, bool, &[&str]); 6] = [
+    let cases: Vec<(&str, &str, Value, bool, &[&str])> = vec![
         ("linear", "mergescope_plugin_weight_average", json!({}), false, &e123),
         (
             "task_arithmetic",
@@ -89,6 +89,15 @@ fn deterministic_methods_agree_with_mergekit() {
             true,
             &["expert3"],
         ),
+        // Layer-wise t: a gradient per filter and a catch-all, resolved per tensor by the host.
+        (
+            "slerp_gradient",
+            "mergescope_plugin_slerp",
+            json!({"t": [{"filter": "self_attn", "value": [0.1, 0.9, 0.4, 0.6]},
+                         {"filter": "mlp", "value": [0.8, 0.2]}, {"value": 0.35}]}),
+            true,
+            &["expert2"],
+        ),
         ("model_stock", "mergescope_plugin_model_stock", json!({}), true, &e123),
         (
             "model_stock_filter_wise",
@@ -96,6 +105,34 @@ fn deterministic_methods_agree_with_mergekit() {
             json!({"filter_wise": true}),
             true,
             &e123,
+        ),
+        (
+            "nuslerp",
+            "mergescope_plugin_nuslerp",
+            json!({"weights": [1.0, 3.0]}),
+            false,
+            &["expert1", "expert2"],
+        ),
+        (
+            "nuslerp_base",
+            "mergescope_plugin_nuslerp",
+            json!({"weights": [2.0, 1.0]}),
+            true,
+            &["expert1", "expert3"],
+        ),
+        (
+            "nuslerp_rows",
+            "mergescope_plugin_nuslerp",
+            json!({"flatten": false}),
+            true,
+            &["expert2", "expert3"],
+        ),
+        (
+            "nuslerp_row_wise",
+            "mergescope_plugin_nuslerp",
+            json!({"flatten": false, "row_wise": true}),
+            true,
+            &["expert1", "expert2"],
         ),
     ];
     for (case, lib, params, base, experts) in cases {

@@ -448,3 +448,31 @@ fn an_input_that_shrinks_while_open_is_an_error_naming_it() {
         "{e}"
     );
 }
+
+#[test]
+fn output_cut_short_by_the_reader_ends_quietly() {
+    // `mergescope inspect … | head -1`: the reader goes away after one line; mergescope must end
+    // like other command-line tools (killed by SIGPIPE, or exit 0), never with a panic message.
+    let env = Env::new();
+    let (base, _, _) = three_models(&env);
+    let mut child = env
+        .cmd()
+        .args(["inspect", &base])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader closes before reading anything
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert!(
+            out.status.success() || out.status.signal() == Some(13),
+            "{:?}: {err}",
+            out.status
+        );
+    }
+}

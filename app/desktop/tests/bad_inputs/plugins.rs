@@ -193,3 +193,48 @@ fn model_level_methods_refuse_a_nan_expert_and_name_it() {
         assert!(!e.contains("not JSON"), "{e}");
     }
 }
+
+#[test]
+fn a_method_that_refuses_the_expert_count_says_so_before_merging() {
+    let env = Env::new();
+    let (base, e1, e2) = three_models(&env);
+    let out = env.path("out.safetensors");
+    refuses(
+        &env,
+        &[
+            "merge",
+            "--method",
+            "slerp",
+            "--base",
+            &base,
+            "--expert",
+            &e1,
+            "--expert",
+            &e2,
+            "--out",
+            s(&out),
+        ],
+        &[
+            "'slerp'",
+            "before merging",
+            "exactly one expert",
+            "2 experts",
+            "--expert",
+        ],
+    );
+    refuses(
+        &env,
+        &[
+            "merge",
+            "--method",
+            "model-stock",
+            "--base",
+            &base,
+            "--expert",
+            &e1,
+            "--out",
+            s(&out),
+        ],
+        &["'model-stock'", "at least two experts", "has 1"],
+    );
+}
