@@ -5,11 +5,19 @@
 //! cos(δ_i, δ_j) = ⟨δ_i, δ_j⟩ / max(‖δ_i‖‖δ_j‖, 1e-6), clamped to [−1, 1];
 //! t = N·c / (1 + (N − 1)·c); θ = t·(Σ_i θ_i / N) + (1 − t)·θ0. With `filter_wise` the same is
 //! done per row (per vector along the last dimension) instead of over the whole tensor.
+//!
+//! Over whole tensors the norms and dot products are summed in a statistics pass over chunks
+//! (partial sums added in offset order, so the result does not depend on the threads), and the
+//! merge pass is elementwise, in parallel chunks; filter-wise merges take whole tensors.
 
-use mergescope_plugin_api::abi::{CAP_NEEDS_BASE, CAP_THREAD_SAFE};
+use mergescope_plugin_api::abi::{
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, REDUCE_SUM_SQUARES,
+};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
 };
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 const HELP: &str = "Model Stock (Jang et al., 2024; mergekit's `model_stock`). From the angle between \
 the experts' task vectors δ_i = θ_i − θ0 it picks how far to move from the base θ0 towards the \
@@ -30,6 +38,12 @@ const MIN_NORM_PRODUCT: f64 = 1e-6;
 /// The Model Stock method.
 pub struct ModelStock {
     filter_wise: bool,
+    n_experts: usize,
+    /// Statistics pass: per tensor, for each chunk by its offset, ‖δ_i‖² for every expert and then
+    /// ⟨δ_i, δ_j⟩ for every pair i < j.
+    partial: Mutex<HashMap<String, BTreeMap<u64, Vec<f64>>>>,
+    /// After the pass: per tensor, t.
+    ratios: HashMap<String, f64>,
 }
 
 /// The interpolation t = N·c / (1 + (N − 1)·c) for the mean pairwise cosine `cos` of `n`
@@ -59,42 +73,49 @@ pub fn mean_cosine(norms_sq: &[f64], dot: impl Fn(usize, usize) -> f64) -> f64 {
 
 /// t for the mean pairwise cosine `cos` of `n` experts; at the singularity, 0 (the base is kept,
 /// as mergekit does) with a warning naming the tensor.
-fn ratio_or_base(host: &Host<'_>, tensor: &TensorMeta<'_>, n: usize, cos: f64) -> f64 {
+fn ratio_or_base(host: &Host<'_>, tensor: &str, n: usize, cos: f64) -> f64 {
     ratio(cos, n).unwrap_or_else(|| {
         host.warn(&format!(
-            "model-stock: tensor '{}': the experts' task vectors have a mean pairwise cosine of {cos:.6} ≈ −1/(N − 1) \
-             for N = {n}, where t = N·c/(1 + (N − 1)·c) is undefined; the base is kept there (as mergekit does)",
-            tensor.name
+            "model-stock: tensor '{tensor}': the experts' task vectors have a mean pairwise cosine of {cos:.6} \
+             ≈ −1/(N − 1) for N = {n}, where t = N·c/(1 + (N − 1)·c) is undefined; the base is kept there (as \
+             mergekit does)"
         ));
         0.0
     })
 }
 
+fn poisoned() -> Error {
+    Error::Message("model-stock: the statistics state was poisoned by an earlier failure".into())
+}
+
 impl ModelStock {
-    /// The whole tensor as one vector.
-    fn whole(host: &Host<'_>, tensor: &TensorMeta<'_>, base: Tensor, experts: &[Tensor]) -> Result<Tensor> {
+    /// ‖δ_i‖² of every expert, then ⟨δ_i, δ_j⟩ of every pair i < j, over one chunk.
+    fn chunk_sums(host: &Host<'_>, base: Tensor, experts: &[Tensor]) -> Result<Vec<f64>> {
         let offsets = experts.iter().map(|e| host.sub(*e, base)).collect::<Result<Vec<_>>>()?;
-        let norms_sq = offsets
-            .iter()
-            .map(|o| host.reduce(mergescope_plugin_api::abi::REDUCE_SUM_SQUARES, *o))
-            .collect::<Result<Vec<_>>>()?;
-        let n = experts.len();
-        let mut dots = vec![0.0; n * n];
+        let n = offsets.len();
+        let mut sums = Vec::with_capacity(n + n * (n - 1) / 2);
+        for o in &offsets {
+            sums.push(host.reduce(REDUCE_SUM_SQUARES, *o)?);
+        }
         for i in 0..n {
             for j in i + 1..n {
-                dots[i * n + j] = host.dot(offsets[i], offsets[j])?;
+                sums.push(host.dot(offsets[i], offsets[j])?);
             }
         }
         for o in offsets {
             host.release(o)?;
         }
-        let cos = mean_cosine(&norms_sq, |i, j| dots[i * n + j]);
-        let t = ratio_or_base(host, tensor, n, cos);
-        let mut terms = vec![base];
-        terms.extend_from_slice(experts);
-        let mut weights = vec![1.0 - t];
-        weights.extend(std::iter::repeat_n(t / n as f64, n));
-        host.weighted_sum(&terms, Some(&weights))
+        Ok(sums)
+    }
+
+    /// t from a tensor's summed statistics (layout of [`ModelStock::chunk_sums`]).
+    fn ratio_from(&self, host: &Host<'_>, tensor: &str, sums: &[f64]) -> f64 {
+        let n = self.n_experts;
+        let (norms_sq, dots) = sums.split_at(n);
+        // Index of pair (i, j), i < j, in the row-major list of pairs.
+        let pair = |i: usize, j: usize| i * (2 * n - i - 1) / 2 + (j - i - 1);
+        let cos = mean_cosine(norms_sq, |i, j| dots[pair(i, j)]);
+        ratio_or_base(host, tensor, n, cos)
     }
 
     /// Row by row (vectors along the last dimension), on copies of the values.
@@ -116,7 +137,7 @@ impl ModelStock {
             let cos = mean_cosine(&norms_sq, |i, j| {
                 offsets[i].iter().zip(&offsets[j]).map(|(x, y)| x * y).sum()
             });
-            let t = ratio_or_base(host, tensor, n, cos);
+            let t = ratio_or_base(host, tensor.name, n, cos);
             for (k, o) in row.iter_mut().enumerate() {
                 let avg: f64 = es.iter().map(|e| f64::from(e[at.start + k])).sum::<f64>() / n as f64;
                 *o = (t * avg + (1.0 - t) * f64::from(b[k])) as f32;
@@ -153,7 +174,57 @@ impl MergeMethod for ModelStock {
         }
         Ok(ModelStock {
             filter_wise: params.bool("filter_wise")?,
+            n_experts: ctx.n_experts,
+            partial: Mutex::new(HashMap::new()),
+            ratios: HashMap::new(),
         })
+    }
+
+    fn capabilities(&self) -> Option<u64> {
+        // Filter-wise ratios need whole rows, so whole tensors; otherwise statistics and merge
+        // both go in chunks.
+        let chunked = if self.filter_wise {
+            0
+        } else {
+            CAP_ELEMENTWISE | CAP_CHUNKED_STATISTICS
+        };
+        Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | chunked)
+    }
+
+    fn prepare_passes(&self) -> u32 {
+        u32::from(!self.filter_wise)
+    }
+
+    fn prepare_tensor(
+        &mut self,
+        host: &Host<'_>,
+        _pass: u32,
+        tensor: &TensorMeta<'_>,
+        base: Option<Tensor>,
+        experts: &[Tensor],
+    ) -> Result<()> {
+        let base = tensor.require_base(base, "model-stock")?;
+        let sums = Self::chunk_sums(host, base, experts)?;
+        let mut partial = self.partial.lock().map_err(|_| poisoned())?;
+        partial
+            .entry(tensor.name.to_owned())
+            .or_default()
+            .insert(tensor.offset, sums);
+        Ok(())
+    }
+
+    fn finish_pass(&mut self, host: &Host<'_>, _pass: u32) -> Result<()> {
+        let partial = std::mem::take(&mut *self.partial.lock().map_err(|_| poisoned())?);
+        for (name, chunks) in partial {
+            // In offset order: the same sums whatever the threads that produced them.
+            let mut total = vec![0f64; chunks.values().next().map_or(0, Vec::len)];
+            for sums in chunks.values() {
+                total.iter_mut().zip(sums).for_each(|(t, s)| *t += s);
+            }
+            let t = self.ratio_from(host, &name, &total);
+            self.ratios.insert(name, t);
+        }
+        Ok(())
     }
 
     fn merge_tensor(
@@ -165,10 +236,20 @@ impl MergeMethod for ModelStock {
     ) -> Result<Tensor> {
         let base = tensor.require_base(base, "model-stock")?;
         if self.filter_wise {
-            Self::rows(host, tensor, base, experts)
-        } else {
-            Self::whole(host, tensor, base, experts)
+            return Self::rows(host, tensor, base, experts);
         }
+        let t = *self.ratios.get(tensor.name).ok_or_else(|| {
+            Error::Message(format!(
+                "tensor '{}': model-stock needs the host's statistics pass, which did not see this tensor",
+                tensor.name
+            ))
+        })?;
+        let n = experts.len();
+        let mut terms = vec![base];
+        terms.extend_from_slice(experts);
+        let mut weights = vec![1.0 - t];
+        weights.extend(std::iter::repeat_n(t / n as f64, n));
+        host.weighted_sum(&terms, Some(&weights))
     }
 }
 

@@ -6,13 +6,18 @@
 //! above that). If |c| > 0.9995 the vectors are nearly colinear and the result is the linear
 //! interpolation (1 − t)·v0 + t·v1; otherwise, with θ = arccos c,
 //! v = sin((1 − t)θ)/sin θ · v0 + sin(tθ)/sin θ · v1. The norms and the dot product are
-//! accumulated in f64 (mergekit 0.1.5: float32 torch), the combination is one fused weighted
-//! sum.
+//! accumulated in f64 (mergekit 0.1.5: float32 torch) in a statistics pass over chunks, whose
+//! partial sums are added in offset order (so the result does not depend on the threads); the
+//! merge pass is then elementwise, one fused weighted sum per chunk, in parallel.
 
-use mergescope_plugin_api::abi::{CAP_NEEDS_BASE, CAP_THREAD_SAFE, REDUCE_SUM_SQUARES};
+use mergescope_plugin_api::abi::{
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, REDUCE_SUM_SQUARES,
+};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
 };
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 const HELP: &str = "SLERP (spherical linear interpolation, Shoemake 1985; mergekit's `slerp`). \
 Interpolates each tensor between the base model θ0 (t = 0) and one expert θ1 (t = 1) along the \
@@ -36,6 +41,10 @@ const EPS: f64 = 1e-8;
 /// The SLERP method.
 pub struct Slerp {
     t: f64,
+    /// Statistics pass: per tensor, (‖v0‖², ‖v1‖², ⟨v0, v1⟩) of each chunk, by the chunk's offset.
+    partial: Mutex<HashMap<String, BTreeMap<u64, [f64; 3]>>>,
+    /// After the pass: per tensor, the coefficients (s0, s1).
+    coefficients: HashMap<String, (f64, f64)>,
 }
 
 /// The coefficients (s0, s1) of θ_t = s0·v0 + s1·v1 for interpolation fraction `t`, given the
@@ -62,7 +71,7 @@ impl MergeMethod for Slerp {
             version: "",
             description: "Spherical linear interpolation between the base and one expert, tensor by tensor.",
             help: HELP,
-            capabilities: CAP_THREAD_SAFE | CAP_NEEDS_BASE,
+            capabilities: CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE | CAP_CHUNKED_STATISTICS,
             params: vec![
                 ParamSpec::float("t", 0.5, "Interpolation fraction: 0 gives the base, 1 the expert.").range(0.0, 1.0),
             ],
@@ -77,7 +86,50 @@ impl MergeMethod for Slerp {
                 ctx.n_experts
             )));
         }
-        Ok(Slerp { t: params.float("t")? })
+        Ok(Slerp {
+            t: params.float("t")?,
+            partial: Mutex::new(HashMap::new()),
+            coefficients: HashMap::new(),
+        })
+    }
+
+    fn prepare_passes(&self) -> u32 {
+        1
+    }
+
+    fn prepare_tensor(
+        &mut self,
+        host: &Host<'_>,
+        _pass: u32,
+        tensor: &TensorMeta<'_>,
+        base: Option<Tensor>,
+        experts: &[Tensor],
+    ) -> Result<()> {
+        let v0 = tensor.require_base(base, "slerp")?;
+        let v1 = experts[0];
+        let sums = [
+            host.reduce(REDUCE_SUM_SQUARES, v0)?,
+            host.reduce(REDUCE_SUM_SQUARES, v1)?,
+            host.dot(v0, v1)?,
+        ];
+        let mut partial = self.partial.lock().map_err(|_| poisoned())?;
+        partial
+            .entry(tensor.name.to_owned())
+            .or_default()
+            .insert(tensor.offset, sums);
+        Ok(())
+    }
+
+    fn finish_pass(&mut self, _host: &Host<'_>, _pass: u32) -> Result<()> {
+        let partial = std::mem::take(&mut *self.partial.lock().map_err(|_| poisoned())?);
+        for (name, chunks) in partial {
+            // In offset order: the same sums whatever the threads that produced them.
+            let [n0, n1, dot] = chunks
+                .values()
+                .fold([0f64; 3], |acc, c| [acc[0] + c[0], acc[1] + c[1], acc[2] + c[2]]);
+            self.coefficients.insert(name, coefficients(self.t, n0, n1, dot));
+        }
+        Ok(())
     }
 
     fn merge_tensor(
@@ -88,15 +140,18 @@ impl MergeMethod for Slerp {
         experts: &[Tensor],
     ) -> Result<Tensor> {
         let v0 = tensor.require_base(base, "slerp")?;
-        let v1 = experts[0];
-        let (s0, s1) = coefficients(
-            self.t,
-            host.reduce(REDUCE_SUM_SQUARES, v0)?,
-            host.reduce(REDUCE_SUM_SQUARES, v1)?,
-            host.dot(v0, v1)?,
-        );
-        host.weighted_sum(&[v0, v1], Some(&[s0, s1]))
+        let (s0, s1) = *self.coefficients.get(tensor.name).ok_or_else(|| {
+            Error::Message(format!(
+                "tensor '{}': slerp needs the host's statistics pass, which did not see this tensor",
+                tensor.name
+            ))
+        })?;
+        host.weighted_sum(&[v0, experts[0]], Some(&[s0, s1]))
     }
+}
+
+fn poisoned() -> Error {
+    Error::Message("slerp: the statistics state was poisoned by an earlier failure".into())
 }
 
 mergescope_plugin_api::export_plugin!(Slerp);

@@ -164,3 +164,28 @@ fn the_hosts_threads_do_not_change_a_bit_of_a_merge() {
         bitwise_equal(&one, &with(threads), &format!("{threads} threads against 1"));
     }
 }
+
+#[test]
+fn chunked_statistics_do_not_depend_on_the_threads() {
+    // Model Stock sums its norms and dot products over chunks (here 10,000 elements, so the
+    // 655,360-element matrix is 66 chunks) in parallel; the partial sums are added in offset
+    // order, so 1, 2, 3 or 8 threads give the same bits.
+    let stock = load("mergescope_plugin_model_stock");
+    let (base, experts) = inputs();
+    let with = |threads: usize| {
+        let opts = ExecOptions {
+            threads,
+            chunk_elems: 10_000,
+            ..ExecOptions::default()
+        };
+        merge_in_memory_with(&stock, &json!({}), 0, Some(&base), &experts, &opts).unwrap()
+    };
+    let one = with(1);
+    for threads in [2, 3, 8] {
+        bitwise_equal(
+            &one,
+            &with(threads),
+            &format!("model-stock, {threads} threads against 1"),
+        );
+    }
+}
