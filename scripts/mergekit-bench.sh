@@ -50,7 +50,7 @@
 #   --table FILE        also write the report to FILE
 #
 # Example (a small run first, then the real one on a quiet machine):
-#   scripts/mergekit-bench.sh --dir /tmp/mkbench-small --layers 1 --hidden 256 \
+#   scripts/mergekit-bench.sh --dir bench-small --layers 1 --hidden 256 \
 #       --intermediate 512 --vocab 1000 --rounds 1
 #   scripts/mergekit-bench.sh --rounds 3 --table mergekit-bench.md
 #

@@ -4,10 +4,12 @@
 
 mod host;
 mod params;
+mod stats;
 
 pub use host::Host;
 pub(crate) use host::check;
 pub use params::{Choice, ParamSpec, ParamType, Params, schema_json};
+pub use stats::{ChunkSums, PerTensor};
 
 use crate::abi::{self, HostApiV1, ParamValue, Status, Str, TensorHandle, TensorInfo};
 use std::cell::RefCell;

@@ -13,11 +13,10 @@
 use mergescope_plugin_api::abi::{
     CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, REDUCE_SUM_SQUARES,
 };
+use mergescope_plugin_api::sdk::{ChunkSums, PerTensor};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
 };
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
 const HELP: &str = "Model Stock (Jang et al., 2024; mergekit's `model_stock`). From the angle between \
 the experts' task vectors δ_i = θ_i − θ0 it picks how far to move from the base θ0 towards the \
@@ -39,11 +38,11 @@ const MIN_NORM_PRODUCT: f64 = 1e-6;
 pub struct ModelStock {
     filter_wise: bool,
     n_experts: usize,
-    /// Statistics pass: per tensor, for each chunk by its offset, ‖δ_i‖² for every expert and then
-    /// ⟨δ_i, δ_j⟩ for every pair i < j.
-    partial: Mutex<HashMap<String, BTreeMap<u64, Vec<f64>>>>,
+    /// Statistics pass: per tensor and chunk, ‖δ_i‖² for every expert and then ⟨δ_i, δ_j⟩ for
+    /// every pair i < j.
+    sums: ChunkSums,
     /// After the pass: per tensor, t.
-    ratios: HashMap<String, f64>,
+    ratios: PerTensor<f64>,
 }
 
 /// The interpolation t = N·c / (1 + (N − 1)·c) for the mean pairwise cosine `cos` of `n`
@@ -82,10 +81,6 @@ fn ratio_or_base(host: &Host<'_>, tensor: &str, n: usize, cos: f64) -> f64 {
         ));
         0.0
     })
-}
-
-fn poisoned() -> Error {
-    Error::Message("model-stock: the statistics state was poisoned by an earlier failure".into())
 }
 
 impl ModelStock {
@@ -175,8 +170,8 @@ impl MergeMethod for ModelStock {
         Ok(ModelStock {
             filter_wise: params.bool("filter_wise")?,
             n_experts: ctx.n_experts,
-            partial: Mutex::new(HashMap::new()),
-            ratios: HashMap::new(),
+            sums: ChunkSums::default(),
+            ratios: PerTensor::default(),
         })
     }
 
@@ -204,26 +199,20 @@ impl MergeMethod for ModelStock {
         experts: &[Tensor],
     ) -> Result<()> {
         let base = tensor.require_base(base, "model-stock")?;
-        let sums = Self::chunk_sums(host, base, experts)?;
-        let mut partial = self.partial.lock().map_err(|_| poisoned())?;
-        partial
-            .entry(tensor.name.to_owned())
-            .or_default()
-            .insert(tensor.offset, sums);
+        self.sums.add(tensor, Self::chunk_sums(host, base, experts)?);
         Ok(())
     }
 
     fn finish_pass(&mut self, host: &Host<'_>, _pass: u32) -> Result<()> {
-        let partial = std::mem::take(&mut *self.partial.lock().map_err(|_| poisoned())?);
-        for (name, chunks) in partial {
-            // In offset order: the same sums whatever the threads that produced them.
-            let mut total = vec![0f64; chunks.values().next().map_or(0, Vec::len)];
-            for sums in chunks.values() {
-                total.iter_mut().zip(sums).for_each(|(t, s)| *t += s);
-            }
-            let t = self.ratio_from(host, &name, &total);
-            self.ratios.insert(name, t);
-        }
+        self.ratios = self
+            .sums
+            .take_totals()
+            .into_iter()
+            .map(|(name, total)| {
+                let t = self.ratio_from(host, &name, &total);
+                (name, t)
+            })
+            .collect();
         Ok(())
     }
 
@@ -238,12 +227,7 @@ impl MergeMethod for ModelStock {
         if self.filter_wise {
             return Self::rows(host, tensor, base, experts);
         }
-        let t = *self.ratios.get(tensor.name).ok_or_else(|| {
-            Error::Message(format!(
-                "tensor '{}': model-stock needs the host's statistics pass, which did not see this tensor",
-                tensor.name
-            ))
-        })?;
+        let t = *self.ratios.get(tensor, "model-stock")?;
         let n = experts.len();
         let mut terms = vec![base];
         terms.extend_from_slice(experts);

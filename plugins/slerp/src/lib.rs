@@ -13,11 +13,10 @@
 use mergescope_plugin_api::abi::{
     CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, REDUCE_SUM_SQUARES,
 };
+use mergescope_plugin_api::sdk::{ChunkSums, PerTensor};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
 };
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
 const HELP: &str = "SLERP (spherical linear interpolation, Shoemake 1985; mergekit's `slerp`). \
 Interpolates each tensor between the base model θ0 (t = 0) and one expert θ1 (t = 1) along the \
@@ -41,10 +40,10 @@ const EPS: f64 = 1e-8;
 /// The SLERP method.
 pub struct Slerp {
     t: f64,
-    /// Statistics pass: per tensor, (‖v0‖², ‖v1‖², ⟨v0, v1⟩) of each chunk, by the chunk's offset.
-    partial: Mutex<HashMap<String, BTreeMap<u64, [f64; 3]>>>,
+    /// Statistics pass: per tensor and chunk, ‖v0‖², ‖v1‖² and ⟨v0, v1⟩.
+    sums: ChunkSums,
     /// After the pass: per tensor, the coefficients (s0, s1).
-    coefficients: HashMap<String, (f64, f64)>,
+    coefficients: PerTensor<(f64, f64)>,
 }
 
 /// The coefficients (s0, s1) of θ_t = s0·v0 + s1·v1 for interpolation fraction `t`, given the
@@ -88,8 +87,8 @@ impl MergeMethod for Slerp {
         }
         Ok(Slerp {
             t: params.float("t")?,
-            partial: Mutex::new(HashMap::new()),
-            coefficients: HashMap::new(),
+            sums: ChunkSums::default(),
+            coefficients: PerTensor::default(),
         })
     }
 
@@ -107,28 +106,24 @@ impl MergeMethod for Slerp {
     ) -> Result<()> {
         let v0 = tensor.require_base(base, "slerp")?;
         let v1 = experts[0];
-        let sums = [
-            host.reduce(REDUCE_SUM_SQUARES, v0)?,
-            host.reduce(REDUCE_SUM_SQUARES, v1)?,
-            host.dot(v0, v1)?,
-        ];
-        let mut partial = self.partial.lock().map_err(|_| poisoned())?;
-        partial
-            .entry(tensor.name.to_owned())
-            .or_default()
-            .insert(tensor.offset, sums);
+        self.sums.add(
+            tensor,
+            vec![
+                host.reduce(REDUCE_SUM_SQUARES, v0)?,
+                host.reduce(REDUCE_SUM_SQUARES, v1)?,
+                host.dot(v0, v1)?,
+            ],
+        );
         Ok(())
     }
 
     fn finish_pass(&mut self, _host: &Host<'_>, _pass: u32) -> Result<()> {
-        let partial = std::mem::take(&mut *self.partial.lock().map_err(|_| poisoned())?);
-        for (name, chunks) in partial {
-            // In offset order: the same sums whatever the threads that produced them.
-            let [n0, n1, dot] = chunks
-                .values()
-                .fold([0f64; 3], |acc, c| [acc[0] + c[0], acc[1] + c[1], acc[2] + c[2]]);
-            self.coefficients.insert(name, coefficients(self.t, n0, n1, dot));
-        }
+        self.coefficients = self
+            .sums
+            .take_totals()
+            .into_iter()
+            .map(|(name, s)| (name, coefficients(self.t, s[0], s[1], s[2])))
+            .collect();
         Ok(())
     }
 
@@ -140,18 +135,9 @@ impl MergeMethod for Slerp {
         experts: &[Tensor],
     ) -> Result<Tensor> {
         let v0 = tensor.require_base(base, "slerp")?;
-        let (s0, s1) = *self.coefficients.get(tensor.name).ok_or_else(|| {
-            Error::Message(format!(
-                "tensor '{}': slerp needs the host's statistics pass, which did not see this tensor",
-                tensor.name
-            ))
-        })?;
+        let (s0, s1) = *self.coefficients.get(tensor, "slerp")?;
         host.weighted_sum(&[v0, experts[0]], Some(&[s0, s1]))
     }
-}
-
-fn poisoned() -> Error {
-    Error::Message("slerp: the statistics state was poisoned by an earlier failure".into())
 }
 
 mergescope_plugin_api::export_plugin!(Slerp);
