@@ -111,3 +111,76 @@ fn a_command_that_fails_is_reported_with_its_error_output() {
         "{e}"
     );
 }
+
+/// Real BERT-family experts from transformers (a tiny BERT fine-tuned on two text tasks,
+/// `tests/fixtures/families/bert-experts`, made by `scripts/family-fixtures.py`), merged by
+/// task arithmetic and scored by a family suite with each task's own head: the accuracies are
+/// the ones transformers computed for the same models and the same merge (λ = 0.5).
+#[test]
+fn bert_experts_merged_and_scored_like_transformers() {
+    let env = Env::new();
+    let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/bert-experts");
+    let fx = fx.canonicalize().unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fx.join("reference.json")).unwrap()).unwrap();
+    let p = |s: &str| fx.join(s).to_string_lossy().into_owned();
+    std::fs::write(
+        env.path("text.toml"),
+        format!(
+            "name = \"text\"\n\n[model]\nfamily = \"bert\"\nconfig = \"{base}/config.json\"\ntokenizer = \"{base}/tokenizer.json\"\n\n\
+             [[task]]\nname = \"topic\"\ndata = \"{topic}\"\nhead = \"{topic_head}\"\n\n\
+             [[task]]\nname = \"verdict\"\ndata = \"{verdict}\"\nhead = \"{verdict_head}\"\n",
+            base = p("base"),
+            topic = p("topic.jsonl"),
+            topic_head = p("topic"),
+            verdict = p("verdict.jsonl"),
+            verdict_head = p("verdict"),
+        ),
+    )
+    .unwrap();
+    let suite = env.path("text.toml").to_string_lossy().into_owned();
+    let accuracies = |j: &serde_json::Value| {
+        (
+            j["tasks"]["topic"]["accuracy"].as_f64().unwrap(),
+            j["tasks"]["verdict"]["accuracy"].as_f64().unwrap(),
+        )
+    };
+    let want = |model: &str| {
+        (
+            r["accuracy"][model]["topic"].as_f64().unwrap(),
+            r["accuracy"][model]["verdict"].as_f64().unwrap(),
+        )
+    };
+    for model in ["base", "topic", "verdict"] {
+        let out = env.ok(&["eval", "--benchmark", &suite, "--checkpoint", &p(model), "--json"]);
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(accuracies(&j), want(model), "{model}");
+    }
+    let merged = env.path("ta.safetensors").to_string_lossy().into_owned();
+    let text = env.ok(&[
+        "merge",
+        "--method",
+        "task-arithmetic",
+        "--base",
+        &p("base"),
+        "--expert",
+        &p("topic"),
+        "--expert",
+        &p("verdict"),
+        "--param",
+        "lambda=0.5",
+        "--out",
+        &merged,
+        "--eval",
+        "--benchmark",
+        &suite,
+        "--json",
+        "-q",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let got = accuracies(&j["eval"]);
+    let (t, v) = want("task-arithmetic");
+    assert_eq!(got, (t, v), "{text}");
+    // The merge is worth it: better than the base on both tasks.
+    assert!(t > 0.5 && v > 0.5);
+}

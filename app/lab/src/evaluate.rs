@@ -54,7 +54,7 @@ pub struct Opened {
 pub fn open(spec: &EvaluatorSpec, checkpoint: Option<&Path>) -> Result<Opened> {
     if evaluator::suite::is_suite_path(&spec.benchmark) {
         let suite = evaluator::suite::Suite::load(Path::new(&spec.benchmark))?;
-        let evaluator = suite.evaluator(spec.tasks.as_deref())?;
+        let evaluator = suite.evaluator(spec.tasks.as_deref(), &spec.device)?;
         return Ok(Opened {
             evaluator,
             benchmark: None,

@@ -18,6 +18,7 @@ pub mod data;
 pub mod demo;
 pub mod evaluate;
 pub mod evaluator;
+pub mod family;
 pub mod model_merge;
 pub mod nn;
 pub mod run;

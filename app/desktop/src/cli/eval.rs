@@ -74,6 +74,20 @@ pub fn evaluate(path: &Path, spec: &EvaluatorSpec) -> anyhow::Result<Evaluated> 
 }
 
 /// Prints a report as a table.
+/// An evaluation as JSON, the same from `eval --json` and `merge --eval --json`:
+/// `{"tasks": {"<task>": {"<metric>": value}}, "average": {...}, "checkpoint", "benchmark",
+/// "arch", "seconds", "report"}`.
+pub fn evaluation_json(checkpoint: &Path, e: &Evaluated) -> anyhow::Result<serde_json::Value> {
+    let mut j = e.report.metrics_json();
+    j["checkpoint"] = serde_json::json!(checkpoint.display().to_string());
+    j["benchmark"] = serde_json::json!(e.on);
+    j["arch"] = serde_json::json!(e.arch);
+    j["seconds"] = serde_json::json!(e.seconds);
+    j["report"] = serde_json::to_value(&e.report)?;
+    Ok(j)
+}
+
+/// Prints a report as a table.
 pub fn print_report(report: &EvalReport) {
     let metric = report.tasks.first().map_or("accuracy", |t| t.metric.as_str());
     println!("  {:<16} {:>9} {:>8} {:>11}", "task", metric, "loss", "normalised");
@@ -131,13 +145,10 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
     };
     let e = evaluate(&args.checkpoint, &spec)?;
     if args.json {
-        let mut j = e.report.metrics_json();
-        j["checkpoint"] = serde_json::json!(args.checkpoint.display().to_string());
-        j["benchmark"] = serde_json::json!(e.on);
-        j["arch"] = serde_json::json!(e.arch);
-        j["seconds"] = serde_json::json!(e.seconds);
-        j["report"] = serde_json::to_value(&e.report)?;
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&evaluation_json(&args.checkpoint, &e)?)?
+        );
     } else {
         print_header(&args.checkpoint, &e, split);
         print_report(&e.report);

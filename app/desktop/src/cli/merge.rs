@@ -278,9 +278,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
             "seconds": report.seconds,
             "input_gb_per_s": gb / report.seconds.max(1e-9),
             "peak_rss_bytes": peak_rss_bytes(),
-            "eval": evaluation.as_ref().map(|e| serde_json::json!({
-                "benchmark": e.on, "seconds": e.seconds, "report": e.report,
-            })),
+            "eval": evaluation.as_ref().map(|e| super::eval::evaluation_json(&req.out, e)).transpose()?,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {

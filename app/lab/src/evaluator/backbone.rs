@@ -188,18 +188,26 @@ pub(crate) fn score(
         let x = images.narrow(0, from, len)?;
         let y = labels.narrow(0, from, len)?;
         let logits = head.logits(&arch.features(backbone, &x)?)?;
-        let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let nll = log_p
-            .gather(&y.unsqueeze(1)?, 1)?
-            .sum_all()?
-            .to_dtype(DType::F64)?
-            .to_scalar::<f64>()?;
-        loss_sum -= nll;
-        let pred = logits.argmax(D::Minus1)?;
-        correct += pred.eq(&y)?.to_dtype(DType::U32)?.sum_all()?.to_scalar::<u32>()? as usize;
+        let (c, nll) = score_logits(&logits, &y)?;
+        correct += c;
+        loss_sum += nll;
         from += len;
     }
     Ok((correct, loss_sum, n))
+}
+
+/// (correct argmax predictions, summed cross-entropy) of `logits` `[batch, classes]` against
+/// class indices `labels` `[batch]` (u32): the one scoring rule of every classifier evaluator.
+pub(crate) fn score_logits(logits: &Tensor, labels: &Tensor) -> Result<(usize, f64)> {
+    let log_p = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+    let nll = log_p
+        .gather(&labels.unsqueeze(1)?, 1)?
+        .sum_all()?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()?;
+    let pred = logits.argmax(D::Minus1)?;
+    let correct = pred.eq(labels)?.to_dtype(DType::U32)?.sum_all()?.to_scalar::<u32>()? as usize;
+    Ok((correct, -nll))
 }
 
 #[cfg(test)]

@@ -16,11 +16,13 @@ pub mod calibration;
 mod command;
 mod report;
 pub mod suite;
+mod text_classifier;
 
 pub(crate) use backbone::score;
 pub use backbone::{BackboneEvaluator, EvalTask};
 pub use command::{CommandEvaluator, parse_metrics_json};
 pub use report::{ACCURACY, EvalReport, TaskScore, summarise};
+pub use text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};
 
 use crate::nn::Params;
 use mergescope_engine::error::Result;

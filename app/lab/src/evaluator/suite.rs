@@ -13,12 +13,40 @@
 //!
 //! The command runs in the suite file's folder with `{model}` replaced by the checkpoint's path
 //! (a file or a shard folder); see [`super::CommandEvaluator`] for the JSON it prints.
+//!
+//! A suite may instead name a built-in model family and its tasks; paths are relative to the
+//! suite file:
+//!
+//! ```toml
+//! name = "text-tasks"
+//!
+//! [model]
+//! family = "bert"                    # BERT, MiniLM and their fine-tunes
+//! config = "models/base/config.json" # default: config.json beside the evaluated checkpoint
+//! tokenizer = "models/base/tokenizer.json" # default: beside the evaluated checkpoint
+//! max_length = 128                   # tokens kept per example (default 128)
+//! batch_size = 32                    # examples per forward pass (default 32)
+//!
+//! [[task]]
+//! name = "sst2"
+//! data = "data/sst2.jsonl"           # or .csv; fields text, label (and text_pair)
+//! head = "models/sst2"               # its fine-tuned model (classifier.weight/.bias);
+//!                                    # default: the evaluated checkpoint's own head
+//! labels = ["negative", "positive"]  # optional: class names used as labels in the data
+//! ```
 
+use super::text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};
 use super::{CommandEvaluator, Evaluator};
+use crate::family::bert::ClassifierHead;
+use crate::family::text_data::read_text_task;
+use candle_core::Device;
 use mergescope_engine::error::{EngineError, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// The model families a suite's `[model] family` may name.
+pub const FAMILIES: &[&str] = &["bert"];
 
 /// How long an evaluator command may run on one checkpoint unless the suite says otherwise.
 pub const DEFAULT_TIMEOUT_S: u64 = 3600;
@@ -35,7 +63,56 @@ pub fn is_suite_path(spec: &str) -> bool {
 #[serde(deny_unknown_fields)]
 struct SuiteFile {
     name: String,
-    evaluator: EvaluatorTable,
+    #[serde(default)]
+    evaluator: Option<EvaluatorTable>,
+    #[serde(default)]
+    model: Option<ModelTable>,
+    #[serde(default)]
+    task: Vec<TaskTable>,
+}
+
+/// `[model]`: a built-in family and how its inputs are found.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelTable {
+    family: String,
+    #[serde(default)]
+    config: Option<String>,
+    #[serde(default)]
+    tokenizer: Option<String>,
+    #[serde(default = "default_max_length")]
+    max_length: usize,
+    #[serde(default = "default_batch_size")]
+    batch_size: usize,
+}
+
+/// `[[task]]`: one task of a family suite.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskTable {
+    name: String,
+    data: String,
+    #[serde(default)]
+    head: Option<String>,
+    #[serde(default)]
+    labels: Option<Vec<String>>,
+}
+
+fn default_max_length() -> usize {
+    128
+}
+
+fn default_batch_size() -> usize {
+    32
+}
+
+/// What a suite evaluates with.
+#[derive(Clone, Debug)]
+enum SuiteKind {
+    /// An external command.
+    Command(EvaluatorTable),
+    /// A built-in family on the suite's tasks.
+    Family { model: ModelTable, tasks: Vec<TaskTable> },
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -66,7 +143,7 @@ pub struct Suite {
     pub name: String,
     /// The file it was read from.
     pub path: PathBuf,
-    evaluator: EvaluatorTable,
+    kind: SuiteKind,
 }
 
 impl Suite {
@@ -76,7 +153,77 @@ impl Suite {
         let file: SuiteFile = toml::from_str(&text)
             .map_err(|e| EngineError::Param(format!("suite '{}': {}", path.display(), e.to_string().trim_end())))?;
         let at = |key: &str, what: String| EngineError::Param(format!("suite '{}', {key}: {what}", path.display()));
-        let ev = &file.evaluator;
+        let kind = match (file.evaluator, file.model) {
+            (Some(_), Some(_)) => {
+                return Err(at(
+                    "[evaluator] and [model]",
+                    "a suite evaluates with a command or a built-in family, not both; keep one of the two tables"
+                        .into(),
+                ));
+            }
+            (None, None) => {
+                return Err(at(
+                    "[evaluator] or [model]",
+                    "is missing; name an external command ([evaluator] command = [...]) or a family ([model] family = \"bert\")"
+                        .into(),
+                ));
+            }
+            (Some(ev), None) => {
+                if !file.task.is_empty() {
+                    return Err(at(
+                        "[[task]]",
+                        "belongs to [model] suites; an [evaluator] command lists its tasks as tasks = [...]".into(),
+                    ));
+                }
+                Self::check_command(&ev, &at)?;
+                SuiteKind::Command(ev)
+            }
+            (None, Some(model)) => {
+                Self::check_family(&model, &file.task, &at)?;
+                SuiteKind::Family {
+                    model,
+                    tasks: file.task,
+                }
+            }
+        };
+        Ok(Suite {
+            name: file.name,
+            path: path.to_owned(),
+            kind,
+        })
+    }
+
+    fn check_family(model: &ModelTable, tasks: &[TaskTable], at: &dyn Fn(&str, String) -> EngineError) -> Result<()> {
+        if !FAMILIES.contains(&model.family.as_str()) {
+            return Err(at(
+                "[model] family",
+                format!(
+                    "'{}' is not a family mergescope knows; use one of: {} (or an [evaluator] command for any other model)",
+                    model.family,
+                    FAMILIES.join(", ")
+                ),
+            ));
+        }
+        if tasks.is_empty() {
+            return Err(at(
+                "[[task]]",
+                "is missing; add a [[task]] table with a name and data for each task".into(),
+            ));
+        }
+        if let Some((i, t)) = tasks
+            .iter()
+            .enumerate()
+            .find(|(i, t)| tasks[..*i].iter().any(|u| u.name == t.name))
+        {
+            return Err(at(
+                &format!("[[task]] {}", i + 1),
+                format!("the name '{}' is used twice", t.name),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_command(ev: &EvaluatorTable, at: &dyn Fn(&str, String) -> EngineError) -> Result<()> {
         if ev.command.is_empty() || ev.command[0].trim().is_empty() {
             return Err(at(
                 "[evaluator] command",
@@ -107,21 +254,29 @@ impl Suite {
         if ev.timeout_s == 0 {
             return Err(at("[evaluator] timeout_s", "must be at least 1 (seconds)".into()));
         }
-        Ok(Suite {
-            name: file.name,
-            path: path.to_owned(),
-            evaluator: file.evaluator,
-        })
+        Ok(())
     }
 
     /// The tasks, in order.
-    pub fn task_names(&self) -> &[String] {
-        &self.evaluator.tasks
+    pub fn task_names(&self) -> Vec<String> {
+        match &self.kind {
+            SuiteKind::Command(ev) => ev.tasks.clone(),
+            SuiteKind::Family { tasks, .. } => tasks.iter().map(|t| t.name.clone()).collect(),
+        }
     }
 
-    /// The suite's evaluator, restricted to `only` when given (every name must be a task).
-    pub fn evaluator(&self, only: Option<&[String]>) -> Result<Box<dyn Evaluator>> {
-        let mut tasks = self.evaluator.tasks.clone();
+    /// The suite file's folder, which its relative paths start from.
+    fn folder(&self) -> PathBuf {
+        match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => PathBuf::from("."),
+        }
+    }
+
+    /// The suite's evaluator on `device`, restricted to `only` when given (every name must be
+    /// a task). A family suite reads its tasks' data and heads here.
+    pub fn evaluator(&self, only: Option<&[String]>, device: &Device) -> Result<Box<dyn Evaluator>> {
+        let mut tasks = self.task_names();
         if let Some(only) = only {
             if let Some(bad) = only.iter().find(|t| !tasks.contains(t)) {
                 return Err(EngineError::Param(format!(
@@ -132,19 +287,64 @@ impl Suite {
             }
             tasks.retain(|t| only.contains(t));
         }
-        let workdir = match self.path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-            _ => PathBuf::from("."),
+        match &self.kind {
+            SuiteKind::Command(ev) => Ok(Box::new(CommandEvaluator {
+                name: self.name.clone(),
+                command: ev.command.clone(),
+                workdir: self.folder(),
+                metric: ev.metric.clone(),
+                tasks,
+                timeout: Duration::from_secs(ev.timeout_s),
+                output_file: ev.output.clone(),
+            })),
+            SuiteKind::Family { model, tasks: tables } => {
+                let dir = self.folder();
+                let task_list = tables
+                    .iter()
+                    .filter(|t| tasks.contains(&t.name))
+                    .map(|t| self.text_task(t, &dir, device))
+                    .collect::<Result<Vec<_>>>()?;
+                let spec = TextModelSpec {
+                    config: model.config.as_ref().map(|p| dir.join(p)),
+                    tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
+                    max_length: model.max_length,
+                    batch_size: model.batch_size,
+                };
+                Ok(Box::new(TextClassifierEvaluator::new(
+                    self.name.clone(),
+                    spec,
+                    task_list,
+                    device,
+                )?))
+            }
+        }
+    }
+
+    /// Reads one `[[task]]`'s data and head; errors say which suite and task.
+    fn text_task(&self, t: &TaskTable, dir: &Path, device: &Device) -> Result<TextTask> {
+        let within =
+            |e: EngineError| EngineError::Param(format!("suite '{}', [[task]] '{}': {e}", self.path.display(), t.name));
+        let data = dir.join(&t.data);
+        let examples = read_text_task(&data, t.labels.as_deref()).map_err(within)?;
+        let head = match &t.head {
+            Some(h) => Some(ClassifierHead::load(&dir.join(h), device).map_err(within)?),
+            None => None,
         };
-        Ok(Box::new(CommandEvaluator {
-            name: self.name.clone(),
-            command: self.evaluator.command.clone(),
-            workdir,
-            metric: self.evaluator.metric.clone(),
-            tasks,
-            timeout: Duration::from_secs(self.evaluator.timeout_s),
-            output_file: self.evaluator.output.clone(),
-        }))
+        if let (Some(h), Some(names)) = (&head, &t.labels)
+            && h.classes() != names.len()
+        {
+            return Err(within(EngineError::invalid(format!(
+                "labels lists {} classes but the head has {} rows; list every class of the head in its order",
+                names.len(),
+                h.classes()
+            ))));
+        }
+        Ok(TextTask {
+            name: t.name.clone(),
+            data,
+            examples,
+            head,
+        })
     }
 }
 
@@ -179,13 +379,13 @@ mod tests {
         );
         let model = write(dir.path(), "model.bin", &"x".repeat(75));
         let s = Suite::load(&suite).unwrap();
-        let ev = s.evaluator(None).unwrap();
+        let ev = s.evaluator(None, &Device::Cpu).unwrap();
         assert_eq!(ev.task_names(), ["task_a", "task_b", "task_c"]);
         let r = ev.evaluate_file(&model, &AtomicBool::new(false)).unwrap();
         assert!((r.tasks[0].accuracy - 0.75).abs() < 1e-12);
         assert!((r.mean_accuracy - (0.75 + 0.5 + 0.25) / 3.0).abs() < 1e-12);
         assert_eq!(r.tasks[2].metrics["f1"], 0.1);
-        let only = s.evaluator(Some(&["task_b".to_owned()])).unwrap();
+        let only = s.evaluator(Some(&["task_b".to_owned()]), &Device::Cpu).unwrap();
         let r = only.evaluate_file(&model, &AtomicBool::new(false)).unwrap();
         assert_eq!(r.tasks.len(), 1);
         assert_eq!(r.mean_accuracy, 0.5);
@@ -205,7 +405,7 @@ mod tests {
         let run = |p: &Path| {
             Suite::load(p)
                 .unwrap()
-                .evaluator(None)
+                .evaluator(None, &Device::Cpu)
                 .unwrap()
                 .evaluate_file(&model, &AtomicBool::new(false))
                 .unwrap_err()

@@ -1,0 +1,184 @@
+//! Text classification with a real encoder family (BERT, MiniLM): each task's examples are
+//! tokenised, encoded by the checkpoint under evaluation and classified by the task's head
+//! (from its fine-tuned model), in batches on the evaluator's device, so memory holds the
+//! model and one batch of activations.
+
+use super::backbone::score_logits;
+use super::{EvalReport, Evaluator, TaskScore, summarise};
+use crate::data::SplitKind;
+use crate::family::bert::{self, BertEncoder, ClassifierHead};
+use crate::family::hf;
+use crate::family::text_data::TextExample;
+use candle_core::{Device, Tensor};
+use mergescope_engine::error::{EngineError, Result};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// One task: its examples and the head that classifies them.
+pub struct TextTask {
+    /// Task name.
+    pub name: String,
+    /// Where the examples came from (for messages).
+    pub data: PathBuf,
+    /// The examples.
+    pub examples: Vec<TextExample>,
+    /// The task's head; `None`: the evaluated checkpoint's own `classifier.*`.
+    pub head: Option<ClassifierHead>,
+}
+
+/// How the encoder's inputs are found and batched.
+#[derive(Clone, Debug)]
+pub struct TextModelSpec {
+    /// `config.json` to use; `None`: the one beside each evaluated checkpoint.
+    pub config: Option<PathBuf>,
+    /// `tokenizer.json` to use; `None`: the one beside each evaluated checkpoint.
+    pub tokenizer: Option<PathBuf>,
+    /// Tokens kept per example.
+    pub max_length: usize,
+    /// Examples per forward pass.
+    pub batch_size: usize,
+}
+
+/// Evaluates BERT-family checkpoints on text-classification tasks.
+pub struct TextClassifierEvaluator {
+    name: String,
+    model: TextModelSpec,
+    tasks: Vec<TextTask>,
+    device: Device,
+}
+
+impl TextClassifierEvaluator {
+    /// An evaluator named `name` (a suite's) of `tasks`; every head's labels are checked
+    /// against its data here, before any model is loaded.
+    pub fn new(name: String, model: TextModelSpec, tasks: Vec<TextTask>, device: &Device) -> Result<Self> {
+        if model.batch_size == 0 || model.max_length < 2 {
+            return Err(EngineError::Param(format!(
+                "suite '{name}': [model] batch_size must be at least 1 and max_length at least 2 (they are {} and {})",
+                model.batch_size, model.max_length
+            )));
+        }
+        for t in &tasks {
+            if let Some(h) = &t.head {
+                check_labels(t, h)?;
+            }
+        }
+        Ok(TextClassifierEvaluator {
+            name,
+            model,
+            tasks,
+            device: device.clone(),
+        })
+    }
+
+    /// Scores the encoder on every task.
+    fn score(
+        &self,
+        encoder: &BertEncoder,
+        own_head: Option<&ClassifierHead>,
+        tokenizer: &tokenizers::Tokenizer,
+        pad_id: u32,
+        hidden: usize,
+        cancel: &AtomicBool,
+    ) -> Result<EvalReport> {
+        let mut scores = Vec::with_capacity(self.tasks.len());
+        for task in &self.tasks {
+            let head = match (&task.head, own_head) {
+                (Some(h), _) => h,
+                (None, Some(h)) => {
+                    check_labels(task, h)?;
+                    h
+                }
+                (None, None) => return Err(EngineError::Bug("a task without a head reached scoring".into())),
+            };
+            if head.hidden() != hidden {
+                return Err(EngineError::invalid(format!(
+                    "the head of task '{}' reads {} features but the model's hidden size is {hidden}; the head must come from a fine-tune of this model",
+                    task.name,
+                    head.hidden()
+                )));
+            }
+            let (mut correct, mut nll) = (0usize, 0f64);
+            for batch in task.examples.chunks(self.model.batch_size) {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(EngineError::Cancelled);
+                }
+                let tokens = bert::encode(
+                    tokenizer,
+                    batch.iter().map(|e| (e.text.as_str(), e.pair.as_deref())),
+                    pad_id,
+                    &self.device,
+                )?;
+                let pooled = encoder
+                    .pooled(&tokens)?
+                    .ok_or_else(|| EngineError::Bug("the pooler vanished after loading".into()))?;
+                let logits = head.logits(&pooled)?;
+                let labels: Vec<u32> = batch.iter().map(|e| e.label as u32).collect();
+                let labels = Tensor::from_vec(labels, batch.len(), &self.device)?;
+                let (c, l) = score_logits(&logits, &labels)?;
+                correct += c;
+                nll += l;
+            }
+            let n = task.examples.len();
+            scores.push(TaskScore::classification(
+                task.name.clone(),
+                correct as f64 / n as f64,
+                nll / n as f64,
+                None,
+                n,
+            ));
+        }
+        Ok(summarise(SplitKind::Test, scores))
+    }
+}
+
+/// Every label of `task` must be a row of `head`.
+fn check_labels(task: &TextTask, head: &ClassifierHead) -> Result<()> {
+    let top = task.examples.iter().map(|e| e.label).max().unwrap_or(0);
+    if top >= head.classes() {
+        return Err(EngineError::invalid(format!(
+            "task '{}': '{}' has label {top} but the task's head has {} classes; give the head of the model fine-tuned on this data",
+            task.name,
+            task.data.display(),
+            head.classes()
+        )));
+    }
+    Ok(())
+}
+
+impl Evaluator for TextClassifierEvaluator {
+    fn describe(&self) -> String {
+        format!("suite '{}' (bert family, {} tasks)", self.name, self.tasks.len())
+    }
+
+    fn task_names(&self) -> Vec<String> {
+        self.tasks.iter().map(|t| t.name.clone()).collect()
+    }
+
+    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
+        let config_path = hf::locate(self.model.config.as_deref(), path, "config.json", "config")?;
+        let config = bert::read_config(&config_path)?;
+        let tokenizer_path = hf::locate(self.model.tokenizer.as_deref(), path, "tokenizer.json", "tokenizer")?;
+        let tokenizer = hf::load_tokenizer(&tokenizer_path, self.model.max_length)?;
+        let own_head = if self.tasks.iter().any(|t| t.head.is_none()) {
+            Some(ClassifierHead::load(path, &self.device)?)
+        } else {
+            None
+        };
+        let weights = hf::load_weights(path, &self.device)?;
+        let encoder = BertEncoder::load(&config, weights, &self.device, path)?;
+        if !encoder.has_pooler() {
+            return Err(EngineError::invalid(format!(
+                "'{}' has no pooler (pooler.dense.weight), which sequence classification reads; evaluate a BertForSequenceClassification checkpoint or its merge",
+                path.display()
+            )));
+        }
+        self.score(
+            &encoder,
+            own_head.as_ref(),
+            &tokenizer,
+            config.pad_token_id as u32,
+            config.hidden_size,
+            cancel,
+        )
+    }
+}

