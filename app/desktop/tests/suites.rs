@@ -129,7 +129,8 @@ fn bert_experts_merged_and_scored_like_transformers() {
         format!(
             "name = \"text\"\n\n[model]\nfamily = \"bert\"\nconfig = \"{base}/config.json\"\ntokenizer = \"{base}/tokenizer.json\"\n\n\
              [[task]]\nname = \"topic\"\ndata = \"{topic}\"\nhead = \"{topic_head}\"\n\n\
-             [[task]]\nname = \"verdict\"\ndata = \"{verdict}\"\nhead = \"{verdict_head}\"\n",
+             [[task]]\nname = \"verdict\"\ndata = \"{verdict}\"\nhead = \"{verdict_head}\"\n\n\
+             [models]\nbase = \"{base}\"\nexperts = [\"{topic_head}\", \"{verdict_head}\"]\n",
             base = p("base"),
             topic = p("topic.jsonl"),
             topic_head = p("topic"),
@@ -183,4 +184,23 @@ fn bert_experts_merged_and_scored_like_transformers() {
     assert_eq!(got, (t, v), "{text}");
     // The merge is worth it: better than the base on both tasks.
     assert!(t > 0.5 && v > 0.5);
+
+    // The radar (bars, with two tasks) of the base and the merge, the models from the suite's
+    // [models] table, normalised by each task's expert (which scores 1.0 on its own task).
+    let csv = env.ok(&["analyze", "radar", "--benchmark", &suite, "--checkpoint", &merged]);
+    let rows: Vec<Vec<String>> = csv.lines().map(|l| l.split(',').map(str::to_owned).collect()).collect();
+    assert_eq!(rows[0], ["task", "base", "ta"], "{csv}");
+    let num = |r: usize, c: usize| rows[r][c].parse::<f64>().unwrap();
+    let (bt, bv) = want("base");
+    let et = r["accuracy"]["topic"]["topic"].as_f64().unwrap();
+    let ev = r["accuracy"]["verdict"]["verdict"].as_f64().unwrap();
+    assert_eq!((rows[1][0].as_str(), rows[2][0].as_str()), ("topic", "verdict"));
+    assert!(
+        (num(1, 1) - bt / et).abs() < 1e-12 && (num(2, 1) - bv / ev).abs() < 1e-12,
+        "{csv}"
+    );
+    assert!(
+        (num(1, 2) - t / et).abs() < 1e-12 && (num(2, 2) - v / ev).abs() < 1e-12,
+        "{csv}"
+    );
 }

@@ -80,6 +80,35 @@ pub fn open(spec: &EvaluatorSpec, checkpoint: Option<&Path>) -> Result<Opened> {
     })
 }
 
+/// The evaluator of a comparison of models against their experts (radar charts): `spec`'s
+/// evaluator, chosen for `base`'s architecture; a suite's is normalised by `experts` (expert
+/// `i` on task `i`) when there is one per task, as the demo benchmark's reports already are.
+pub fn open_normalised(
+    spec: &EvaluatorSpec,
+    base: &Path,
+    experts: &[PathBuf],
+    cancel: &std::sync::atomic::AtomicBool,
+) -> Result<Box<dyn Evaluator>> {
+    let opened = open(spec, Some(base))?;
+    if opened.benchmark.is_some() || experts.len() != opened.evaluator.task_names().len() {
+        return Ok(opened.evaluator);
+    }
+    Ok(Box::new(evaluator::Normalised::by_experts(
+        opened.evaluator,
+        experts,
+        cancel,
+    )?))
+}
+
+/// The base and experts a suite file's `[models]` table names (`None` for a demo benchmark or
+/// a suite without the table).
+pub fn suite_models(benchmark: &str) -> Result<Option<evaluator::suite::SuiteModels>> {
+    if !evaluator::suite::is_suite_path(benchmark) {
+        return Ok(None);
+    }
+    Ok(evaluator::suite::Suite::load(Path::new(benchmark))?.models())
+}
+
 /// The demo architecture whose tensor names and shapes the checkpoint at `path` matches, read
 /// from its header only.
 pub fn detect_arch(path: &Path) -> Result<Option<Arch>> {

@@ -7,7 +7,7 @@ use super::{PointSet, Projection};
 use crate::evaluator::EvalReport;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_figures::{
-    Axis, Better, ColorScale, Figure, Heatmap, Lines, Path, Point, Radar, Scatter, Series, Side, format_number,
+    Axis, Bars, Better, ColorScale, Figure, Heatmap, Lines, Path, Point, Radar, Scatter, Series, Side, format_number,
 };
 
 /// How a point of a PCA view is drawn: its group (colour) by role.
@@ -233,12 +233,21 @@ pub fn radar_figure(models: &[(String, EvalReport)]) -> Result<Figure> {
         .first()
         .ok_or_else(|| EngineError::Param("a radar chart needs at least one evaluated model".into()))?;
     let axes: Vec<String> = first.1.tasks.iter().map(|t| t.task.clone()).collect();
+    // Normalised scores when every model has them (the demo benchmark's, or a suite's with one
+    // expert per task); the raw headline metric otherwise.
+    let normalised = models
+        .iter()
+        .all(|(_, r)| r.tasks.iter().all(|t| t.normalized.is_some()));
     let series = models
         .iter()
         .map(|(label, r)| {
             let values = axes
                 .iter()
-                .map(|a| r.task(a).and_then(|t| t.normalized).unwrap_or(f64::NAN))
+                .map(|a| {
+                    r.task(a)
+                        .and_then(|t| if normalised { t.normalized } else { Some(t.accuracy) })
+                        .unwrap_or(f64::NAN)
+                })
                 .collect();
             (label.clone(), values)
         })
@@ -248,12 +257,40 @@ pub fn radar_figure(models: &[(String, EvalReport)]) -> Result<Figure> {
         .flat_map(|(_, v)| v.iter().copied())
         .filter(|v| v.is_finite())
         .fold(1.0f64, f64::max);
+    let metric = first.1.tasks.first().map_or("accuracy", |t| t.metric.as_str());
+    let (title, reference) = if normalised {
+        (
+            format!("Normalised {metric} per task ({metric} ÷ the task's expert)"),
+            Some(("experts (100 %)".into(), 1.0)),
+        )
+    } else {
+        (
+            format!("{metric} per task (no expert references: give one expert per task to normalise)"),
+            None,
+        )
+    };
+    if axes.len() < 3 {
+        // A polar chart of one or two axes is a line: grouped bars say the same legibly.
+        return Ok(Figure::Bars(Bars {
+            title,
+            x_label: "task".into(),
+            y_label: if normalised {
+                format!("normalised {metric}")
+            } else {
+                metric.to_owned()
+            },
+            categories: axes,
+            series,
+            stacked: false,
+            notes: vec!["fewer than three tasks: bars instead of a radar".into()],
+        }));
+    }
     Ok(Figure::Radar(Radar {
-        title: "Normalised accuracy per task (accuracy ÷ the task's expert)".into(),
+        title,
         axes,
         series,
         max: (max * 10.0).ceil() / 10.0,
-        reference: Some(("experts (100 %)".into(), 1.0)),
+        reference,
     }))
 }
 

@@ -14,6 +14,7 @@
 mod backbone;
 pub mod calibration;
 mod command;
+mod reference;
 mod report;
 pub mod suite;
 mod text_classifier;
@@ -21,6 +22,7 @@ mod text_classifier;
 pub(crate) use backbone::score;
 pub use backbone::{BackboneEvaluator, EvalTask};
 pub use command::{CommandEvaluator, parse_metrics_json};
+pub use reference::Normalised;
 pub use report::{ACCURACY, EvalReport, TaskScore, summarise};
 pub use text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};
 

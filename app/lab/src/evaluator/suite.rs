@@ -34,6 +34,16 @@
 //!                                    # default: the evaluated checkpoint's own head
 //! labels = ["negative", "positive"]  # optional: class names used as labels in the data
 //! ```
+//!
+//! Either kind may name the models that commands such as `analyze radar` use when no
+//! `--base`/`--expert` is given; experts listed one per task, in task order, also give each
+//! task's reference for normalised accuracy:
+//!
+//! ```toml
+//! [models]
+//! base = "models/base"
+//! experts = ["models/sst2", "models/mnli"]
+//! ```
 
 use super::text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};
 use super::{CommandEvaluator, Evaluator};
@@ -69,6 +79,26 @@ struct SuiteFile {
     model: Option<ModelTable>,
     #[serde(default)]
     task: Vec<TaskTable>,
+    #[serde(default)]
+    models: Option<ModelsTable>,
+}
+
+/// `[models]`: the base and experts the suite's commands use when no --base/--expert is given.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelsTable {
+    base: String,
+    #[serde(default)]
+    experts: Vec<String>,
+}
+
+/// The base and experts a suite names, as paths (relative ones from the suite's folder).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SuiteModels {
+    /// The base checkpoint.
+    pub base: PathBuf,
+    /// The experts, in task order when there is one per task.
+    pub experts: Vec<PathBuf>,
 }
 
 /// `[model]`: a built-in family and how its inputs are found.
@@ -144,6 +174,7 @@ pub struct Suite {
     /// The file it was read from.
     pub path: PathBuf,
     kind: SuiteKind,
+    models: Option<ModelsTable>,
 }
 
 impl Suite {
@@ -190,6 +221,16 @@ impl Suite {
             name: file.name,
             path: path.to_owned(),
             kind,
+            models: file.models,
+        })
+    }
+
+    /// The `[models]` table's base and experts, if the suite has one.
+    pub fn models(&self) -> Option<SuiteModels> {
+        let dir = self.folder();
+        self.models.as_ref().map(|m| SuiteModels {
+            base: dir.join(&m.base),
+            experts: m.experts.iter().map(|e| dir.join(e)).collect(),
         })
     }
 

@@ -12,9 +12,13 @@ use mergescope_engine::device::{Device, DeviceChoice, open_device};
 use mergescope_engine::writer::write_atomic;
 use mergescope_figures::{Figure, render_png, to_csv};
 use mergescope_lab::demo::{Benchmark, resolve_benchmark};
+use mergescope_lab::evaluate::{EvaluatorSpec, open_normalised, suite_models};
+use mergescope_lab::evaluator::Evaluator;
+use mergescope_lab::evaluator::suite::is_suite_path;
 use mergescope_lab::nn::Arch;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
 
 #[derive(Subcommand, Debug)]
 pub enum AnalyzeCommand {
@@ -39,8 +43,9 @@ pub enum AnalyzeCommand {
 /// Where the inputs come from and where the figure goes; shared by every view.
 #[derive(Args, Debug)]
 pub struct Common {
-    /// `demo` (the built demo benchmark of --arch), `demo/<arch>-seed<N>`, or a benchmark
-    /// folder: gives the base and the experts unless --base/--expert are given.
+    /// `demo` (the built demo benchmark of --arch), `demo/<arch>-seed<N>`, a benchmark folder,
+    /// or a suite file (`.toml`): gives the base and the experts unless --base/--expert are
+    /// given (a suite through its [models] table).
     #[arg(long, default_value = "demo", value_name = "SPEC")]
     pub benchmark: String,
     /// Architecture of the demo benchmark: mlp, cnn or vit.
@@ -99,11 +104,36 @@ impl Common {
         if !self.experts.is_empty() {
             bail!("--expert needs --base too (or leave both out to use the benchmark's)");
         }
+        if is_suite_path(&self.benchmark) {
+            let m = suite_models(&self.benchmark)?.with_context(|| {
+                format!(
+                    "suite '{}' names no models: give --base and --expert, or add [models] base = \"...\" and experts = [...] to it",
+                    self.benchmark
+                )
+            })?;
+            return Ok(Models {
+                base: m.base,
+                experts: m.experts,
+            });
+        }
         let bench = self.benchmark()?;
         Ok(Models {
             base: bench.base_path(),
             experts: bench.expert_paths(),
         })
+    }
+
+    /// The evaluator of --benchmark (a demo benchmark or a suite) on --device for `models`,
+    /// with normalised scores (a suite's by its experts when there is one per task).
+    pub fn evaluator(&self, models: &Models, data: Option<&Path>) -> anyhow::Result<Box<dyn Evaluator>> {
+        let mut spec = EvaluatorSpec::new(self.benchmark.clone(), &self.device()?);
+        spec.data = data.map(Path::to_path_buf);
+        Ok(open_normalised(
+            &spec,
+            &models.base,
+            &models.experts,
+            &AtomicBool::new(false),
+        )?)
     }
 
     /// The benchmark of --benchmark and --arch.

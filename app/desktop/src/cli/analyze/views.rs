@@ -8,8 +8,6 @@ use mergescope_lab::analysis::spectrum::{matrix_names, task_spectra};
 use mergescope_lab::analysis::views::{
     Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
 };
-use mergescope_lab::data::{SplitKind, benchmark_tasks};
-use mergescope_lab::evaluator::Evaluator as _;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
@@ -143,22 +141,20 @@ pub struct RadarArgs {
 
 pub fn radar(a: &RadarArgs) -> anyhow::Result<()> {
     a.common.check_outputs()?;
-    let bench = a.common.benchmark()?;
+    let inputs = a.common.models()?;
     let mut files: Vec<PathBuf> = Vec::new();
     if !a.no_base {
-        files.push(bench.base_path());
+        files.push(inputs.base.clone());
     }
     files.extend(a.checkpoints.iter().cloned());
     // One evaluator (task data converted once) for every checkpoint.
-    let device = a.common.device()?;
-    let tasks = benchmark_tasks(a.data.as_deref())?;
-    let evaluator = bench.evaluator(&tasks, None, SplitKind::Test, &device)?;
+    let evaluator = a.common.evaluator(&inputs, a.data.as_deref())?;
     let mut models = Vec::new();
     for f in &files {
         let report = evaluator
             .evaluate_file(f, &AtomicBool::new(false))
-            .with_context(|| format!("cannot evaluate '{}' on '{}'", f.display(), bench.dir.display()))?;
-        let label = if *f == bench.base_path() {
+            .with_context(|| format!("cannot evaluate '{}' on {}", f.display(), evaluator.describe()))?;
+        let label = if *f == inputs.base {
             "base".to_owned()
         } else {
             short_name(f)
