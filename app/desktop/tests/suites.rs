@@ -203,4 +203,27 @@ fn bert_experts_merged_and_scored_like_transformers() {
         (num(1, 2) - t / et).abs() < 1e-12 && (num(2, 2) - v / ev).abs() < 1e-12,
         "{csv}"
     );
+
+    // The task-arithmetic line scores models built in memory: at λ = 0.5 it is the merge above,
+    // at λ = 0 the base.
+    let csv = env.ok(&[
+        "analyze",
+        "landscape",
+        "--benchmark",
+        &suite,
+        "--kind",
+        "ta-line",
+        "--lambdas",
+        "0:0.5:2",
+        "--no-cache",
+        "-q",
+    ]);
+    let values: Vec<f64> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(2).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(values.len(), 2, "{csv}");
+    assert!((values[0] - (bt + bv) / 2.0).abs() < 1e-12, "{csv}");
+    assert!((values[1] - (t + v) / 2.0).abs() < 1e-12, "{csv}");
 }

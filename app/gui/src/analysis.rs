@@ -8,7 +8,7 @@ use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_figures::Figure;
 use mergescope_lab::analysis::landscape::{Metric, MetricKind};
-use mergescope_lab::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
+use mergescope_lab::analysis::landscape_run::{LandscapeKind, LandscapeSource, LandscapeSpec, prepare_landscape};
 use mergescope_lab::analysis::spectrum::{matrix_names, task_spectra};
 use mergescope_lab::analysis::views::{
     Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
@@ -380,7 +380,13 @@ fn compute(
             }
             let (device, _) = open_device(inputs.device);
             let tasks = benchmark_tasks(None)?;
-            let prepared = prepare_landscape(bench, &tasks, &base, &experts, &spec, &device)?;
+            let prepared = prepare_landscape(
+                LandscapeSource::Benchmark(bench, &tasks),
+                &base,
+                &experts,
+                &spec,
+                &device,
+            )?;
             let mut grid = prepared.initial_grid(true);
             let total = grid.cells.len();
             emit(prepared.figure(&grid, &device)?, Some((grid.done(), total)));

@@ -5,7 +5,7 @@
 //! fine, so a preview appears after a few evaluations, and kept in a cache keyed by the inputs.
 
 use crate::demo::cache_dir;
-use crate::evaluator::{BackboneEvaluator, EvalReport};
+use crate::evaluator::{EvalReport, InMemoryEvaluator};
 use crate::nn::Params;
 use candle_core::{Device, Tensor};
 use mergescope_engine::error::{EngineError, Result};
@@ -392,7 +392,7 @@ impl LandscapeGrid {
 /// was computed.
 pub fn fill_grid(
     grid: &mut LandscapeGrid,
-    evaluator: &BackboneEvaluator,
+    evaluator: &dyn InMemoryEvaluator,
     model: &(dyn Fn(usize, usize) -> Result<Params> + Sync),
     on_cell: &mut dyn FnMut(usize, usize, &EvalReport, usize, usize),
     cancel: &AtomicBool,

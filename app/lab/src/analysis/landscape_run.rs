@@ -9,7 +9,7 @@ use super::points::{checkpoint_label, read_iterates};
 use super::views::{LandscapeLabels, landscape_figure, line_figure};
 use crate::data::{SplitKind, TaskData};
 use crate::demo::{Benchmark, load_params};
-use crate::evaluator::{BackboneEvaluator, EvalReport};
+use crate::evaluator::{EvalReport, Evaluator, InMemoryEvaluator};
 use crate::nn::Params;
 use candle_core::Device;
 use mergescope_engine::error::{EngineError, Result};
@@ -87,7 +87,7 @@ impl LandscapeSpec {
 pub struct PreparedLandscape {
     spec: LandscapeSpec,
     families: Vec<AffineFamily>,
-    evaluator: BackboneEvaluator,
+    evaluator: Box<dyn InMemoryEvaluator>,
     xs: Vec<f64>,
     ys: Vec<f64>,
     labels: LandscapeLabels,
@@ -149,37 +149,65 @@ fn reference_lines(bench: &Benchmark, metric: &Metric) -> Vec<(String, f64)> {
     }
 }
 
-/// Loads the models and builds the landscape of `spec` on `bench` (base and experts given,
-/// as files), evaluating with `tasks`' test splits.
+/// What scores a landscape's points.
+pub enum LandscapeSource<'a> {
+    /// A demo benchmark's test splits of `tasks`, with its manifest's reference levels.
+    Benchmark(&'a Benchmark, &'a [TaskData]),
+    /// Any evaluator that scores models in memory (a suite's family); `files` are what it reads
+    /// besides the models (the suite file), for the cache key.
+    Evaluator(&'a dyn Evaluator, Vec<PathBuf>),
+}
+
+/// Loads the models and builds the landscape of `spec` (base and experts given as files),
+/// scored by `source` on its test data.
 pub fn prepare_landscape(
-    bench: &Benchmark,
-    tasks: &[TaskData],
+    source: LandscapeSource<'_>,
     base_path: &Path,
     expert_paths: &[PathBuf],
     spec: &LandscapeSpec,
     device: &Device,
 ) -> Result<PreparedLandscape> {
-    if let Some(t) = &spec.metric.task
-        && !bench.task_names().contains(&t.as_str())
-    {
-        return Err(EngineError::Param(format!(
-            "task '{t}' is not a task of this benchmark; it has: {}",
-            bench.task_names().join(", ")
-        )));
-    }
     if let Some(r) = spec.ranks.iter().find(|r| !(0.0..=1.0).contains(*r)) {
         return Err(EngineError::Param(format!("rank fraction {r} is not in [0, 1]")));
     }
-    let evaluator = bench
-        .evaluator(tasks, None, SplitKind::Test, device)?
-        .subsample(spec.samples)?;
+    let mut inputs = vec![base_path.to_path_buf()];
+    inputs.extend(expert_paths.iter().cloned());
+    let (evaluator, task_names, identity, references): (Box<dyn InMemoryEvaluator>, Vec<String>, String, _) =
+        match source {
+            LandscapeSource::Benchmark(bench, tasks) => (
+                Box::new(
+                    bench
+                        .evaluator(tasks, None, SplitKind::Test, device)?
+                        .subsample(spec.samples)?,
+                ),
+                bench.task_names().iter().map(|t| (*t).to_owned()).collect(),
+                format!("arch={}", bench.manifest.arch),
+                reference_lines(bench, &spec.metric),
+            ),
+            LandscapeSource::Evaluator(ev, files) => {
+                let scorer = ev.in_memory(base_path, spec.samples)?.ok_or_else(|| {
+                    EngineError::Param(format!(
+                        "{} scores only saved files (an external command), so it cannot draw a landscape of thousands of models; use a suite with a built-in [model] family",
+                        ev.describe()
+                    ))
+                })?;
+                inputs.extend(files);
+                (scorer, ev.task_names(), format!("evaluator={}", ev.describe()), vec![])
+            }
+        };
+    if let Some(t) = &spec.metric.task
+        && !task_names.contains(t)
+    {
+        return Err(EngineError::Param(format!(
+            "task '{t}' is not a task of this benchmark; it has: {}",
+            task_names.join(", ")
+        )));
+    }
     let base = load_params(base_path, device)?;
     let experts: Vec<Params> = expert_paths
         .iter()
         .map(|p| load_params(p, device))
         .collect::<Result<_>>()?;
-    let mut inputs = vec![base_path.to_path_buf()];
-    inputs.extend(expert_paths.iter().cloned());
     let mut own_path = None;
     let (families, xs, ys, labels, marks) = match spec.kind {
         LandscapeKind::TaLine => (
@@ -262,12 +290,9 @@ pub fn prepare_landscape(
     } else {
         spec.kind
     };
-    let description = format!(
-        "{family:?} xs={xs:?} ys={ys:?} samples={} arch={}",
-        spec.samples, bench.manifest.arch
-    );
+    let description = format!("{family:?} xs={xs:?} ys={ys:?} samples={} {identity}", spec.samples);
     Ok(PreparedLandscape {
-        references: reference_lines(bench, &spec.metric),
+        references,
         own_path,
         spec: spec.clone(),
         families,
@@ -305,7 +330,7 @@ impl PreparedLandscape {
                 LandscapeKind::Cart | LandscapeKind::CartRank => self.families[r].at(&[self.xs[c]]),
             }
         };
-        let result = fill_grid(grid, &self.evaluator, &model, on_cell, cancel);
+        let result = fill_grid(grid, self.evaluator.as_ref(), &model, on_cell, cancel);
         save_cached(self.spec.cache_root.as_deref(), &self.key, grid)?;
         result
     }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Images per forward pass (bounds the memory of activations).
 const CHUNK: usize = 1000;
 
+#[derive(Clone)]
 struct EvalSet {
     name: String,
     images: Tensor,
@@ -23,6 +24,7 @@ struct EvalSet {
 
 /// Evaluates backbones of one architecture on a fixed set of tasks: the data is converted to
 /// tensors once, so evaluating many candidate models (landscapes, AdaMerging) is cheap.
+#[derive(Clone)]
 pub struct BackboneEvaluator {
     arch: Arch,
     split: SplitKind,
@@ -161,8 +163,8 @@ impl Evaluator for BackboneEvaluator {
         self.evaluate_until(&params, cancel)
     }
 
-    fn in_memory(&self) -> Option<&dyn InMemoryEvaluator> {
-        Some(self)
+    fn in_memory(&self, _like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
+        Ok(Some(Box::new(self.clone().subsample(samples)?)))
     }
 }
 

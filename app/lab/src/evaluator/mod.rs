@@ -22,7 +22,7 @@ mod text_classifier;
 pub(crate) use backbone::score;
 pub use backbone::{BackboneEvaluator, EvalTask};
 pub use command::{CommandEvaluator, parse_metrics_json};
-pub use reference::Normalised;
+pub use reference::{Normalised, References};
 pub use report::{ACCURACY, EvalReport, TaskScore, summarise};
 pub use text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};
 
@@ -40,15 +40,18 @@ pub trait Evaluator: Send + Sync {
     /// Scores the checkpoint at `path` (a file or a shard folder) on every task. `cancel` stops
     /// a long evaluation with [`EngineError::Cancelled`].
     fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport>;
-    /// Scores a model held in memory (landscapes, data-driven methods); `None` when the
-    /// evaluator only scores saved files (an external command).
-    fn in_memory(&self) -> Option<&dyn InMemoryEvaluator> {
-        None
+    /// A scorer of models held in memory (landscapes), keeping at most `samples` examples of
+    /// each task, evenly spaced through it (0: all); `like` is a checkpoint of the same model
+    /// (the base) for what tensors do not carry (config, tokenizer). `None` when the evaluator
+    /// only scores saved files (an external command).
+    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
+        let _ = (like, samples);
+        Ok(None)
     }
 }
 
-/// An evaluator that also scores models held in memory, without writing them out.
-pub trait InMemoryEvaluator {
+/// Scores models held in memory, without writing them out.
+pub trait InMemoryEvaluator: Send + Sync {
     /// Scores `model` (tensors by name, on the evaluator's device) on every task.
     fn evaluate(&self, model: &Params) -> Result<EvalReport>;
 }

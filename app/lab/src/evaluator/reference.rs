@@ -2,16 +2,36 @@
 //! expert scored on its own task gives that task's reference, and every report then carries
 //! headline metric ÷ reference, as the demo benchmark's do.
 
-use super::{EvalReport, Evaluator, summarise};
+use super::{EvalReport, Evaluator, InMemoryEvaluator, summarise};
+use crate::nn::Params;
 use mergescope_engine::error::{EngineError, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
+/// Each task's reference score (its expert's headline score on it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct References(pub BTreeMap<String, f64>);
+
+impl References {
+    /// `report` with every task's normalised score (and their mean) filled in.
+    pub fn apply(&self, report: EvalReport) -> EvalReport {
+        let tasks = report
+            .tasks
+            .into_iter()
+            .map(|mut t| {
+                t.normalized = self.0.get(&t.task).filter(|r| **r > 0.0).map(|r| t.accuracy / r);
+                t
+            })
+            .collect();
+        summarise(report.split, tasks)
+    }
+}
+
 /// An evaluator whose reports are normalised by its experts' scores.
 pub struct Normalised {
     inner: Box<dyn Evaluator>,
-    references: BTreeMap<String, f64>,
+    references: References,
 }
 
 impl Normalised {
@@ -39,29 +59,15 @@ impl Normalised {
             })?;
             references.insert(task.clone(), score);
         }
-        Ok(Normalised { inner, references })
+        Ok(Normalised {
+            inner,
+            references: References(references),
+        })
     }
 
-    /// Each task's reference (its expert's headline score).
-    pub fn references(&self) -> &BTreeMap<String, f64> {
+    /// Each task's reference.
+    pub fn references(&self) -> &References {
         &self.references
-    }
-
-    /// `report` with every task's normalised score (and their mean) filled in.
-    pub fn apply(&self, report: EvalReport) -> EvalReport {
-        let tasks = report
-            .tasks
-            .into_iter()
-            .map(|mut t| {
-                t.normalized = self
-                    .references
-                    .get(&t.task)
-                    .filter(|r| **r > 0.0)
-                    .map(|r| t.accuracy / r);
-                t
-            })
-            .collect();
-        summarise(report.split, tasks)
     }
 }
 
@@ -75,6 +81,27 @@ impl Evaluator for Normalised {
     }
 
     fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
-        Ok(self.apply(self.inner.evaluate_file(path, cancel)?))
+        Ok(self.references.apply(self.inner.evaluate_file(path, cancel)?))
+    }
+
+    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
+        Ok(self.inner.in_memory(like, samples)?.map(|inner| {
+            Box::new(NormalisedInMemory {
+                inner,
+                references: self.references.clone(),
+            }) as Box<dyn InMemoryEvaluator>
+        }))
+    }
+}
+
+/// The in-memory side of [`Normalised`].
+struct NormalisedInMemory {
+    inner: Box<dyn InMemoryEvaluator>,
+    references: References,
+}
+
+impl InMemoryEvaluator for NormalisedInMemory {
+    fn evaluate(&self, model: &Params) -> Result<EvalReport> {
+        Ok(self.references.apply(self.inner.evaluate(model)?))
     }
 }

@@ -4,17 +4,22 @@
 //! model and one batch of activations.
 
 use super::backbone::score_logits;
-use super::{EvalReport, Evaluator, TaskScore, summarise};
+use super::{EvalReport, Evaluator, InMemoryEvaluator, TaskScore, summarise};
 use crate::data::SplitKind;
 use crate::family::bert::{self, BertEncoder, ClassifierHead};
 use crate::family::hf;
 use crate::family::text_data::TextExample;
+use crate::nn::Params;
 use candle_core::{Device, Tensor};
+use candle_transformers::models::bert::Config;
 use mergescope_engine::error::{EngineError, Result};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use tokenizers::Tokenizer;
 
 /// One task: its examples and the head that classifies them.
+#[derive(Clone)]
 pub struct TextTask {
     /// Task name.
     pub name: String,
@@ -40,6 +45,7 @@ pub struct TextModelSpec {
 }
 
 /// Evaluates BERT-family checkpoints on text-classification tasks.
+#[derive(Clone)]
 pub struct TextClassifierEvaluator {
     name: String,
     model: TextModelSpec,
@@ -75,7 +81,7 @@ impl TextClassifierEvaluator {
         &self,
         encoder: &BertEncoder,
         own_head: Option<&ClassifierHead>,
-        tokenizer: &tokenizers::Tokenizer,
+        tokenizer: &Tokenizer,
         pad_id: u32,
         hidden: usize,
         cancel: &AtomicBool,
@@ -155,30 +161,94 @@ impl Evaluator for TextClassifierEvaluator {
     }
 
     fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
-        let config_path = hf::locate(self.model.config.as_deref(), path, "config.json", "config")?;
+        let (config, tokenizer) = self.inputs_for(path)?;
+        let weights = hf::load_weights(path, &self.device)?;
+        self.evaluate_weights(&config, &tokenizer, weights, path, cancel)
+    }
+
+    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
+        let (config, tokenizer) = self.inputs_for(like)?;
+        let mut ev = self.clone();
+        for t in &mut ev.tasks {
+            let n = t.examples.len();
+            if samples > 0 && samples < n {
+                t.examples = (0..samples).map(|i| t.examples[i * n / samples].clone()).collect();
+            }
+        }
+        Ok(Some(Box::new(TextInMemory {
+            ev,
+            config,
+            tokenizer,
+            like: like.to_owned(),
+        })))
+    }
+}
+
+impl TextClassifierEvaluator {
+    /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).
+    fn inputs_for(&self, checkpoint: &Path) -> Result<(Config, Tokenizer)> {
+        let config_path = hf::locate(self.model.config.as_deref(), checkpoint, "config.json", "config")?;
         let config = bert::read_config(&config_path)?;
-        let tokenizer_path = hf::locate(self.model.tokenizer.as_deref(), path, "tokenizer.json", "tokenizer")?;
-        let tokenizer = hf::load_tokenizer(&tokenizer_path, self.model.max_length)?;
+        let tokenizer_path = hf::locate(
+            self.model.tokenizer.as_deref(),
+            checkpoint,
+            "tokenizer.json",
+            "tokenizer",
+        )?;
+        Ok((config, hf::load_tokenizer(&tokenizer_path, self.model.max_length)?))
+    }
+
+    /// Scores a model given as its weights (`source` names it in errors).
+    fn evaluate_weights(
+        &self,
+        config: &Config,
+        tokenizer: &Tokenizer,
+        weights: HashMap<String, Tensor>,
+        source: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<EvalReport> {
         let own_head = if self.tasks.iter().any(|t| t.head.is_none()) {
-            Some(ClassifierHead::load(path, &self.device)?)
+            Some(ClassifierHead::from_weights(&weights, source)?)
         } else {
             None
         };
-        let weights = hf::load_weights(path, &self.device)?;
-        let encoder = BertEncoder::load(&config, weights, &self.device, path)?;
+        let encoder = BertEncoder::load(config, weights, &self.device, source)?;
         if !encoder.has_pooler() {
             return Err(EngineError::invalid(format!(
                 "'{}' has no pooler (pooler.dense.weight), which sequence classification reads; evaluate a BertForSequenceClassification checkpoint or its merge",
-                path.display()
+                source.display()
             )));
         }
         self.score(
             &encoder,
             own_head.as_ref(),
-            &tokenizer,
+            tokenizer,
             config.pad_token_id as u32,
             config.hidden_size,
             cancel,
+        )
+    }
+}
+
+/// [`TextClassifierEvaluator`] on models held in memory: its config and tokenizer resolved
+/// once, its tasks subsampled.
+struct TextInMemory {
+    ev: TextClassifierEvaluator,
+    config: Config,
+    tokenizer: Tokenizer,
+    like: PathBuf,
+}
+
+impl InMemoryEvaluator for TextInMemory {
+    fn evaluate(&self, model: &Params) -> Result<EvalReport> {
+        // Tensors are shared, not copied: the map only names them for the encoder.
+        let weights = model.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
+        self.ev.evaluate_weights(
+            &self.config,
+            &self.tokenizer,
+            weights,
+            &self.like,
+            &AtomicBool::new(false),
         )
     }
 }

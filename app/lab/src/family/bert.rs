@@ -160,6 +160,13 @@ pub struct ClassifierHead {
     hidden: usize,
 }
 
+fn missing_head(path: &Path, name: &str) -> EngineError {
+    EngineError::invalid(format!(
+        "'{}' has no tensor '{name}'; a task's head is the {HEAD_WEIGHT} and {HEAD_BIAS} of its fine-tuned BertForSequenceClassification checkpoint (or a file with just those two)",
+        path.display()
+    ))
+}
+
 /// The tensor names of the head in a `BertForSequenceClassification` checkpoint.
 pub const HEAD_WEIGHT: &str = "classifier.weight";
 /// See [`HEAD_WEIGHT`].
@@ -170,28 +177,29 @@ impl ClassifierHead {
     /// two tensors); only those tensors are read.
     pub fn load(path: &Path, device: &Device) -> Result<ClassifierHead> {
         let c = Checkpoint::open(path)?;
-        let read = |name: &str| -> Result<(Vec<usize>, Vec<f32>)> {
-            let t = c.tensors.get(name).ok_or_else(|| {
-                EngineError::invalid(format!(
-                    "'{}' has no tensor '{name}'; a task's head is the {HEAD_WEIGHT} and {HEAD_BIAS} of its fine-tuned BertForSequenceClassification checkpoint (or a file with just those two)",
-                    path.display()
-                ))
-            })?;
-            Ok((t.shape.clone(), c.read_f32(t)?))
+        let read = |name: &str| -> Result<Tensor> {
+            let t = c.tensors.get(name).ok_or_else(|| missing_head(path, name))?;
+            Ok(Tensor::from_vec(c.read_f32(t)?, t.shape.clone(), device)?)
         };
-        let (ws, w) = read(HEAD_WEIGHT)?;
-        let (bs, b) = read(HEAD_BIAS)?;
+        Self::new(read(HEAD_WEIGHT)?, read(HEAD_BIAS)?, path)
+    }
+
+    /// The head among a model's weights held in memory (`source` names the model in errors).
+    pub fn from_weights(weights: &HashMap<String, Tensor>, source: &Path) -> Result<ClassifierHead> {
+        let get = |name: &str| weights.get(name).cloned().ok_or_else(|| missing_head(source, name));
+        Self::new(get(HEAD_WEIGHT)?, get(HEAD_BIAS)?, source)
+    }
+
+    fn new(weight: Tensor, bias: Tensor, source: &Path) -> Result<ClassifierHead> {
+        let (ws, bs) = (weight.dims().to_vec(), bias.dims().to_vec());
         if ws.len() != 2 || bs != [ws[0]] {
             return Err(EngineError::invalid(format!(
                 "'{}': {HEAD_WEIGHT} {ws:?} and {HEAD_BIAS} {bs:?} are not a [classes, hidden] weight and a [classes] bias",
-                path.display()
+                source.display()
             )));
         }
         Ok(ClassifierHead {
-            linear: Linear::new(
-                Tensor::from_vec(w, (ws[0], ws[1]), device)?,
-                Some(Tensor::from_vec(b, ws[0], device)?),
-            ),
+            linear: Linear::new(weight.to_dtype(DType::F32)?, Some(bias.to_dtype(DType::F32)?)),
             classes: ws[0],
             hidden: ws[1],
         })

@@ -8,8 +8,9 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use mergescope_engine::error::EngineError;
 use mergescope_lab::analysis::landscape::Metric;
-use mergescope_lab::analysis::landscape_run::{LandscapeKind, LandscapeSpec, prepare_landscape};
+use mergescope_lab::analysis::landscape_run::{LandscapeKind, LandscapeSource, LandscapeSpec, prepare_landscape};
 use mergescope_lab::data::benchmark_tasks;
+use mergescope_lab::evaluator::suite::is_suite_path;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -98,7 +99,6 @@ pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
         Kind::Plane => LandscapeKind::Plane,
         Kind::TrajectoryPlane => LandscapeKind::TrajectoryPlane,
     };
-    let bench = a.common.benchmark()?;
     let models = a.common.models()?;
     let mut spec = LandscapeSpec::defaults(kind);
     if let Some(l) = &a.lambdas {
@@ -130,8 +130,21 @@ pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
         spec.through = Some((resolve(first)?, resolve(second)?));
     }
     let device = a.common.device()?;
-    let tasks = benchmark_tasks(a.data.as_deref())?;
-    let prepared = prepare_landscape(&bench, &tasks, &models.base, &models.experts, &spec, &device)?;
+    let prepared = if is_suite_path(&a.common.benchmark) {
+        let evaluator = a.common.evaluator(&models, None)?;
+        let source = LandscapeSource::Evaluator(evaluator.as_ref(), vec![PathBuf::from(&a.common.benchmark)]);
+        prepare_landscape(source, &models.base, &models.experts, &spec, &device)?
+    } else {
+        let bench = a.common.benchmark()?;
+        let tasks = benchmark_tasks(a.data.as_deref())?;
+        prepare_landscape(
+            LandscapeSource::Benchmark(&bench, &tasks),
+            &models.base,
+            &models.experts,
+            &spec,
+            &device,
+        )?
+    };
     let mut grid = prepared.initial_grid(!a.no_cache);
     let cached = grid.done();
     let bar = progress_bar(a.quiet);
