@@ -112,6 +112,46 @@ fn a_command_that_fails_is_reported_with_its_error_output() {
     );
 }
 
+/// The fixture folder of the tiny BERT experts.
+fn bert_fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/families/bert-experts")
+        .canonicalize()
+        .unwrap()
+}
+
+/// Writes a family suite of the BERT experts (with `task_extra` in each [[task]], `{task}`
+/// standing for its name) and returns its path, the fixtures' reference.json and a fixture
+/// path maker.
+fn bert_suite(env: &Env, task_extra: &str) -> (String, serde_json::Value, impl Fn(&str) -> String) {
+    let fx = bert_fixtures();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fx.join("reference.json")).unwrap()).unwrap();
+    let p = move |s: &str| fx.join(s).to_string_lossy().into_owned();
+    let task = |name: &str| {
+        format!(
+            "[[task]]\nname = \"{name}\"\ndata = \"{}\"\nhead = \"{}\"\n{}\n",
+            p(&format!("{name}.jsonl")),
+            p(name),
+            task_extra.replace("{task}", &p(name))
+        )
+    };
+    std::fs::write(
+        env.path("text.toml"),
+        format!(
+            "name = \"text\"\n\n[model]\nfamily = \"bert\"\nconfig = \"{base}/config.json\"\ntokenizer = \"{base}/tokenizer.json\"\n\n\
+             {}{}[models]\nbase = \"{base}\"\nexperts = [\"{}\", \"{}\"]\n",
+            task("topic"),
+            task("verdict"),
+            p("topic"),
+            p("verdict"),
+            base = p("base"),
+        ),
+    )
+    .unwrap();
+    (env.path("text.toml").to_string_lossy().into_owned(), r, p)
+}
+
 /// Real BERT-family experts from transformers (a tiny BERT fine-tuned on two text tasks,
 /// `tests/fixtures/families/bert-experts`, made by `scripts/family-fixtures.py`), merged by
 /// task arithmetic and scored by a family suite with each task's own head: the accuracies are
@@ -119,27 +159,7 @@ fn a_command_that_fails_is_reported_with_its_error_output() {
 #[test]
 fn bert_experts_merged_and_scored_like_transformers() {
     let env = Env::new();
-    let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/bert-experts");
-    let fx = fx.canonicalize().unwrap();
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fx.join("reference.json")).unwrap()).unwrap();
-    let p = |s: &str| fx.join(s).to_string_lossy().into_owned();
-    std::fs::write(
-        env.path("text.toml"),
-        format!(
-            "name = \"text\"\n\n[model]\nfamily = \"bert\"\nconfig = \"{base}/config.json\"\ntokenizer = \"{base}/tokenizer.json\"\n\n\
-             [[task]]\nname = \"topic\"\ndata = \"{topic}\"\nhead = \"{topic_head}\"\n\n\
-             [[task]]\nname = \"verdict\"\ndata = \"{verdict}\"\nhead = \"{verdict_head}\"\n\n\
-             [models]\nbase = \"{base}\"\nexperts = [\"{topic_head}\", \"{verdict_head}\"]\n",
-            base = p("base"),
-            topic = p("topic.jsonl"),
-            topic_head = p("topic"),
-            verdict = p("verdict.jsonl"),
-            verdict_head = p("verdict"),
-        ),
-    )
-    .unwrap();
-    let suite = env.path("text.toml").to_string_lossy().into_owned();
+    let (suite, r, p) = bert_suite(&env, "");
     let accuracies = |j: &serde_json::Value| {
         (
             j["tasks"]["topic"]["accuracy"].as_f64().unwrap(),
@@ -226,4 +246,54 @@ fn bert_experts_merged_and_scored_like_transformers() {
     assert_eq!(values.len(), 2, "{csv}");
     assert!((values[0] - (bt + bv) / 2.0).abs() < 1e-12, "{csv}");
     assert!((values[1] - (t + v) / 2.0).abs() < 1e-12, "{csv}");
+}
+
+/// `compare` on a suite: λ searched on the tasks' calibration data (here the test files, so
+/// that the one candidate, λ = 0.5, is the merge transformers scored), model-level methods left
+/// out, the experts as the individual row.
+#[test]
+fn compare_runs_every_method_on_a_suite() {
+    let env = Env::new();
+    let (suite, r, _) = bert_suite(&env, "calibration = \"{task}.jsonl\"");
+    let out_dir = env.path("cmp").to_string_lossy().into_owned();
+    let out = env.run(&[
+        "compare",
+        "--benchmark",
+        &suite,
+        "--methods",
+        "task-arithmetic,weight-average",
+        "--lambda-grid",
+        "0.5",
+        "--out-dir",
+        &out_dir,
+        "-q",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = std::fs::read_to_string(env.path("cmp/results.csv")).unwrap();
+    let value = |method: &str, task: &str| -> f64 {
+        csv.lines()
+            .find(|l| l.starts_with(&format!("\"{method}\"")) && l.split(',').nth(2) == Some(task))
+            .unwrap_or_else(|| panic!("no {method}/{task} in\n{csv}"))
+            .split(',')
+            .nth(3)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    for task in ["topic", "verdict"] {
+        assert_eq!(
+            value("task-arithmetic", task),
+            r["accuracy"]["task-arithmetic"][task].as_f64().unwrap()
+        );
+        assert_eq!(value("pretrained", task), r["accuracy"]["base"][task].as_f64().unwrap());
+    }
+    assert!(
+        stdout.contains("λ = 0.5 (calibration)") && stdout.contains("Individual (experts)"),
+        "{stdout}"
+    );
 }

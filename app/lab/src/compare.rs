@@ -4,8 +4,10 @@
 
 use crate::data::{SplitKind, TaskData};
 use crate::demo::Benchmark;
-use crate::evaluator::{EvalReport, Evaluator};
+use crate::evaluator::suite::Suite;
+use crate::evaluator::{EvalReport, Evaluator, Normalised};
 use crate::run::{self, TaskSource};
+use candle_core::Device;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Progress};
 use mergescope_engine::plugin::loader::Plugin;
@@ -67,12 +69,89 @@ pub struct MethodResult {
     pub output: PathBuf,
 }
 
+/// What a comparison merges and how it scores the merges.
+pub struct CompareInputs<'a> {
+    /// What the table is about (a benchmark folder or a suite file), for its heading.
+    pub source: PathBuf,
+    /// What the models are: the demo architecture, or the suite's evaluator.
+    pub kind: String,
+    /// The base checkpoint.
+    pub base: PathBuf,
+    /// The experts, in task order.
+    pub experts: Vec<PathBuf>,
+    /// Scores every merge on the test data.
+    pub test: Box<dyn Evaluator + 'a>,
+    /// Scores λ candidates; `None`: methods keep their default λ.
+    pub calibration: Option<Box<dyn Evaluator + 'a>>,
+    /// Each expert's score on its own task, in task order (empty when unknown).
+    pub individual: Vec<f64>,
+    /// The demo benchmark's tasks, which model-level methods run on (`None`: they cannot run).
+    pub tasks: Option<TaskSource<'a>>,
+}
+
+impl<'a> CompareInputs<'a> {
+    /// A demo benchmark's base and experts, test and calibration splits of `task_data`, and the
+    /// experts' test accuracies from its manifest.
+    pub fn of_benchmark(bench: &'a Benchmark, task_data: &'a [TaskData], device: &Device) -> Result<Self> {
+        Ok(CompareInputs {
+            source: bench.dir.clone(),
+            kind: bench.manifest.arch.to_string(),
+            base: bench.base_path(),
+            experts: bench.expert_paths(),
+            test: Box::new(bench.evaluator(task_data, None, SplitKind::Test, device)?),
+            calibration: Some(Box::new(bench.evaluator(
+                task_data,
+                None,
+                SplitKind::Calibration,
+                device,
+            )?)),
+            individual: bench
+                .manifest
+                .tasks
+                .iter()
+                .map(|t| t.expert_accuracy.get(SplitKind::Test))
+                .collect(),
+            tasks: Some(TaskSource {
+                bench,
+                tasks: task_data,
+            }),
+        })
+    }
+
+    /// A suite's base and experts (`experts` one per task, in task order), its test data
+    /// normalised by the experts, and its calibration data when every task has some.
+    pub fn of_suite(
+        suite: &Suite,
+        base: PathBuf,
+        experts: Vec<PathBuf>,
+        device: &Device,
+        cancel: &AtomicBool,
+    ) -> Result<Self> {
+        let test = Normalised::by_experts(suite.evaluator(None, device)?, &experts, cancel)?;
+        let individual = suite
+            .task_names()
+            .iter()
+            .map(|t| test.references().0.get(t).copied().unwrap_or(f64::NAN))
+            .collect();
+        Ok(CompareInputs {
+            source: suite.path.clone(),
+            kind: format!("suite '{}'", suite.name),
+            base,
+            experts,
+            test: Box::new(test),
+            calibration: suite.calibration_evaluator(device)?,
+            individual,
+            tasks: None,
+        })
+    }
+}
+
 /// A finished comparison.
 #[derive(Clone, Debug)]
 pub struct CompareTable {
-    /// Benchmark folder.
+    /// Benchmark folder or suite file.
     pub benchmark: PathBuf,
-    /// Architecture name.
+    /// What the models are (the demo architecture, or the suite).
     pub arch: String,
     /// Task names, in column order.
     pub tasks: Vec<String>,
@@ -84,13 +163,11 @@ pub struct CompareTable {
     pub rows: Vec<MethodResult>,
 }
 
-/// Runs every plugin of `plugins` on `bench` (test evaluation through `task_data`); a method
-/// that fails becomes a row with its error, so one bad plugin does not lose the others.
-/// `progress` receives one line per step.
+/// Runs every plugin of `plugins` on `inputs`; a method that fails becomes a row with its
+/// error, so one bad plugin does not lose the others. `progress` receives one line per step.
 pub fn compare(
     plugins: &[&Plugin],
-    bench: &Benchmark,
-    task_data: &[TaskData],
+    inputs: &CompareInputs<'_>,
     cfg: &CompareConfig,
     opts: &ExecOptions,
     progress: &(dyn Fn(&str) + Sync),
@@ -105,17 +182,9 @@ pub fn compare(
             p.display()
         )));
     }
-    let device = &opts.device;
-    let test = bench.evaluator(task_data, None, SplitKind::Test, device)?;
-    let calibration = bench.evaluator(task_data, None, SplitKind::Calibration, device)?;
+    let test = inputs.test.as_ref();
     progress("evaluating the base");
-    let pretrained = test.evaluate_file(&bench.base_path(), cancel)?;
-    let individual = bench
-        .manifest
-        .tasks
-        .iter()
-        .map(|t| t.expert_accuracy.get(SplitKind::Test))
-        .collect();
+    let pretrained = test.evaluate_file(&inputs.base, cancel)?;
     let mut rows = Vec::new();
     for plugin in plugins {
         if cancel.load(Ordering::Relaxed) {
@@ -126,13 +195,13 @@ pub fn compare(
         let mut lambda = None;
         let run = (|| -> Result<(Value, EvalReport)> {
             let mut params = Map::new();
-            if let Some(grid) = lambda_grid(plugin, &cfg.lambda_grid) {
+            if let (Some(grid), Some(calibration)) = (lambda_grid(plugin, &cfg.lambda_grid), &inputs.calibration) {
                 let scratch = cfg.out_dir.join(format!(".{}.lambda-search.safetensors", plugin.id()));
                 let mut tried = Vec::new();
                 for l in grid {
                     progress(&format!("{}: λ = {l} on calibration data", plugin.id()));
                     let p = Value::Object(Map::from_iter([(LAMBDA_PARAM.to_owned(), Value::from(l))]));
-                    run_one(plugin, bench, task_data, p, cfg.seed, &scratch, opts, cancel, progress)?;
+                    run_one(plugin, inputs, p, cfg.seed, &scratch, opts, cancel, progress)?;
                     tried.push((l, calibration.evaluate_file(&scratch, cancel)?.mean_accuracy));
                 }
                 let _ = std::fs::remove_file(&scratch);
@@ -143,8 +212,7 @@ pub fn compare(
             progress(&format!("{}: merging", plugin.id()));
             let resolved = run_one(
                 plugin,
-                bench,
-                task_data,
+                inputs,
                 Value::Object(params),
                 cfg.seed,
                 &out,
@@ -172,11 +240,11 @@ pub fn compare(
         });
     }
     Ok(CompareTable {
-        benchmark: bench.dir.clone(),
-        arch: bench.manifest.arch.to_string(),
-        tasks: bench.task_names().iter().map(|s| (*s).to_owned()).collect(),
+        benchmark: inputs.source.clone(),
+        arch: inputs.kind.clone(),
+        tasks: test.task_names(),
         pretrained,
-        individual,
+        individual: inputs.individual.clone(),
         rows,
     })
 }
@@ -215,13 +283,12 @@ pub fn choose_lambda(tried: Vec<(f64, f64)>) -> LambdaChoice {
     }
 }
 
-/// One merge of the benchmark's base and experts into `out`; returns the resolved parameters.
+/// One merge of the inputs' base and experts into `out`; returns the resolved parameters.
 /// A model-level method's iterates and progress go to `progress`.
 #[allow(clippy::too_many_arguments)]
 fn run_one(
     plugin: &Plugin,
-    bench: &Benchmark,
-    task_data: &[TaskData],
+    inputs: &CompareInputs<'_>,
     params: Value,
     seed: u64,
     out: &Path,
@@ -229,8 +296,15 @@ fn run_one(
     cancel: &AtomicBool,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Value> {
-    let req = MergeRequest::new(bench.expert_paths(), out)
-        .with_base(Some(bench.base_path()))
+    if plugin.is_model_level() && inputs.tasks.is_none() {
+        return Err(EngineError::Param(format!(
+            "{} is a model-level method: it trains on the demo benchmark's calibration tasks, which {} does not provide",
+            plugin.id(),
+            inputs.kind
+        )));
+    }
+    let req = MergeRequest::new(inputs.experts.clone(), out)
+        .with_base(Some(inputs.base.clone()))
         .with_params(params)
         .with_seed(seed)
         .overwriting(true);
@@ -244,11 +318,7 @@ fn run_one(
         progress: &on_progress,
         log: Observer::silent().log,
     };
-    let tasks = TaskSource {
-        bench,
-        tasks: task_data,
-    };
-    let report = run::merge(plugin, &req, Some(tasks), opts, observer, cancel)?.report;
+    let report = run::merge(plugin, &req, inputs.tasks, opts, observer, cancel)?.report;
     Ok(report.params)
 }
 
@@ -291,15 +361,17 @@ impl CompareTable {
             pct(p.mean_accuracy),
             format!("{} | ", opt_pct(p.mean_normalized)),
         );
-        let ind_avg = self.individual.iter().sum::<f64>() / self.individual.len().max(1) as f64;
-        row(
-            &mut s,
-            "Individual (experts)",
-            "",
-            self.individual.iter().map(|a| pct(*a)).collect(),
-            pct(ind_avg),
-            "100.0 | ".into(),
-        );
+        if !self.individual.is_empty() {
+            let ind_avg = self.individual.iter().sum::<f64>() / self.individual.len() as f64;
+            row(
+                &mut s,
+                "Individual (experts)",
+                "",
+                self.individual.iter().map(|a| pct(*a)).collect(),
+                pct(ind_avg),
+                "100.0 | ".into(),
+            );
+        }
         for r in &self.rows {
             match &r.outcome {
                 Ok(e) => row(

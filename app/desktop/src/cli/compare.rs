@@ -6,19 +6,27 @@ use clap::Args;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
-use mergescope_lab::compare::{CompareConfig, compare, default_lambda_grid};
+use mergescope_lab::compare::{CompareConfig, CompareInputs, compare, default_lambda_grid};
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::resolve_benchmark;
+use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::nn::Arch;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct CompareArgs {
-    /// `demo` (the built demo benchmark of --arch), `demo/<arch>-seed<N>`, or a benchmark folder.
+    /// `demo` (the built demo benchmark of --arch), `demo/<arch>-seed<N>`, a benchmark folder,
+    /// or a suite file (`.toml`; its models from --base/--expert or its [models] table).
     #[arg(long, default_value = "demo", value_name = "SPEC")]
     pub benchmark: String,
+    /// Base checkpoint, with a suite (instead of its [models] table).
+    #[arg(long, value_name = "PATH", requires = "experts")]
+    pub base: Option<PathBuf>,
+    /// Expert checkpoints, one per task of the suite in its order (repeatable).
+    #[arg(long = "expert", value_name = "PATH")]
+    pub experts: Vec<PathBuf>,
     /// Architecture of the demo benchmark: mlp, cnn or vit.
     #[arg(long, default_value = "cnn")]
     pub arch: String,
@@ -77,7 +85,26 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
             .collect::<anyhow::Result<_>>()?,
         None => registry.plugins.clone(),
     };
-    let plugins: Vec<&Plugin> = chosen.iter().map(|p| &**p).collect();
+    let suite = if is_suite_path(&args.benchmark) {
+        Some(Suite::load(Path::new(&args.benchmark))?)
+    } else {
+        if args.base.is_some() {
+            bail!("--base/--expert go with a suite (--benchmark suite.toml); a demo benchmark brings its own models");
+        }
+        None
+    };
+    let mut plugins: Vec<&Plugin> = chosen.iter().map(|p| &**p).collect();
+    if suite.is_some() && args.methods.is_none() {
+        // Model-level methods train on the demo benchmark's tasks; a suite does not offer them.
+        let skipped: Vec<&str> = plugins.iter().filter(|p| p.is_model_level()).map(|p| p.id()).collect();
+        if !skipped.is_empty() {
+            eprintln!(
+                "note: model-level methods need the demo benchmark's calibration tasks; not run on a suite: {}",
+                skipped.join(", ")
+            );
+        }
+        plugins.retain(|p| !p.is_model_level());
+    }
     if plugins.is_empty() {
         bail!("no method plugins found; see `mergescope plugins list`");
     }
@@ -91,11 +118,36 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
             );
         }
     }
-    let bench = resolve_benchmark(&args.benchmark, Some(arch))?;
-    let tasks = benchmark_tasks(None)?;
     let (device, note) = open_device(device_choice);
     if let Some(n) = note {
         eprintln!("warning: {n}");
+    }
+    let cancel = super::cancel_on_ctrl_c();
+    let bench;
+    let tasks;
+    let inputs = match &suite {
+        Some(suite) => {
+            let (base, experts) = match (&args.base, suite.models()) {
+                (Some(b), _) => (b.clone(), args.experts.clone()),
+                (None, Some(m)) => (m.base, m.experts),
+                (None, None) => bail!(
+                    "suite '{}' names no models: give --base and --expert (one per task), or add a [models] table to it",
+                    args.benchmark
+                ),
+            };
+            CompareInputs::of_suite(suite, base, experts, &device, cancel)?
+        }
+        None => {
+            bench = resolve_benchmark(&args.benchmark, Some(arch))?;
+            tasks = benchmark_tasks(None)?;
+            CompareInputs::of_benchmark(&bench, &tasks, &device)?
+        }
+    };
+    if inputs.calibration.is_none() && !lambda_grid.is_empty() {
+        eprintln!(
+            "note: {} has no calibration data (give every [[task]] a calibration file), so λ keeps each method's default",
+            inputs.kind
+        );
     }
     let opts = ExecOptions {
         device,
@@ -116,8 +168,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
         }
         bar.set_message(msg.to_owned());
     };
-    let cancel = super::cancel_on_ctrl_c();
-    let table = compare(&plugins, &bench, &tasks, &cfg, &opts, &progress, cancel);
+    let table = compare(&plugins, &inputs, &cfg, &opts, &progress, cancel);
     bar.finish_and_clear();
     let table = table?;
     for r in &table.rows {
@@ -130,9 +181,14 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     write_atomic(&md_path, &markdown)?;
     write_atomic(&csv_path, &table.csv())?;
     println!(
-        "{} benchmark '{}' (test split; λ chosen on calibration data)\n",
+        "{} on '{}' (test data; {})\n",
         table.arch,
-        bench.dir.display()
+        table.benchmark.display(),
+        if inputs.calibration.is_some() {
+            "λ chosen on calibration data"
+        } else {
+            "default λ"
+        }
     );
     println!("{markdown}");
     eprintln!("tables: {} and {}", md_path.display(), csv_path.display());

@@ -30,6 +30,7 @@
 //! [[task]]
 //! name = "sst2"
 //! data = "data/sst2.jsonl"           # or .csv; fields text, label (and text_pair)
+//! calibration = "data/sst2-val.jsonl" # optional: what `compare` searches λ on
 //! head = "models/sst2"               # its fine-tuned model (classifier.weight/.bias);
 //!                                    # default: the evaluated checkpoint's own head
 //! labels = ["negative", "positive"]  # optional: class names used as labels in the data
@@ -122,6 +123,8 @@ struct ModelTable {
 struct TaskTable {
     name: String,
     data: String,
+    #[serde(default)]
+    calibration: Option<String>,
     #[serde(default)]
     head: Option<String>,
     #[serde(default)]
@@ -339,34 +342,63 @@ impl Suite {
                 output_file: ev.output.clone(),
             })),
             SuiteKind::Family { model, tasks: tables } => {
-                let dir = self.folder();
-                let task_list = tables
+                let chosen: Vec<(&TaskTable, &str)> = tables
                     .iter()
                     .filter(|t| tasks.contains(&t.name))
-                    .map(|t| self.text_task(t, &dir, device))
-                    .collect::<Result<Vec<_>>>()?;
-                let spec = TextModelSpec {
-                    config: model.config.as_ref().map(|p| dir.join(p)),
-                    tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
-                    max_length: model.max_length,
-                    batch_size: model.batch_size,
-                };
-                Ok(Box::new(TextClassifierEvaluator::new(
-                    self.name.clone(),
-                    spec,
-                    task_list,
-                    device,
-                )?))
+                    .map(|t| (t, t.data.as_str()))
+                    .collect();
+                self.family_evaluator(model, &chosen, device)
             }
         }
     }
 
-    /// Reads one `[[task]]`'s data and head; errors say which suite and task.
-    fn text_task(&self, t: &TaskTable, dir: &Path, device: &Device) -> Result<TextTask> {
+    /// The evaluator of the tasks' `calibration` data (what λ searches score on), when every
+    /// task of a family suite has some; `None` otherwise (methods then keep their defaults).
+    pub fn calibration_evaluator(&self, device: &Device) -> Result<Option<Box<dyn Evaluator>>> {
+        let SuiteKind::Family { model, tasks } = &self.kind else {
+            return Ok(None);
+        };
+        let Some(chosen) = tasks
+            .iter()
+            .map(|t| t.calibration.as_deref().map(|c| (t, c)))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(None);
+        };
+        Ok(Some(self.family_evaluator(model, &chosen, device)?))
+    }
+
+    /// A family evaluator of `tasks`, each scored on the data file paired with it.
+    fn family_evaluator(
+        &self,
+        model: &ModelTable,
+        tasks: &[(&TaskTable, &str)],
+        device: &Device,
+    ) -> Result<Box<dyn Evaluator>> {
+        let dir = self.folder();
+        let task_list = tasks
+            .iter()
+            .map(|(t, data)| self.text_task(t, &dir.join(data), &dir, device))
+            .collect::<Result<Vec<_>>>()?;
+        let spec = TextModelSpec {
+            config: model.config.as_ref().map(|p| dir.join(p)),
+            tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
+            max_length: model.max_length,
+            batch_size: model.batch_size,
+        };
+        Ok(Box::new(TextClassifierEvaluator::new(
+            self.name.clone(),
+            spec,
+            task_list,
+            device,
+        )?))
+    }
+
+    /// Reads one `[[task]]`'s examples from `data` and its head; errors say which suite and task.
+    fn text_task(&self, t: &TaskTable, data: &Path, dir: &Path, device: &Device) -> Result<TextTask> {
         let within =
             |e: EngineError| EngineError::Param(format!("suite '{}', [[task]] '{}': {e}", self.path.display(), t.name));
-        let data = dir.join(&t.data);
-        let examples = read_text_task(&data, t.labels.as_deref()).map_err(within)?;
+        let examples = read_text_task(data, t.labels.as_deref()).map_err(within)?;
         let head = match &t.head {
             Some(h) => Some(ClassifierHead::load(&dir.join(h), device).map_err(within)?),
             None => None,
@@ -382,7 +414,7 @@ impl Suite {
         }
         Ok(TextTask {
             name: t.name.clone(),
-            data,
+            data: data.to_owned(),
             examples,
             head,
         })
