@@ -297,3 +297,60 @@ fn compare_runs_every_method_on_a_suite() {
         "{stdout}"
     );
 }
+
+/// `search`: CMA-ES over task arithmetic's per-task weights on the suite's calibration files;
+/// the best candidate is the highest score of the record, and the model merged into --out
+/// scores exactly that (the final merge repeats the best candidate).
+#[test]
+fn search_finds_and_merges_the_best_task_weights() {
+    let env = Env::new();
+    let (suite, _, _) = bert_suite(&env, "calibration = \"{task}.jsonl\"");
+    let out = env.path("best.safetensors").to_string_lossy().into_owned();
+    let args = [
+        "search",
+        "--method",
+        "task-arithmetic",
+        "--search",
+        "task_weights",
+        "--param",
+        "lambda=1",
+        "--benchmark",
+        &suite,
+        "--budget",
+        "18",
+        "--seed",
+        "3",
+        "--out",
+        &out,
+        "-q",
+        "--json",
+    ];
+    let j: serde_json::Value = serde_json::from_str(&env.ok(&args)).unwrap();
+    let history = j["history"].as_array().unwrap();
+    assert_eq!(history.len(), 18);
+    let top = history
+        .iter()
+        .map(|c| c["score"].as_f64().unwrap())
+        .fold(f64::MIN, f64::max);
+    let best = j["best"]["score"].as_f64().unwrap();
+    assert_eq!(best, top);
+    let weights = j["best"]["params"]["task_weights"].as_array().unwrap();
+    assert_eq!(weights.len(), 2);
+    assert!(weights.iter().all(|w| (0.0..=1.5).contains(&w.as_f64().unwrap())));
+    let scored: serde_json::Value =
+        serde_json::from_str(&env.ok(&["eval", "--benchmark", &suite, "--checkpoint", &out, "--json"])).unwrap();
+    assert_eq!(scored["average"]["accuracy"].as_f64().unwrap(), best);
+    assert!(env.path("best.search.json").is_file());
+    // The same seed gives the same search; an existing output is not overwritten.
+    let e = env.fails(&args);
+    assert!(e.contains("exists") && e.contains("--overwrite"), "{e}");
+    let mut again = args.to_vec();
+    again.push("--overwrite");
+    let k: serde_json::Value = serde_json::from_str(&env.ok(&again)).unwrap();
+    assert_eq!(k["best"], j["best"]);
+    // Mistakes name the parameter and the fix.
+    let mut bad = again.clone();
+    bad[4] = "nope";
+    let e = env.fails(&bad);
+    assert!(e.contains("no parameter 'nope'") && e.contains("task_weights"), "{e}");
+}

@@ -23,6 +23,7 @@ pub mod model_merge;
 pub mod nn;
 pub mod run;
 pub mod scaling;
+pub mod search;
 pub mod session;
 pub mod train;
 

@@ -78,7 +78,7 @@ pub struct MergeArgs {
     pub benchmark: Option<String>,
 }
 
-fn parse_params(items: &[String]) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+pub(crate) fn parse_params(items: &[String]) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
     let mut map = serde_json::Map::new();
     for item in items {
         let Some((k, v)) = item.split_once('=') else {

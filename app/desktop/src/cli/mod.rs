@@ -9,6 +9,7 @@ mod gui;
 mod inspect;
 mod merge;
 mod plugins;
+mod search;
 mod sweep;
 
 use clap::{Parser, Subcommand};
@@ -54,6 +55,9 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Run every method on a benchmark and write a results table (Markdown and CSV).
     Compare(compare::CompareArgs),
+    /// Search a method's coefficients (per task, λ, λ across layers) with CMA-ES, each
+    /// candidate merged and scored on calibration data; the best is merged into --out.
+    Search(search::SearchArgs),
     /// Analysis views headless: PCA, cosine, spectrum, radar, landscape (PNG and CSV).
     Analyze {
         #[command(subcommand)]
@@ -118,6 +122,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Some(Command::Demo { command }) => demo::run(command),
         Some(Command::Eval(args)) => eval::run(&args),
         Some(Command::Compare(args)) => compare::run(&cli.plugin_dirs, args),
+        Some(Command::Search(args)) => search::run(&cli.plugin_dirs, args),
         Some(Command::Analyze { command }) => analyze::run(&command),
         Some(Command::Sweep(args)) => sweep::run(&cli.plugin_dirs, args),
         Some(Command::Gui(args)) => gui::run(&cli.plugin_dirs, &args),
