@@ -44,6 +44,72 @@ pub struct CommandEvaluator {
     /// Read the metrics from this file (`{model}` substituted, relative to `workdir`) instead
     /// of standard output.
     pub output_file: Option<String>,
+    /// Hand the command a Hugging Face folder instead of the bare checkpoint: the candidate's
+    /// weights beside this folder's config, tokenizer and other non-weight files (what
+    /// `transformers` and lm-evaluation-harness load).
+    pub model_folder: Option<PathBuf>,
+}
+
+/// Extensions of weight files, which a staged folder takes from the candidate, never from the
+/// model folder.
+const WEIGHT_EXTENSIONS: &[&str] = &["safetensors", "bin", "pt", "pth", "ckpt", "gguf", "h5", "msgpack"];
+
+fn is_weight_file(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.ends_with(".index.json")
+        || Path::new(&lower)
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| WEIGHT_EXTENSIONS.contains(&e))
+}
+
+/// Puts `to` in place as a link to `from` (a hard link, else a symbolic link, else a copy):
+/// the candidate's weights are never copied when the file system allows otherwise.
+fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
+    if std::fs::hard_link(from, to).is_ok() {
+        return Ok(());
+    }
+    #[cfg(unix)]
+    if let Ok(abs) = std::fs::canonicalize(from)
+        && std::os::unix::fs::symlink(abs, to).is_ok()
+    {
+        return Ok(());
+    }
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .map_err(|e| EngineError::io("copy", from, e))
+}
+
+/// A temporary Hugging Face folder holding `weights` (a `.safetensors` file, as
+/// `model.safetensors`, or a shard folder's files) and every non-weight file of `support`;
+/// removed when dropped.
+pub fn stage_hf_folder(weights: &Path, support: &Path) -> Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix("mergescope-candidate-")
+        .tempdir()
+        .map_err(|e| EngineError::io("create a temporary folder in", std::env::temp_dir(), e))?;
+    let entries = std::fs::read_dir(support).map_err(|e| EngineError::io("read the model folder", support, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| EngineError::io("read the model folder", support, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.path().is_file() && !is_weight_file(&name) {
+            std::fs::copy(entry.path(), dir.path().join(&name))
+                .map_err(|e| EngineError::io("copy", entry.path(), e))?;
+        }
+    }
+    if weights.is_dir() {
+        let shards = std::fs::read_dir(weights).map_err(|e| EngineError::io("read", weights, e))?;
+        for entry in shards {
+            let entry = entry.map_err(|e| EngineError::io("read", weights, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if is_weight_file(&name) {
+                link_or_copy(&entry.path(), &dir.path().join(&name))?;
+            }
+        }
+    } else {
+        link_or_copy(weights, &dir.path().join("model.safetensors"))?;
+    }
+    Ok(dir)
 }
 
 impl CommandEvaluator {
@@ -146,6 +212,11 @@ impl Evaluator for CommandEvaluator {
     }
 
     fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
+        let staged = match &self.model_folder {
+            Some(folder) => Some(stage_hf_folder(path, folder)?),
+            None => None,
+        };
+        let path = staged.as_ref().map_or(path, |d| d.path());
         let stdout = self.run(path, cancel)?;
         let (text, source) = match &self.output_file {
             Some(f) => {

@@ -8,7 +8,9 @@
 //! command = ["python3", "score.py", "{model}"]
 //! metric = "accuracy"
 //! tasks = ["task_a", "task_b", "task_c"]
-//! # optional: timeout_s = 3600, output = "results/{model}.json" (read instead of stdout)
+//! # optional: timeout_s = 3600, output = "results/{model}.json" (read instead of stdout),
+//! # model_folder = "models/base" ({model} is then a Hugging Face folder: the candidate's
+//! # weights with that folder's config and tokenizer)
 //! ```
 //!
 //! The command runs in the suite file's folder with `{model}` replaced by the checkpoint's path
@@ -159,6 +161,8 @@ struct EvaluatorTable {
     timeout_s: u64,
     #[serde(default)]
     output: Option<String>,
+    #[serde(default)]
+    model_folder: Option<String>,
 }
 
 fn default_metric() -> String {
@@ -210,6 +214,18 @@ impl Suite {
                     ));
                 }
                 Self::check_command(&ev, &at)?;
+                if let Some(f) = &ev.model_folder {
+                    let dir = path.parent().unwrap_or(Path::new(".")).join(f);
+                    if !dir.join("config.json").is_file() {
+                        return Err(at(
+                            "[evaluator] model_folder",
+                            format!(
+                                "'{}' has no config.json; name the base model's Hugging Face folder, whose config and tokenizer go beside each candidate",
+                                dir.display()
+                            ),
+                        ));
+                    }
+                }
                 SuiteKind::Command(ev)
             }
             (None, Some(model)) => {
@@ -340,6 +356,7 @@ impl Suite {
                 tasks,
                 timeout: Duration::from_secs(ev.timeout_s),
                 output_file: ev.output.clone(),
+                model_folder: ev.model_folder.as_ref().map(|f| self.folder().join(f)),
             })),
             SuiteKind::Family { model, tasks: tables } => {
                 let chosen: Vec<(&TaskTable, &str)> = tables
@@ -495,6 +512,42 @@ mod tests {
         assert!(e.contains("standard output") && e.contains("no JSON object"), "{e}");
         let e = run(&suite(r#"["no-such-program-mergescope", "{model}"]"#, ""));
         assert!(e.contains("cannot start") && e.contains("PATH"), "{e}");
+    }
+
+    /// With `model_folder`, the command gets a Hugging Face folder: the candidate's weights as
+    /// model.safetensors beside the folder's config and tokenizer (never its weights), removed
+    /// after the command ran.
+    #[test]
+    fn a_model_folder_hands_the_command_a_hugging_face_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base");
+        std::fs::create_dir(&base).unwrap();
+        write(&base, "config.json", "{\"model_type\": \"llama\"}");
+        write(&base, "tokenizer.json", "{}");
+        write(&base, "model.safetensors", "the base's weights");
+        write(
+            dir.path(),
+            "score.py",
+            "import sys, os, json\nm = sys.argv[1]\nopen('seen.txt', 'w').write(m)\n\
+             files = sorted(os.listdir(m))\nw = open(os.path.join(m, 'model.safetensors')).read()\n\
+             print(json.dumps({'a': {'accuracy': len(files), 'weights': float(w == 'candidate')}}))\n",
+        );
+        let suite = write(
+            dir.path(),
+            "s.toml",
+            "name = \"s\"\n[evaluator]\ncommand = [\"python3\", \"score.py\", \"{model}\"]\ntasks = [\"a\"]\nmodel_folder = \"base\"\n",
+        );
+        let model = write(dir.path(), "merged.safetensors", "candidate");
+        let ev = Suite::load(&suite).unwrap().evaluator(None, &Device::Cpu).unwrap();
+        let r = ev.evaluate_file(&model, &AtomicBool::new(false)).unwrap();
+        // config.json, tokenizer.json and the candidate's model.safetensors.
+        assert_eq!(r.tasks[0].accuracy, 3.0);
+        assert_eq!(r.tasks[0].metrics["weights"], 1.0);
+        let seen = std::fs::read_to_string(dir.path().join("seen.txt")).unwrap();
+        assert!(!Path::new(&seen).exists(), "{seen} was left behind");
+        std::fs::remove_file(base.join("config.json")).unwrap();
+        let e = Suite::load(&suite).unwrap_err().to_string();
+        assert!(e.contains("model_folder") && e.contains("config.json"), "{e}");
     }
 
     #[test]
