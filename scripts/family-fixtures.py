@@ -14,6 +14,15 @@ What it makes, under OUT_DIR (the repository keeps them in tests/fixtures/famili
                              (topic.jsonl, verdict.jsonl) and reference.json: transformers'
                              accuracy of the base, each expert and their task-arithmetic merge
                              (lambda 0.5) on each task with that task's head
+  clip-tiny/                 a random-init CLIPModel (32-pixel images, patch 8, 2 layers per
+                             tower) with a word-level tokenizer.json, 12 PNGs in images/<class>/
+                             and reference.json: transformers' zero-shot logits of every image
+                             against "a photo of a {class}." and their accuracy
+  clip-experts/              the tiny CLIP (base/) with its image tower fine-tuned on two image
+                             tasks (experts in shapes/ and brightness/, each task's test images
+                             in data/<task>/<class>/) and reference.json:
+                             transformers' zero-shot accuracy of the base, each expert and their
+                             task-arithmetic merge (lambda 0.5) on each task
   minilm-embeddings.json     (with --minilm DIR) sentence embeddings of all-MiniLM-L6-v2
                              (mean over the attention mask of the last hidden state, then
                              L2-normalised), as sentence-transformers defines them
@@ -138,6 +147,7 @@ def generate(out: str, minilm: str | None) -> None:
         f.write("\n")
 
     make_experts(out, model, tok, folder)
+    make_clip(out)
 
     if minilm:
         from transformers import AutoModel, AutoTokenizer
@@ -247,6 +257,214 @@ def make_experts(out: str, base, tok, base_folder: str) -> None:
     reference = {
         "transformers": __import__("transformers").__version__,
         "merge": "task arithmetic, lambda = 0.5, every tensor (heads from each task's expert)",
+        "accuracy": {
+            "base": {t: accuracy(b, t) for t in tasks},
+            **{e: {t: accuracy(experts[e].state_dict(), t) for t in tasks} for e in tasks},
+            "task-arithmetic": {t: accuracy(merged, t) for t in tasks},
+        },
+    }
+    with open(os.path.join(folder, "reference.json"), "w") as f:
+        json.dump(reference, f, indent=1)
+        f.write("\n")
+
+
+CLIP_CLASSES = ["circle", "square", "stripes"]
+CLIP_WORDS = ["a", "photo", "of", "the", "shape", "circle", "square", "stripes", "picture"]
+
+
+def clip_image(kind: str, k: int, size: int = 32):
+    """A small RGB picture of a circle, a square or stripes, varied by k (uint8, HWC)."""
+    import numpy as np
+
+    rng = np.random.default_rng(1000 * CLIP_CLASSES.index(kind) + k)
+    y, x = np.mgrid[0:size, 0:size]
+    c = size / 2 + rng.uniform(-3, 3, 2)
+    if kind == "circle":
+        mask = (x - c[0]) ** 2 + (y - c[1]) ** 2 < (size / 3.5) ** 2
+    elif kind == "square":
+        mask = (abs(x - c[0]) < size / 4) & (abs(y - c[1]) < size / 4)
+    else:
+        mask = ((x + k) // 4) % 2 == 0
+    fg = rng.integers(120, 256, 3)
+    bg = rng.integers(0, 100, 3)
+    img = np.where(mask[..., None], fg, bg) + rng.integers(0, 20, (size, size, 3))
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def make_clip(out: str) -> None:
+    """A tiny random-init CLIPModel (image 32, patch 8, 2 layers per tower) with a word-level
+    tokenizer whose end-of-text token has the largest id (CLIP pools the text at the largest id,
+    as candle does, or at eos_token_id, as transformers does: the same token here), 12 PNG
+    images in one folder per class, and transformers' zero-shot logits of every image against
+    the prompts "a photo of a {class}." (the CLIP preprocessing of a 32-pixel image is only the
+    rescale and normalisation, computed here with numpy)."""
+    import numpy as np
+    import torch
+    import transformers
+    from PIL import Image
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, normalizers
+    from transformers import CLIPConfig, CLIPModel
+
+    folder = os.path.join(out, "clip-tiny")
+    os.makedirs(folder, exist_ok=True)
+    vocab = {"[PAD]": 0, "[UNK]": 1}
+    for w in CLIP_WORDS + ["."]:
+        vocab[w] = len(vocab)
+    vocab["<|startoftext|>"] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    bos, eos = vocab["<|startoftext|>"], vocab["<|endoftext|>"]
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tk.normalizer = normalizers.Lowercase()
+    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
+    tk.post_processor = processors.TemplateProcessing(
+        single="<|startoftext|> $A <|endoftext|>",
+        special_tokens=[("<|startoftext|>", bos), ("<|endoftext|>", eos)],
+    )
+    tk.save(os.path.join(folder, "tokenizer.json"))
+    torch.manual_seed(20261126)
+    config = CLIPConfig(
+        text_config=dict(
+            vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=16, bos_token_id=bos, eos_token_id=eos,
+            pad_token_id=0,
+        ),
+        vision_config=dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            image_size=32, patch_size=8,
+        ),
+        projection_dim=16,
+    )
+    model = CLIPModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(folder, safe_serialization=True)
+    mean = np.array([0.48145466, 0.4578275, 0.40821073])
+    std = np.array([0.26862954, 0.26130258, 0.27577711])
+    files, labels, pixels = [], [], []
+    for ci, kind in enumerate(CLIP_CLASSES):
+        os.makedirs(os.path.join(folder, "images", kind), exist_ok=True)
+        for k in range(4):
+            img = clip_image(kind, k)
+            name = os.path.join("images", kind, f"{k}.png")
+            Image.fromarray(img).save(os.path.join(folder, name))
+            files.append(name)
+            labels.append(ci)
+            pixels.append(((img / 255.0 - mean) / std).transpose(2, 0, 1))
+    prompts = [f"a photo of a {c}." for c in CLIP_CLASSES]
+    ids = [tk.encode(p).ids for p in prompts]
+    width = max(len(i) for i in ids)
+    input_ids = torch.tensor([i + [0] * (width - len(i)) for i in ids])
+    with torch.no_grad():
+        logits = model(
+            pixel_values=torch.tensor(np.array(pixels), dtype=torch.float32),
+            input_ids=input_ids,
+            attention_mask=(input_ids != 0).long(),
+        ).logits_per_image.float()
+    pred = logits.argmax(-1).tolist()
+    reference = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "classes": CLIP_CLASSES,
+        "template": "a photo of a {}.",
+        "prompt_ids": ids,
+        "images": files,
+        "labels": labels,
+        "logits_per_image": logits.tolist(),
+        "accuracy": sum(int(p == l) for p, l in zip(pred, labels)) / len(labels),
+    }
+    with open(os.path.join(folder, "reference.json"), "w") as f:
+        json.dump(reference, f, indent=1)
+        f.write("\n")
+    make_clip_experts(out, model, tk, mean, std)
+
+
+def make_clip_experts(out: str, base, tk, mean, std) -> None:
+    """Fine-tunes the tiny CLIP's image tower (text tower frozen, zero-shot heads from the
+    prompts "a photo of a {class}.") on two image tasks, shapes (circle / square / stripes) and
+    brightness of the shape (dark / bright), and records transformers' accuracy of the base, each
+    expert and their task-arithmetic merge (lambda 0.5) on each task's test images."""
+    import copy
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    folder = os.path.join(out, "clip-experts")
+    os.makedirs(folder, exist_ok=True)
+    tasks = {"shapes": ["circle", "square", "stripes"], "brightness": ["dark", "bright"]}
+    # Brightness classes need words of their own in the tokenizer: reuse "shape" / "picture".
+    prompt_words = {"dark": "shape", "bright": "picture"}
+
+    def sample(task: str, k: int):
+        rng = np.random.default_rng(7000 + k + (0 if task == "shapes" else 500))
+        kind = CLIP_CLASSES[k % 3] if task == "shapes" else CLIP_CLASSES[rng.integers(3)]
+        img = clip_image(kind, 100 + k).astype(np.float64)
+        label = k % 3 if task == "shapes" else k % 2
+        if task == "brightness":
+            img = img * (0.35 if label == 0 else 1.0)
+        return np.clip(img, 0, 255).astype(np.uint8), label
+
+    def pix(img):
+        return ((img / 255.0 - mean) / std).transpose(2, 0, 1)
+
+    def head(model, task):
+        names = [prompt_words.get(c, c) for c in tasks[task]]
+        ids = [tk.encode(f"a photo of a {n}.").ids for n in names]
+        width = max(len(i) for i in ids)
+        input_ids = torch.tensor([i + [0] * (width - len(i)) for i in ids])
+        return input_ids
+
+    def logits(model, task, images):
+        input_ids = head(model, task)
+        return model(
+            pixel_values=torch.tensor(np.array([pix(i) for i in images]), dtype=torch.float32),
+            input_ids=input_ids,
+            attention_mask=(input_ids != 0).long(),
+        ).logits_per_image
+
+    data = {}
+    for task, classes in tasks.items():
+        train = [sample(task, k) for k in range(36)]
+        test = [sample(task, 1000 + k) for k in range(18)]
+        data[task] = (train, test)
+        for c in classes:
+            os.makedirs(os.path.join(folder, "data", task, prompt_words.get(c, c)), exist_ok=True)
+        for k, (img, label) in enumerate(test):
+            name = prompt_words.get(classes[label], classes[label])
+            Image.fromarray(img).save(os.path.join(folder, "data", task, name, f"{k:02d}.png"))
+    base.save_pretrained(os.path.join(folder, "base"), safe_serialization=True)
+    tk.save(os.path.join(folder, "base", "tokenizer.json"))
+    experts = {}
+    for k, task in enumerate(tasks):
+        m = copy.deepcopy(base).train()
+        torch.manual_seed(31 + k)
+        params = [p for n, p in m.named_parameters() if n.startswith("vision_model.") or n.startswith("visual_projection")]
+        opt = torch.optim.AdamW(params, lr=2e-3)
+        train = data[task][0]
+        y = torch.tensor([l for _, l in train])
+        for _ in range(40):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(logits(m, task, [i for i, _ in train]), y)
+            loss.backward()
+            opt.step()
+        m.eval().save_pretrained(os.path.join(folder, task), safe_serialization=True)
+        experts[task] = m
+
+    def accuracy(state, task):
+        m = copy.deepcopy(base)
+        m.load_state_dict(state)
+        test = data[task][1]
+        with torch.no_grad():
+            pred = logits(m.eval(), task, [i for i, _ in test]).argmax(-1).tolist()
+        return sum(int(p == l) for p, (_, l) in zip(pred, test)) / len(test)
+
+    b = base.state_dict()
+    merged = {k: b[k] + 0.5 * sum(experts[t].state_dict()[k] - b[k] for t in tasks) for k in b}
+    reference = {
+        "transformers": __import__("transformers").__version__,
+        "merge": "task arithmetic, lambda = 0.5, every tensor; zero-shot heads from the base's text tower",
+        "classes": {t: [prompt_words.get(c, c) for c in cs] for t, cs in tasks.items()},
         "accuracy": {
             "base": {t: accuracy(b, t) for t in tasks},
             **{e: {t: accuracy(experts[e].state_dict(), t) for t in tasks} for e in tasks},

@@ -354,3 +354,107 @@ fn search_finds_and_merges_the_best_task_weights() {
     let e = env.fails(&bad);
     assert!(e.contains("no parameter 'nope'") && e.contains("task_weights"), "{e}");
 }
+
+/// CLIP experts from transformers (a tiny CLIP whose image tower was fine-tuned on two image
+/// tasks, `tests/fixtures/families/clip-experts`): a clip suite with zero-shot heads from the
+/// base scores the base, each expert and their task-arithmetic merge exactly as transformers
+/// does, and the merge's landscape and comparison run on the same suite.
+#[test]
+fn clip_experts_merged_and_scored_like_transformers() {
+    let env = Env::new();
+    let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/families/clip-experts")
+        .canonicalize()
+        .unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fx.join("reference.json")).unwrap()).unwrap();
+    let p = |s: &str| fx.join(s).to_string_lossy().into_owned();
+    std::fs::write(
+        env.path("clip.toml"),
+        format!(
+            "name = \"clip\"\n\n[model]\nfamily = \"clip\"\nzeroshot_from = \"{base}\"\n\n\
+             [[task]]\nname = \"shapes\"\ndata = \"{shapes}\"\n\n\
+             [[task]]\nname = \"brightness\"\ndata = \"{brightness}\"\nlabels = [\"shape\", \"picture\"]\n\n\
+             [models]\nbase = \"{base}\"\nexperts = [\"{e1}\", \"{e2}\"]\n",
+            base = p("base"),
+            shapes = p("data/shapes"),
+            brightness = p("data/brightness"),
+            e1 = p("shapes"),
+            e2 = p("brightness"),
+        ),
+    )
+    .unwrap();
+    let suite = env.path("clip.toml").to_string_lossy().into_owned();
+    let got = |j: &serde_json::Value| {
+        (
+            j["tasks"]["shapes"]["accuracy"].as_f64().unwrap(),
+            j["tasks"]["brightness"]["accuracy"].as_f64().unwrap(),
+        )
+    };
+    let want = |m: &str| {
+        (
+            r["accuracy"][m]["shapes"].as_f64().unwrap(),
+            r["accuracy"][m]["brightness"].as_f64().unwrap(),
+        )
+    };
+    for model in ["base", "shapes", "brightness"] {
+        let j: serde_json::Value =
+            serde_json::from_str(&env.ok(&["eval", "--benchmark", &suite, "--checkpoint", &p(model), "--json"])).unwrap();
+        assert_eq!(got(&j), want(model), "{model}");
+    }
+    let merged = env.path("ta.safetensors").to_string_lossy().into_owned();
+    let text = env.ok(&[
+        "merge",
+        "--method",
+        "task-arithmetic",
+        "--base",
+        &p("base"),
+        "--expert",
+        &p("shapes"),
+        "--expert",
+        &p("brightness"),
+        "--param",
+        "lambda=0.5",
+        "--out",
+        &merged,
+        "--eval",
+        "--benchmark",
+        &suite,
+        "--json",
+        "-q",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (t, b) = want("task-arithmetic");
+    assert_eq!(got(&j["eval"]), (t, b), "{text}");
+    // The TA line through the same λ, models built in memory, images decoded once.
+    let csv = env.ok(&[
+        "analyze",
+        "landscape",
+        "--benchmark",
+        &suite,
+        "--kind",
+        "ta-line",
+        "--lambdas",
+        "0.5:0.5:1",
+        "--no-cache",
+        "-q",
+    ]);
+    let v: f64 = csv.lines().nth(1).unwrap().split(',').nth(2).unwrap().parse().unwrap();
+    assert!((v - (t + b) / 2.0).abs() < 1e-12, "{csv}");
+    // CART's rank × λ grid runs on the suite too (two experts: every point is their mean).
+    let csv = env.ok(&[
+        "analyze",
+        "landscape",
+        "--benchmark",
+        &suite,
+        "--kind",
+        "cart",
+        "--ranks",
+        "0.5,1",
+        "--lambdas",
+        "0:1:3",
+        "--no-cache",
+        "-q",
+    ]);
+    assert_eq!(csv.lines().count(), 1 + 6, "{csv}");
+}

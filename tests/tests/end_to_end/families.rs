@@ -245,3 +245,145 @@ fn real_minilm_embeddings_match_transformers() {
     );
     assert!(worst <= 1e-4, "max |diff| {worst}");
 }
+
+/// The tiny CLIP's zero-shot logits (image tower, visual projection, text tower on the prompts
+/// "a photo of a {class}.", scaled cosines) agree with transformers' `logits_per_image`, and a
+/// clip suite over its image folders scores their accuracy and cross-entropy.
+#[test]
+fn clip_zero_shot_logits_match_transformers() {
+    use mergescope_lab::family::clip::{self, ImageEncoder, TextEncoder};
+    use mergescope_lab::family::image_data::{ImageExample, pixels};
+    let dir = fixtures().join("clip-tiny");
+    let r = json(&dir.join("reference.json"));
+    let dev = Device::Cpu;
+    let config = clip::read_config(&dir.join("config.json")).unwrap();
+    let weights = clip::canonical(hf::load_weights(&dir, &dev).unwrap());
+    let tokenizer = hf::load_tokenizer(&dir.join("tokenizer.json"), 16).unwrap();
+    let classes: Vec<String> = r["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+    for (class, want) in classes.iter().zip(r["prompt_ids"].as_array().unwrap()) {
+        let got = tokenizer.encode(format!("a photo of a {class}."), true).unwrap();
+        let want: Vec<u32> = want
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(got.get_ids(), want.as_slice(), "{class}");
+    }
+    let text = TextEncoder::load(&config, &weights, &dev, &dir).unwrap();
+    let head = text
+        .zero_shot_head(&tokenizer, &classes, &["a photo of a {}.".to_owned()], &dev)
+        .unwrap();
+    let images: Vec<ImageExample> = r["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(r["labels"].as_array().unwrap())
+        .map(|(p, l)| ImageExample {
+            path: dir.join(p.as_str().unwrap()),
+            label: l.as_u64().unwrap() as usize,
+        })
+        .collect();
+    let image = ImageEncoder::load(&config, &weights, None, &dev, &dir).unwrap();
+    let scale = clip::logit_scale(&config, &weights, None).unwrap();
+    let x = pixels(&images, config.vision.image_size, &dev).unwrap();
+    let logits = clip::logits(&image.features(&x).unwrap(), &head, scale)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let mut worst = 0f64;
+    let (mut correct, mut loss) = (0usize, 0f64);
+    for ((got, want), label) in logits
+        .iter()
+        .zip(r["logits_per_image"].as_array().unwrap())
+        .zip(&images)
+    {
+        let want = floats(want);
+        for (g, w) in got.iter().zip(&want) {
+            worst = worst.max((f64::from(*g) - w).abs());
+        }
+        let best = (0..want.len()).max_by(|a, b| want[*a].total_cmp(&want[*b])).unwrap();
+        correct += usize::from(best == label.label);
+        let m = want.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        loss += m + want.iter().map(|v| (v - m).exp()).sum::<f64>().ln() - want[label.label];
+    }
+    println!(
+        "clip-tiny: max |logit - transformers| = {worst:.2e} over {} images",
+        images.len()
+    );
+    assert!(worst <= 1e-4, "max |diff| {worst}");
+    let n = images.len() as f64;
+    assert_eq!(correct as f64 / n, r["accuracy"].as_f64().unwrap());
+
+    // The same through a suite, as `mergescope eval --benchmark clip.toml` runs it.
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = tmp.path().join("clip.toml");
+    std::fs::write(
+        &suite,
+        format!(
+            "name = \"shapes\"\n\n[model]\nfamily = \"clip\"\nbatch_size = 5\n\n[[task]]\nname = \"shapes\"\ndata = \"{}\"\n",
+            dir.join("images").display()
+        ),
+    )
+    .unwrap();
+    let opened = open(&EvaluatorSpec::new(suite.display().to_string(), &dev), None).unwrap();
+    let report = opened.evaluator.evaluate_file(&dir, &AtomicBool::new(false)).unwrap();
+    let t = &report.tasks[0];
+    assert_eq!((t.examples, t.accuracy), (images.len(), correct as f64 / n));
+    assert!(
+        (t.loss.unwrap() - loss / n).abs() < 1e-5,
+        "{} vs {}",
+        t.loss.unwrap(),
+        loss / n
+    );
+    // A vision-only checkpoint (as FusionBench's fine-tunes) takes its projection, logit scale
+    // and zero-shot heads from zeroshot_from: same numbers.
+    let vision_only = tmp.path().join("vision.safetensors");
+    {
+        use mergescope_engine::checkpoint::Checkpoint;
+        use mergescope_engine::dtype::{DType, encode_f32};
+        use mergescope_engine::writer::{OutputTensor, OutputWriter};
+        let c = Checkpoint::open(&dir.join("model.safetensors")).unwrap();
+        let keep: Vec<_> = c
+            .tensors
+            .values()
+            .filter(|t| t.name.starts_with("vision_model."))
+            .collect();
+        let specs: Vec<OutputTensor> = keep
+            .iter()
+            .map(|t| OutputTensor {
+                name: t.name.clone(),
+                dtype: DType::F32,
+                shape: t.shape.clone(),
+            })
+            .collect();
+        let w = OutputWriter::create(&vision_only, &specs, &Default::default(), None, true).unwrap();
+        for t in keep {
+            let mut bytes = Vec::new();
+            encode_f32(DType::F32, &c.read_f32(t).unwrap(), &mut bytes);
+            w.write(&t.name, 0, &bytes).unwrap();
+        }
+        w.commit().unwrap();
+    }
+    std::fs::write(
+        &suite,
+        format!(
+            "name = \"shapes\"\n\n[model]\nfamily = \"clip\"\nzeroshot_from = \"{}\"\n\n[[task]]\nname = \"shapes\"\ndata = \"{}\"\n",
+            dir.display(),
+            dir.join("images").display()
+        ),
+    )
+    .unwrap();
+    let opened = open(&EvaluatorSpec::new(suite.display().to_string(), &dev), None).unwrap();
+    let again = opened
+        .evaluator
+        .evaluate_file(&vision_only, &AtomicBool::new(false))
+        .unwrap();
+    assert_eq!(again.tasks[0].accuracy, t.accuracy);
+    assert!((again.tasks[0].loss.unwrap() - t.loss.unwrap()).abs() < 1e-6);
+}

@@ -14,6 +14,7 @@
 mod backbone;
 pub mod calibration;
 mod command;
+mod image_classifier;
 mod reference;
 mod report;
 pub mod suite;
@@ -22,6 +23,7 @@ mod text_classifier;
 pub(crate) use backbone::score;
 pub use backbone::{BackboneEvaluator, EvalTask};
 pub use command::{CommandEvaluator, parse_metrics_json};
+pub use image_classifier::{ClipModelSpec, ImageClassifierEvaluator, ImageTask};
 pub use reference::{Normalised, References};
 pub use report::{ACCURACY, EvalReport, TaskScore, summarise};
 pub use text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};

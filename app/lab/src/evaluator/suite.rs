@@ -48,18 +48,25 @@
 //! experts = ["models/sst2", "models/mnli"]
 //! ```
 
+use super::image_classifier::{ClipModelSpec, ImageClassifierEvaluator, ImageTask};
 use super::text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};
 use super::{CommandEvaluator, Evaluator};
 use crate::family::bert::ClassifierHead;
+use crate::family::image_data::read_image_folder;
 use crate::family::text_data::read_text_task;
 use candle_core::Device;
+use candle_core::Tensor;
+use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::error::{EngineError, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The model families a suite's `[model] family` may name.
-pub const FAMILIES: &[&str] = &["bert"];
+pub const FAMILIES: &[&str] = &["bert", "clip"];
+
+/// The prompt template of CLIP zero-shot heads unless a suite names others.
+pub const DEFAULT_TEMPLATE: &str = "a photo of a {}.";
 
 /// How long an evaluator command may run on one checkpoint unless the suite says otherwise.
 pub const DEFAULT_TIMEOUT_S: u64 = 3600;
@@ -117,6 +124,10 @@ struct ModelTable {
     max_length: usize,
     #[serde(default = "default_batch_size")]
     batch_size: usize,
+    #[serde(default)]
+    zeroshot_from: Option<String>,
+    #[serde(default)]
+    templates: Option<Vec<String>>,
 }
 
 /// `[[task]]`: one task of a family suite.
@@ -131,6 +142,8 @@ struct TaskTable {
     head: Option<String>,
     #[serde(default)]
     labels: Option<Vec<String>>,
+    #[serde(default)]
+    templates: Option<Vec<String>>,
 }
 
 fn default_max_length() -> usize {
@@ -270,6 +283,19 @@ impl Suite {
                 "is missing; add a [[task]] table with a name and data for each task".into(),
             ));
         }
+        if model.family != "clip"
+            && (model.zeroshot_from.is_some()
+                || model.templates.is_some()
+                || tasks.iter().any(|t| t.templates.is_some()))
+        {
+            return Err(at(
+                "[model] zeroshot_from / templates",
+                format!(
+                    "belong to the clip family's zero-shot heads; the {} family does not read them",
+                    model.family
+                ),
+            ));
+        }
         if let Some((i, t)) = tasks
             .iter()
             .enumerate()
@@ -393,6 +419,24 @@ impl Suite {
         device: &Device,
     ) -> Result<Box<dyn Evaluator>> {
         let dir = self.folder();
+        if model.family == "clip" {
+            let task_list = tasks
+                .iter()
+                .map(|(t, data)| self.image_task(t, model, &dir.join(data), &dir, device))
+                .collect::<Result<Vec<_>>>()?;
+            let spec = ClipModelSpec {
+                config: model.config.as_ref().map(|p| dir.join(p)),
+                tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
+                zeroshot_from: model.zeroshot_from.as_ref().map(|p| dir.join(p)),
+                batch_size: model.batch_size,
+            };
+            return Ok(Box::new(ImageClassifierEvaluator::new(
+                self.name.clone(),
+                spec,
+                task_list,
+                device,
+            )?));
+        }
         let task_list = tasks
             .iter()
             .map(|(t, data)| self.text_task(t, &dir.join(data), &dir, device))
@@ -409,6 +453,54 @@ impl Suite {
             task_list,
             device,
         )?))
+    }
+
+    /// Reads one CLIP `[[task]]`: its image folder `data` (classes: `labels`, else the
+    /// subfolders), templates and optional head file (a tensor `weight`, `[classes, projection]`).
+    fn image_task(
+        &self,
+        t: &TaskTable,
+        model: &ModelTable,
+        data: &Path,
+        dir: &Path,
+        device: &Device,
+    ) -> Result<ImageTask> {
+        let within =
+            |e: EngineError| EngineError::Param(format!("suite '{}', [[task]] '{}': {e}", self.path.display(), t.name));
+        let (classes, examples) = read_image_folder(data, t.labels.as_deref()).map_err(within)?;
+        let templates = t
+            .templates
+            .clone()
+            .or_else(|| model.templates.clone())
+            .unwrap_or_else(|| vec![DEFAULT_TEMPLATE.to_owned()]);
+        if templates.is_empty() || templates.iter().any(|t| !t.contains("{}")) {
+            return Err(within(EngineError::invalid(
+                "templates must be prompts with {} where the class name goes, e.g. [\"a photo of a {}.\"]",
+            )));
+        }
+        let head = match &t.head {
+            Some(h) => {
+                let path = dir.join(h);
+                let c = Checkpoint::open(&path).map_err(within)?;
+                let entry = c
+                    .tensors
+                    .get("weight")
+                    .or_else(|| (c.tensors.len() == 1).then(|| c.tensors.values().next()).flatten())
+                    .ok_or_else(|| {
+                        within(EngineError::invalid(format!(
+                            "head file '{}' has no tensor 'weight' ([classes, projection])",
+                            path.display()
+                        )))
+                    })?;
+                Some(Tensor::from_vec(
+                    c.read_f32(entry).map_err(within)?,
+                    entry.shape.clone(),
+                    device,
+                )?)
+            }
+            None => None,
+        };
+        Ok(ImageTask::new(t.name.clone(), classes, examples, templates, head))
     }
 
     /// Reads one `[[task]]`'s examples from `data` and its head; errors say which suite and task.

@@ -1,0 +1,298 @@
+//! Image classification with CLIP (the protocol of the task-arithmetic papers and FusionBench):
+//! each task's images go through the evaluated image tower, and are classified against a head
+//! per task: given as a file, or built zero-shot from class names and prompt templates by a
+//! CLIP text tower (the `zeroshot_from` model's, computed once, or the evaluated model's own).
+
+use super::backbone::score_logits;
+use super::{EvalReport, Evaluator, InMemoryEvaluator, TaskScore, summarise};
+use crate::data::SplitKind;
+use crate::family::clip::{self, ClipConfigs, ImageEncoder, TextEncoder};
+use crate::family::hf;
+use crate::family::image_data::{ImageExample, pixels};
+use crate::nn::Params;
+use candle_core::{Device, Tensor};
+use mergescope_engine::error::{EngineError, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// One task: its images, class names, prompt templates and optional fixed head.
+#[derive(Clone)]
+pub struct ImageTask {
+    /// Task name.
+    pub name: String,
+    /// Class names, in label order (used in the prompts).
+    pub classes: Vec<String>,
+    /// The images.
+    pub examples: Vec<ImageExample>,
+    /// Prompt templates, `{}` standing for the class name.
+    pub templates: Vec<String>,
+    /// A fixed head `[classes, projection]` (rows need not be normalised); `None`: zero-shot.
+    pub head: Option<Tensor>,
+    /// Preprocessed pixels of `examples`, when kept in memory (landscapes).
+    pixels: Option<Tensor>,
+}
+
+impl ImageTask {
+    /// A task of `examples` (labels index `classes`).
+    pub fn new(
+        name: String,
+        classes: Vec<String>,
+        examples: Vec<ImageExample>,
+        templates: Vec<String>,
+        head: Option<Tensor>,
+    ) -> Self {
+        ImageTask {
+            name,
+            classes,
+            examples,
+            templates,
+            head,
+            pixels: None,
+        }
+    }
+}
+
+/// Where the CLIP model's other parts come from.
+#[derive(Clone, Debug)]
+pub struct ClipModelSpec {
+    /// `config.json`; default: beside the checkpoint, else the `zeroshot_from` model's.
+    pub config: Option<PathBuf>,
+    /// `tokenizer.json`; default: beside `zeroshot_from`, else beside the checkpoint.
+    pub tokenizer: Option<PathBuf>,
+    /// The CLIPModel whose text tower builds zero-shot heads (and whose visual projection and
+    /// logit scale serve vision-only fine-tunes); `None`: the evaluated model's own.
+    pub zeroshot_from: Option<PathBuf>,
+    /// Images per forward pass.
+    pub batch_size: usize,
+}
+
+/// Weights and heads that do not depend on the evaluated model, loaded once.
+#[derive(Default)]
+struct Shared {
+    fallback: Option<Arc<HashMap<String, Tensor>>>,
+    heads: Option<Arc<Vec<Tensor>>>,
+}
+
+/// Evaluates CLIP image towers on image-classification tasks.
+#[derive(Clone)]
+pub struct ImageClassifierEvaluator {
+    name: String,
+    spec: ClipModelSpec,
+    tasks: Vec<ImageTask>,
+    device: Device,
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl ImageClassifierEvaluator {
+    /// An evaluator named `name` (a suite's) of `tasks`; heads given as files must have one
+    /// row per class.
+    pub fn new(name: String, spec: ClipModelSpec, tasks: Vec<ImageTask>, device: &Device) -> Result<Self> {
+        if spec.batch_size == 0 {
+            return Err(EngineError::Param(format!(
+                "suite '{name}': [model] batch_size must be at least 1"
+            )));
+        }
+        for t in &tasks {
+            if let Some(h) = &t.head
+                && h.dims().first() != Some(&t.classes.len())
+            {
+                return Err(EngineError::invalid(format!(
+                    "task '{}': its head has shape {:?} but the task has {} classes ({})",
+                    t.name,
+                    h.dims(),
+                    t.classes.len(),
+                    t.classes.join(", ")
+                )));
+            }
+        }
+        Ok(ImageClassifierEvaluator {
+            name,
+            spec,
+            tasks,
+            device: device.clone(),
+            shared: Arc::new(Mutex::new(Shared::default())),
+        })
+    }
+
+    fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The `zeroshot_from` model's weights, loaded once.
+    fn fallback(&self) -> Result<Option<Arc<HashMap<String, Tensor>>>> {
+        let Some(path) = &self.spec.zeroshot_from else {
+            return Ok(None);
+        };
+        if let Some(w) = &self.shared().fallback {
+            return Ok(Some(w.clone()));
+        }
+        let w = Arc::new(clip::canonical(hf::load_weights(path, &self.device)?));
+        self.shared().fallback = Some(w.clone());
+        Ok(Some(w))
+    }
+
+    fn config_for(&self, checkpoint: &Path) -> Result<ClipConfigs> {
+        let path = self
+            .spec
+            .config
+            .clone()
+            .or_else(|| hf::beside(checkpoint, "config.json"))
+            .or_else(|| self.spec.zeroshot_from.as_ref().and_then(|z| hf::beside(z, "config.json")))
+            .ok_or_else(|| {
+                EngineError::invalid(format!(
+                    "no config.json beside '{}'; name the CLIP model's config as config = \"...\" (or its folder as zeroshot_from) in the suite's [model] table",
+                    checkpoint.display()
+                ))
+            })?;
+        clip::read_config(&path)
+    }
+
+    /// The heads of every task, normalised: fixed ones, and zero-shot ones from the
+    /// `zeroshot_from` text tower (computed once) or from `weights`' own.
+    fn heads(
+        &self,
+        weights: &HashMap<String, Tensor>,
+        config: &ClipConfigs,
+        source: &Path,
+    ) -> Result<Arc<Vec<Tensor>>> {
+        if let Some(h) = &self.shared().heads {
+            return Ok(h.clone());
+        }
+        let needs_text = self.tasks.iter().any(|t| t.head.is_none());
+        let text = if needs_text {
+            let (text_weights, text_config, text_source) = match (self.fallback()?, &self.spec.zeroshot_from) {
+                (Some(f), Some(z)) => (f, self.config_for(z)?, z.clone()),
+                _ => (Arc::new(weights.clone()), config.clone(), source.to_owned()),
+            };
+            let tokenizer_path = self
+                .spec
+                .tokenizer
+                .clone()
+                .or_else(|| hf::beside(&text_source, "tokenizer.json"))
+                .ok_or_else(|| {
+                    EngineError::invalid(format!(
+                        "no tokenizer.json beside '{}' for the zero-shot heads; name it as tokenizer = \"...\" in the suite's [model] table",
+                        text_source.display()
+                    ))
+                })?;
+            let tokenizer = hf::load_tokenizer(
+                &tokenizer_path,
+                text_config.text.as_ref().map_or(77, |t| t.max_position_embeddings),
+            )?;
+            Some((
+                TextEncoder::load(&text_config, &text_weights, &self.device, &text_source)?,
+                tokenizer,
+            ))
+        } else {
+            None
+        };
+        let heads = self
+            .tasks
+            .iter()
+            .map(|t| match (&t.head, &text) {
+                (Some(h), _) => clip::l2_normalise(h),
+                (None, Some((enc, tok))) => enc.zero_shot_head(tok, &t.classes, &t.templates, &self.device),
+                (None, None) => Err(EngineError::Bug("a zero-shot task without a text tower".into())),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let heads = Arc::new(heads);
+        // Heads from fixed files or from the zeroshot_from model do not change between models.
+        if !needs_text || self.spec.zeroshot_from.is_some() {
+            self.shared().heads = Some(heads.clone());
+        }
+        Ok(heads)
+    }
+
+    /// Scores the model given as its weights (`source` names it in errors).
+    fn evaluate_weights(
+        &self,
+        weights: HashMap<String, Tensor>,
+        source: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<EvalReport> {
+        let weights = clip::canonical(weights);
+        let config = self.config_for(source)?;
+        let fallback = self.fallback()?;
+        let encoder = ImageEncoder::load(&config, &weights, fallback.as_deref(), &self.device, source)?;
+        let scale = clip::logit_scale(&config, &weights, fallback.as_deref())?;
+        let heads = self.heads(&weights, &config, source)?;
+        let size = config.vision.image_size;
+        let mut scores = Vec::with_capacity(self.tasks.len());
+        for (task, head) in self.tasks.iter().zip(heads.iter()) {
+            let (mut correct, mut nll) = (0usize, 0f64);
+            for (b, batch) in task.examples.chunks(self.spec.batch_size).enumerate() {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(EngineError::Cancelled);
+                }
+                let x = match &task.pixels {
+                    Some(p) => p.narrow(0, b * self.spec.batch_size, batch.len())?,
+                    None => pixels(batch, size, &self.device)?,
+                };
+                let logits = clip::logits(&encoder.features(&x)?, head, scale)?;
+                let labels = Tensor::from_vec(
+                    batch.iter().map(|e| e.label as u32).collect::<Vec<_>>(),
+                    batch.len(),
+                    &self.device,
+                )?;
+                let (c, l) = score_logits(&logits, &labels)?;
+                correct += c;
+                nll += l;
+            }
+            let n = task.examples.len();
+            scores.push(TaskScore::classification(
+                task.name.clone(),
+                correct as f64 / n as f64,
+                nll / n as f64,
+                None,
+                n,
+            ));
+        }
+        Ok(summarise(SplitKind::Test, scores))
+    }
+}
+
+impl Evaluator for ImageClassifierEvaluator {
+    fn describe(&self) -> String {
+        format!("suite '{}' (clip family, {} tasks)", self.name, self.tasks.len())
+    }
+
+    fn task_names(&self) -> Vec<String> {
+        self.tasks.iter().map(|t| t.name.clone()).collect()
+    }
+
+    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
+        self.evaluate_weights(hf::load_weights(path, &self.device)?, path, cancel)
+    }
+
+    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
+        let size = self.config_for(like)?.vision.image_size;
+        let mut ev = self.clone();
+        for t in &mut ev.tasks {
+            let n = t.examples.len();
+            if samples > 0 && samples < n {
+                t.examples = (0..samples).map(|i| t.examples[i * n / samples].clone()).collect();
+            }
+            // Decoded once: every model of a landscape sees the same images.
+            t.pixels = Some(pixels(&t.examples, size, &self.device)?);
+        }
+        Ok(Some(Box::new(ImageInMemory {
+            ev,
+            like: like.to_owned(),
+        })))
+    }
+}
+
+/// [`ImageClassifierEvaluator`] on models held in memory, with its images decoded once.
+struct ImageInMemory {
+    ev: ImageClassifierEvaluator,
+    like: PathBuf,
+}
+
+impl InMemoryEvaluator for ImageInMemory {
+    fn evaluate(&self, model: &Params) -> Result<EvalReport> {
+        let weights = model.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
+        self.ev.evaluate_weights(weights, &self.like, &AtomicBool::new(false))
+    }
+}
