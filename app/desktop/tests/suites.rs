@@ -399,7 +399,8 @@ fn clip_experts_merged_and_scored_like_transformers() {
     };
     for model in ["base", "shapes", "brightness"] {
         let j: serde_json::Value =
-            serde_json::from_str(&env.ok(&["eval", "--benchmark", &suite, "--checkpoint", &p(model), "--json"])).unwrap();
+            serde_json::from_str(&env.ok(&["eval", "--benchmark", &suite, "--checkpoint", &p(model), "--json"]))
+                .unwrap();
         assert_eq!(got(&j), want(model), "{model}");
     }
     let merged = env.path("ta.safetensors").to_string_lossy().into_owned();

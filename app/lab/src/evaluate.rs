@@ -4,6 +4,7 @@
 
 use crate::data::{SplitKind, benchmark_tasks};
 use crate::demo::{Benchmark, resolve_benchmark};
+use crate::evaluator::suite::{Suite, SuiteModels};
 use crate::evaluator::{self, Evaluator};
 use crate::nn::Arch;
 use mergescope_engine::checkpoint::Checkpoint;
@@ -100,13 +101,20 @@ pub fn open_normalised(
     )?))
 }
 
-/// The base and experts a suite file's `[models]` table names (`None` for a demo benchmark or
-/// a suite without the table).
-pub fn suite_models(benchmark: &str) -> Result<Option<evaluator::suite::SuiteModels>> {
-    if !evaluator::suite::is_suite_path(benchmark) {
-        return Ok(None);
+/// The base and experts of a run on `suite`: `base` and `experts` when given (the CLI's
+/// --base/--expert), else the suite's `[models]` table; the error says how to give them.
+pub fn suite_models(suite: &Suite, base: Option<&Path>, experts: &[PathBuf]) -> Result<SuiteModels> {
+    match (base, suite.models()) {
+        (Some(b), _) => Ok(SuiteModels {
+            base: b.to_owned(),
+            experts: experts.to_vec(),
+        }),
+        (None, Some(m)) => Ok(m),
+        (None, None) => Err(EngineError::Param(format!(
+            "suite '{}' names no models: give --base and --expert, or add [models] base = \"...\" and experts = [...] to it",
+            suite.path.display()
+        ))),
     }
-    Ok(evaluator::suite::Suite::load(Path::new(benchmark))?.models())
 }
 
 /// The demo architecture whose tensor names and shapes the checkpoint at `path` matches, read

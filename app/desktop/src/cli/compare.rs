@@ -9,6 +9,7 @@ use mergescope_engine::plugin::loader::Plugin;
 use mergescope_lab::compare::{CompareConfig, CompareInputs, compare, default_lambda_grid};
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::resolve_benchmark;
+use mergescope_lab::evaluate::suite_models;
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::nn::Arch;
 use std::path::{Path, PathBuf};
@@ -127,15 +128,8 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     let tasks;
     let inputs = match &suite {
         Some(suite) => {
-            let (base, experts) = match (&args.base, suite.models()) {
-                (Some(b), _) => (b.clone(), args.experts.clone()),
-                (None, Some(m)) => (m.base, m.experts),
-                (None, None) => bail!(
-                    "suite '{}' names no models: give --base and --expert (one per task), or add a [models] table to it",
-                    args.benchmark
-                ),
-            };
-            CompareInputs::of_suite(suite, base, experts, &device, cancel)?
+            let m = suite_models(suite, args.base.as_deref(), &args.experts)?;
+            CompareInputs::of_suite(suite, m.base, m.experts, &device, cancel)?
         }
         None => {
             bench = resolve_benchmark(&args.benchmark, Some(arch))?;

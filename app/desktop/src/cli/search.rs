@@ -13,6 +13,7 @@ use mergescope_engine::merge::MergeRequest;
 use mergescope_engine::writer::write_atomic;
 use mergescope_lab::data::{SplitKind, benchmark_tasks};
 use mergescope_lab::demo::resolve_benchmark;
+use mergescope_lab::evaluate::suite_models;
 use mergescope_lab::evaluator::Evaluator;
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::nn::Arch;
@@ -120,14 +121,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SearchArgs) -> anyhow::Result<ExitCode
     // The models and what scores a candidate.
     let (base, experts, evaluator): (PathBuf, Vec<PathBuf>, Box<dyn Evaluator>) = if is_suite_path(&args.benchmark) {
         let suite = Suite::load(Path::new(&args.benchmark))?;
-        let (base, experts) = match (&args.base, suite.models()) {
-            (Some(b), _) => (b.clone(), args.experts.clone()),
-            (None, Some(m)) => (m.base, m.experts),
-            (None, None) => bail!(
-                "suite '{}' names no models: give --base and --expert, or add a [models] table to it",
-                args.benchmark
-            ),
-        };
+        let m = suite_models(&suite, args.base.as_deref(), &args.experts)?;
         let evaluator = match suite.calibration_evaluator(&device)? {
             Some(e) => e,
             None => {
@@ -139,7 +133,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SearchArgs) -> anyhow::Result<ExitCode
                 suite.evaluator(None, &device)?
             }
         };
-        (base, experts, evaluator)
+        (m.base, m.experts, evaluator)
     } else {
         let arch = Arch::parse(&args.arch).with_context(|| format!("--arch '{}': use mlp, cnn or vit", args.arch))?;
         let bench = resolve_benchmark(&args.benchmark, Some(arch))?;

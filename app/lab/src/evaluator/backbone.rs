@@ -198,6 +198,35 @@ pub(crate) fn score(
     Ok((correct, loss_sum, n))
 }
 
+/// A task's running score over its batches: correct predictions, summed cross-entropy and
+/// examples, turned into its [`TaskScore`] at the end.
+#[derive(Default)]
+pub(crate) struct Tally {
+    correct: usize,
+    nll: f64,
+    examples: usize,
+}
+
+impl Tally {
+    /// Adds a batch: `logits` `[batch, classes]` of examples whose classes are `labels`.
+    pub(crate) fn add(&mut self, logits: &Tensor, labels: impl IntoIterator<Item = usize>) -> Result<()> {
+        let labels: Vec<u32> = labels.into_iter().map(|l| l as u32).collect();
+        let n = labels.len();
+        let labels = Tensor::from_vec(labels, n, logits.device())?;
+        let (c, l) = score_logits(logits, &labels)?;
+        self.correct += c;
+        self.nll += l;
+        self.examples += n;
+        Ok(())
+    }
+
+    /// The task's accuracy and mean cross-entropy.
+    pub(crate) fn score(&self, task: &str) -> TaskScore {
+        let n = self.examples.max(1) as f64;
+        TaskScore::classification(task, self.correct as f64 / n, self.nll / n, None, self.examples)
+    }
+}
+
 /// (correct argmax predictions, summed cross-entropy) of `logits` `[batch, classes]` against
 /// class indices `labels` `[batch]` (u32): the one scoring rule of every classifier evaluator.
 pub(crate) fn score_logits(logits: &Tensor, labels: &Tensor) -> Result<(usize, f64)> {

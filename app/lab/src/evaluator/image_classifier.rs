@@ -3,8 +3,8 @@
 //! per task: given as a file, or built zero-shot from class names and prompt templates by a
 //! CLIP text tower (the `zeroshot_from` model's, computed once, or the evaluated model's own).
 
-use super::backbone::score_logits;
-use super::{EvalReport, Evaluator, InMemoryEvaluator, TaskScore, summarise};
+use super::backbone::Tally;
+use super::{EvalReport, Evaluator, InMemoryEvaluator, summarise};
 use crate::data::SplitKind;
 use crate::family::clip::{self, ClipConfigs, ImageEncoder, TextEncoder};
 use crate::family::hf;
@@ -221,7 +221,7 @@ impl ImageClassifierEvaluator {
         let size = config.vision.image_size;
         let mut scores = Vec::with_capacity(self.tasks.len());
         for (task, head) in self.tasks.iter().zip(heads.iter()) {
-            let (mut correct, mut nll) = (0usize, 0f64);
+            let mut tally = Tally::default();
             for (b, batch) in task.examples.chunks(self.spec.batch_size).enumerate() {
                 if cancel.load(Ordering::Relaxed) {
                     return Err(EngineError::Cancelled);
@@ -231,23 +231,9 @@ impl ImageClassifierEvaluator {
                     None => pixels(batch, size, &self.device)?,
                 };
                 let logits = clip::logits(&encoder.features(&x)?, head, scale)?;
-                let labels = Tensor::from_vec(
-                    batch.iter().map(|e| e.label as u32).collect::<Vec<_>>(),
-                    batch.len(),
-                    &self.device,
-                )?;
-                let (c, l) = score_logits(&logits, &labels)?;
-                correct += c;
-                nll += l;
+                tally.add(&logits, batch.iter().map(|e| e.label))?;
             }
-            let n = task.examples.len();
-            scores.push(TaskScore::classification(
-                task.name.clone(),
-                correct as f64 / n as f64,
-                nll / n as f64,
-                None,
-                n,
-            ));
+            scores.push(tally.score(&task.name));
         }
         Ok(summarise(SplitKind::Test, scores))
     }

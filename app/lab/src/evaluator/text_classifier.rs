@@ -3,8 +3,8 @@
 //! (from its fine-tuned model), in batches on the evaluator's device, so memory holds the
 //! model and one batch of activations.
 
-use super::backbone::score_logits;
-use super::{EvalReport, Evaluator, InMemoryEvaluator, TaskScore, summarise};
+use super::backbone::Tally;
+use super::{EvalReport, Evaluator, InMemoryEvaluator, summarise};
 use crate::data::SplitKind;
 use crate::family::bert::{self, BertEncoder, ClassifierHead};
 use crate::family::hf;
@@ -103,7 +103,7 @@ impl TextClassifierEvaluator {
                     head.hidden()
                 )));
             }
-            let (mut correct, mut nll) = (0usize, 0f64);
+            let mut tally = Tally::default();
             for batch in task.examples.chunks(self.model.batch_size) {
                 if cancel.load(Ordering::Relaxed) {
                     return Err(EngineError::Cancelled);
@@ -117,21 +117,9 @@ impl TextClassifierEvaluator {
                 let pooled = encoder
                     .pooled(&tokens)?
                     .ok_or_else(|| EngineError::Bug("the pooler vanished after loading".into()))?;
-                let logits = head.logits(&pooled)?;
-                let labels: Vec<u32> = batch.iter().map(|e| e.label as u32).collect();
-                let labels = Tensor::from_vec(labels, batch.len(), &self.device)?;
-                let (c, l) = score_logits(&logits, &labels)?;
-                correct += c;
-                nll += l;
+                tally.add(&head.logits(&pooled)?, batch.iter().map(|e| e.label))?;
             }
-            let n = task.examples.len();
-            scores.push(TaskScore::classification(
-                task.name.clone(),
-                correct as f64 / n as f64,
-                nll / n as f64,
-                None,
-                n,
-            ));
+            scores.push(tally.score(&task.name));
         }
         Ok(summarise(SplitKind::Test, scores))
     }

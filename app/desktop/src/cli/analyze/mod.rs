@@ -14,7 +14,7 @@ use mergescope_figures::{Figure, render_png, to_csv};
 use mergescope_lab::demo::{Benchmark, resolve_benchmark};
 use mergescope_lab::evaluate::{EvaluatorSpec, open_normalised, suite_models};
 use mergescope_lab::evaluator::Evaluator;
-use mergescope_lab::evaluator::suite::is_suite_path;
+use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::nn::Arch;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -105,12 +105,7 @@ impl Common {
             bail!("--expert needs --base too (or leave both out to use the benchmark's)");
         }
         if is_suite_path(&self.benchmark) {
-            let m = suite_models(&self.benchmark)?.with_context(|| {
-                format!(
-                    "suite '{}' names no models: give --base and --expert, or add [models] base = \"...\" and experts = [...] to it",
-                    self.benchmark
-                )
-            })?;
+            let m = suite_models(&Suite::load(Path::new(&self.benchmark))?, None, &[])?;
             return Ok(Models {
                 base: m.base,
                 experts: m.experts,
