@@ -23,6 +23,11 @@ What it makes, under OUT_DIR (the repository keeps them in tests/fixtures/famili
                              in data/<task>/<class>/) and reference.json:
                              transformers' zero-shot accuracy of the base, each expert and their
                              task-arithmetic merge (lambda 0.5) on each task
+  llama-tiny/, qwen2-tiny/   random-init LlamaForCausalLM and Qwen2ForCausalLM (2 layers, hidden
+                             32, grouped-query attention) with a word-level tokenizer, mc.jsonl
+                             (question, choices, answer), text.txt and reference.json:
+                             transformers' log-likelihood of every choice, acc and acc_norm, and
+                             the text's perplexity and next-token accuracy
   minilm-embeddings.json     (with --minilm DIR) sentence embeddings of all-MiniLM-L6-v2
                              (mean over the attention mask of the last hidden state, then
                              L2-normalised), as sentence-transformers defines them
@@ -148,6 +153,8 @@ def generate(out: str, minilm: str | None) -> None:
 
     make_experts(out, model, tok, folder)
     make_clip(out)
+    for arch in ["llama", "qwen2"]:
+        make_causal_lm(out, arch)
 
     if minilm:
         from transformers import AutoModel, AutoTokenizer
@@ -470,6 +477,101 @@ def make_clip_experts(out: str, base, tk, mean, std) -> None:
             **{e: {t: accuracy(experts[e].state_dict(), t) for t in tasks} for e in tasks},
             "task-arithmetic": {t: accuracy(merged, t) for t in tasks},
         },
+    }
+    with open(os.path.join(folder, "reference.json"), "w") as f:
+        json.dump(reference, f, indent=1)
+        f.write("\n")
+
+
+LM_WORDS = (
+    "the a cat dog sat ran on in mat park model merges task vector is red blue green sky grass "
+    "what color of question answer yes no fast slow . ?"
+).split()
+MC = [
+    ("what color is the sky ?", ["blue", "green", "red"], 0),
+    ("what color is the grass ?", ["red", "green"], 1),
+    ("the cat sat on the", ["mat", "sky", "park model"], 0),
+    ("the dog ran in the", ["park", "sky is blue"], 0),
+    ("is the model fast ?", ["yes", "no", "slow"], 0),
+    ("a model merges task", ["vector", "cat", "grass"], 0),
+]
+LM_TEXT = "the cat sat on the mat . the dog ran in the park . the sky is blue . the grass is green ."
+
+
+def make_causal_lm(out: str, arch: str) -> None:
+    """A tiny random-init causal LM (Llama or Qwen2: 2 layers, hidden 32, grouped-query
+    attention) with a word-level tokenizer that prepends <s>, multiple-choice data and a text,
+    and transformers' per-choice log-likelihoods (of " " + choice after the question), the
+    accuracies they give (raw and normalised by the continuation's length in bytes, as
+    lm-evaluation-harness's acc and acc_norm) and the text's perplexity and next-token
+    accuracy."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    folder = os.path.join(out, f"{arch}-tiny")
+    os.makedirs(folder, exist_ok=True)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for w in LM_WORDS:
+        vocab[w] = len(vocab)
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tk.save(os.path.join(folder, "tokenizer.json"))
+    common = dict(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )
+    torch.manual_seed(20261127 + (0 if arch == "llama" else 1))
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common, rms_norm_eps=1e-5, rope_theta=10000.0))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, rms_norm_eps=1e-6, rope_theta=10000.0))
+    model = model.eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+
+    def token_logprobs(ids):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float()
+        lp = torch.log_softmax(logits, -1)
+        return lp
+
+    records = []
+    with open(os.path.join(folder, "mc.jsonl"), "w") as f:
+        for q, choices, answer in MC:
+            f.write(json.dumps({"question": q, "choices": choices, "answer": answer}) + "\n")
+            ctx = tk.encode(q).ids
+            lls = []
+            for c in choices:
+                full = tk.encode(q + " " + c).ids
+                lp = token_logprobs(full)
+                lls.append(sum(float(lp[i - 1, full[i]]) for i in range(len(ctx), len(full))))
+            records.append({"lls": lls, "answer": answer, "bytes": [len((" " + c).encode()) for c in choices]})
+    acc = sum(int(max(range(len(r["lls"])), key=lambda i: r["lls"][i]) == r["answer"]) for r in records) / len(records)
+    acc_norm = sum(
+        int(max(range(len(r["lls"])), key=lambda i: r["lls"][i] / r["bytes"][i]) == r["answer"]) for r in records
+    ) / len(records)
+    with open(os.path.join(folder, "text.txt"), "w") as f:
+        f.write(LM_TEXT + "\n")
+    ids = tk.encode(LM_TEXT).ids
+    lp = token_logprobs(ids)
+    nll = -sum(float(lp[i - 1, ids[i]]) for i in range(1, len(ids))) / (len(ids) - 1)
+    top1 = sum(int(int(lp[i - 1].argmax()) == ids[i]) for i in range(1, len(ids))) / (len(ids) - 1)
+    reference = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "choices_log_likelihood": [r["lls"] for r in records],
+        "acc": acc,
+        "acc_norm": acc_norm,
+        "text_tokens": len(ids),
+        "text_nll": nll,
+        "text_perplexity": float(torch.tensor(nll).exp()),
+        "text_token_accuracy": top1,
     }
     with open(os.path.join(folder, "reference.json"), "w") as f:
         json.dump(reference, f, indent=1)

@@ -387,3 +387,63 @@ fn clip_zero_shot_logits_match_transformers() {
     assert_eq!(again.tasks[0].accuracy, t.accuracy);
     assert!((again.tasks[0].loss.unwrap() - t.loss.unwrap()).abs() < 1e-6);
 }
+
+/// Tiny Llama and Qwen2 models from transformers: every choice's log-likelihood agrees with
+/// transformers' (candle's Llama stepped through its key-value cache, Qwen2 in one pass), and a
+/// causal-lm suite reports the same acc, acc_norm, perplexity and next-token accuracy.
+#[test]
+fn causal_lm_log_likelihoods_match_transformers() {
+    use mergescope_lab::family::causal_lm::{CausalLm, read_config};
+    for arch in ["llama", "qwen2"] {
+        let dir = fixtures().join(format!("{arch}-tiny"));
+        let r = json(&dir.join("reference.json"));
+        let dev = Device::Cpu;
+        let config = read_config(&dir.join("config.json")).unwrap();
+        let tokenizer = hf::load_tokenizer(&dir.join("tokenizer.json"), 1 << 20).unwrap();
+        let mut lm = CausalLm::load(&config, hf::load_weights(&dir, &dev).unwrap(), &dev, &dir).unwrap();
+        let mut worst = 0f64;
+        let lines = std::fs::read_to_string(dir.join("mc.jsonl")).unwrap();
+        for (line, want) in lines.lines().zip(r["choices_log_likelihood"].as_array().unwrap()) {
+            let q: Value = serde_json::from_str(line).unwrap();
+            let question = q["question"].as_str().unwrap();
+            let context = tokenizer.encode(question, true).unwrap().get_ids().len();
+            for (choice, want) in q["choices"].as_array().unwrap().iter().zip(floats(want)) {
+                let full = tokenizer
+                    .encode(format!("{question} {}", choice.as_str().unwrap()), true)
+                    .unwrap()
+                    .get_ids()
+                    .to_vec();
+                let ll: f64 = lm.score_tokens(&full, context).unwrap().iter().map(|(lp, _)| lp).sum();
+                worst = worst.max((ll - want).abs());
+            }
+        }
+        println!("{arch}-tiny: max |choice log-likelihood - transformers| = {worst:.2e}");
+        assert!(worst <= 1e-4, "{arch}: max |diff| {worst}");
+
+        let tmp = tempfile::tempdir().unwrap();
+        let suite = tmp.path().join("lm.toml");
+        std::fs::write(
+            &suite,
+            format!(
+                "name = \"lm\"\n[model]\nfamily = \"causal-lm\"\n[[task]]\nname = \"mc\"\ndata = \"{}\"\n[[task]]\nname = \"text\"\ndata = \"{}\"\n",
+                dir.join("mc.jsonl").display(),
+                dir.join("text.txt").display()
+            ),
+        )
+        .unwrap();
+        let opened = open(&EvaluatorSpec::new(suite.display().to_string(), &dev), None).unwrap();
+        let report = opened.evaluator.evaluate_file(&dir, &AtomicBool::new(false)).unwrap();
+        let mc = report.task("mc").unwrap();
+        assert_eq!(mc.metrics["acc"], r["acc"].as_f64().unwrap(), "{arch}");
+        assert_eq!(mc.metrics["acc_norm"], r["acc_norm"].as_f64().unwrap(), "{arch}");
+        let text = report.task("text").unwrap();
+        assert_eq!(text.accuracy, r["text_token_accuracy"].as_f64().unwrap(), "{arch}");
+        assert!(
+            (text.loss.unwrap() - r["text_nll"].as_f64().unwrap()).abs() < 1e-5,
+            "{arch}"
+        );
+        let ppl = r["text_perplexity"].as_f64().unwrap();
+        assert!((text.metrics["perplexity"] - ppl).abs() < 1e-4 * ppl, "{arch}");
+        assert_eq!(text.examples, r["text_tokens"].as_u64().unwrap() as usize - 1);
+    }
+}

@@ -26,7 +26,7 @@
 //! family = "bert"                    # BERT, MiniLM and their fine-tunes
 //! config = "models/base/config.json" # default: config.json beside the evaluated checkpoint
 //! tokenizer = "models/base/tokenizer.json" # default: beside the evaluated checkpoint
-//! max_length = 128                   # tokens kept per example (default 128)
+//! max_length = 128                   # tokens kept per example (default 128; causal-lm 2048)
 //! batch_size = 32                    # examples per forward pass (default 32)
 //!
 //! [[task]]
@@ -49,6 +49,7 @@
 //! ```
 
 use super::image_classifier::{ClipModelSpec, ImageClassifierEvaluator, ImageTask};
+use super::language_model::{LmEvaluator, LmModelSpec, read_lm_task};
 use super::text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};
 use super::{CommandEvaluator, Evaluator};
 use crate::family::bert::ClassifierHead;
@@ -63,7 +64,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The model families a suite's `[model] family` may name.
-pub const FAMILIES: &[&str] = &["bert", "clip"];
+pub const FAMILIES: &[&str] = &["bert", "clip", "causal-lm"];
 
 /// The prompt template of CLIP zero-shot heads unless a suite names others.
 pub const DEFAULT_TEMPLATE: &str = "a photo of a {}.";
@@ -120,8 +121,8 @@ struct ModelTable {
     config: Option<String>,
     #[serde(default)]
     tokenizer: Option<String>,
-    #[serde(default = "default_max_length")]
-    max_length: usize,
+    #[serde(default)]
+    max_length: Option<usize>,
     #[serde(default = "default_batch_size")]
     batch_size: usize,
     #[serde(default)]
@@ -144,10 +145,6 @@ struct TaskTable {
     labels: Option<Vec<String>>,
     #[serde(default)]
     templates: Option<Vec<String>>,
-}
-
-fn default_max_length() -> usize {
-    128
 }
 
 fn default_batch_size() -> usize {
@@ -437,6 +434,22 @@ impl Suite {
                 device,
             )?));
         }
+        if model.family == "causal-lm" {
+            let task_list = tasks
+                .iter()
+                .map(|(t, data)| {
+                    read_lm_task(&t.name, &dir.join(data)).map_err(|e| {
+                        EngineError::Param(format!("suite '{}', [[task]] '{}': {e}", self.path.display(), t.name))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let spec = LmModelSpec {
+                config: model.config.as_ref().map(|p| dir.join(p)),
+                tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
+                max_length: model.max_length.unwrap_or(2048),
+            };
+            return Ok(Box::new(LmEvaluator::new(self.name.clone(), spec, task_list, device)?));
+        }
         let task_list = tasks
             .iter()
             .map(|(t, data)| self.text_task(t, &dir.join(data), &dir, device))
@@ -444,7 +457,7 @@ impl Suite {
         let spec = TextModelSpec {
             config: model.config.as_ref().map(|p| dir.join(p)),
             tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
-            max_length: model.max_length,
+            max_length: model.max_length.unwrap_or(128),
             batch_size: model.batch_size,
         };
         Ok(Box::new(TextClassifierEvaluator::new(

@@ -5,6 +5,7 @@
 //! [`image_data`].
 
 pub mod bert;
+pub mod causal_lm;
 pub mod clip;
 pub mod hf;
 pub mod image_data;
