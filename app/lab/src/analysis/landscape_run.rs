@@ -98,6 +98,12 @@ pub struct PreparedLandscape {
     own_path: Option<FigPath>,
 }
 
+/// `p` with only the tensors `base` has.
+fn like(mut p: Params, base: &Params) -> Params {
+    p.retain(|k, _| base.contains_key(k));
+    p
+}
+
 fn mark(x: f64, y: f64, label: &str) -> Point {
     Point {
         x,
@@ -203,11 +209,21 @@ pub fn prepare_landscape(
             task_names.join(", ")
         )));
     }
-    let base = load_params(base_path, device)?;
+    // Only the tensors every model has are interpolated: task heads that the experts carry and
+    // the base lacks (a text or image model's classifier) come from the evaluator's tasks.
+    let mut base = load_params(base_path, device)?;
     let experts: Vec<Params> = expert_paths
         .iter()
         .map(|p| load_params(p, device))
         .collect::<Result<_>>()?;
+    base.retain(|k, t| experts.iter().all(|e| e.get(k).is_some_and(|o| o.dims() == t.dims())));
+    if base.is_empty() {
+        return Err(EngineError::Incompatible(format!(
+            "'{}' and the experts share no tensor of the same name and shape",
+            base_path.display()
+        )));
+    }
+    let experts: Vec<Params> = experts.into_iter().map(|e| like(e, &base)).collect();
     let mut own_path = None;
     let (families, xs, ys, labels, marks) = match spec.kind {
         LandscapeKind::TaLine => (
@@ -232,7 +248,11 @@ pub fn prepare_landscape(
             let (pa, pb) = spec.through.clone().ok_or_else(|| {
                 EngineError::Param("a plane needs two checkpoints (experts or merges) to pass through".into())
             })?;
-            let fam = AffineFamily::plane(&base, &load_params(&pa, device)?, &load_params(&pb, device)?)?;
+            let fam = AffineFamily::plane(
+                &base,
+                &like(load_params(&pa, device)?, &base),
+                &like(load_params(&pb, device)?, &base),
+            )?;
             let (na, nb) = (checkpoint_label(&pa), checkpoint_label(&pb));
             let l = labels(
                 &format!("Plane θ0 + α·(θ_{na} − θ0) + β·(θ_{nb} − θ0)"),
@@ -247,7 +267,10 @@ pub fn prepare_landscape(
             let path = spec.trajectories.first().cloned().ok_or_else(|| {
                 EngineError::Param("a trajectory plane needs a trajectory (a model-level method's run)".into())
             })?;
-            let iterates: Vec<Params> = read_iterates(&path, device)?.into_iter().map(|(_, p)| p).collect();
+            let iterates: Vec<Params> = read_iterates(&path, device)?
+                .into_iter()
+                .map(|(_, p)| like(p, &base))
+                .collect();
             let (fam, coords) = AffineFamily::principal_plane(&iterates)?;
             let n = spec.range.len().max(2);
             // The grid spans the trajectory with half its extent again on each side.

@@ -76,7 +76,9 @@ pub fn model_type(path: &Path) -> Result<Option<String>> {
     Ok(p.model_type)
 }
 
-/// Loads a `tokenizer.json`, truncating every encoding to `max_length` tokens.
+/// Loads a `tokenizer.json`, truncating every encoding to `max_length` tokens and padding none
+/// (callers pad each batch to its longest: a file's fixed padding, such as sentence-transformers'
+/// 128 tokens, would multiply the work for short texts).
 pub fn load_tokenizer(path: &Path, max_length: usize) -> Result<Tokenizer> {
     let mut t = Tokenizer::from_file(path).map_err(|e| {
         EngineError::invalid(format!(
@@ -84,6 +86,7 @@ pub fn load_tokenizer(path: &Path, max_length: usize) -> Result<Tokenizer> {
             path.display()
         ))
     })?;
+    t.with_padding(None);
     t.with_truncation(Some(tokenizers::TruncationParams {
         max_length,
         ..Default::default()
