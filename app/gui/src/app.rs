@@ -172,6 +172,15 @@ impl MergescopeApp {
             let running = self.doc.runs.iter().filter(|r| r.status.is_active()).count();
             ui.label(RichText::new(format!("{running} running or queued")).weak());
             ui.separator();
+            if let Some(suite) = &self.doc.suite {
+                let name = suite
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                ui.label(RichText::new(format!("evaluating with suite {name}")).weak())
+                    .on_hover_text(suite.display().to_string());
+                ui.separator();
+            }
             if let Some(p) = self
                 .doc
                 .experiments

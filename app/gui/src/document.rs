@@ -12,6 +12,7 @@ use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::MergeRequest;
 use mergescope_engine::plugin::{Approvals, Plugin, PluginDirs, PluginOrigin, Registry};
 use mergescope_lab::demo::{self, Benchmark};
+use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::nn::Arch;
 use mergescope_plugin_api::abi;
 use serde::{Deserialize, Serialize};
@@ -75,6 +76,8 @@ pub struct Document {
     pub inputs: Inputs,
     /// Benchmark the merges are evaluated on.
     pub benchmark: Option<Benchmark>,
+    /// Suite file the merges are evaluated with, when no benchmark is open.
+    pub suite: Option<PathBuf>,
     /// Loaded plugins, pending approvals and load failures.
     pub registry: Registry,
     /// Selected method (plugin id).
@@ -135,6 +138,7 @@ impl Document {
         let mut s = Document {
             inputs: Inputs::default(),
             benchmark: None,
+            suite: None,
             registry: Registry::default(),
             method: None,
             form: None,
@@ -167,6 +171,7 @@ impl Document {
             s.select_method(&m);
         }
         match &config.benchmark {
+            Some(path) if is_suite_path(&path.to_string_lossy()) => s.use_suite(path),
             Some(dir) => match Benchmark::open(dir) {
                 Ok(b) => s.use_benchmark(b),
                 Err(e) => s.note(Level::Error, format!("cannot open the benchmark: {e}")),
@@ -291,6 +296,44 @@ impl Document {
             ),
         );
         self.benchmark = Some(b);
+        self.suite = None;
+        self.dirty = true;
+    }
+
+    /// Evaluates merges with the suite at `path` (its [models] table, when it has one, become
+    /// the inputs, the experts labelled with the task names when there is one per task).
+    pub fn use_suite(&mut self, path: &Path) {
+        let suite = match Suite::load(path) {
+            Ok(s) => s,
+            Err(e) => {
+                self.note(Level::Error, format!("cannot open the suite: {e}"));
+                return;
+            }
+        };
+        if let Some(m) = suite.models() {
+            self.inputs.clear();
+            self.inputs.set_base(&m.base, Some("base".into()));
+            let tasks = suite.task_names();
+            let named = tasks.len() == m.experts.len();
+            for (i, e) in m.experts.iter().enumerate() {
+                self.inputs.add_expert(e, named.then(|| tasks[i].clone()));
+            }
+            if let Some(f) = &mut self.form {
+                f.fit_experts(self.inputs.experts.len());
+            }
+        }
+        self.note(
+            Level::Info,
+            format!(
+                "suite '{}' ({} tasks: {}) in '{}': merges are evaluated with it",
+                suite.name,
+                suite.task_names().len(),
+                suite.task_names().join(", "),
+                path.display()
+            ),
+        );
+        self.benchmark = None;
+        self.suite = Some(path.to_owned());
         self.dirty = true;
     }
 
@@ -371,6 +414,7 @@ impl Document {
             request,
             device: self.device,
             benchmark: self.benchmark.clone(),
+            suite: self.suite.clone(),
         })));
         self.job_runs.push((job, id));
         self.runs.push(RunRecord {
@@ -622,7 +666,7 @@ impl Document {
                         r.eval_note = Some(msg);
                     }
                     None => {
-                        r.eval_note = Some("no benchmark to evaluate on".into());
+                        r.eval_note = Some("no benchmark or suite to evaluate on".into());
                         notes.push((
                             Level::Info,
                             format!("{} done in {:.2} s", r.title(), out.report.seconds),

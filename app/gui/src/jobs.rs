@@ -10,6 +10,7 @@ use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer,
 use mergescope_engine::plugin::Plugin;
 use mergescope_lab::data::{SplitKind, TaskData, benchmark_tasks};
 use mergescope_lab::demo::{self, Benchmark, BuildProgress};
+use mergescope_lab::evaluate::{self, EvaluatorSpec, open_normalised};
 use mergescope_lab::evaluator::{EvalReport, Evaluator};
 use mergescope_lab::nn::Arch;
 use mergescope_lab::run::{self, TaskSource};
@@ -34,6 +35,8 @@ pub struct MergeJob {
     pub device: DeviceChoice,
     /// Benchmark to evaluate the result on (when its architecture matches).
     pub benchmark: Option<Benchmark>,
+    /// Suite file to evaluate the result with, when no benchmark is open.
+    pub suite: Option<PathBuf>,
 }
 
 /// Building a demo benchmark into the cache.
@@ -415,16 +418,17 @@ impl Worker {
             }
             o.report
         })?;
-        let eval = match &job.benchmark {
-            Some(b) => {
-                self.send(Event::Progress {
-                    id,
-                    fraction: 1.0,
-                    stage: "evaluating".into(),
-                });
-                Some(self.evaluate(b, &job.request.out, &device, cancel))
-            }
-            None => None,
+        if job.benchmark.is_some() || job.suite.is_some() {
+            self.send(Event::Progress {
+                id,
+                fraction: 1.0,
+                stage: "evaluating".into(),
+            });
+        }
+        let eval = match (&job.benchmark, &job.suite) {
+            (Some(b), _) => Some(self.evaluate(b, &job.request.out, &device, cancel)),
+            (None, Some(suite)) => Some(self.evaluate_with_suite(suite, &job.request, &device, cancel)),
+            (None, None) => None,
         };
         Ok(Event::Merged(
             id,
@@ -457,6 +461,30 @@ impl Worker {
         };
         let ev = &self.evaluator.insert((key, ev)).1;
         ev.evaluate_file(path, cancel)
+    }
+
+    /// Evaluates the output of `req` with the suite at `suite`, normalised by the request's
+    /// experts when there is one per task (the evaluator is kept for the next merge).
+    fn evaluate_with_suite(
+        &mut self,
+        suite: &std::path::Path,
+        req: &MergeRequest,
+        device: &candle_core::Device,
+        cancel: &AtomicBool,
+    ) -> Result<EvalReport> {
+        let key = (suite.to_path_buf(), device_name(device));
+        let ev = match self.evaluator.take() {
+            Some((k, ev)) if k == key => ev,
+            _ => {
+                let spec = EvaluatorSpec::new(suite.display().to_string(), device);
+                match &req.base {
+                    Some(base) => open_normalised(&spec, base, &req.experts, cancel)?,
+                    None => evaluate::open(&spec, None)?.evaluator,
+                }
+            }
+        };
+        let ev = &self.evaluator.insert((key, ev)).1;
+        ev.evaluate_file(&req.out, cancel)
     }
 
     fn build(&mut self, id: JobId, job: &BuildJob, cancel: &AtomicBool) -> Result<Event> {

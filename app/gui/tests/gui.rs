@@ -553,3 +553,69 @@ fn regenerate_benchmark_fixture() {
     }
     println!("wrote {}", out.display());
 }
+
+/// A suite opened in the window (`mergescope gui --benchmark text.toml`): its [models] become
+/// the inputs, named by task, and a merge run by clicks is evaluated with the suite, scoring the
+/// accuracies transformers gives the same merge of the real BERT experts
+/// (tests/fixtures/families/bert-experts), normalised by each expert.
+#[test]
+fn a_suite_opened_in_the_window_evaluates_the_merges() {
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/families/bert-experts")
+        .canonicalize()
+        .unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fx.join("reference.json")).unwrap()).unwrap();
+    let p = |s: &str| fx.join(s).display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("text.toml");
+    std::fs::write(
+        &suite,
+        format!(
+            "name = \"text\"\n[model]\nfamily = \"bert\"\nconfig = \"{b}/config.json\"\ntokenizer = \"{b}/tokenizer.json\"\n\
+             [[task]]\nname = \"topic\"\ndata = \"{}\"\nhead = \"{}\"\n[[task]]\nname = \"verdict\"\ndata = \"{}\"\nhead = \"{}\"\n\
+             [models]\nbase = \"{b}\"\nexperts = [\"{}\", \"{}\"]\n",
+            p("topic.jsonl"),
+            p("topic"),
+            p("verdict.jsonl"),
+            p("verdict"),
+            p("topic"),
+            p("verdict"),
+            b = p("base"),
+        ),
+    )
+    .unwrap();
+    let config = mergescope_gui::DocumentConfig {
+        plugin_dirs: Vec::new(),
+        runs_dir: Some(dir.path().join("runs")),
+        benchmark: Some(suite),
+        build_demo_if_missing: false,
+        demo_arch: None,
+    };
+    let app = MergescopeApp::new(
+        &egui::Context::default(),
+        mergescope_gui::settings::Settings::default(),
+        &config,
+    );
+    let mut h = harness(app);
+    h.run_steps(3);
+    h.get_by_label("Experts (2)");
+    choose_method(&mut h, "Task arithmetic");
+    slider(&h, "lambda").set_value_accesskit(0.5);
+    h.run_steps(2);
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "the task-arithmetic run on the suite", |a| {
+        last_status(a) == Some(RunStatus::Done)
+    });
+    let eval = h.state().doc.runs[0]
+        .eval
+        .clone()
+        .expect("the merge was evaluated with the suite");
+    for task in ["topic", "verdict"] {
+        let want = r["accuracy"]["task-arithmetic"][task].as_f64().unwrap();
+        let t = eval.task(task).unwrap();
+        assert_eq!(t.accuracy, want, "{task}");
+        // Each expert scores 1.0 on its own task, so the normalised score is the accuracy.
+        assert!((t.normalized.unwrap() - want / r["accuracy"][task][task].as_f64().unwrap()).abs() < 1e-12);
+    }
+}

@@ -8,8 +8,9 @@ use std::process::ExitCode;
 
 #[derive(Args, Debug, Default)]
 pub struct GuiArgs {
-    /// Benchmark folder to open (default: the built demo; built on first launch).
-    #[arg(long, value_name = "DIR")]
+    /// Benchmark folder, or suite file (`.toml`) to evaluate merges with, to open (default: the
+    /// built demo; built on first launch).
+    #[arg(long, value_name = "DIR|SUITE")]
     pub benchmark: Option<PathBuf>,
     /// Architecture of the demo benchmark to open or build: mlp, cnn or vit.
     #[arg(long, value_name = "ARCH")]

@@ -64,6 +64,17 @@ pub fn pick_expert_folder(doc: &mut Document) {
     }
 }
 
+/// Asks for a suite file (`.toml`) to evaluate merges with.
+pub fn pick_suite(doc: &mut Document) {
+    if let Some(file) = rfd::FileDialog::new()
+        .set_title("Suite file")
+        .add_filter("suite", &["toml"])
+        .pick_file()
+    {
+        doc.use_suite(&file);
+    }
+}
+
 /// Loads a plugin now, or asks for approval first when it comes from outside the app.
 pub fn request_plugin(doc: &mut Document, view: &mut ViewState, path: &Path) {
     if doc.needs_approval(path) {

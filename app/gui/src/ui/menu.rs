@@ -119,6 +119,15 @@ pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
             if ui.button("Load plugin…").clicked() {
                 dialogs::pick_plugin(app.doc, app.view);
             }
+            if ui
+                .button("Open suite…")
+                .on_hover_text(
+                    "Evaluate merges with a suite file: your model family (BERT, CLIP, causal LM) or your own command",
+                )
+                .clicked()
+            {
+                dialogs::pick_suite(app.doc);
+            }
             ui.separator();
             if ui.button("Quit").clicked() {
                 ui.send_viewport_cmd(egui::ViewportCommand::Close);
