@@ -2,7 +2,7 @@
 //! head, scored in candle on the evaluator's device (accuracy, mean cross-entropy and accuracy
 //! normalised by the task's expert), from a file or from tensors held in memory.
 
-use super::{EvalReport, Evaluator, InMemoryEvaluator, TaskScore, summarise};
+use super::{EvalReport, Evaluator, InMemoryEvaluator, TaskScore, evenly, summarise};
 use crate::data::{SplitKind, TaskData};
 use crate::nn::{Arch, Head, Params, images_tensor, labels_tensor, load_params};
 use candle_core::{D, DType, Device, Tensor};
@@ -99,7 +99,7 @@ impl BackboneEvaluator {
             if per_task == 0 || per_task >= n {
                 continue;
             }
-            let idx: Vec<u32> = (0..per_task).map(|i| (i * n / per_task) as u32).collect();
+            let idx = evenly(&(0..n as u32).collect::<Vec<_>>(), per_task);
             let idx = Tensor::from_vec(idx, per_task, s.labels.device())?;
             s.images = s.images.index_select(&idx, 0)?;
             s.labels = s.labels.index_select(&idx, 0)?;

@@ -4,12 +4,11 @@
 //! CLIP text tower (the `zeroshot_from` model's, computed once, or the evaluated model's own).
 
 use super::backbone::Tally;
-use super::{EvalReport, Evaluator, InMemoryEvaluator, summarise};
+use super::{EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, WeightsInMemory, evenly, summarise};
 use crate::data::SplitKind;
 use crate::family::clip::{self, ClipConfigs, ImageEncoder, TextEncoder};
 use crate::family::hf;
 use crate::family::image_data::{ImageExample, pixels};
-use crate::nn::Params;
 use candle_core::{Device, Tensor};
 use mergescope_engine::error::{EngineError, Result};
 use std::collections::HashMap;
@@ -256,29 +255,28 @@ impl Evaluator for ImageClassifierEvaluator {
         let size = self.config_for(like)?.vision.image_size;
         let mut ev = self.clone();
         for t in &mut ev.tasks {
-            let n = t.examples.len();
-            if samples > 0 && samples < n {
-                t.examples = (0..samples).map(|i| t.examples[i * n / samples].clone()).collect();
-            }
+            t.examples = evenly(&t.examples, samples);
             // Decoded once: every model of a landscape sees the same images.
             t.pixels = Some(pixels(&t.examples, size, &self.device)?);
         }
-        Ok(Some(Box::new(ImageInMemory {
+        Ok(Some(Box::new(WeightsInMemory {
             ev,
+            inputs: (),
             like: like.to_owned(),
         })))
     }
 }
 
-/// [`ImageClassifierEvaluator`] on models held in memory, with its images decoded once.
-struct ImageInMemory {
-    ev: ImageClassifierEvaluator,
-    like: PathBuf,
-}
+impl ScoresWeights for ImageClassifierEvaluator {
+    type Inputs = ();
 
-impl InMemoryEvaluator for ImageInMemory {
-    fn evaluate(&self, model: &Params) -> Result<EvalReport> {
-        let weights = model.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
-        self.ev.evaluate_weights(weights, &self.like, &AtomicBool::new(false))
+    fn score_weights(
+        &self,
+        _: &(),
+        weights: HashMap<String, Tensor>,
+        source: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<EvalReport> {
+        self.evaluate_weights(weights, source, cancel)
     }
 }

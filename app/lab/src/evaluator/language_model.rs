@@ -3,11 +3,10 @@
 //! log-likelihood divided by the choice's length in bytes, the headline), and texts by
 //! perplexity and next-token accuracy (the headline), on the evaluator's device.
 
-use super::{EvalReport, Evaluator, InMemoryEvaluator, TaskScore, summarise};
+use super::{EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, TaskScore, WeightsInMemory, evenly, summarise};
 use crate::data::SplitKind;
 use crate::family::causal_lm::{CausalLm, LmConfig, read_config};
 use crate::family::hf;
-use crate::nn::Params;
 use candle_core::{Device, Tensor};
 use mergescope_engine::error::{EngineError, Result};
 use std::collections::{BTreeMap, HashMap};
@@ -273,42 +272,30 @@ impl Evaluator for LmEvaluator {
     }
 
     fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
-        let (config, tokenizer) = self.inputs_for(like)?;
         let mut ev = self.clone();
         for t in &mut ev.tasks {
             if let LmTaskData::MultipleChoice(qs) = &mut t.data {
-                let n = qs.len();
-                if samples > 0 && samples < n {
-                    *qs = (0..samples).map(|i| qs[i * n / samples].clone()).collect();
-                }
+                *qs = evenly(qs, samples);
             }
         }
-        Ok(Some(Box::new(LmInMemory {
+        Ok(Some(Box::new(WeightsInMemory {
             ev,
-            config,
-            tokenizer,
+            inputs: self.inputs_for(like)?,
             like: like.to_owned(),
         })))
     }
 }
 
-/// [`LmEvaluator`] on models held in memory.
-struct LmInMemory {
-    ev: LmEvaluator,
-    config: LmConfig,
-    tokenizer: Tokenizer,
-    like: PathBuf,
-}
+impl ScoresWeights for LmEvaluator {
+    type Inputs = (LmConfig, Tokenizer);
 
-impl InMemoryEvaluator for LmInMemory {
-    fn evaluate(&self, model: &Params) -> Result<EvalReport> {
-        let weights = model.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
-        self.ev.evaluate_weights(
-            &self.config,
-            &self.tokenizer,
-            weights,
-            &self.like,
-            &AtomicBool::new(false),
-        )
+    fn score_weights(
+        &self,
+        inputs: &Self::Inputs,
+        weights: HashMap<String, Tensor>,
+        source: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<EvalReport> {
+        self.evaluate_weights(&inputs.0, &inputs.1, weights, source, cancel)
     }
 }

@@ -31,8 +31,10 @@ pub use report::{ACCURACY, EvalReport, TaskScore, summarise};
 pub use text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};
 
 use crate::nn::Params;
+use candle_core::Tensor;
 use mergescope_engine::error::Result;
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 /// Scores checkpoints on a fixed list of tasks.
@@ -58,4 +60,48 @@ pub trait Evaluator: Send + Sync {
 pub trait InMemoryEvaluator: Send + Sync {
     /// Scores `model` (tensors by name, on the evaluator's device) on every task.
     fn evaluate(&self, model: &Params) -> Result<EvalReport>;
+}
+
+/// A family evaluator's scoring of a model given as named tensors, with what the tensors do not
+/// carry (`Inputs`: a config, a tokenizer) resolved once from a checkpoint like it.
+pub(crate) trait ScoresWeights: Send + Sync + 'static {
+    /// Config, tokenizer: whatever scoring needs besides the tensors.
+    type Inputs: Send + Sync + 'static;
+    /// Scores the model `weights` (`source` names it in errors).
+    fn score_weights(
+        &self,
+        inputs: &Self::Inputs,
+        weights: HashMap<String, Tensor>,
+        source: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<EvalReport>;
+}
+
+/// Any [`ScoresWeights`] on models held in memory (landscapes).
+pub(crate) struct WeightsInMemory<E: ScoresWeights> {
+    /// The evaluator, its tasks subsampled.
+    pub ev: E,
+    /// Its inputs, resolved from `like`.
+    pub inputs: E::Inputs,
+    /// The checkpoint the models are like (named in errors).
+    pub like: PathBuf,
+}
+
+impl<E: ScoresWeights> InMemoryEvaluator for WeightsInMemory<E> {
+    fn evaluate(&self, model: &Params) -> Result<EvalReport> {
+        // Tensors are shared, not copied: the map only names them for the model.
+        let weights = model.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
+        self.ev
+            .score_weights(&self.inputs, weights, &self.like, &AtomicBool::new(false))
+    }
+}
+
+/// At most `samples` of `items`, evenly spaced through them (every part represented); all of
+/// them when `samples` is 0 or not fewer than there are.
+pub(crate) fn evenly<T: Clone>(items: &[T], samples: usize) -> Vec<T> {
+    let n = items.len();
+    if samples == 0 || samples >= n {
+        return items.to_vec();
+    }
+    (0..samples).map(|i| items[i * n / samples].clone()).collect()
 }

@@ -4,12 +4,11 @@
 //! model and one batch of activations.
 
 use super::backbone::Tally;
-use super::{EvalReport, Evaluator, InMemoryEvaluator, summarise};
+use super::{EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, WeightsInMemory, evenly, summarise};
 use crate::data::SplitKind;
 use crate::family::bert::{self, BertEncoder, ClassifierHead};
 use crate::family::hf;
 use crate::family::text_data::TextExample;
-use crate::nn::Params;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::bert::Config;
 use mergescope_engine::error::{EngineError, Result};
@@ -155,20 +154,29 @@ impl Evaluator for TextClassifierEvaluator {
     }
 
     fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
-        let (config, tokenizer) = self.inputs_for(like)?;
         let mut ev = self.clone();
         for t in &mut ev.tasks {
-            let n = t.examples.len();
-            if samples > 0 && samples < n {
-                t.examples = (0..samples).map(|i| t.examples[i * n / samples].clone()).collect();
-            }
+            t.examples = evenly(&t.examples, samples);
         }
-        Ok(Some(Box::new(TextInMemory {
+        Ok(Some(Box::new(WeightsInMemory {
             ev,
-            config,
-            tokenizer,
+            inputs: self.inputs_for(like)?,
             like: like.to_owned(),
         })))
+    }
+}
+
+impl ScoresWeights for TextClassifierEvaluator {
+    type Inputs = (Config, Tokenizer);
+
+    fn score_weights(
+        &self,
+        inputs: &Self::Inputs,
+        weights: HashMap<String, Tensor>,
+        source: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<EvalReport> {
+        self.evaluate_weights(&inputs.0, &inputs.1, weights, source, cancel)
     }
 }
 
@@ -214,29 +222,6 @@ impl TextClassifierEvaluator {
             config.pad_token_id as u32,
             config.hidden_size,
             cancel,
-        )
-    }
-}
-
-/// [`TextClassifierEvaluator`] on models held in memory: its config and tokenizer resolved
-/// once, its tasks subsampled.
-struct TextInMemory {
-    ev: TextClassifierEvaluator,
-    config: Config,
-    tokenizer: Tokenizer,
-    like: PathBuf,
-}
-
-impl InMemoryEvaluator for TextInMemory {
-    fn evaluate(&self, model: &Params) -> Result<EvalReport> {
-        // Tensors are shared, not copied: the map only names them for the encoder.
-        let weights = model.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
-        self.ev.evaluate_weights(
-            &self.config,
-            &self.tokenizer,
-            weights,
-            &self.like,
-            &AtomicBool::new(false),
         )
     }
 }
