@@ -9,6 +9,7 @@ mod common;
 
 mod files;
 mod plugins;
+mod suites;
 
 use common::Env;
 use std::collections::BTreeMap;
