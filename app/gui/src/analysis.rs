@@ -16,7 +16,9 @@ use mergescope_lab::analysis::views::{
 use mergescope_lab::analysis::{checkpoint_label, gram_of_files};
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::Benchmark;
+use mergescope_lab::evaluate::{EvaluatorSpec, open_normalised};
 use mergescope_lab::evaluator::EvalReport;
+use mergescope_lab::evaluator::Evaluator;
 use mergescope_lab::scaling::views::{
     BoundSettings, Mask, bound_figure, bound_of_files, heterogeneity_figure, heterogeneity_of_files, train_facts,
     weights_figure,
@@ -123,8 +125,27 @@ pub struct AnalysisInputs {
     pub tensors: Vec<String>,
     /// Task names of the benchmark (the per-task metric choices).
     pub tasks: Vec<String>,
+    /// The suite models are evaluated with, when no benchmark is open (radar, landscapes).
+    pub suite: Option<PathBuf>,
     /// The device the session's runs use; landscapes evaluate on it.
     pub device: DeviceChoice,
+}
+
+impl AnalysisInputs {
+    /// The suite's evaluator for these inputs, normalised by the experts (one per task).
+    fn suite_evaluator(
+        &self,
+        base: &std::path::Path,
+        experts: &[PathBuf],
+        cancel: &AtomicBool,
+    ) -> Result<Option<Box<dyn Evaluator>>> {
+        let Some(suite) = &self.suite else {
+            return Ok(None);
+        };
+        let (device, _) = open_device(self.device);
+        let spec = EvaluatorSpec::new(suite.display().to_string(), &device);
+        Ok(Some(open_normalised(&spec, base, experts, cancel)?))
+    }
 }
 
 /// A figure as it improves, with landscape progress.
@@ -286,7 +307,12 @@ fn compute(
         }
         ViewKind::Radar => {
             let mut models: Vec<(String, EvalReport)> = Vec::new();
-            if let Some(b) = &inputs.base_eval {
+            let base_eval = match (&inputs.base_eval, inputs.suite_evaluator(&base, &experts, cancel)?) {
+                (Some(b), _) => Some(b.clone()),
+                (None, Some(ev)) => Some(ev.evaluate_file(&base, cancel)?),
+                (None, None) => None,
+            };
+            if let Some(b) = &base_eval {
                 models.push(("base".into(), b.clone()));
             }
             models.extend(
@@ -295,7 +321,7 @@ fn compute(
                     .iter()
                     .filter_map(|(l, _, e)| Some((l.clone(), e.clone()?))),
             );
-            if models.len() <= usize::from(inputs.base_eval.is_some()) {
+            if models.len() <= usize::from(base_eval.is_some()) {
                 return Err(EngineError::invalid(
                     "select evaluated merges in the results table to draw them",
                 ));
@@ -347,10 +373,16 @@ fn compute(
             emit(bound_figure(&r.variants), None);
         }
         ViewKind::TaLine | ViewKind::CartGrid | ViewKind::CartRank | ViewKind::Plane | ViewKind::TrajectoryPlane => {
-            let bench = inputs
-                .benchmark
-                .as_ref()
-                .ok_or_else(|| EngineError::invalid("landscapes evaluate models: open a benchmark first"))?;
+            let suite_ev = inputs.suite_evaluator(&base, &experts, cancel)?;
+            let bench = match (&inputs.benchmark, &suite_ev) {
+                (Some(b), _) => Some(b),
+                (None, Some(_)) => None,
+                (None, None) => {
+                    return Err(EngineError::invalid(
+                        "landscapes evaluate models: open a benchmark or a suite (File ▸ Open suite…) first",
+                    ));
+                }
+            };
             let lk = match kind {
                 ViewKind::TaLine => LandscapeKind::TaLine,
                 ViewKind::CartGrid => LandscapeKind::Cart,
@@ -380,13 +412,12 @@ fn compute(
             }
             let (device, _) = open_device(inputs.device);
             let tasks = benchmark_tasks(None)?;
-            let prepared = prepare_landscape(
-                LandscapeSource::Benchmark(bench, &tasks),
-                &base,
-                &experts,
-                &spec,
-                &device,
-            )?;
+            let source = match (bench, &suite_ev, &inputs.suite) {
+                (Some(b), _, _) => LandscapeSource::Benchmark(b, &tasks),
+                (None, Some(ev), Some(suite)) => LandscapeSource::Evaluator(ev.as_ref(), vec![suite.clone()]),
+                _ => return Err(EngineError::Bug("a landscape without a benchmark or a suite".into())),
+            };
+            let prepared = prepare_landscape(source, &base, &experts, &spec, &device)?;
             let mut grid = prepared.initial_grid(true);
             let total = grid.cells.len();
             emit(prepared.figure(&grid, &device)?, Some((grid.done(), total)));

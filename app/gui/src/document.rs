@@ -531,11 +531,12 @@ impl Document {
                         .collect()
                 })
                 .unwrap_or_default(),
-            tasks: self
-                .benchmark
-                .as_ref()
-                .map(|b| b.task_names().iter().map(|t| t.to_string()).collect())
-                .unwrap_or_default(),
+            tasks: match (&self.benchmark, &self.suite) {
+                (Some(b), _) => b.task_names().iter().map(|t| t.to_string()).collect(),
+                (None, Some(s)) => Suite::load(s).map(|s| s.task_names()).unwrap_or_default(),
+                (None, None) => Vec::new(),
+            },
+            suite: self.suite.clone(),
             device: self.device,
         };
         self.analysis.start(kind, inputs, self.notify.clone());

@@ -618,4 +618,44 @@ fn a_suite_opened_in_the_window_evaluates_the_merges() {
         // Each expert scores 1.0 on its own task, so the normalised score is the accuracy.
         assert!((t.normalized.unwrap() - want / r["accuracy"][task][task].as_f64().unwrap()).abs() < 1e-12);
     }
+
+    use mergescope_figures::Figure;
+    // The window's analyses on the suite: the λ line passes through the merge at λ = 0.5 and
+    // the base at 0 (models built in memory), and the radar (bars, two tasks) draws the base,
+    // evaluated with the suite, beside the merge.
+    let (t, v) = (
+        r["accuracy"]["task-arithmetic"]["topic"].as_f64().unwrap(),
+        r["accuracy"]["task-arithmetic"]["verdict"].as_f64().unwrap(),
+    );
+    h.get_all_by_label("λ line").last().unwrap().click();
+    h.run_steps(2);
+    step_until(&mut h, "the λ line", |a| {
+        !a.doc.analysis.running() && a.doc.analysis.figure.is_some()
+    });
+    let Some(Figure::Lines(l)) = h.state().doc.analysis.figure.clone() else {
+        panic!("no λ line: {:?}", h.state().doc.analysis.error)
+    };
+    let at = |x: f64| {
+        l.series[0]
+            .points
+            .iter()
+            .find(|p| (p[0] - x).abs() < 1e-9)
+            .map(|p| p[1])
+            .unwrap()
+    };
+    assert!((at(0.5) - (t + v) / 2.0).abs() < 1e-12, "{:?}", l.series[0].points);
+    assert!((at(0.0) - 0.5).abs() < 1e-12, "{:?}", l.series[0].points);
+    let id = h.state().doc.runs[0].id;
+    h.state_mut().view.selected.insert(id);
+    h.run_steps(2);
+    h.get_all_by_label("Radar").last().unwrap().click();
+    h.run_steps(2);
+    step_until(&mut h, "the radar", |a| !a.doc.analysis.running());
+    let Some(Figure::Bars(b)) = h.state().doc.analysis.figure.clone() else {
+        panic!("no radar: {:?}", h.state().doc.analysis.error)
+    };
+    assert_eq!(b.categories, ["topic", "verdict"]);
+    assert_eq!(b.series[0].0, "base");
+    assert_eq!(b.series[0].1, vec![0.5, 0.5]);
+    assert_eq!(b.series[1].1, vec![t, v]);
 }
