@@ -204,6 +204,36 @@ fn bert_experts_merged_and_scored_like_transformers() {
     assert_eq!(got, (t, v), "{text}");
     // The merge is worth it: better than the base on both tasks.
     assert!(t > 0.5 && v > 0.5);
+    // The suite's [models] table gives the inputs when no --base/--expert is given: the same
+    // merge, the same bytes.
+    let again = env.path("ta2.safetensors").to_string_lossy().into_owned();
+    env.ok(&[
+        "merge",
+        "--method",
+        "task-arithmetic",
+        "--param",
+        "lambda=0.5",
+        "--out",
+        &again,
+        "--benchmark",
+        &suite,
+        "-q",
+    ]);
+    assert_eq!(std::fs::read(&merged).unwrap(), std::fs::read(&again).unwrap());
+    let e = env.fails(&[
+        "merge",
+        "--method",
+        "adamerging",
+        "--out",
+        "x.safetensors",
+        "--benchmark",
+        &suite,
+        "-q",
+    ]);
+    assert!(
+        e.contains("adamerging") && e.contains("suite") && e.contains("search"),
+        "{e}"
+    );
 
     // The radar (bars, with two tasks) of the base and the merge, the models from the suite's
     // [models] table, normalised by each task's expert (which scores 1.0 on its own task).

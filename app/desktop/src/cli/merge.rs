@@ -11,7 +11,8 @@ use mergescope_engine::recipe::{Recipe, parse_size};
 use mergescope_lab::data::SplitKind;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::resolve_benchmark;
-use mergescope_lab::evaluate::EvaluatorSpec;
+use mergescope_lab::evaluate::{EvaluatorSpec, suite_models};
+use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::nn::Arch;
 use mergescope_lab::run::{self, TaskSource};
 use mergescope_plugin_api::abi;
@@ -154,12 +155,20 @@ fn build(args: &MergeArgs) -> anyhow::Result<(String, MergeRequest, DeviceChoice
     if req.experts.is_empty()
         && let Some(spec) = &args.benchmark
     {
-        let b = resolve_benchmark(spec, None)?;
-        req.base = req.base.or_else(|| Some(b.base_path()));
-        req.experts = b.expert_paths();
+        if is_suite_path(spec) {
+            let m = suite_models(&Suite::load(Path::new(spec))?, None, &[])?;
+            req.base = req.base.or(Some(m.base));
+            req.experts = m.experts;
+        } else {
+            let b = resolve_benchmark(spec, None)?;
+            req.base = req.base.or_else(|| Some(b.base_path()));
+            req.experts = b.expert_paths();
+        }
     }
     if req.experts.is_empty() {
-        bail!("no experts: pass --expert PATH once per expert checkpoint (or --benchmark demo)");
+        bail!(
+            "no experts: pass --expert PATH once per expert checkpoint (or --benchmark demo, or a suite with [models])"
+        );
     }
     Ok((method, req, device))
 }
@@ -225,6 +234,13 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
         let header = Checkpoint::open(base)?;
         let arch = Arch::detect(header.tensors.iter().map(|(k, t)| (k.as_str(), t.shape.as_slice())));
         let spec = args.benchmark.as_deref().unwrap_or("demo");
+        if is_suite_path(spec) {
+            bail!(
+                "method '{}' trains on the demo benchmark's calibration tasks, which a suite does not provide yet; \
+                 use a per-tensor method with the suite, or `mergescope search` to tune its coefficients on the suite",
+                plugin.id()
+            );
+        }
         let bench = resolve_benchmark(spec, arch)
             .with_context(|| format!("method '{}' needs the benchmark its experts were tuned on", plugin.id()))?;
         Some((bench, benchmark_tasks(None)?))
