@@ -187,6 +187,22 @@ def merge_configs() -> dict[str, dict]:
             "parameters": {"nuslerp_flatten": False},
             **dtypes,
         },
+        # Model Breadcrumbs: the smallest entries and the largest gamma fraction dropped per
+        # tensor, with and without TIES sign consensus.
+        "breadcrumbs": {
+            "merge_method": "breadcrumbs",
+            "base_model": base,
+            "models": [m(e, density=0.7, gamma=0.05, weight=w) for e, w in zip(EXPERTS, [1.0, 0.5, 0.8])],
+            "parameters": {"lambda": 0.9},
+            **dtypes,
+        },
+        "breadcrumbs_ties": {
+            "merge_method": "breadcrumbs_ties",
+            "base_model": base,
+            "models": [m(e, density=0.5, gamma=0.02, weight=1.0) for e in EXPERTS],
+            "parameters": {"normalize": True},
+            **dtypes,
+        },
         "nuslerp_row_wise": {
             "merge_method": "nuslerp",
             "base_model": base,
