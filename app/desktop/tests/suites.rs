@@ -371,6 +371,10 @@ fn search_finds_and_merges_the_best_task_weights() {
         serde_json::from_str(&env.ok(&["eval", "--benchmark", &suite, "--checkpoint", &out, "--json"])).unwrap();
     assert_eq!(scored["average"]["accuracy"].as_f64().unwrap(), best);
     assert!(env.path("best.search.json").is_file());
+    assert!(
+        !env.path(".best.safetensors.candidate.safetensors").exists(),
+        "the scratch candidate was left"
+    );
     // The same seed gives the same search; an existing output is not overwritten.
     let e = env.fails(&args);
     assert!(e.contains("exists") && e.contains("--overwrite"), "{e}");

@@ -472,7 +472,13 @@ impl Worker {
         device: &candle_core::Device,
         cancel: &AtomicBool,
     ) -> Result<EvalReport> {
-        let key = (suite.to_path_buf(), device_name(device));
+        // The references come from the experts: a merge of other experts needs new ones.
+        let mut key_path = suite.as_os_str().to_owned();
+        for input in req.base.iter().chain(&req.experts) {
+            key_path.push("\u{0}");
+            key_path.push(input.as_os_str());
+        }
+        let key = (PathBuf::from(key_path), device_name(device));
         let ev = match self.evaluator.take() {
             Some((k, ev)) if k == key => ev,
             _ => {

@@ -127,12 +127,13 @@ impl<'a> CompareInputs<'a> {
         device: &Device,
         cancel: &AtomicBool,
     ) -> Result<Self> {
-        let test = Normalised::by_experts(suite.evaluator(None, device)?, &experts, cancel)?;
+        let references = suite.expert_references(&experts, device, cancel)?;
         let individual = suite
             .task_names()
             .iter()
-            .map(|t| test.references().0.get(t).copied().unwrap_or(f64::NAN))
+            .map(|t| references.0.get(t).copied().unwrap_or(f64::NAN))
             .collect();
+        let test = Normalised::new(suite.evaluator(None, device)?, references);
         Ok(CompareInputs {
             source: suite.path.clone(),
             kind: format!("suite '{}'", suite.name),

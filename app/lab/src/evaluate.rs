@@ -90,15 +90,16 @@ pub fn open_normalised(
     experts: &[PathBuf],
     cancel: &std::sync::atomic::AtomicBool,
 ) -> Result<Box<dyn Evaluator>> {
-    let opened = open(spec, Some(base))?;
-    if opened.benchmark.is_some() || experts.len() != opened.evaluator.task_names().len() {
-        return Ok(opened.evaluator);
+    if !evaluator::suite::is_suite_path(&spec.benchmark) {
+        return Ok(open(spec, Some(base))?.evaluator);
     }
-    Ok(Box::new(evaluator::Normalised::by_experts(
-        opened.evaluator,
-        experts,
-        cancel,
-    )?))
+    let suite = Suite::load(Path::new(&spec.benchmark))?;
+    let inner = suite.evaluator(spec.tasks.as_deref(), &spec.device)?;
+    if experts.len() != suite.task_names().len() {
+        return Ok(inner);
+    }
+    let references = suite.expert_references(experts, &spec.device, cancel)?;
+    Ok(Box::new(evaluator::Normalised::new(inner, references)))
 }
 
 /// The base and experts of a run on `suite`: `base` and `experts` when given (the CLI's

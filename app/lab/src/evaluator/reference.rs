@@ -4,9 +4,9 @@
 
 use super::{EvalReport, Evaluator, InMemoryEvaluator, summarise};
 use crate::nn::Params;
-use mergescope_engine::error::{EngineError, Result};
+use mergescope_engine::error::Result;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 /// Each task's reference score (its expert's headline score on it).
@@ -35,34 +35,9 @@ pub struct Normalised {
 }
 
 impl Normalised {
-    /// Scores expert `i` on task `i` (experts in the evaluator's task order, one per task) and
-    /// wraps `inner` so that its reports carry the normalised scores.
-    pub fn by_experts(inner: Box<dyn Evaluator>, experts: &[PathBuf], cancel: &AtomicBool) -> Result<Normalised> {
-        let tasks = inner.task_names();
-        if experts.len() != tasks.len() {
-            return Err(EngineError::Param(format!(
-                "normalised scores need one expert per task, in task order: {} has {} tasks ({}) but {} experts were given",
-                inner.describe(),
-                tasks.len(),
-                tasks.join(", "),
-                experts.len()
-            )));
-        }
-        let mut references = BTreeMap::new();
-        for (task, expert) in tasks.iter().zip(experts) {
-            let report = inner.evaluate_file(expert, cancel)?;
-            let score = report.task(task).map(|t| t.accuracy).ok_or_else(|| {
-                EngineError::Bug(format!(
-                    "the report of '{}' lacks its own task '{task}'",
-                    expert.display()
-                ))
-            })?;
-            references.insert(task.clone(), score);
-        }
-        Ok(Normalised {
-            inner,
-            references: References(references),
-        })
+    /// `inner`, its reports normalised by `references`.
+    pub fn new(inner: Box<dyn Evaluator>, references: References) -> Normalised {
+        Normalised { inner, references }
     }
 
     /// Each task's reference.

@@ -51,7 +51,7 @@
 use super::image_classifier::{ClipModelSpec, ImageClassifierEvaluator, ImageTask};
 use super::language_model::{LmEvaluator, LmModelSpec, read_lm_task};
 use super::text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};
-use super::{CommandEvaluator, Evaluator};
+use super::{CommandEvaluator, Evaluator, References};
 use crate::family::bert::ClassifierHead;
 use crate::family::image_data::read_image_folder;
 use crate::family::text_data::read_text_task;
@@ -60,7 +60,9 @@ use candle_core::Tensor;
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::error::{EngineError, Result};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// The model families a suite's `[model] family` may name.
@@ -346,6 +348,35 @@ impl Suite {
             SuiteKind::Command(ev) => ev.tasks.clone(),
             SuiteKind::Family { tasks, .. } => tasks.iter().map(|t| t.name.clone()).collect(),
         }
+    }
+
+    /// Each task's reference for normalised scores: expert `i` (one per task, in task order)
+    /// scored on task `i` alone.
+    pub fn expert_references(&self, experts: &[PathBuf], device: &Device, cancel: &AtomicBool) -> Result<References> {
+        let tasks = self.task_names();
+        if experts.len() != tasks.len() {
+            return Err(EngineError::Param(format!(
+                "normalised scores need one expert per task, in task order: suite '{}' has {} tasks ({}) but {} experts were given",
+                self.path.display(),
+                tasks.len(),
+                tasks.join(", "),
+                experts.len()
+            )));
+        }
+        let mut references = BTreeMap::new();
+        for (task, expert) in tasks.iter().zip(experts) {
+            let report = self
+                .evaluator(Some(std::slice::from_ref(task)), device)?
+                .evaluate_file(expert, cancel)?;
+            let score = report.task(task).map(|t| t.accuracy).ok_or_else(|| {
+                EngineError::Bug(format!(
+                    "the report of '{}' lacks its own task '{task}'",
+                    expert.display()
+                ))
+            })?;
+            references.insert(task.clone(), score);
+        }
+        Ok(References(references))
     }
 
     /// The suite file's folder, which its relative paths start from.

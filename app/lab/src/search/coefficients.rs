@@ -305,6 +305,8 @@ pub fn search_coefficients(
         return Err(EngineError::Param("--budget must be at least 1 candidate".into()));
     }
     let space = Space::new(&spec.params, plugin.schema(), experts.len(), spec.range, plugin.id())?;
+    // The scratch candidate goes however the search ends (done, cancelled or failed).
+    let _scratch = RemoveOnDrop(scratch);
     let mut es = CmaEs::new(space.start(), 0.25 * space.width(), spec.population, spec.seed)?;
     let mut history: Vec<Candidate> = Vec::new();
     let mut best: Option<Candidate> = None;
@@ -365,7 +367,6 @@ pub fn search_coefficients(
         es.tell(&values)?;
         means.push(space.params(&space.repair(es.mean()).0, &spec.fixed));
     }
-    let _ = std::fs::remove_file(scratch);
     let best = best.ok_or_else(|| match history.first().and_then(|c| c.error.clone()) {
         Some(e) => EngineError::Param(format!(
             "no candidate could be merged and scored; the first failed with: {e}"
@@ -378,6 +379,15 @@ pub fn search_coefficients(
         means,
         cancelled,
     })
+}
+
+/// Removes a file when dropped.
+struct RemoveOnDrop<'a>(&'a Path);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
 }
 
 /// Merges one candidate into `scratch` and scores it: (mean headline score, per task).
