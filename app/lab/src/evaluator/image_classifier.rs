@@ -4,7 +4,7 @@
 //! CLIP text tower (the `zeroshot_from` model's, computed once, or the evaluated model's own).
 
 use super::backbone::Tally;
-use super::{EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, WeightsInMemory, evenly, summarise};
+use super::{EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, evenly, in_memory_of, score_file, summarise};
 use crate::data::SplitKind;
 use crate::family::clip::{self, ClipConfigs, ImageEncoder, TextEncoder};
 use crate::family::hf;
@@ -203,20 +203,57 @@ impl ImageClassifierEvaluator {
         }
         Ok(heads)
     }
+}
 
-    /// Scores the model given as its weights (`source` names it in errors).
-    fn evaluate_weights(
+impl Evaluator for ImageClassifierEvaluator {
+    fn describe(&self) -> String {
+        format!("suite '{}' (clip family, {} tasks)", self.name, self.tasks.len())
+    }
+
+    fn task_names(&self) -> Vec<String> {
+        self.tasks.iter().map(|t| t.name.clone()).collect()
+    }
+
+    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
+        score_file(self, path, cancel)
+    }
+
+    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
+        let size = self.config_for(like)?.vision.image_size;
+        in_memory_of(self, like, |ev| {
+            for t in &mut ev.tasks {
+                t.examples = evenly(&t.examples, samples);
+                // Decoded once: every model of a landscape sees the same images.
+                t.pixels = Some(pixels(&t.examples, size, &ev.device)?);
+            }
+            Ok(())
+        })
+    }
+}
+
+impl ScoresWeights for ImageClassifierEvaluator {
+    type Inputs = ClipConfigs;
+
+    fn inputs_for(&self, like: &Path) -> Result<ClipConfigs> {
+        self.config_for(like)
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn score_weights(
         &self,
+        config: &ClipConfigs,
         weights: HashMap<String, Tensor>,
         source: &Path,
         cancel: &AtomicBool,
     ) -> Result<EvalReport> {
         let weights = clip::canonical(weights);
-        let config = self.config_for(source)?;
         let fallback = self.fallback()?;
-        let encoder = ImageEncoder::load(&config, &weights, fallback.as_deref(), &self.device, source)?;
-        let scale = clip::logit_scale(&config, &weights, fallback.as_deref())?;
-        let heads = self.heads(&weights, &config, source)?;
+        let encoder = ImageEncoder::load(config, &weights, fallback.as_deref(), &self.device, source)?;
+        let scale = clip::logit_scale(config, &weights, fallback.as_deref())?;
+        let heads = self.heads(&weights, config, source)?;
         let size = config.vision.image_size;
         let mut scores = Vec::with_capacity(self.tasks.len());
         for (task, head) in self.tasks.iter().zip(heads.iter()) {
@@ -235,48 +272,5 @@ impl ImageClassifierEvaluator {
             scores.push(tally.score(&task.name));
         }
         Ok(summarise(SplitKind::Test, scores))
-    }
-}
-
-impl Evaluator for ImageClassifierEvaluator {
-    fn describe(&self) -> String {
-        format!("suite '{}' (clip family, {} tasks)", self.name, self.tasks.len())
-    }
-
-    fn task_names(&self) -> Vec<String> {
-        self.tasks.iter().map(|t| t.name.clone()).collect()
-    }
-
-    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
-        self.evaluate_weights(hf::load_weights(path, &self.device)?, path, cancel)
-    }
-
-    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
-        let size = self.config_for(like)?.vision.image_size;
-        let mut ev = self.clone();
-        for t in &mut ev.tasks {
-            t.examples = evenly(&t.examples, samples);
-            // Decoded once: every model of a landscape sees the same images.
-            t.pixels = Some(pixels(&t.examples, size, &self.device)?);
-        }
-        Ok(Some(Box::new(WeightsInMemory {
-            ev,
-            inputs: (),
-            like: like.to_owned(),
-        })))
-    }
-}
-
-impl ScoresWeights for ImageClassifierEvaluator {
-    type Inputs = ();
-
-    fn score_weights(
-        &self,
-        _: &(),
-        weights: HashMap<String, Tensor>,
-        source: &Path,
-        cancel: &AtomicBool,
-    ) -> Result<EvalReport> {
-        self.evaluate_weights(weights, source, cancel)
     }
 }

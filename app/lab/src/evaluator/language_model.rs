@@ -3,7 +3,9 @@
 //! log-likelihood divided by the choice's length in bytes, the headline), and texts by
 //! perplexity and next-token accuracy (the headline), on the evaluator's device.
 
-use super::{EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, TaskScore, WeightsInMemory, evenly, summarise};
+use super::{
+    EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, TaskScore, evenly, in_memory_of, score_file, summarise,
+};
 use crate::data::SplitKind;
 use crate::family::causal_lm::{CausalLm, LmConfig, read_config};
 use crate::family::hf;
@@ -137,6 +139,44 @@ impl LmEvaluator {
         })
     }
 
+    fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>> {
+        Ok(tokenizer
+            .encode(text, true)
+            .map_err(|e| EngineError::invalid(format!("the tokenizer failed: {e}")))?
+            .get_ids()
+            .to_vec())
+    }
+}
+
+impl Evaluator for LmEvaluator {
+    fn describe(&self) -> String {
+        format!("suite '{}' (causal-lm family, {} tasks)", self.name, self.tasks.len())
+    }
+
+    fn task_names(&self) -> Vec<String> {
+        self.tasks.iter().map(|t| t.name.clone()).collect()
+    }
+
+    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
+        score_file(self, path, cancel)
+    }
+
+    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
+        in_memory_of(self, like, |ev| {
+            for t in &mut ev.tasks {
+                if let LmTaskData::MultipleChoice(qs) = &mut t.data {
+                    *qs = evenly(qs, samples);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+impl ScoresWeights for LmEvaluator {
+    type Inputs = (LmConfig, Tokenizer);
+
+    /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).
     fn inputs_for(&self, checkpoint: &Path) -> Result<(LmConfig, Tokenizer)> {
         let config = read_config(&hf::locate(
             self.spec.config.as_deref(),
@@ -156,18 +196,13 @@ impl LmEvaluator {
         Ok((config, tokenizer))
     }
 
-    fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>> {
-        Ok(tokenizer
-            .encode(text, true)
-            .map_err(|e| EngineError::invalid(format!("the tokenizer failed: {e}")))?
-            .get_ids()
-            .to_vec())
+    fn device(&self) -> &Device {
+        &self.device
     }
 
-    fn evaluate_weights(
+    fn score_weights(
         &self,
-        config: &LmConfig,
-        tokenizer: &Tokenizer,
+        (config, tokenizer): &(LmConfig, Tokenizer),
         weights: HashMap<String, Tensor>,
         source: &Path,
         cancel: &AtomicBool,
@@ -254,48 +289,5 @@ impl LmEvaluator {
             });
         }
         Ok(summarise(SplitKind::Test, scores))
-    }
-}
-
-impl Evaluator for LmEvaluator {
-    fn describe(&self) -> String {
-        format!("suite '{}' (causal-lm family, {} tasks)", self.name, self.tasks.len())
-    }
-
-    fn task_names(&self) -> Vec<String> {
-        self.tasks.iter().map(|t| t.name.clone()).collect()
-    }
-
-    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
-        let (config, tokenizer) = self.inputs_for(path)?;
-        self.evaluate_weights(&config, &tokenizer, hf::load_weights(path, &self.device)?, path, cancel)
-    }
-
-    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
-        let mut ev = self.clone();
-        for t in &mut ev.tasks {
-            if let LmTaskData::MultipleChoice(qs) = &mut t.data {
-                *qs = evenly(qs, samples);
-            }
-        }
-        Ok(Some(Box::new(WeightsInMemory {
-            ev,
-            inputs: self.inputs_for(like)?,
-            like: like.to_owned(),
-        })))
-    }
-}
-
-impl ScoresWeights for LmEvaluator {
-    type Inputs = (LmConfig, Tokenizer);
-
-    fn score_weights(
-        &self,
-        inputs: &Self::Inputs,
-        weights: HashMap<String, Tensor>,
-        source: &Path,
-        cancel: &AtomicBool,
-    ) -> Result<EvalReport> {
-        self.evaluate_weights(&inputs.0, &inputs.1, weights, source, cancel)
     }
 }

@@ -63,10 +63,15 @@ pub trait InMemoryEvaluator: Send + Sync {
 }
 
 /// A family evaluator's scoring of a model given as named tensors, with what the tensors do not
-/// carry (`Inputs`: a config, a tokenizer) resolved once from a checkpoint like it.
-pub(crate) trait ScoresWeights: Send + Sync + 'static {
+/// carry (`Inputs`: a config, a tokenizer) resolved from a checkpoint like it: once per file,
+/// or once for all the models of a landscape ([`score_file`], [`in_memory_of`]).
+pub(crate) trait ScoresWeights: Clone + Send + Sync + 'static {
     /// Config, tokenizer: whatever scoring needs besides the tensors.
     type Inputs: Send + Sync + 'static;
+    /// The inputs for models like the checkpoint at `like`.
+    fn inputs_for(&self, like: &Path) -> Result<Self::Inputs>;
+    /// The device the tensors are loaded on.
+    fn device(&self) -> &candle_core::Device;
     /// Scores the model `weights` (`source` names it in errors).
     fn score_weights(
         &self,
@@ -77,14 +82,37 @@ pub(crate) trait ScoresWeights: Send + Sync + 'static {
     ) -> Result<EvalReport>;
 }
 
+/// Scores the checkpoint at `path` (a file or a shard folder) with `ev`.
+pub(crate) fn score_file<E: ScoresWeights>(ev: &E, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
+    let inputs = ev.inputs_for(path)?;
+    let weights = crate::family::hf::load_weights(path, ev.device())?;
+    ev.score_weights(&inputs, weights, path, cancel)
+}
+
+/// `ev` on models held in memory like the checkpoint at `like`, its tasks cut down by `subsample`
+/// (a copy: `ev` itself is unchanged).
+pub(crate) fn in_memory_of<E: ScoresWeights>(
+    ev: &E,
+    like: &Path,
+    subsample: impl FnOnce(&mut E) -> Result<()>,
+) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
+    let mut copy = ev.clone();
+    subsample(&mut copy)?;
+    Ok(Some(Box::new(WeightsInMemory {
+        inputs: ev.inputs_for(like)?,
+        ev: copy,
+        like: like.to_owned(),
+    })))
+}
+
 /// Any [`ScoresWeights`] on models held in memory (landscapes).
-pub(crate) struct WeightsInMemory<E: ScoresWeights> {
+struct WeightsInMemory<E: ScoresWeights> {
     /// The evaluator, its tasks subsampled.
-    pub ev: E,
+    ev: E,
     /// Its inputs, resolved from `like`.
-    pub inputs: E::Inputs,
+    inputs: E::Inputs,
     /// The checkpoint the models are like (named in errors).
-    pub like: PathBuf,
+    like: PathBuf,
 }
 
 impl<E: ScoresWeights> InMemoryEvaluator for WeightsInMemory<E> {

@@ -4,7 +4,7 @@
 //! model and one batch of activations.
 
 use super::backbone::Tally;
-use super::{EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, WeightsInMemory, evenly, summarise};
+use super::{EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, evenly, in_memory_of, score_file, summarise};
 use crate::data::SplitKind;
 use crate::family::bert::{self, BertEncoder, ClassifierHead};
 use crate::family::hf;
@@ -148,39 +148,22 @@ impl Evaluator for TextClassifierEvaluator {
     }
 
     fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
-        let (config, tokenizer) = self.inputs_for(path)?;
-        let weights = hf::load_weights(path, &self.device)?;
-        self.evaluate_weights(&config, &tokenizer, weights, path, cancel)
+        score_file(self, path, cancel)
     }
 
     fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
-        let mut ev = self.clone();
-        for t in &mut ev.tasks {
-            t.examples = evenly(&t.examples, samples);
-        }
-        Ok(Some(Box::new(WeightsInMemory {
-            ev,
-            inputs: self.inputs_for(like)?,
-            like: like.to_owned(),
-        })))
+        in_memory_of(self, like, |ev| {
+            for t in &mut ev.tasks {
+                t.examples = evenly(&t.examples, samples);
+            }
+            Ok(())
+        })
     }
 }
 
 impl ScoresWeights for TextClassifierEvaluator {
     type Inputs = (Config, Tokenizer);
 
-    fn score_weights(
-        &self,
-        inputs: &Self::Inputs,
-        weights: HashMap<String, Tensor>,
-        source: &Path,
-        cancel: &AtomicBool,
-    ) -> Result<EvalReport> {
-        self.evaluate_weights(&inputs.0, &inputs.1, weights, source, cancel)
-    }
-}
-
-impl TextClassifierEvaluator {
     /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).
     fn inputs_for(&self, checkpoint: &Path) -> Result<(Config, Tokenizer)> {
         let config_path = hf::locate(self.model.config.as_deref(), checkpoint, "config.json", "config")?;
@@ -194,11 +177,13 @@ impl TextClassifierEvaluator {
         Ok((config, hf::load_tokenizer(&tokenizer_path, self.model.max_length)?))
     }
 
-    /// Scores a model given as its weights (`source` names it in errors).
-    fn evaluate_weights(
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn score_weights(
         &self,
-        config: &Config,
-        tokenizer: &Tokenizer,
+        (config, tokenizer): &(Config, Tokenizer),
         weights: HashMap<String, Tensor>,
         source: &Path,
         cancel: &AtomicBool,
