@@ -15,5 +15,6 @@ pub mod model;
 pub mod sdk;
 
 pub use sdk::{
-    Choice, CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    Choice, CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
+    TensorMeta,
 };

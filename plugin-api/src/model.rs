@@ -13,6 +13,33 @@ use crate::sdk::{
 };
 use std::ffi::c_void;
 
+crate::choice_enum! {
+    /// The calibration objective of a data-driven method: labelled cross-entropy, or prediction
+    /// entropy (unlabelled, AdaMerging's). Shared so every method offers the same choice.
+    pub enum ObjectiveChoice {
+        CrossEntropy = "cross-entropy",
+        Entropy = "entropy",
+    }
+}
+
+impl ObjectiveChoice {
+    /// The `abi::OBJECTIVE_*` the session's `loss_and_grad` takes.
+    pub fn abi(self) -> abi::Objective {
+        match self {
+            ObjectiveChoice::CrossEntropy => abi::OBJECTIVE_CROSS_ENTROPY,
+            ObjectiveChoice::Entropy => abi::OBJECTIVE_ENTROPY,
+        }
+    }
+}
+
+crate::choice_enum! {
+    /// One coefficient (or vertex) per task for the whole model, or one per task and tensor.
+    pub enum Granularity {
+        Task = "task",
+        Layer = "layer",
+    }
+}
+
 /// Which tasks a session call covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tasks {

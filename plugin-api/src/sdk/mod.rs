@@ -66,7 +66,7 @@ pub struct CreateContext {
 }
 
 /// Safe view of a [`TensorInfo`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct TensorMeta<'a> {
     /// Tensor name.
     pub name: &'a str,
@@ -123,6 +123,34 @@ impl<'a> TensorMeta<'a> {
     }
 }
 
+/// What one `prepare_tensor` or `merge_tensor` call gets: the tensor (or chunk) and its inputs.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorInput<'a> {
+    /// Name, role, position and full shape of the tensor.
+    pub meta: TensorMeta<'a>,
+    /// The base model's tensor, when the merge has a base.
+    pub base: Option<Tensor>,
+    /// The experts' tensors, one per expert in the host's order.
+    pub experts: &'a [Tensor],
+}
+
+impl TensorInput<'_> {
+    /// The base tensor, or an error naming the tensor and `method` that tells the user to pass
+    /// `--base` (see [`TensorMeta::require_base`]).
+    pub fn require_base(&self, method: &str) -> Result<Tensor> {
+        self.meta.require_base(self.base, method)
+    }
+
+    /// The base followed by every expert (the operand list of θ0 + Σ c_t·θ_t sums); needs a
+    /// base like [`require_base`](Self::require_base).
+    pub fn base_and_experts(&self, method: &str) -> Result<Vec<Tensor>> {
+        let mut all = Vec::with_capacity(self.experts.len() + 1);
+        all.push(self.require_base(method)?);
+        all.extend_from_slice(self.experts);
+        Ok(all)
+    }
+}
+
 /// Static description of a method.
 #[derive(Clone, Debug)]
 pub struct Descriptor {
@@ -162,14 +190,7 @@ pub trait MergeMethod: Sized + 'static {
     }
 
     /// Sees one tensor during statistics pass `pass`.
-    fn prepare_tensor(
-        &mut self,
-        _host: &Host<'_>,
-        _pass: u32,
-        _tensor: &TensorMeta<'_>,
-        _base: Option<Tensor>,
-        _experts: &[Tensor],
-    ) -> Result<()> {
+    fn prepare_tensor(&mut self, _host: &Host<'_>, _pass: u32, _input: &TensorInput<'_>) -> Result<()> {
         Ok(())
     }
 
@@ -179,13 +200,7 @@ pub trait MergeMethod: Sized + 'static {
     }
 
     /// Merges one tensor (or chunk).
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor>;
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor>;
 }
 
 thread_local! {
@@ -466,7 +481,7 @@ unsafe fn tensor_call<M>(
     base: TensorHandle,
     experts: *const TensorHandle,
     n_experts: usize,
-    f: impl FnOnce(&mut M, &Host<'_>, &TensorMeta<'_>, Option<Tensor>, &[Tensor]) -> Result<()>,
+    f: impl FnOnce(&mut M, &Host<'_>, &TensorInput<'_>) -> Result<()>,
 ) -> Status {
     // SAFETY: the host passes its table for this call.
     let Some(h) = (unsafe { Host::from_raw(host) }) else {
@@ -489,7 +504,12 @@ unsafe fn tensor_call<M>(
                 ex.len()
             )));
         }
-        f(&mut slot.method, &h, &meta, base_opt(base), &ex)
+        let input = TensorInput {
+            meta,
+            base: base_opt(base),
+            experts: &ex,
+        };
+        f(&mut slot.method, &h, &input)
     })
 }
 
@@ -525,8 +545,8 @@ unsafe extern "C" fn prepare_tensor_impl<M: MergeMethod>(
 ) -> Status {
     // SAFETY: forwarded from the host.
     unsafe {
-        tensor_call::<M>(inst, host, info, base, experts, n_experts, |m, h, meta, base, ex| {
-            m.prepare_tensor(h, pass, meta, base, ex)
+        tensor_call::<M>(inst, host, info, base, experts, n_experts, |m, h, input| {
+            m.prepare_tensor(h, pass, input)
         })
     }
 }
@@ -556,8 +576,8 @@ unsafe extern "C" fn merge_tensor_impl<M: MergeMethod>(
     }
     // SAFETY: forwarded from the host.
     unsafe {
-        tensor_call::<M>(inst, host, info, base, experts, n_experts, |m, h, meta, base, ex| {
-            let t = m.merge_tensor(h, meta, base, ex)?;
+        tensor_call::<M>(inst, host, info, base, experts, n_experts, |m, h, input| {
+            let t = m.merge_tensor(h, input)?;
             // SAFETY: `out` was checked for null.
             *out = t.0;
             Ok(())

@@ -4,7 +4,9 @@
 //! calibration data; the gradient of the objective with respect to λ_t^p is ⟨∇_θp L, τ_t^p⟩.
 
 use mergescope_plugin_api::abi::{self, CAP_NEEDS_BASE, ROLE_MATRIX};
-use mergescope_plugin_api::model::{Adam, ModelMethod, Session, Tasks, combine, dots, json_number};
+use mergescope_plugin_api::model::{
+    Adam, Granularity, ModelMethod, ObjectiveChoice, Session, Tasks, combine, dots, json_number,
+};
 use mergescope_plugin_api::{CreateContext, Descriptor, Error, Host, ParamSpec, Params, Result, Tensor};
 
 const HELP: &str = "AdaMerging (Yang et al., ICLR 2024) and AdaMerging+CART (seed 001, Eq. 8).\n\
@@ -43,26 +45,10 @@ pub fn cart_rank(ratio: f64, m: usize, n: usize) -> usize {
 }
 
 mergescope_plugin_api::choice_enum! {
-    /// One coefficient per task and tensor, or per task.
-    enum Granularity {
-        Layer = "layer",
-        Task = "task",
-    }
-}
-
-mergescope_plugin_api::choice_enum! {
     /// What the coefficients scale.
     enum MergeOn {
         TaskArithmetic = "task-arithmetic",
         Cart = "cart",
-    }
-}
-
-mergescope_plugin_api::choice_enum! {
-    /// The calibration objective.
-    enum ObjectiveChoice {
-        Entropy = "entropy",
-        CrossEntropy = "cross-entropy",
     }
 }
 
@@ -116,10 +102,7 @@ impl ModelMethod for AdaMerging {
             lr: p.float("lr")?,
             steps: p.int("steps")? as usize,
             clamp: p.bool("clamp")?,
-            objective: match p.choice_of("objective")? {
-                ObjectiveChoice::CrossEntropy => abi::OBJECTIVE_CROSS_ENTROPY,
-                ObjectiveChoice::Entropy => abi::OBJECTIVE_ENTROPY,
-            },
+            objective: p.choice_of::<ObjectiveChoice>("objective")?.abi(),
             rank_ratio: p.float("rank_ratio")?,
             report_every: p.int("report_every")?.max(1) as usize,
         })

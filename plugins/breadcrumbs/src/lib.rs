@@ -7,7 +7,7 @@
 
 use mergescope_plugin_api::abi::{CAP_NEEDS_BASE, CAP_THREAD_SAFE};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 const HELP: &str = "Model Breadcrumbs (Davari & Belilovsky, 2023): per tensor, each task vector \
@@ -104,14 +104,9 @@ impl MergeMethod for Breadcrumbs {
         })
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
-        let base = tensor.require_base(base, "breadcrumbs")?;
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let experts = input.experts;
+        let base = input.require_base("breadcrumbs")?;
         let shape = host.shape(base)?;
         let b = host.read_f32(base)?;
         // w_t·m_t⊙τ_t for every expert, as mergekit forms them (in f32).

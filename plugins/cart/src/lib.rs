@@ -5,7 +5,7 @@
 
 use mergescope_plugin_api::abi::{CAP_THREAD_SAFE, ROLE_MATRIX};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 const HELP: &str = "CART (Choi et al., \"Revisiting Weight Averaging for Model Merging\", Algorithm 1). \
@@ -113,13 +113,8 @@ impl MergeMethod for Cart {
         Ok(Cart { rank, lambda })
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
-        _base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let (tensor, experts) = (&input.meta, input.experts);
         let t = experts.len();
         let avg = host.weighted_sum(experts, Some(&vec![1.0 / t as f64; t]))?;
         if tensor.role != ROLE_MATRIX {

@@ -6,7 +6,7 @@
 
 use mergescope_plugin_api::abi::{BINARY_GE, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 const HELP: &str = "Consensus merging with TALL masks (Wang et al., 2024). With task vectors τ_t = θ_t − θ0 \
@@ -79,14 +79,9 @@ impl MergeMethod for Consensus {
         })
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
-        let base = tensor.require_base(base, "consensus")?;
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let experts = input.experts;
+        let base = input.require_base("consensus")?;
         let taus = experts.iter().map(|e| host.sub(*e, base)).collect::<Result<Vec<_>>>()?;
         let mtl = host.weighted_sum(&taus, None)?;
         let mut masks = Vec::with_capacity(taus.len());

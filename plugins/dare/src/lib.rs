@@ -7,7 +7,7 @@ use mergescope_plugin_api::abi::{
     CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MEAN, ELECT_MASS, REDUCE_SUM_ABS,
 };
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 const HELP: &str = "DARE, Drop And REscale (Yu et al., 2024). With task vectors τ_t = θ_t − θ0 (a base \
@@ -138,14 +138,9 @@ impl MergeMethod for Dare {
         Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | elementwise)
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
-        let base = tensor.require_base(base, "dare")?;
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let (tensor, experts) = (&input.meta, input.experts);
+        let base = input.require_base("dare")?;
         if self.drop_rate >= 1.0 {
             // Everything is dropped: τ̃ = 0 and θ = θ0 (no 0/0).
             return host.affine(base, 1.0, 0.0);

@@ -9,7 +9,9 @@ pub mod algo;
 
 use algo::StepRule;
 use mergescope_plugin_api::abi::{self, CAP_NEEDS_BASE};
-use mergescope_plugin_api::model::{Adam, ModelMethod, Session, Tasks, combine, dots, json_number};
+use mergescope_plugin_api::model::{
+    Adam, Granularity, ModelMethod, ObjectiveChoice, Session, Tasks, combine, dots, json_number,
+};
 use mergescope_plugin_api::{CreateContext, Descriptor, Error, Host, ParamSpec, Params, Result, Tensor};
 
 const HELP: &str = "Frank-Wolfe merging (Chen et al., seed 000). Minimises the calibration loss ℓ(θ) over \
@@ -39,27 +41,11 @@ mergescope_plugin_api::choice_enum! {
 }
 
 mergescope_plugin_api::choice_enum! {
-    /// One expert for the whole model, or one per tensor.
-    enum Granularity {
-        Task = "task",
-        Layer = "layer",
-    }
-}
-
-mergescope_plugin_api::choice_enum! {
     /// The `init` parameter.
     enum InitChoice {
         TaskArithmetic = "task-arithmetic",
         Base = "base",
         Average = "average",
-    }
-}
-
-mergescope_plugin_api::choice_enum! {
-    /// The calibration objective.
-    enum ObjectiveChoice {
-        CrossEntropy = "cross-entropy",
-        Entropy = "entropy",
     }
 }
 
@@ -177,10 +163,7 @@ impl ModelMethod for FrankWolfe {
                 scale: p.float("step_scale")?,
             },
             init,
-            objective: match p.choice_of("objective")? {
-                ObjectiveChoice::CrossEntropy => abi::OBJECTIVE_CROSS_ENTROPY,
-                ObjectiveChoice::Entropy => abi::OBJECTIVE_ENTROPY,
-            },
+            objective: p.choice_of::<ObjectiveChoice>("objective")?.abi(),
             cosine: p.choice_of::<LmoScore>("lmo_score")? == LmoScore::Cosine,
             top_k: if top_k == 0 {
                 ctx.n_experts

@@ -15,7 +15,7 @@ use mergescope_plugin_api::abi::{
 };
 use mergescope_plugin_api::sdk::{ChunkSums, PerTensor};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
 };
 
 const HELP: &str = "Model Stock (Jang et al., 2024; mergekit's `model_stock`). From the angle between \
@@ -190,15 +190,9 @@ impl MergeMethod for ModelStock {
         u32::from(!self.filter_wise)
     }
 
-    fn prepare_tensor(
-        &mut self,
-        host: &Host<'_>,
-        _pass: u32,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<()> {
-        let base = tensor.require_base(base, "model-stock")?;
+    fn prepare_tensor(&mut self, host: &Host<'_>, _pass: u32, input: &TensorInput<'_>) -> Result<()> {
+        let (tensor, experts) = (&input.meta, input.experts);
+        let base = input.require_base("model-stock")?;
         self.sums.add(tensor, Self::chunk_sums(host, base, experts)?);
         Ok(())
     }
@@ -216,14 +210,9 @@ impl MergeMethod for ModelStock {
         Ok(())
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
-        let base = tensor.require_base(base, "model-stock")?;
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let (tensor, experts) = (&input.meta, input.experts);
+        let base = input.require_base("model-stock")?;
         if self.filter_wise {
             return Self::rows(host, tensor, base, experts);
         }

@@ -9,7 +9,7 @@
 
 use mergescope_plugin_api::abi::{CAP_THREAD_SAFE, REDUCE_SUM_SQUARES};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 const HELP: &str = "NuSLERP (mergekit's `nuslerp`): spherical interpolation of exactly two experts θ1, θ2 \
@@ -121,13 +121,8 @@ impl MergeMethod for Nuslerp {
         })
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        _tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let (base, experts) = (input.base, input.experts);
         let (v0, v1) = match base {
             Some(b) => (host.sub(experts[0], b)?, host.sub(experts[1], b)?),
             None => (experts[0], experts[1]),

@@ -15,7 +15,7 @@ use mergescope_plugin_api::abi::{
 };
 use mergescope_plugin_api::sdk::{ChunkSums, PerTensor};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 const HELP: &str = "SLERP (spherical linear interpolation, Shoemake 1985; mergekit's `slerp`). \
@@ -96,15 +96,9 @@ impl MergeMethod for Slerp {
         1
     }
 
-    fn prepare_tensor(
-        &mut self,
-        host: &Host<'_>,
-        _pass: u32,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<()> {
-        let v0 = tensor.require_base(base, "slerp")?;
+    fn prepare_tensor(&mut self, host: &Host<'_>, _pass: u32, input: &TensorInput<'_>) -> Result<()> {
+        let (tensor, experts) = (&input.meta, input.experts);
+        let v0 = input.require_base("slerp")?;
         let v1 = experts[0];
         self.sums.add(
             tensor,
@@ -127,14 +121,9 @@ impl MergeMethod for Slerp {
         Ok(())
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
-        let v0 = tensor.require_base(base, "slerp")?;
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let (tensor, experts) = (&input.meta, input.experts);
+        let v0 = input.require_base("slerp")?;
         let (s0, s1) = *self.coefficients.get(tensor, "slerp")?;
         host.weighted_sum(&[v0, experts[0]], Some(&[s0, s1]))
     }

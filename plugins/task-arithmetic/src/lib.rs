@@ -6,7 +6,7 @@
 
 use mergescope_plugin_api::abi::{CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 const HELP: &str = "Task arithmetic (Ilharco et al., 2023): θ = θ0 + λ·Σ_t w_t·τ_t with task vectors \
@@ -73,17 +73,8 @@ impl MergeMethod for TaskArithmetic {
         Ok(TaskArithmetic { coefficients })
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
-        let base = tensor.require_base(base, "task-arithmetic")?;
-        let mut all = Vec::with_capacity(experts.len() + 1);
-        all.push(base);
-        all.extend_from_slice(experts);
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let all = input.base_and_experts("task-arithmetic")?;
         host.weighted_sum(&all, Some(&self.coefficients))
     }
 }

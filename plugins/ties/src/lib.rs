@@ -35,7 +35,7 @@ use mergescope_plugin_api::abi::{
     DISJOINT_SUM, DisjointOp, ELECT_COUNT, ELECT_MASS, ElectRule,
 };
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
 };
 use std::collections::HashMap;
 use std::ops::Range;
@@ -751,14 +751,8 @@ impl MergeMethod for Ties {
         }
     }
 
-    fn prepare_tensor(
-        &mut self,
-        host: &Host<'_>,
-        pass: u32,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<()> {
+    fn prepare_tensor(&mut self, host: &Host<'_>, pass: u32, input: &TensorInput<'_>) -> Result<()> {
+        let (tensor, base, experts) = (&input.meta, input.base, input.experts);
         host.check_cancelled()?;
         let base = tensor.require_base(base, "ties")?;
         if pass >= self.prepare_passes() {
@@ -852,14 +846,9 @@ impl MergeMethod for Ties {
         }
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
-        let base = tensor.require_base(base, "ties")?;
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let (tensor, experts) = (&input.meta, input.experts);
+        let base = input.require_base("ties")?;
         let (thresholds, majority) = self.lookup(tensor)?;
         let trimmed = Self::trimmed(host, base, experts, thresholds)?;
         if trimmed.is_empty() {

@@ -2,7 +2,7 @@
 
 use mergescope_plugin_api::abi::{CAP_ELEMENTWISE, CAP_THREAD_SAFE};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 const HELP: &str = "Weight averaging (model soup): θ = Σ_t w_t·θ_t / Σ_t w_t over the experts. \
@@ -43,13 +43,8 @@ impl MergeMethod for WeightAverage {
         })
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        _tensor: &TensorMeta<'_>,
-        _base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let experts = input.experts;
         host.weighted_sum(experts, Some(&self.coefficients))
     }
 }

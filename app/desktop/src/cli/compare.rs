@@ -1,6 +1,7 @@
 //! `mergescope compare`: every installed method (or those named) on a benchmark, written as a
 //! Markdown and a CSV table of per-task, average and normalised test accuracy.
 
+use super::inputs::ModelArgs;
 use anyhow::{Context as _, bail};
 use clap::Args;
 use mergescope_engine::device::{DeviceChoice, open_device};
@@ -11,26 +12,15 @@ use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::resolve_benchmark;
 use mergescope_lab::evaluate::suite_models;
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
-use mergescope_lab::nn::Arch;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct CompareArgs {
-    /// `demo` (the built demo benchmark of --arch), `demo/<arch>-seed<N>`, a benchmark folder,
-    /// or a suite file (`.toml`; its models from --base/--expert or its [models] table).
-    #[arg(long, default_value = "demo", value_name = "SPEC")]
-    pub benchmark: String,
-    /// Base checkpoint, with a suite (instead of its [models] table).
-    #[arg(long, value_name = "PATH", requires = "experts")]
-    pub base: Option<PathBuf>,
-    /// Expert checkpoints, one per task of the suite in its order (repeatable).
-    #[arg(long = "expert", value_name = "PATH")]
-    pub experts: Vec<PathBuf>,
-    /// Architecture of the demo benchmark: mlp, cnn or vit.
-    #[arg(long, default_value = "cnn")]
-    pub arch: String,
+    /// Which models, and the tasks they are scored on.
+    #[command(flatten)]
+    pub models: ModelArgs,
     /// Only these methods (plugin ids, comma-separated), in this order; default: every
     /// installed method.
     #[arg(long, value_delimiter = ',', value_name = "A,B")]
@@ -74,7 +64,7 @@ fn grid(args: &CompareArgs) -> anyhow::Result<Vec<f64>> {
 }
 
 pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCode> {
-    let arch = Arch::parse(&args.arch).with_context(|| format!("--arch '{}': use mlp, cnn or vit", args.arch))?;
+    let arch = args.models.arch()?;
     let lambda_grid = grid(&args)?;
     let device_choice = DeviceChoice::parse(&args.device)
         .with_context(|| format!("--device '{}': use cpu, cuda or metal", args.device))?;
@@ -86,10 +76,10 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
             .collect::<anyhow::Result<_>>()?,
         None => registry.plugins.clone(),
     };
-    let suite = if is_suite_path(&args.benchmark) {
-        Some(Suite::load(Path::new(&args.benchmark))?)
+    let suite = if is_suite_path(&args.models.benchmark) {
+        Some(Suite::load(Path::new(&args.models.benchmark))?)
     } else {
-        if args.base.is_some() {
+        if args.models.base.is_some() {
             bail!("--base/--expert go with a suite (--benchmark suite.toml); a demo benchmark brings its own models");
         }
         None
@@ -128,11 +118,11 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     let tasks;
     let inputs = match &suite {
         Some(suite) => {
-            let m = suite_models(suite, args.base.as_deref(), &args.experts)?;
+            let m = suite_models(suite, args.models.base.as_deref(), &args.models.experts)?;
             CompareInputs::of_suite(suite, m.base, m.experts, &device, cancel)?
         }
         None => {
-            bench = resolve_benchmark(&args.benchmark, Some(arch))?;
+            bench = resolve_benchmark(&args.models.benchmark, Some(arch))?;
             tasks = benchmark_tasks(None)?;
             CompareInputs::of_benchmark(&bench, &tasks, &device)?
         }

@@ -6,6 +6,7 @@ mod compare;
 pub mod demo;
 mod eval;
 mod gui;
+mod inputs;
 mod inspect;
 mod merge;
 mod plugins;

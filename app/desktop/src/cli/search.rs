@@ -4,6 +4,7 @@
 //! included); the best is merged into --out, and every candidate with the search's mean path is
 //! written beside it as JSON.
 
+use super::inputs::{ModelArgs, Models};
 use super::merge::parse_params;
 use anyhow::{Context as _, bail};
 use clap::Args;
@@ -12,11 +13,8 @@ use mergescope_engine::executor::{ExecOptions, Observer};
 use mergescope_engine::merge::MergeRequest;
 use mergescope_engine::writer::write_atomic;
 use mergescope_lab::data::{SplitKind, benchmark_tasks};
-use mergescope_lab::demo::resolve_benchmark;
-use mergescope_lab::evaluate::suite_models;
 use mergescope_lab::evaluator::Evaluator;
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
-use mergescope_lab::nn::Arch;
 use mergescope_lab::run;
 use mergescope_lab::search::coefficients::{SearchSpec, Searched, search_coefficients};
 use std::path::{Path, PathBuf};
@@ -31,20 +29,9 @@ pub struct SearchArgs {
     /// `lambda:layers=4` (4 anchors interpolated across the layers).
     #[arg(long = "search", value_name = "PARAM", required = true)]
     pub search: Vec<String>,
-    /// `demo` (the demo benchmark of --arch: its calibration split scores candidates), a
-    /// benchmark folder, or a suite file (its tasks' calibration files when every task has one,
-    /// else its evaluator as it is, e.g. an external command).
-    #[arg(long, default_value = "demo", value_name = "SPEC")]
-    pub benchmark: String,
-    /// Architecture of the demo benchmark: mlp, cnn or vit.
-    #[arg(long, default_value = "cnn")]
-    pub arch: String,
-    /// Base checkpoint (default: the benchmark's, or the suite's [models] base).
-    #[arg(long, value_name = "PATH", requires = "experts")]
-    pub base: Option<PathBuf>,
-    /// Expert checkpoints (repeatable).
-    #[arg(long = "expert", value_name = "PATH")]
-    pub experts: Vec<PathBuf>,
+    /// Which models, and the tasks they are scored on.
+    #[command(flatten)]
+    pub models: ModelArgs,
     /// Every coefficient stays in LO:HI (and in its parameter's own range).
     #[arg(long, default_value = "0:1.5", value_name = "LO:HI")]
     pub range: String,
@@ -119,10 +106,10 @@ pub fn run(plugin_dirs: &[PathBuf], args: SearchArgs) -> anyhow::Result<ExitCode
         eprintln!("warning: {n}");
     }
     // The models and what scores a candidate.
-    let (base, experts, evaluator): (PathBuf, Vec<PathBuf>, Box<dyn Evaluator>) = if is_suite_path(&args.benchmark) {
-        let suite = Suite::load(Path::new(&args.benchmark))?;
-        let m = suite_models(&suite, args.base.as_deref(), &args.experts)?;
-        let evaluator = match suite.calibration_evaluator(&device)? {
+    let Models { base, experts } = args.models.paths()?;
+    let evaluator: Box<dyn Evaluator> = if is_suite_path(&args.models.benchmark) {
+        let suite = Suite::load(Path::new(&args.models.benchmark))?;
+        match suite.calibration_evaluator(&device)? {
             Some(e) => e,
             None => {
                 eprintln!(
@@ -132,17 +119,11 @@ pub fn run(plugin_dirs: &[PathBuf], args: SearchArgs) -> anyhow::Result<ExitCode
                 );
                 suite.evaluator(None, &device)?
             }
-        };
-        (m.base, m.experts, evaluator)
-    } else {
-        let arch = Arch::parse(&args.arch).with_context(|| format!("--arch '{}': use mlp, cnn or vit", args.arch))?;
-        let bench = resolve_benchmark(&args.benchmark, Some(arch))?;
-        let tasks = benchmark_tasks(None)?;
-        let evaluator = Box::new(bench.evaluator(&tasks, None, SplitKind::Calibration, &device)?);
-        match &args.base {
-            Some(b) => (b.clone(), args.experts.clone(), evaluator as Box<dyn Evaluator>),
-            None => (bench.base_path(), bench.expert_paths(), evaluator as Box<dyn Evaluator>),
         }
+    } else {
+        let bench = args.models.benchmark()?;
+        let tasks = benchmark_tasks(None)?;
+        Box::new(bench.evaluator(&tasks, None, SplitKind::Calibration, &device)?)
     };
     if experts.is_empty() {
         bail!("no experts to merge: give --expert (one or more)");

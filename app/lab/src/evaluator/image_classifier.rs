@@ -4,7 +4,7 @@
 //! CLIP text tower (the `zeroshot_from` model's, computed once, or the evaluated model's own).
 
 use super::backbone::Tally;
-use super::{EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, evenly, in_memory_of, score_file, summarise};
+use super::{EvalReport, ScoresWeights, evenly, summarise};
 use crate::data::SplitKind;
 use crate::family::clip::{self, ClipConfigs, ImageEncoder, TextEncoder};
 use crate::family::hf;
@@ -205,33 +205,26 @@ impl ImageClassifierEvaluator {
     }
 }
 
-impl Evaluator for ImageClassifierEvaluator {
-    fn describe(&self) -> String {
-        format!("suite '{}' (clip family, {} tasks)", self.name, self.tasks.len())
+impl ScoresWeights for ImageClassifierEvaluator {
+    const FAMILY: &'static str = "clip";
+
+    fn suite_name(&self) -> &str {
+        &self.name
     }
 
     fn task_names(&self) -> Vec<String> {
         self.tasks.iter().map(|t| t.name.clone()).collect()
     }
 
-    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
-        score_file(self, path, cancel)
-    }
-
-    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
+    fn subsample(&mut self, like: &Path, samples: usize) -> Result<()> {
         let size = self.config_for(like)?.vision.image_size;
-        in_memory_of(self, like, |ev| {
-            for t in &mut ev.tasks {
-                t.examples = evenly(&t.examples, samples);
-                // Decoded once: every model of a landscape sees the same images.
-                t.pixels = Some(pixels(&t.examples, size, &ev.device)?);
-            }
-            Ok(())
-        })
+        for t in &mut self.tasks {
+            t.examples = evenly(&t.examples, samples);
+            // Decoded once: every model of a landscape sees the same images.
+            t.pixels = Some(pixels(&t.examples, size, &self.device)?);
+        }
+        Ok(())
     }
-}
-
-impl ScoresWeights for ImageClassifierEvaluator {
     type Inputs = ClipConfigs;
 
     fn inputs_for(&self, like: &Path) -> Result<ClipConfigs> {

@@ -3,9 +3,7 @@
 //! log-likelihood divided by the choice's length in bytes, the headline), and texts by
 //! perplexity and next-token accuracy (the headline), on the evaluator's device.
 
-use super::{
-    EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, TaskScore, evenly, in_memory_of, score_file, summarise,
-};
+use super::{EvalReport, ScoresWeights, TaskScore, evenly, summarise};
 use crate::data::SplitKind;
 use crate::family::causal_lm::{CausalLm, LmConfig, read_config};
 use crate::family::hf;
@@ -148,32 +146,25 @@ impl LmEvaluator {
     }
 }
 
-impl Evaluator for LmEvaluator {
-    fn describe(&self) -> String {
-        format!("suite '{}' (causal-lm family, {} tasks)", self.name, self.tasks.len())
+impl ScoresWeights for LmEvaluator {
+    const FAMILY: &'static str = "causal-lm";
+
+    fn suite_name(&self) -> &str {
+        &self.name
     }
 
     fn task_names(&self) -> Vec<String> {
         self.tasks.iter().map(|t| t.name.clone()).collect()
     }
 
-    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
-        score_file(self, path, cancel)
-    }
-
-    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
-        in_memory_of(self, like, |ev| {
-            for t in &mut ev.tasks {
-                if let LmTaskData::MultipleChoice(qs) = &mut t.data {
-                    *qs = evenly(qs, samples);
-                }
+    fn subsample(&mut self, _like: &Path, samples: usize) -> Result<()> {
+        for t in &mut self.tasks {
+            if let LmTaskData::MultipleChoice(qs) = &mut t.data {
+                *qs = evenly(qs, samples);
             }
-            Ok(())
-        })
+        }
+        Ok(())
     }
-}
-
-impl ScoresWeights for LmEvaluator {
     type Inputs = (LmConfig, Tokenizer);
 
     /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).

@@ -66,6 +66,15 @@ pub trait InMemoryEvaluator: Send + Sync {
 /// carry (`Inputs`: a config, a tokenizer) resolved from a checkpoint like it: once per file,
 /// or once for all the models of a landscape ([`score_file`], [`in_memory_of`]).
 pub(crate) trait ScoresWeights: Clone + Send + Sync + 'static {
+    /// The model family (`bert`, `clip`, `causal-lm`), for messages.
+    const FAMILY: &'static str;
+    /// The suite's name.
+    fn suite_name(&self) -> &str;
+    /// The tasks, in report order.
+    fn task_names(&self) -> Vec<String>;
+    /// Keeps at most `samples` examples of each task (see [`Evaluator::in_memory`]); may also
+    /// prepare what every in-memory model reuses (decoded images).
+    fn subsample(&mut self, like: &Path, samples: usize) -> Result<()>;
     /// Config, tokenizer: whatever scoring needs besides the tensors.
     type Inputs: Send + Sync + 'static;
     /// The inputs for models like the checkpoint at `like`.
@@ -82,27 +91,33 @@ pub(crate) trait ScoresWeights: Clone + Send + Sync + 'static {
     ) -> Result<EvalReport>;
 }
 
-/// Scores the checkpoint at `path` (a file or a shard folder) with `ev`.
-pub(crate) fn score_file<E: ScoresWeights>(ev: &E, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
-    let inputs = ev.inputs_for(path)?;
-    let weights = crate::family::hf::load_weights(path, ev.device())?;
-    ev.score_weights(&inputs, weights, path, cancel)
-}
+/// Every family evaluator is an [`Evaluator`]: a file is loaded on its device and scored; models
+/// in memory are scored by a copy with subsampled tasks and inputs resolved once.
+impl<E: ScoresWeights> Evaluator for E {
+    fn describe(&self) -> String {
+        let tasks = ScoresWeights::task_names(self).len();
+        format!("suite '{}' ({} family, {tasks} tasks)", self.suite_name(), E::FAMILY)
+    }
 
-/// `ev` on models held in memory like the checkpoint at `like`, its tasks cut down by `subsample`
-/// (a copy: `ev` itself is unchanged).
-pub(crate) fn in_memory_of<E: ScoresWeights>(
-    ev: &E,
-    like: &Path,
-    subsample: impl FnOnce(&mut E) -> Result<()>,
-) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
-    let mut copy = ev.clone();
-    subsample(&mut copy)?;
-    Ok(Some(Box::new(WeightsInMemory {
-        inputs: ev.inputs_for(like)?,
-        ev: copy,
-        like: like.to_owned(),
-    })))
+    fn task_names(&self) -> Vec<String> {
+        ScoresWeights::task_names(self)
+    }
+
+    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
+        let inputs = self.inputs_for(path)?;
+        let weights = crate::family::hf::load_weights(path, self.device())?;
+        self.score_weights(&inputs, weights, path, cancel)
+    }
+
+    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
+        let mut copy = self.clone();
+        copy.subsample(like, samples)?;
+        Ok(Some(Box::new(WeightsInMemory {
+            inputs: self.inputs_for(like)?,
+            ev: copy,
+            like: like.to_owned(),
+        })))
+    }
 }
 
 /// Any [`ScoresWeights`] on models held in memory (landscapes).

@@ -4,7 +4,7 @@
 //! model and one batch of activations.
 
 use super::backbone::Tally;
-use super::{EvalReport, Evaluator, InMemoryEvaluator, ScoresWeights, evenly, in_memory_of, score_file, summarise};
+use super::{EvalReport, ScoresWeights, evenly, summarise};
 use crate::data::SplitKind;
 use crate::family::bert::{self, BertEncoder, ClassifierHead};
 use crate::family::hf;
@@ -138,30 +138,23 @@ fn check_labels(task: &TextTask, head: &ClassifierHead) -> Result<()> {
     Ok(())
 }
 
-impl Evaluator for TextClassifierEvaluator {
-    fn describe(&self) -> String {
-        format!("suite '{}' (bert family, {} tasks)", self.name, self.tasks.len())
+impl ScoresWeights for TextClassifierEvaluator {
+    const FAMILY: &'static str = "bert";
+
+    fn suite_name(&self) -> &str {
+        &self.name
     }
 
     fn task_names(&self) -> Vec<String> {
         self.tasks.iter().map(|t| t.name.clone()).collect()
     }
 
-    fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
-        score_file(self, path, cancel)
+    fn subsample(&mut self, _like: &Path, samples: usize) -> Result<()> {
+        for t in &mut self.tasks {
+            t.examples = evenly(&t.examples, samples);
+        }
+        Ok(())
     }
-
-    fn in_memory(&self, like: &Path, samples: usize) -> Result<Option<Box<dyn InMemoryEvaluator>>> {
-        in_memory_of(self, like, |ev| {
-            for t in &mut ev.tasks {
-                t.examples = evenly(&t.examples, samples);
-            }
-            Ok(())
-        })
-    }
-}
-
-impl ScoresWeights for TextClassifierEvaluator {
     type Inputs = (Config, Tokenizer);
 
     /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).

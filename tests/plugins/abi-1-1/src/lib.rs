@@ -14,7 +14,7 @@ use mergescope_plugin_api::abi::{
 };
 use mergescope_plugin_api::sdk::{StaticTable, build_table};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
 };
 use std::sync::OnceLock;
 
@@ -164,14 +164,9 @@ impl MergeMethod for Fused {
         })
     }
 
-    fn merge_tensor(
-        &mut self,
-        host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        experts: &[Tensor],
-    ) -> Result<Tensor> {
-        let base = tensor.require_base(base, "mstest-abi-1-1")?;
+    fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let (tensor, experts) = (&input.meta, input.experts);
+        let base = input.require_base("mstest-abi-1-1")?;
         let api = host.api();
         match self.mode {
             Mode::Ties => self.ties(host, api, base, experts),

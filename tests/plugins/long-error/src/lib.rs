@@ -1,7 +1,7 @@
 //! ABI test fixture: a per-tensor plugin whose `merge_tensor` fails with a 10 MB message. The
 //! host must show a bounded part of it, not flood the terminal or the GUI.
 
-use mergescope_plugin_api::{CreateContext, Descriptor, Host, MergeMethod, Params, Result, Tensor, TensorMeta};
+use mergescope_plugin_api::{CreateContext, Descriptor, Host, MergeMethod, Params, Result, Tensor, TensorInput};
 
 /// Fails on every tensor with a huge message.
 pub struct LongError;
@@ -23,13 +23,7 @@ impl MergeMethod for LongError {
         Ok(LongError)
     }
 
-    fn merge_tensor(
-        &mut self,
-        _h: &Host<'_>,
-        _t: &TensorMeta<'_>,
-        _b: Option<Tensor>,
-        _ex: &[Tensor],
-    ) -> Result<Tensor> {
+    fn merge_tensor(&mut self, _h: &Host<'_>, _input: &TensorInput<'_>) -> Result<Tensor> {
         Err(format!("fixture error: {}", "x".repeat(10 << 20)).into())
     }
 }

@@ -3,7 +3,7 @@
 
 use mergescope_plugin_api::abi::{ABI_MAJOR, MAGIC, PluginApiV1, PluginHeader};
 use mergescope_plugin_api::sdk::{StaticTable, build_table};
-use mergescope_plugin_api::{CreateContext, Descriptor, Host, MergeMethod, Params, Result, Tensor, TensorMeta};
+use mergescope_plugin_api::{CreateContext, Descriptor, Host, MergeMethod, Params, Result, Tensor, TensorInput};
 use std::sync::OnceLock;
 
 /// The plugin's static header: ABI 1.99.
@@ -45,13 +45,8 @@ impl MergeMethod for First {
         Ok(First)
     }
 
-    fn merge_tensor(
-        &mut self,
-        _h: &Host<'_>,
-        _t: &TensorMeta<'_>,
-        _b: Option<Tensor>,
-        ex: &[Tensor],
-    ) -> Result<Tensor> {
+    fn merge_tensor(&mut self, _h: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let ex = input.experts;
         ex.first().copied().ok_or_else(|| "no experts".into())
     }
 }

@@ -1,7 +1,7 @@
 //! ABI test fixture: an SDK plugin whose `merge_tensor` returns a tensor of the right shape
 //! full of NaN. The host must refuse the output, naming the tensor.
 
-use mergescope_plugin_api::{CreateContext, Descriptor, Host, MergeMethod, Params, Result, Tensor, TensorMeta};
+use mergescope_plugin_api::{CreateContext, Descriptor, Host, MergeMethod, Params, Result, Tensor, TensorInput};
 
 /// Returns NaN everywhere.
 pub struct NanOutput;
@@ -23,13 +23,8 @@ impl MergeMethod for NanOutput {
         Ok(NanOutput)
     }
 
-    fn merge_tensor(
-        &mut self,
-        h: &Host<'_>,
-        _t: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        ex: &[Tensor],
-    ) -> Result<Tensor> {
+    fn merge_tensor(&mut self, h: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let (base, ex) = (input.base, input.experts);
         let like = base.or_else(|| ex.first().copied()).ok_or("no input tensors")?;
         h.full_like(like, f64::NAN)
     }

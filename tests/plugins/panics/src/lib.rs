@@ -2,7 +2,7 @@
 //! SDK's guard must turn the panic into `STATUS_PANIC` with the message; the host must report
 //! it and keep running.
 
-use mergescope_plugin_api::{CreateContext, Descriptor, Host, MergeMethod, Params, Result, Tensor, TensorMeta};
+use mergescope_plugin_api::{CreateContext, Descriptor, Host, MergeMethod, Params, Result, Tensor, TensorInput};
 
 /// Panics on every tensor.
 pub struct Panics;
@@ -25,13 +25,7 @@ impl MergeMethod for Panics {
     }
 
     #[allow(clippy::panic)]
-    fn merge_tensor(
-        &mut self,
-        _h: &Host<'_>,
-        _t: &TensorMeta<'_>,
-        _b: Option<Tensor>,
-        _ex: &[Tensor],
-    ) -> Result<Tensor> {
+    fn merge_tensor(&mut self, _h: &Host<'_>, _input: &TensorInput<'_>) -> Result<Tensor> {
         panic!("fixture panic: boom");
     }
 }

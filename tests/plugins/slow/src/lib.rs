@@ -3,7 +3,7 @@
 //! cancel it.
 
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 use std::time::Duration;
 
@@ -31,13 +31,8 @@ impl MergeMethod for Slow {
         })
     }
 
-    fn merge_tensor(
-        &mut self,
-        h: &Host<'_>,
-        _t: &TensorMeta<'_>,
-        _base: Option<Tensor>,
-        ex: &[Tensor],
-    ) -> Result<Tensor> {
+    fn merge_tensor(&mut self, h: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let ex = input.experts;
         for _ in 0..self.delay_ms.div_ceil(10) {
             h.check_cancelled()?;
             std::thread::sleep(Duration::from_millis(10));

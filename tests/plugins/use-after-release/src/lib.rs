@@ -10,7 +10,7 @@
 //!   longer needed and returns the mean of the experts, which must come out right.
 
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorMeta,
+    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 /// What to do with a released handle.
@@ -56,13 +56,8 @@ impl MergeMethod for UseAfterRelease {
         Ok(UseAfterRelease { mode })
     }
 
-    fn merge_tensor(
-        &mut self,
-        h: &Host<'_>,
-        _t: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        ex: &[Tensor],
-    ) -> Result<Tensor> {
+    fn merge_tensor(&mut self, h: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let (base, ex) = (input.base, input.experts);
         let first = *ex.first().ok_or("no experts")?;
         match self.mode {
             Mode::Use => {

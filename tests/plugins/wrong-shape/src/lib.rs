@@ -1,7 +1,7 @@
 //! ABI test fixture: an SDK plugin whose `merge_tensor` returns a flat tensor with one element
 //! more than its input. The host must refuse the output, naming the tensor and the shapes.
 
-use mergescope_plugin_api::{CreateContext, Descriptor, Host, MergeMethod, Params, Result, Tensor, TensorMeta};
+use mergescope_plugin_api::{CreateContext, Descriptor, Host, MergeMethod, Params, Result, Tensor, TensorInput};
 
 /// Returns a tensor of the wrong shape.
 pub struct WrongShape;
@@ -23,13 +23,8 @@ impl MergeMethod for WrongShape {
         Ok(WrongShape)
     }
 
-    fn merge_tensor(
-        &mut self,
-        h: &Host<'_>,
-        _t: &TensorMeta<'_>,
-        base: Option<Tensor>,
-        ex: &[Tensor],
-    ) -> Result<Tensor> {
+    fn merge_tensor(&mut self, h: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
+        let (base, ex) = (input.base, input.experts);
         let like = base.or_else(|| ex.first().copied()).ok_or("no input tensors")?;
         let n = h.numel(like)? + 1;
         h.from_f32(&vec![0.5; n], &[n])

@@ -99,7 +99,7 @@ pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
         Kind::Plane => LandscapeKind::Plane,
         Kind::TrajectoryPlane => LandscapeKind::TrajectoryPlane,
     };
-    let models = a.common.models()?;
+    let models = a.common.models.paths()?;
     let mut spec = LandscapeSpec::defaults(kind);
     if let Some(l) = &a.lambdas {
         spec.lambdas = linspace(l, "--lambdas")?;
@@ -130,12 +130,12 @@ pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
         spec.through = Some((resolve(first)?, resolve(second)?));
     }
     let device = a.common.device()?;
-    let prepared = if is_suite_path(&a.common.benchmark) {
+    let prepared = if is_suite_path(&a.common.models.benchmark) {
         let evaluator = a.common.evaluator(&models, None)?;
-        let source = LandscapeSource::Evaluator(evaluator.as_ref(), vec![PathBuf::from(&a.common.benchmark)]);
+        let source = LandscapeSource::Evaluator(evaluator.as_ref(), vec![PathBuf::from(&a.common.models.benchmark)]);
         prepare_landscape(source, &models.base, &models.experts, &spec, &device)?
     } else {
-        let bench = a.common.benchmark()?;
+        let bench = a.common.models.benchmark()?;
         let tasks = benchmark_tasks(a.data.as_deref())?;
         prepare_landscape(
             LandscapeSource::Benchmark(&bench, &tasks),

@@ -6,16 +6,14 @@ mod landscape;
 mod seed002;
 mod views;
 
+use super::inputs::{ModelArgs, Models};
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use mergescope_engine::device::{Device, DeviceChoice, open_device};
 use mergescope_engine::writer::write_atomic;
 use mergescope_figures::{Figure, render_png, to_csv};
-use mergescope_lab::demo::{Benchmark, resolve_benchmark};
-use mergescope_lab::evaluate::{EvaluatorSpec, open_normalised, suite_models};
+use mergescope_lab::evaluate::{EvaluatorSpec, open_normalised};
 use mergescope_lab::evaluator::Evaluator;
-use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
-use mergescope_lab::nn::Arch;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -43,20 +41,9 @@ pub enum AnalyzeCommand {
 /// Where the inputs come from and where the figure goes; shared by every view.
 #[derive(Args, Debug)]
 pub struct Common {
-    /// `demo` (the built demo benchmark of --arch), `demo/<arch>-seed<N>`, a benchmark folder,
-    /// or a suite file (`.toml`): gives the base and the experts unless --base/--expert are
-    /// given (a suite through its [models] table).
-    #[arg(long, default_value = "demo", value_name = "SPEC")]
-    pub benchmark: String,
-    /// Architecture of the demo benchmark: mlp, cnn or vit.
-    #[arg(long, default_value = "cnn")]
-    pub arch: String,
-    /// Base checkpoint (instead of the benchmark's).
-    #[arg(long, value_name = "PATH", requires = "experts")]
-    pub base: Option<PathBuf>,
-    /// Expert checkpoints (instead of the benchmark's; repeatable).
-    #[arg(long = "expert", value_name = "PATH")]
-    pub experts: Vec<PathBuf>,
+    /// Which models, and the tasks they are scored on.
+    #[command(flatten)]
+    pub models: ModelArgs,
     /// Write the picture here (PNG).
     #[arg(long, value_name = "FILE")]
     pub png: Option<PathBuf>,
@@ -75,12 +62,6 @@ pub struct Common {
     pub device: String,
 }
 
-/// The base and experts an analysis runs on.
-pub struct Models {
-    pub base: PathBuf,
-    pub experts: Vec<PathBuf>,
-}
-
 impl Common {
     /// The device of --device, opened (a fallback is announced on stderr).
     pub fn device(&self) -> anyhow::Result<Device> {
@@ -93,35 +74,10 @@ impl Common {
         Ok(device)
     }
 
-    /// The base and expert files: --base/--expert, or the benchmark's.
-    pub fn models(&self) -> anyhow::Result<Models> {
-        if let Some(base) = &self.base {
-            return Ok(Models {
-                base: base.clone(),
-                experts: self.experts.clone(),
-            });
-        }
-        if !self.experts.is_empty() {
-            bail!("--expert needs --base too (or leave both out to use the benchmark's)");
-        }
-        if is_suite_path(&self.benchmark) {
-            let m = suite_models(&Suite::load(Path::new(&self.benchmark))?, None, &[])?;
-            return Ok(Models {
-                base: m.base,
-                experts: m.experts,
-            });
-        }
-        let bench = self.benchmark()?;
-        Ok(Models {
-            base: bench.base_path(),
-            experts: bench.expert_paths(),
-        })
-    }
-
     /// The evaluator of --benchmark (a demo benchmark or a suite) on --device for `models`,
     /// with normalised scores (a suite's by its experts when there is one per task).
     pub fn evaluator(&self, models: &Models, data: Option<&Path>) -> anyhow::Result<Box<dyn Evaluator>> {
-        let mut spec = EvaluatorSpec::new(self.benchmark.clone(), &self.device()?);
+        let mut spec = EvaluatorSpec::new(self.models.benchmark.clone(), &self.device()?);
         spec.data = data.map(Path::to_path_buf);
         Ok(open_normalised(
             &spec,
@@ -129,12 +85,6 @@ impl Common {
             &models.experts,
             &AtomicBool::new(false),
         )?)
-    }
-
-    /// The benchmark of --benchmark and --arch.
-    pub fn benchmark(&self) -> anyhow::Result<Benchmark> {
-        let arch = Arch::parse(&self.arch).with_context(|| format!("--arch '{}': use mlp, cnn or vit", self.arch))?;
-        Ok(resolve_benchmark(&self.benchmark, Some(arch))?)
     }
 
     fn size(&self) -> anyhow::Result<(u32, u32)> {

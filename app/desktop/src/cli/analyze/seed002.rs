@@ -73,7 +73,7 @@ fn names(experts: &[PathBuf]) -> Vec<String> {
 
 pub fn heterogeneity(a: &HeterogeneityArgs) -> anyhow::Result<()> {
     a.common.check_outputs()?;
-    let m = a.common.models()?;
+    let m = a.common.models.paths()?;
     let mask = match a.mask {
         MaskKind::Ties if (0.0..=1.0).contains(&a.density) => Mask::Ties { density: a.density },
         MaskKind::Dare if (0.0..1.0).contains(&a.drop) => Mask::Dare {
@@ -95,7 +95,7 @@ pub fn heterogeneity(a: &HeterogeneityArgs) -> anyhow::Result<()> {
 
 pub fn weights(a: &WeightsArgs) -> anyhow::Result<()> {
     a.common.check_outputs()?;
-    let m = a.common.models()?;
+    let m = a.common.models.paths()?;
     let facts = train_facts(&m.experts)?;
     let steps: Vec<f64> = facts.iter().map(|f| f.steps).collect();
     a.common.write(&weights_figure(&names(&m.experts), &steps))
@@ -103,8 +103,8 @@ pub fn weights(a: &WeightsArgs) -> anyhow::Result<()> {
 
 pub fn bound_view(a: &BoundArgs) -> anyhow::Result<()> {
     a.common.check_outputs()?;
-    let m = a.common.models()?;
-    let bench = a.common.benchmark()?;
+    let m = a.common.models.paths()?;
+    let bench = a.common.models.benchmark()?;
     let settings = BoundSettings {
         lambdas: a.lambda.clone(),
         smoothness: a.smoothness,

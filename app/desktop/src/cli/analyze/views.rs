@@ -37,7 +37,7 @@ pub fn pca(a: &PcaArgs) -> anyhow::Result<()> {
     let mut files = Vec::new();
     let mut roles = Vec::new();
     if !a.no_models {
-        let m = a.common.models()?;
+        let m = a.common.models.paths()?;
         files.push(m.base);
         roles.push(Role::Base);
         roles.extend(m.experts.iter().map(|_| Role::Expert));
@@ -73,7 +73,7 @@ pub struct CosineArgs {
 
 pub fn cosine(a: &CosineArgs) -> anyhow::Result<()> {
     a.common.check_outputs()?;
-    let m = a.common.models()?;
+    let m = a.common.models.paths()?;
     let mut files = m.experts.clone();
     files.extend(a.checkpoints.iter().cloned());
     if files.len() < 2 {
@@ -105,7 +105,7 @@ pub struct SpectrumArgs {
 
 pub fn spectrum(a: &SpectrumArgs) -> anyhow::Result<()> {
     a.common.check_outputs()?;
-    let m = a.common.models()?;
+    let m = a.common.models.paths()?;
     let matrices = matrix_names(&m.base)?;
     let tensor = match &a.tensor {
         Some(t) => t.clone(),
@@ -141,7 +141,7 @@ pub struct RadarArgs {
 
 pub fn radar(a: &RadarArgs) -> anyhow::Result<()> {
     a.common.check_outputs()?;
-    let inputs = a.common.models()?;
+    let inputs = a.common.models.paths()?;
     let mut files: Vec<PathBuf> = Vec::new();
     if !a.no_base {
         files.push(inputs.base.clone());
