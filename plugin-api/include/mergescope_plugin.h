@@ -179,6 +179,9 @@ typedef uint32_t ms_plugin_kind;
  *  like histograms), so the host may stream them in parallel chunks with bounded memory;
  *  `ms_tensor_info.offset` tells where a chunk starts. */
 #define MS_CAP_CHUNKED_STATISTICS (UINT64_C(1) << 3)
+/* The method merges the base with exactly one expert (SLERP): the host refuses other counts
+ * before creating an instance, and comparisons over several experts leave it out. */
+#define MS_CAP_ONE_EXPERT (UINT64_C(1) << 4)
 
 /* Role of a tensor in the model, so methods can treat matrices and vectors differently. */
 typedef uint32_t ms_tensor_role;

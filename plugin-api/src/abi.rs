@@ -111,6 +111,10 @@ pub const CAP_NEEDS_BASE: u64 = 1 << 2;
 /// pieces of a tensor, like histograms), so the host may stream them in parallel chunks with
 /// bounded memory; `TensorInfo::offset` tells where a chunk starts.
 pub const CAP_CHUNKED_STATISTICS: u64 = 1 << 3;
+/// Capability bit: the method merges the base with exactly one expert (SLERP), so the host
+/// refuses other counts before creating an instance and comparisons over several experts leave
+/// it out.
+pub const CAP_ONE_EXPERT: u64 = 1 << 4;
 
 /// Role of a tensor in the model, so methods can treat matrices and vectors differently.
 pub type TensorRole = u32;

@@ -220,21 +220,6 @@ fn bert_experts_merged_and_scored_like_transformers() {
         "-q",
     ]);
     assert_eq!(std::fs::read(&merged).unwrap(), std::fs::read(&again).unwrap());
-    let e = env.fails(&[
-        "merge",
-        "--method",
-        "adamerging",
-        "--out",
-        "x.safetensors",
-        "--benchmark",
-        &suite,
-        "-q",
-    ]);
-    assert!(
-        e.contains("adamerging") && e.contains("suite") && e.contains("search"),
-        "{e}"
-    );
-
     // The radar (bars, with two tasks) of the base and the merge, the models from the suite's
     // [models] table, normalised by each task's expert (which scores 1.0 on its own task).
     let csv = env.ok(&["analyze", "radar", "--benchmark", &suite, "--checkpoint", &merged]);
@@ -276,6 +261,101 @@ fn bert_experts_merged_and_scored_like_transformers() {
     assert_eq!(values.len(), 2, "{csv}");
     assert!((values[0] - (bt + bv) / 2.0).abs() < 1e-12, "{csv}");
     assert!((values[1] - (t + v) / 2.0).abs() < 1e-12, "{csv}");
+}
+
+/// The `__metadata__` of a safetensors file.
+fn metadata(path: &std::path::Path) -> serde_json::Map<String, serde_json::Value> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header["__metadata__"].as_object().unwrap().clone()
+}
+
+/// A model-level method on a family suite: AdaMerging learns task-wise λ on the tasks'
+/// calibration data (the experts' heads, as no task names one), lowering its objective from the
+/// start (task arithmetic at λ = 0.3) and leaving a trajectory; the output is evaluated on the
+/// suite. A suite without calibration data, or with an external command, is refused with what
+/// to add or use instead.
+#[test]
+fn adamerging_learns_on_a_family_suite() {
+    let env = Env::new();
+    let (suite, _, _) = bert_suite(&env, "calibration = \"{task}.jsonl\"");
+    // bert_suite names each task's head; drop them so the experts' heads are used.
+    let text = std::fs::read_to_string(&suite).unwrap();
+    let text: String = text
+        .lines()
+        .filter(|l| !l.starts_with("head = "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&suite, text).unwrap();
+    let out = env.path("ada.safetensors").to_string_lossy().into_owned();
+    let json = env.ok(&[
+        "merge",
+        "--method",
+        "adamerging",
+        "--param",
+        "granularity=task",
+        "--param",
+        "steps=15",
+        "--param",
+        "lr=0.02",
+        "--param",
+        "report_every=5",
+        "--benchmark",
+        &suite,
+        "--out",
+        &out,
+        "--eval",
+        "--json",
+        "-q",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for task in ["topic", "verdict"] {
+        let a = j["eval"]["tasks"][task]["accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&a), "{json}");
+    }
+    let m = metadata(&env.path("ada.trajectory.safetensors"));
+    let iterates: Vec<serde_json::Value> =
+        serde_json::from_str(m["mergescope.trajectory.iterates"].as_str().unwrap()).unwrap();
+    let loss = |it: &serde_json::Value| it["metrics"]["loss"].as_f64().unwrap();
+    let (first, last) = (iterates.first().unwrap(), iterates.last().unwrap());
+    assert!(iterates.len() >= 3, "{iterates:?}");
+    assert!(loss(last) < loss(first), "entropy {} -> {}", loss(first), loss(last));
+    assert_eq!(first["metrics"]["lambda"], serde_json::json!([0.3, 0.3]), "{first}");
+    assert_ne!(last["metrics"]["lambda"], first["metrics"]["lambda"]);
+
+    // Without calibration data: refused, naming the tasks and the key to add.
+    let env2 = Env::new();
+    let (bare, _, _) = bert_suite(&env2, "");
+    let e = env2.fails(&[
+        "merge",
+        "--method",
+        "adamerging",
+        "--benchmark",
+        &bare,
+        "--out",
+        "x.safetensors",
+    ]);
+    assert!(e.contains("topic, verdict") && e.contains("calibration = "), "{e}");
+    // An external command gives no gradients.
+    let (cmd_suite_env, cmd_suite) = setup();
+    let m = cmd_suite_env.write("m.safetensors", &[("w", DType::F32, &[2], &[0.25, 0.75])]);
+    let e = cmd_suite_env.fails(&[
+        "merge",
+        "--method",
+        "adamerging",
+        "--base",
+        &m,
+        "--expert",
+        &m,
+        "--expert",
+        &m,
+        "--benchmark",
+        &cmd_suite,
+        "--out",
+        "x.safetensors",
+    ]);
+    assert!(e.contains("gradients") && e.contains("search"), "{e}");
 }
 
 /// `compare` on a suite: λ searched on the tasks' calibration data (here the test files, so

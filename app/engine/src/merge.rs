@@ -76,6 +76,13 @@ pub fn create_instance<'p>(
             "a merge needs at least one expert checkpoint (--expert PATH)".into(),
         ));
     }
+    if plugin.has_capability(abi::CAP_ONE_EXPERT) && n_experts != 1 {
+        return Err(EngineError::Invalid(format!(
+            "method '{}' merges the base with exactly one expert, but this merge has {n_experts} experts; \
+             refused before merging: give one --expert (to combine more models use task-arithmetic, ties or model-stock)",
+            plugin.id()
+        )));
+    }
     if plugin.has_capability(abi::CAP_NEEDS_BASE) && !has_base {
         return Err(EngineError::Invalid(format!(
             "method '{}' works on task vectors (expert − base) and needs the base model: pass --base PATH",

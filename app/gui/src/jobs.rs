@@ -11,6 +11,7 @@ use mergescope_engine::plugin::Plugin;
 use mergescope_lab::data::{SplitKind, TaskData, benchmark_tasks};
 use mergescope_lab::demo::{self, Benchmark, BuildProgress};
 use mergescope_lab::evaluate::{self, EvaluatorSpec, open_normalised};
+use mergescope_lab::evaluator::suite::Suite;
 use mergescope_lab::evaluator::{EvalReport, Evaluator};
 use mergescope_lab::nn::Arch;
 use mergescope_lab::run::{self, TaskSource};
@@ -366,7 +367,7 @@ impl Worker {
             ..ExecOptions::default()
         };
         let model_level = job.plugin.is_model_level();
-        if model_level && self.tasks.is_none() {
+        if model_level && job.benchmark.is_some() && self.tasks.is_none() {
             self.tasks = Some(benchmark_tasks(None)?);
         }
         let last = Mutex::new(Instant::now() - Duration::from_secs(1));
@@ -399,16 +400,24 @@ impl Worker {
             progress: &progress,
             log: &log,
         };
-        if model_level && job.benchmark.is_none() {
-            return Err(EngineError::Invalid(format!(
-                "'{}' evaluates candidates on a benchmark's calibration data: open a benchmark (Benchmark menu) first",
-                job.plugin.id()
-            )));
-        }
-        let tasks = job.benchmark.as_ref().map(|bench| TaskSource {
-            bench,
-            tasks: self.tasks.as_deref().unwrap_or_default(),
-        });
+        let suite = match (&job.suite, model_level) {
+            (Some(path), true) => Some(Suite::load(path)?),
+            _ => None,
+        };
+        let tasks = match (&job.benchmark, &suite) {
+            (Some(bench), _) => Some(TaskSource::Benchmark {
+                bench,
+                tasks: self.tasks.as_deref().unwrap_or_default(),
+            }),
+            (None, Some(suite)) => Some(TaskSource::Suite(suite)),
+            (None, None) if model_level => {
+                return Err(EngineError::Invalid(format!(
+                    "'{}' evaluates candidates on calibration data: open a benchmark or a suite with calibration data (Benchmark menu) first",
+                    job.plugin.id()
+                )));
+            }
+            (None, None) => None,
+        };
         let report = run::merge(&job.plugin, &job.request, tasks, &opts, observer, cancel).map(|o| {
             if let Some(label) = o.model.as_ref().and_then(|r| r.partial.as_ref()) {
                 log(

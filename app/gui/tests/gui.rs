@@ -573,13 +573,12 @@ fn a_suite_opened_in_the_window_evaluates_the_merges() {
         &suite,
         format!(
             "name = \"text\"\n[model]\nfamily = \"bert\"\nconfig = \"{b}/config.json\"\ntokenizer = \"{b}/tokenizer.json\"\n\
-             [[task]]\nname = \"topic\"\ndata = \"{}\"\nhead = \"{}\"\n[[task]]\nname = \"verdict\"\ndata = \"{}\"\nhead = \"{}\"\n\
-             [models]\nbase = \"{b}\"\nexperts = [\"{}\", \"{}\"]\n",
+             [[task]]\nname = \"topic\"\ndata = \"{0}\"\ncalibration = \"{0}\"\nhead = \"{1}\"\n\
+             [[task]]\nname = \"verdict\"\ndata = \"{2}\"\ncalibration = \"{2}\"\nhead = \"{3}\"\n\
+             [models]\nbase = \"{b}\"\nexperts = [\"{1}\", \"{3}\"]\n",
             p("topic.jsonl"),
             p("topic"),
             p("verdict.jsonl"),
-            p("verdict"),
-            p("topic"),
             p("verdict"),
             b = p("base"),
         ),
@@ -658,4 +657,18 @@ fn a_suite_opened_in_the_window_evaluates_the_merges() {
     assert_eq!(b.series[0].0, "base");
     assert_eq!(b.series[0].1, vec![0.5, 0.5]);
     assert_eq!(b.series[1].1, vec![t, v]);
+
+    // A model-level method on the suite: Fisher merging learns on the tasks' calibration data
+    // and its result is evaluated with the suite like any other.
+    choose_method(&mut h, "Fisher merging");
+    h.run_steps(2);
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "the Fisher run on the suite", |a| {
+        a.doc.runs.len() == 2 && last_status(a) == Some(RunStatus::Done)
+    });
+    let r = h.state().doc.runs.last().unwrap();
+    assert_eq!(r.method, "fisher");
+    let eval = r.eval.as_ref().expect("the Fisher merge was evaluated with the suite");
+    assert_eq!(eval.tasks.len(), 2);
+    assert!(r.output.with_extension("trajectory.safetensors").exists());
 }

@@ -85,7 +85,7 @@ pub struct CompareInputs<'a> {
     pub calibration: Option<Box<dyn Evaluator + 'a>>,
     /// Each expert's score on its own task, in task order (empty when unknown).
     pub individual: Vec<f64>,
-    /// The demo benchmark's tasks, which model-level methods run on (`None`: they cannot run).
+    /// The tasks model-level methods run on (`None`: they cannot run).
     pub tasks: Option<TaskSource<'a>>,
 }
 
@@ -111,7 +111,7 @@ impl<'a> CompareInputs<'a> {
                 .iter()
                 .map(|t| t.expert_accuracy.get(SplitKind::Test))
                 .collect(),
-            tasks: Some(TaskSource {
+            tasks: Some(TaskSource::Benchmark {
                 bench,
                 tasks: task_data,
             }),
@@ -119,9 +119,10 @@ impl<'a> CompareInputs<'a> {
     }
 
     /// A suite's base and experts (`experts` one per task, in task order), its test data
-    /// normalised by the experts, and its calibration data when every task has some.
+    /// normalised by the experts, and its calibration data when every task has some (which
+    /// model-level methods then learn on, for a classification family).
     pub fn of_suite(
-        suite: &Suite,
+        suite: &'a Suite,
         base: PathBuf,
         experts: Vec<PathBuf>,
         device: &Device,
@@ -142,7 +143,10 @@ impl<'a> CompareInputs<'a> {
             test: Box::new(test),
             calibration: suite.calibration_evaluator(device)?,
             individual,
-            tasks: None,
+            tasks: suite
+                .model_level_unavailable()
+                .is_none()
+                .then_some(TaskSource::Suite(suite)),
         })
     }
 }
@@ -299,7 +303,7 @@ fn run_one(
 ) -> Result<Value> {
     if plugin.is_model_level() && inputs.tasks.is_none() {
         return Err(EngineError::Param(format!(
-            "{} is a model-level method: it trains on the demo benchmark's calibration tasks, which {} does not provide",
+            "{} is a model-level method: it trains on calibration tasks, which {} does not provide",
             plugin.id(),
             inputs.kind
         )));

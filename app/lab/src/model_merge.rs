@@ -5,8 +5,9 @@
 
 use crate::data::TaskData;
 use crate::demo::Benchmark;
-use crate::evaluator::calibration::{CalibrationTask, DemoCalibration};
+use crate::evaluator::calibration::{CalibrationTask, CalibrationTasks, DemoCalibration};
 use crate::nn::Params;
+use crate::run::TaskSource;
 use crate::session::{ModelRunOutput, SessionModel, Trajectory, run_model};
 use candle_core::{Device, Tensor};
 use mergescope_engine::checkpoint::Checkpoint;
@@ -146,13 +147,50 @@ pub fn run_model_in_memory(
     Ok(run_model(&instance, env, model, on_iterate))
 }
 
-/// Merges checkpoint files with a model-level `plugin` on `bench`'s tasks (`task_data` holds
-/// their data). The base is required; expert t is matched to its task by metadata or order.
+/// The session's tasks on a demo benchmark: expert t's task (by metadata or order) with its
+/// data and frozen head; the base must be a backbone of the benchmark's architecture.
+fn benchmark_tasks<'a>(
+    bench: &Benchmark,
+    task_data: &'a [TaskData],
+    experts: &[Checkpoint],
+    base: &Checkpoint,
+    backbone: &Params,
+    device: &Device,
+) -> Result<(Vec<String>, Box<dyn CalibrationTasks + 'a>)> {
+    let tasks = expert_tasks(experts, bench)?;
+    let mut heads = bench.heads(device)?;
+    let session_tasks = tasks
+        .iter()
+        .map(|name| {
+            let data = task_data.iter().find(|d| &d.name == name).ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "task '{name}' has no data installed; add its file to the task folder"
+                ))
+            })?;
+            let head = heads
+                .remove(name)
+                .ok_or_else(|| EngineError::Invalid(format!("two experts are fine-tuned on task '{name}'")))?;
+            Ok(CalibrationTask { data, head })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    bench.manifest.arch.check(backbone).map_err(|e| {
+        EngineError::Invalid(format!(
+            "the base '{}' is not a {} backbone of this benchmark: {e}",
+            base.path.display(),
+            bench.manifest.arch
+        ))
+    })?;
+    let calibration = DemoCalibration::new(bench.manifest.arch, session_tasks, device)?;
+    Ok((tasks, Box::new(calibration)))
+}
+
+/// Merges checkpoint files with a model-level `plugin` on the tasks of `source` (a demo
+/// benchmark, or a family suite). The base is required; expert t is matched to its task by
+/// metadata or order.
 pub(crate) fn merge_model_files(
     plugin: &Plugin,
     req: &MergeRequest,
-    bench: &Benchmark,
-    task_data: &[TaskData],
+    source: TaskSource<'_>,
     opts: &ExecOptions,
     observer: Observer<'_>,
     cancel: &AtomicBool,
@@ -188,31 +226,20 @@ pub(crate) fn merge_model_files(
 
     // The session: whole models on the device, one task per expert.
     let device = &opts.device;
-    let tasks = expert_tasks(&experts, bench)?;
-    let mut heads = bench.heads(device)?;
-    let session_tasks = tasks
-        .iter()
-        .map(|name| {
-            let data = task_data.iter().find(|d| &d.name == name).ok_or_else(|| {
-                EngineError::Invalid(format!(
-                    "task '{name}' has no data installed; add its file to the task folder"
-                ))
-            })?;
-            let head = heads
-                .remove(name)
-                .ok_or_else(|| EngineError::Invalid(format!("two experts are fine-tuned on task '{name}'")))?;
-            Ok(CalibrationTask { data, head })
-        })
-        .collect::<Result<Vec<_>>>()?;
     let base_tensors = load_tensors(&base, &names, device)?;
-    let backbone: Params = names.iter().cloned().zip(base_tensors.iter().cloned()).collect();
-    bench.manifest.arch.check(&backbone).map_err(|e| {
-        EngineError::Invalid(format!(
-            "the base '{}' is not a {} backbone of this benchmark: {e}",
-            base.path.display(),
-            bench.manifest.arch
-        ))
-    })?;
+    let (tasks, calibration) = match source {
+        TaskSource::Benchmark {
+            bench,
+            tasks: task_data,
+        } => {
+            let backbone: Params = names.iter().cloned().zip(base_tensors.iter().cloned()).collect();
+            benchmark_tasks(bench, task_data, &experts, &base, &backbone, device)?
+        }
+        TaskSource::Suite(suite) => (
+            suite.task_names(),
+            suite.calibration_tasks(base_path, &req.experts, device)?,
+        ),
+    };
     let model = SessionModel {
         shapes: plan.items.iter().map(|i| i.shape.clone()).collect(),
         experts: experts
@@ -221,7 +248,7 @@ pub(crate) fn merge_model_files(
             .collect::<Result<_>>()?,
         names,
         base: base_tensors,
-        tasks: Box::new(DemoCalibration::new(bench.manifest.arch, session_tasks, device)?),
+        tasks: calibration,
     };
 
     // Progress in permille of the plugin's own fraction, labelled with its latest iterate.

@@ -4,6 +4,7 @@
 
 use crate::data::TaskData;
 use crate::demo::Benchmark;
+use crate::evaluator::suite::Suite;
 use crate::model_merge::{ModelRun, merge_model_files};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::executor::{ExecOptions, Observer};
@@ -11,14 +12,20 @@ use mergescope_engine::merge::{MergeReport, MergeRequest, merge_files};
 use mergescope_engine::plugin::Plugin;
 use std::sync::atomic::AtomicBool;
 
-/// The tasks a model-level (data-driven) method evaluates its candidates on: a benchmark
-/// whose experts the request merges, and the data of its tasks.
+/// The tasks a model-level (data-driven) method evaluates its candidates on.
 #[derive(Clone, Copy)]
-pub struct TaskSource<'a> {
-    /// The benchmark (its heads, its arch, its tasks in order).
-    pub bench: &'a Benchmark,
-    /// The data of (at least) the benchmark's tasks.
-    pub tasks: &'a [TaskData],
+pub enum TaskSource<'a> {
+    /// A demo benchmark whose experts the request merges (its heads, its arch, its tasks in
+    /// order), and the data of (at least) its tasks.
+    Benchmark {
+        /// The benchmark.
+        bench: &'a Benchmark,
+        /// The data of its tasks.
+        tasks: &'a [TaskData],
+    },
+    /// A family suite (BERT, CLIP): expert t is fine-tuned on its task t, whose calibration
+    /// (and train) data the method learns on.
+    Suite(&'a Suite),
 }
 
 /// What a finished merge left.
@@ -54,14 +61,14 @@ pub fn merge(
             plugin.id()
         )));
     }
-    let Some(TaskSource { bench, tasks }) = tasks else {
+    let Some(source) = tasks else {
         return Err(EngineError::Invalid(format!(
-            "method '{}' evaluates its candidates on the tasks of the benchmark its experts were fine-tuned on: \
-             open (or name) that benchmark",
+            "method '{}' evaluates its candidates on the tasks its experts were fine-tuned on: \
+             open (or name) their benchmark, or a suite with calibration data",
             plugin.id()
         )));
     };
-    let (report, run) = merge_model_files(plugin, req, bench, tasks, opts, observer, cancel)?;
+    let (report, run) = merge_model_files(plugin, req, source, opts, observer, cancel)?;
     Ok(MergeOutcome {
         report,
         model: Some(run),

@@ -11,7 +11,7 @@
 //! merge pass is then elementwise, one fused weighted sum per chunk, in parallel.
 
 use mergescope_plugin_api::abi::{
-    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, REDUCE_SUM_SQUARES,
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_ONE_EXPERT, CAP_THREAD_SAFE, REDUCE_SUM_SQUARES,
 };
 use mergescope_plugin_api::sdk::{ChunkSums, PerTensor};
 use mergescope_plugin_api::{
@@ -70,7 +70,7 @@ impl MergeMethod for Slerp {
             version: "",
             description: "Spherical linear interpolation between the base and one expert, tensor by tensor.",
             help: HELP,
-            capabilities: CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE | CAP_CHUNKED_STATISTICS,
+            capabilities: CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE | CAP_CHUNKED_STATISTICS | CAP_ONE_EXPERT,
             params: vec![
                 ParamSpec::float("t", 0.5, "Interpolation fraction: 0 gives the base, 1 the expert.").range(0.0, 1.0),
             ],

@@ -419,6 +419,7 @@ fn rust_facts() -> BTreeMap<String, Value> {
         CAP_ELEMENTWISE,
         CAP_NEEDS_BASE,
         CAP_CHUNKED_STATISTICS,
+        CAP_ONE_EXPERT,
         ROLE_MATRIX,
         ROLE_VECTOR,
         ROLE_NORM,

@@ -12,6 +12,7 @@ use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::resolve_benchmark;
 use mergescope_lab::evaluate::suite_models;
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
+use mergescope_plugin_api::abi;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -85,14 +86,12 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
         None
     };
     let mut plugins: Vec<&Plugin> = chosen.iter().map(|p| &**p).collect();
-    if suite.is_some() && args.methods.is_none() {
-        // Model-level methods train on the demo benchmark's tasks; a suite does not offer them.
+    if let Some(why) = suite.as_ref().and_then(Suite::model_level_unavailable)
+        && args.methods.is_none()
+    {
         let skipped: Vec<&str> = plugins.iter().filter(|p| p.is_model_level()).map(|p| p.id()).collect();
         if !skipped.is_empty() {
-            eprintln!(
-                "note: model-level methods need the demo benchmark's calibration tasks; not run on a suite: {}",
-                skipped.join(", ")
-            );
+            eprintln!("note: model-level methods not run ({}): {why}", skipped.join(", "));
         }
         plugins.retain(|p| !p.is_model_level());
     }
@@ -127,6 +126,21 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
             CompareInputs::of_benchmark(&bench, &tasks, &device)?
         }
     };
+    if args.methods.is_none() && inputs.experts.len() != 1 {
+        let skipped: Vec<&str> = plugins
+            .iter()
+            .filter(|p| p.has_capability(abi::CAP_ONE_EXPERT))
+            .map(|p| p.id())
+            .collect();
+        if !skipped.is_empty() {
+            eprintln!(
+                "note: not run, as they merge the base with exactly one expert and there are {}: {}",
+                inputs.experts.len(),
+                skipped.join(", ")
+            );
+            plugins.retain(|p| !p.has_capability(abi::CAP_ONE_EXPERT));
+        }
+    }
     if inputs.calibration.is_none() && !lambda_grid.is_empty() {
         eprintln!(
             "note: {} has no calibration data (give every [[task]] a calibration file), so λ keeps each method's default",

@@ -9,8 +9,8 @@ use mergescope_engine::dtype::OutDType;
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress};
 use mergescope_engine::recipe::{Recipe, parse_size};
 use mergescope_lab::data::SplitKind;
-use mergescope_lab::data::benchmark_tasks;
-use mergescope_lab::demo::resolve_benchmark;
+use mergescope_lab::data::{TaskData, benchmark_tasks};
+use mergescope_lab::demo::{Benchmark, resolve_benchmark};
 use mergescope_lab::evaluate::{EvaluatorSpec, suite_models};
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::nn::Arch;
@@ -224,30 +224,30 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
         progress: &on_progress,
         log: &on_log,
     };
-    // Data-driven methods evaluate candidates on the benchmark's calibration data.
+    // Data-driven methods evaluate candidates on the calibration data of the benchmark or suite.
     let calibration = if plugin.is_model_level() {
         let base = req
             .base
             .as_deref()
             .with_context(|| format!("method '{}' starts from the base model: pass --base PATH", plugin.id()))?;
-        // The architecture from the base's header (names and shapes), without reading its data.
-        let header = Checkpoint::open(base)?;
-        let arch = Arch::detect(header.tensors.iter().map(|(k, t)| (k.as_str(), t.shape.as_slice())));
         let spec = args.benchmark.as_deref().unwrap_or("demo");
         if is_suite_path(spec) {
-            bail!(
-                "method '{}' trains on the demo benchmark's calibration tasks, which a suite does not provide yet; \
-                 use a per-tensor method with the suite, or `mergescope search` to tune its coefficients on the suite",
-                plugin.id()
-            );
+            Some(Calibration::Suite(Suite::load(Path::new(spec))?))
+        } else {
+            // The architecture from the base's header (names and shapes), without reading its data.
+            let header = Checkpoint::open(base)?;
+            let arch = Arch::detect(header.tensors.iter().map(|(k, t)| (k.as_str(), t.shape.as_slice())));
+            let bench = resolve_benchmark(spec, arch)
+                .with_context(|| format!("method '{}' needs the benchmark its experts were tuned on", plugin.id()))?;
+            Some(Calibration::Benchmark(bench, benchmark_tasks(None)?))
         }
-        let bench = resolve_benchmark(spec, arch)
-            .with_context(|| format!("method '{}' needs the benchmark its experts were tuned on", plugin.id()))?;
-        Some((bench, benchmark_tasks(None)?))
     } else {
         None
     };
-    let tasks = calibration.as_ref().map(|(bench, tasks)| TaskSource { bench, tasks });
+    let tasks = calibration.as_ref().map(|c| match c {
+        Calibration::Benchmark(bench, tasks) => TaskSource::Benchmark { bench, tasks },
+        Calibration::Suite(suite) => TaskSource::Suite(suite),
+    });
     let report = run::merge(&plugin, &req, tasks, &opts, observer, cancel).map(|o| {
         if let Some(r) = &o.model {
             if let Some(label) = &r.partial {
@@ -318,4 +318,10 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a model-level method learns on: a demo benchmark with its tasks' data, or a suite.
+enum Calibration {
+    Benchmark(Benchmark, Vec<TaskData>),
+    Suite(Suite),
 }

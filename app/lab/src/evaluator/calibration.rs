@@ -7,6 +7,7 @@
 use crate::data::{SplitKind, TaskData};
 use crate::nn::{Arch, Head, Params, images_tensor, labels_tensor};
 use crate::train::{self, Examples, TrainConfig, TrainTask};
+use candle_core::backprop::GradStore;
 use candle_core::{D, Device, Tensor, Var};
 use mergescope_engine::error::{EngineError, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -119,7 +120,7 @@ impl<'a> DemoCalibration<'a> {
 }
 
 /// One fresh autograd variable per tensor named in `order`, and the model that reads them.
-fn variables(model: &Params, order: &[String]) -> Result<(Vec<Var>, Params)> {
+pub(crate) fn variables(model: &Params, order: &[String]) -> Result<(Vec<Var>, Params)> {
     let vars: Vec<Var> = order
         .iter()
         .map(|k| {
@@ -135,6 +136,67 @@ fn variables(model: &Params, order: &[String]) -> Result<(Vec<Var>, Params)> {
         .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
         .collect();
     Ok((vars, p))
+}
+
+/// The mean `objective` of `logits` `[n, classes]` (cross-entropy against `labels` `[n]`, or the
+/// entropy of the predictions), differentiable.
+pub(crate) fn objective_loss(logits: &Tensor, labels: &Tensor, objective: Objective) -> Result<Tensor> {
+    Ok(match objective {
+        Objective::CrossEntropy => candle_nn::loss::cross_entropy(logits, labels)?,
+        Objective::Entropy => {
+            let log_p = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+            (log_p.exp()? * &log_p)?.sum(D::Minus1)?.mean_all()?.neg()?
+        }
+    })
+}
+
+/// Adds the gradients in `store` of each of `vars` to `sums` (a variable without one adds 0).
+pub(crate) fn add_grads(sums: &mut [Tensor], store: &GradStore, vars: &[Var]) -> Result<()> {
+    for (sum, v) in sums.iter_mut().zip(vars) {
+        if let Some(g) = store.get(v.as_tensor()) {
+            *sum = (&*sum + g)?;
+        }
+    }
+    Ok(())
+}
+
+/// Mean over `n` examples of the squared gradient of log p(y | x) for each of `vars`, where
+/// `example(i)` gives example i's logits `[1, classes]` and label `[1]`; y is the label, or the
+/// model's argmax when `predicted`.
+pub(crate) fn fisher_of(
+    vars: &[Var],
+    n: usize,
+    predicted: bool,
+    cancel: &AtomicBool,
+    mut example: impl FnMut(usize) -> Result<(Tensor, Tensor)>,
+) -> Result<Vec<Tensor>> {
+    let mut sums: Vec<Tensor> = vars
+        .iter()
+        .map(|v| v.as_tensor().zeros_like())
+        .collect::<candle_core::Result<_>>()?;
+    for i in 0..n {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(EngineError::Cancelled);
+        }
+        let (logits, label) = example(i)?;
+        let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let y = if predicted {
+            log_p.argmax_keepdim(D::Minus1)?
+        } else {
+            label.unsqueeze(1)?
+        };
+        let store = log_p.gather(&y, D::Minus1)?.sum_all()?.backward()?;
+        for (sum, v) in sums.iter_mut().zip(vars) {
+            if let Some(g) = store.get(v.as_tensor()) {
+                *sum = (&*sum + g.sqr()?)?;
+            }
+        }
+    }
+    let scale = 1.0 / n.max(1) as f64;
+    Ok(sums
+        .into_iter()
+        .map(|s| s.affine(scale, 0.0))
+        .collect::<candle_core::Result<_>>()?)
 }
 
 impl CalibrationTasks for DemoCalibration<'_> {
@@ -171,14 +233,7 @@ impl CalibrationTasks for DemoCalibration<'_> {
         let (vars, p) = variables(model, order)?;
         let mut total: Option<Tensor> = None;
         for &t in tasks {
-            let logits = self.logits(&p, t)?;
-            let l = match objective {
-                Objective::CrossEntropy => candle_nn::loss::cross_entropy(&logits, &self.calibration[t].labels)?,
-                Objective::Entropy => {
-                    let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-                    (log_p.exp()? * &log_p)?.sum(D::Minus1)?.mean_all()?.neg()?
-                }
-            };
+            let l = objective_loss(&self.logits(&p, t)?, &self.calibration[t].labels, objective)?;
             total = Some(match total {
                 Some(s) => (s + l)?,
                 None => l,
@@ -191,14 +246,11 @@ impl CalibrationTasks for DemoCalibration<'_> {
         if !with_grads {
             return Ok((value, None));
         }
-        let store = total.backward()?;
-        let grads = vars
+        let mut grads = vars
             .iter()
-            .map(|v| match store.get(v.as_tensor()) {
-                Some(g) => Ok(g.clone()),
-                None => Ok(v.as_tensor().zeros_like()?),
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .map(|v| v.as_tensor().zeros_like())
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        add_grads(&mut grads, &total.backward()?, &vars)?;
         Ok((value, Some(grads)))
     }
 
@@ -212,36 +264,10 @@ impl CalibrationTasks for DemoCalibration<'_> {
     ) -> Result<Vec<Tensor>> {
         let (vars, p) = variables(model, order)?;
         let c = &self.calibration[task];
-        let n = c.images.dim(0)?;
-        let mut sums: Vec<Tensor> = vars
-            .iter()
-            .map(|v| v.as_tensor().zeros_like())
-            .collect::<candle_core::Result<_>>()?;
-        for i in 0..n {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(EngineError::Cancelled);
-            }
-            let x = c.images.narrow(0, i, 1)?;
-            let features = self.arch.features(&p, &x)?;
-            let log_p = candle_nn::ops::log_softmax(&self.tasks[task].head.logits(&features)?, D::Minus1)?;
-            let y = if predicted {
-                log_p.argmax_keepdim(D::Minus1)?
-            } else {
-                c.labels.narrow(0, i, 1)?.unsqueeze(1)?
-            };
-            let log_likelihood = log_p.gather(&y, D::Minus1)?.sum_all()?;
-            let store = log_likelihood.backward()?;
-            for (sum, v) in sums.iter_mut().zip(&vars) {
-                if let Some(g) = store.get(v.as_tensor()) {
-                    *sum = (&*sum + g.sqr()?)?;
-                }
-            }
-        }
-        let scale = 1.0 / n.max(1) as f64;
-        Ok(sums
-            .into_iter()
-            .map(|s| s.affine(scale, 0.0))
-            .collect::<candle_core::Result<_>>()?)
+        fisher_of(&vars, c.images.dim(0)?, predicted, cancel, |i| {
+            let features = self.arch.features(&p, &c.images.narrow(0, i, 1)?)?;
+            Ok((self.tasks[task].head.logits(&features)?, c.labels.narrow(0, i, 1)?))
+        })
     }
 
     fn finetune(

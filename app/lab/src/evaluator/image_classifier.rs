@@ -3,9 +3,7 @@
 //! per task: given as a file, or built zero-shot from class names and prompt templates by a
 //! CLIP text tower (the `zeroshot_from` model's, computed once, or the evaluated model's own).
 
-use super::backbone::Tally;
-use super::{EvalReport, ScoresWeights, evenly, summarise};
-use crate::data::SplitKind;
+use super::{ClassifierFamily, EvalReport, ScoresWeights, evenly, score_classifier};
 use crate::family::clip::{self, ClipConfigs, ImageEncoder, TextEncoder};
 use crate::family::hf;
 use crate::family::image_data::{ImageExample, pixels};
@@ -13,7 +11,7 @@ use candle_core::{Device, Tensor};
 use mergescope_engine::error::{EngineError, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 /// One task: its images, class names, prompt templates and optional fixed head.
@@ -65,6 +63,8 @@ pub struct ClipModelSpec {
     pub zeroshot_from: Option<PathBuf>,
     /// Images per forward pass.
     pub batch_size: usize,
+    /// The suite's base model: its config and tokenizer serve checkpoints with none beside them.
+    pub base: Option<PathBuf>,
 }
 
 /// Weights and heads that do not depend on the evaluated model, loaded once.
@@ -138,6 +138,7 @@ impl ImageClassifierEvaluator {
             .config
             .clone()
             .or_else(|| hf::beside(checkpoint, "config.json"))
+            .or_else(|| self.spec.base.as_ref().and_then(|b| hf::beside(b, "config.json")))
             .or_else(|| self.spec.zeroshot_from.as_ref().and_then(|z| hf::beside(z, "config.json")))
             .ok_or_else(|| {
                 EngineError::invalid(format!(
@@ -242,28 +243,57 @@ impl ScoresWeights for ImageClassifierEvaluator {
         source: &Path,
         cancel: &AtomicBool,
     ) -> Result<EvalReport> {
+        score_classifier(self, config, weights, source, cancel)
+    }
+}
+
+/// A CLIP image tower with its logit scale and the head of every task.
+pub(crate) struct ImageNet {
+    encoder: ImageEncoder,
+    scale: f64,
+    heads: Arc<Vec<Tensor>>,
+}
+
+impl ClassifierFamily for ImageClassifierEvaluator {
+    type Net = ImageNet;
+
+    fn build(&self, config: &ClipConfigs, weights: HashMap<String, Tensor>, source: &Path) -> Result<ImageNet> {
         let weights = clip::canonical(weights);
         let fallback = self.fallback()?;
-        let encoder = ImageEncoder::load(config, &weights, fallback.as_deref(), &self.device, source)?;
-        let scale = clip::logit_scale(config, &weights, fallback.as_deref())?;
-        let heads = self.heads(&weights, config, source)?;
-        let size = config.vision.image_size;
-        let mut scores = Vec::with_capacity(self.tasks.len());
-        for (task, head) in self.tasks.iter().zip(heads.iter()) {
-            let mut tally = Tally::default();
-            for (b, batch) in task.examples.chunks(self.spec.batch_size).enumerate() {
-                if cancel.load(Ordering::Relaxed) {
-                    return Err(EngineError::Cancelled);
-                }
-                let x = match &task.pixels {
-                    Some(p) => p.narrow(0, b * self.spec.batch_size, batch.len())?,
-                    None => pixels(batch, size, &self.device)?,
-                };
-                let logits = clip::logits(&encoder.features(&x)?, head, scale)?;
-                tally.add(&logits, batch.iter().map(|e| e.label))?;
+        Ok(ImageNet {
+            encoder: ImageEncoder::load(config, &weights, fallback.as_deref(), &self.device, source)?,
+            scale: clip::logit_scale(config, &weights, fallback.as_deref())?,
+            heads: self.heads(&weights, config, source)?,
+        })
+    }
+
+    fn examples(&self, task: usize) -> usize {
+        self.tasks[task].examples.len()
+    }
+
+    fn batch_size(&self) -> usize {
+        self.spec.batch_size
+    }
+
+    fn logits(
+        &self,
+        config: &ClipConfigs,
+        net: &ImageNet,
+        task: usize,
+        indices: &[usize],
+    ) -> Result<(Tensor, Vec<usize>)> {
+        let t = &self.tasks[task];
+        let x = match &t.pixels {
+            Some(p) => {
+                let ids: Vec<u32> = indices.iter().map(|&i| i as u32).collect();
+                p.index_select(&Tensor::from_vec(ids, indices.len(), &self.device)?, 0)?
             }
-            scores.push(tally.score(&task.name));
-        }
-        Ok(summarise(SplitKind::Test, scores))
+            None => {
+                let chosen: Vec<ImageExample> = indices.iter().map(|&i| t.examples[i].clone()).collect();
+                pixels(&chosen, config.vision.image_size, &self.device)?
+            }
+        };
+        let logits = clip::logits(&net.encoder.features(&x)?, &net.heads[task], net.scale)?;
+        Ok((logits, indices.iter().map(|&i| t.examples[i].label).collect()))
     }
 }

@@ -110,6 +110,8 @@ pub struct LmModelSpec {
     pub tokenizer: Option<PathBuf>,
     /// Tokens per window (longer inputs keep their last tokens; texts are cut into windows).
     pub max_length: usize,
+    /// The suite's base model: its config and tokenizer serve checkpoints with none beside them.
+    pub base: Option<PathBuf>,
 }
 
 /// Evaluates causal LMs on multiple-choice and perplexity tasks.
@@ -172,6 +174,7 @@ impl ScoresWeights for LmEvaluator {
         let config = read_config(&hf::locate(
             self.spec.config.as_deref(),
             checkpoint,
+            self.spec.base.as_deref(),
             "config.json",
             "config",
         )?)?;
@@ -179,6 +182,7 @@ impl ScoresWeights for LmEvaluator {
             &hf::locate(
                 self.spec.tokenizer.as_deref(),
                 checkpoint,
+                self.spec.base.as_deref(),
                 "tokenizer.json",
                 "tokenizer",
             )?,

@@ -14,6 +14,7 @@
 mod backbone;
 pub mod calibration;
 mod command;
+pub(crate) mod family_calibration;
 mod image_classifier;
 mod language_model;
 mod reference;
@@ -89,6 +90,62 @@ pub(crate) trait ScoresWeights: Clone + Send + Sync + 'static {
         source: &Path,
         cancel: &AtomicBool,
     ) -> Result<EvalReport>;
+}
+
+/// A classification family (BERT, CLIP): a network built from one model's weights gives logits
+/// for any examples of a task. Scoring ([`score_classifier`]) and the data-driven methods' losses,
+/// gradients and fine-tuning ([`family_calibration`]) are both computed from it.
+pub(crate) trait ClassifierFamily: ScoresWeights {
+    /// The network of one model: encoder and the tasks' heads.
+    type Net;
+    /// Builds the network from `weights` (`source` names the model in errors). Tensors are
+    /// used as given, so weights that track gradients give logits that do.
+    fn build(&self, inputs: &Self::Inputs, weights: HashMap<String, Tensor>, source: &Path) -> Result<Self::Net>;
+    /// Examples of task `task`.
+    fn examples(&self, task: usize) -> usize;
+    /// Examples per forward pass.
+    fn batch_size(&self) -> usize;
+    /// Logits `[n, classes]` of the examples `indices` of task `task`, and their labels.
+    fn logits(
+        &self,
+        inputs: &Self::Inputs,
+        net: &Self::Net,
+        task: usize,
+        indices: &[usize],
+    ) -> Result<(Tensor, Vec<usize>)>;
+}
+
+/// Accuracy and cross-entropy of the model `weights` on every task of `ev`, batch by batch.
+pub(crate) fn score_classifier<E: ClassifierFamily>(
+    ev: &E,
+    inputs: &E::Inputs,
+    weights: HashMap<String, Tensor>,
+    source: &Path,
+    cancel: &AtomicBool,
+) -> Result<EvalReport> {
+    let net = ev.build(inputs, weights, source)?;
+    let names = ScoresWeights::task_names(ev);
+    let mut scores = Vec::with_capacity(names.len());
+    for (t, name) in names.iter().enumerate() {
+        let mut tally = backbone::Tally::default();
+        for indices in batches(ev.examples(t), ev.batch_size()) {
+            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(mergescope_engine::error::EngineError::Cancelled);
+            }
+            let (logits, labels) = ev.logits(inputs, &net, t, &indices)?;
+            tally.add(&logits, labels)?;
+        }
+        scores.push(tally.score(name));
+    }
+    Ok(summarise(crate::data::SplitKind::Test, scores))
+}
+
+/// The indices `0..n` in consecutive batches of at most `size`.
+pub(crate) fn batches(n: usize, size: usize) -> impl Iterator<Item = Vec<usize>> {
+    let size = size.max(1);
+    (0..n)
+        .step_by(size)
+        .map(move |start| (start..(start + size).min(n)).collect())
 }
 
 /// Every family evaluator is an [`Evaluator`]: a file is loaded on its device and scored; models

@@ -24,17 +24,21 @@
 //!
 //! [model]
 //! family = "bert"                    # BERT, MiniLM and their fine-tunes
-//! config = "models/base/config.json" # default: config.json beside the evaluated checkpoint
-//! tokenizer = "models/base/tokenizer.json" # default: beside the evaluated checkpoint
+//! config = "models/base/config.json" # default: config.json beside the evaluated checkpoint,
+//!                                    # else beside the [models] base
+//! tokenizer = "models/base/tokenizer.json" # default: the same way
 //! max_length = 128                   # tokens kept per example (default 128; causal-lm 2048)
 //! batch_size = 32                    # examples per forward pass (default 32)
 //!
 //! [[task]]
 //! name = "sst2"
 //! data = "data/sst2.jsonl"           # or .csv; fields text, label (and text_pair)
-//! calibration = "data/sst2-val.jsonl" # optional: what `compare` searches λ on
+//! calibration = "data/sst2-val.jsonl" # optional: what `compare` searches λ and model-level
+//!                                    # methods (AdaMerging, Frank-Wolfe, Fisher) learn on
+//! train = "data/sst2-train.jsonl"    # optional: what MIMA fine-tunes on
 //! head = "models/sst2"               # its fine-tuned model (classifier.weight/.bias);
-//!                                    # default: the evaluated checkpoint's own head
+//!                                    # default: the evaluated checkpoint's own head (the
+//!                                    # task's expert's in model-level methods)
 //! labels = ["negative", "positive"]  # optional: class names used as labels in the data
 //! ```
 //!
@@ -48,6 +52,8 @@
 //! experts = ["models/sst2", "models/mnli"]
 //! ```
 
+use super::calibration::CalibrationTasks;
+use super::family_calibration::FamilyCalibration;
 use super::image_classifier::{ClipModelSpec, ImageClassifierEvaluator, ImageTask};
 use super::language_model::{LmEvaluator, LmModelSpec, read_lm_task};
 use super::text_classifier::{TextClassifierEvaluator, TextModelSpec, TextTask};
@@ -141,6 +147,8 @@ struct TaskTable {
     data: String,
     #[serde(default)]
     calibration: Option<String>,
+    #[serde(default)]
+    train: Option<String>,
     #[serde(default)]
     head: Option<String>,
     #[serde(default)]
@@ -379,6 +387,12 @@ impl Suite {
         Ok(References(references))
     }
 
+    /// The `[models]` base, when the suite names one: its config and tokenizer serve checkpoints
+    /// that carry none (merged files).
+    fn base_model(&self) -> Option<PathBuf> {
+        self.models().map(|m| m.base)
+    }
+
     /// The suite file's folder, which its relative paths start from.
     fn folder(&self) -> PathBuf {
         match self.path.parent() {
@@ -446,57 +460,169 @@ impl Suite {
         tasks: &[(&TaskTable, &str)],
         device: &Device,
     ) -> Result<Box<dyn Evaluator>> {
+        Ok(match model.family.as_str() {
+            "clip" => Box::new(self.clip_evaluator(model, tasks, device)?),
+            "causal-lm" => Box::new(self.lm_evaluator(model, tasks, device)?),
+            _ => Box::new(self.bert_evaluator(model, tasks, None, device)?),
+        })
+    }
+
+    /// The CLIP evaluator of `tasks` (each with its image folder).
+    fn clip_evaluator(
+        &self,
+        model: &ModelTable,
+        tasks: &[(&TaskTable, &str)],
+        device: &Device,
+    ) -> Result<ImageClassifierEvaluator> {
         let dir = self.folder();
-        if model.family == "clip" {
-            let task_list = tasks
-                .iter()
-                .map(|(t, data)| self.image_task(t, model, &dir.join(data), &dir, device))
-                .collect::<Result<Vec<_>>>()?;
-            let spec = ClipModelSpec {
-                config: model.config.as_ref().map(|p| dir.join(p)),
-                tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
-                zeroshot_from: model.zeroshot_from.as_ref().map(|p| dir.join(p)),
-                batch_size: model.batch_size,
-            };
-            return Ok(Box::new(ImageClassifierEvaluator::new(
-                self.name.clone(),
-                spec,
-                task_list,
-                device,
-            )?));
-        }
-        if model.family == "causal-lm" {
-            let task_list = tasks
-                .iter()
-                .map(|(t, data)| {
-                    read_lm_task(&t.name, &dir.join(data)).map_err(|e| {
-                        EngineError::Param(format!("suite '{}', [[task]] '{}': {e}", self.path.display(), t.name))
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let spec = LmModelSpec {
-                config: model.config.as_ref().map(|p| dir.join(p)),
-                tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
-                max_length: model.max_length.unwrap_or(2048),
-            };
-            return Ok(Box::new(LmEvaluator::new(self.name.clone(), spec, task_list, device)?));
-        }
         let task_list = tasks
             .iter()
-            .map(|(t, data)| self.text_task(t, &dir.join(data), &dir, device))
+            .map(|(t, data)| self.image_task(t, model, &dir.join(data), &dir, device))
+            .collect::<Result<Vec<_>>>()?;
+        let spec = ClipModelSpec {
+            config: model.config.as_ref().map(|p| dir.join(p)),
+            tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
+            zeroshot_from: model.zeroshot_from.as_ref().map(|p| dir.join(p)),
+            batch_size: model.batch_size,
+            base: self.base_model(),
+        };
+        ImageClassifierEvaluator::new(self.name.clone(), spec, task_list, device)
+    }
+
+    /// The causal-LM evaluator of `tasks` (each with its JSONL or text file).
+    fn lm_evaluator(&self, model: &ModelTable, tasks: &[(&TaskTable, &str)], device: &Device) -> Result<LmEvaluator> {
+        let dir = self.folder();
+        let task_list = tasks
+            .iter()
+            .map(|(t, data)| {
+                read_lm_task(&t.name, &dir.join(data)).map_err(|e| {
+                    EngineError::Param(format!("suite '{}', [[task]] '{}': {e}", self.path.display(), t.name))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let spec = LmModelSpec {
+            config: model.config.as_ref().map(|p| dir.join(p)),
+            tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
+            max_length: model.max_length.unwrap_or(2048),
+            base: self.base_model(),
+        };
+        LmEvaluator::new(self.name.clone(), spec, task_list, device)
+    }
+
+    /// The BERT-family evaluator of `tasks` (each with its text file); a task without a `head`
+    /// takes it from `expert_heads` (expert t for task t) when given, else from the evaluated
+    /// checkpoint.
+    fn bert_evaluator(
+        &self,
+        model: &ModelTable,
+        tasks: &[(&TaskTable, &str)],
+        expert_heads: Option<&[PathBuf]>,
+        device: &Device,
+    ) -> Result<TextClassifierEvaluator> {
+        let dir = self.folder();
+        let task_list = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, (t, data))| {
+                let mut task = self.text_task(t, &dir.join(data), &dir, device)?;
+                if task.head.is_none()
+                    && let Some(expert) = expert_heads.and_then(|e| e.get(i))
+                {
+                    task.head = Some(ClassifierHead::load(expert, device).map_err(|e| {
+                        EngineError::Param(format!(
+                            "suite '{}', [[task]] '{}' has no head, so its expert's is used: {e}",
+                            self.path.display(),
+                            t.name
+                        ))
+                    })?);
+                }
+                Ok(task)
+            })
             .collect::<Result<Vec<_>>>()?;
         let spec = TextModelSpec {
             config: model.config.as_ref().map(|p| dir.join(p)),
             tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
             max_length: model.max_length.unwrap_or(128),
             batch_size: model.batch_size,
+            base: self.base_model(),
         };
-        Ok(Box::new(TextClassifierEvaluator::new(
-            self.name.clone(),
-            spec,
-            task_list,
-            device,
-        )?))
+        TextClassifierEvaluator::new(self.name.clone(), spec, task_list, device)
+    }
+
+    /// Why model-level methods cannot run on this suite (`None`: they can, given one expert
+    /// per task).
+    pub fn model_level_unavailable(&self) -> Option<String> {
+        self.model_level_tables().err().map(|e| e.to_string())
+    }
+
+    /// The family and tasks of a suite model-level methods can run on: a classification family
+    /// whose every task has calibration data.
+    fn model_level_tables(&self) -> Result<(&ModelTable, &[TaskTable])> {
+        let (model, tables) = match &self.kind {
+            SuiteKind::Family { model, tasks } if model.family != "causal-lm" => (model, tasks),
+            SuiteKind::Family { .. } => {
+                return Err(EngineError::Param(format!(
+                    "suite '{}': model-level methods run on classification families (bert, clip); for a causal LM tune a per-tensor method's coefficients with `mergescope search`",
+                    self.path.display()
+                )));
+            }
+            SuiteKind::Command(_) => {
+                return Err(EngineError::Param(format!(
+                    "suite '{}' scores models with an external command, which gives no gradients: model-level methods need a family suite ([model] family = \"bert\" or \"clip\") with calibration data; or tune a per-tensor method with `mergescope search`",
+                    self.path.display()
+                )));
+            }
+        };
+        let missing: Vec<&str> = tables
+            .iter()
+            .filter(|t| t.calibration.is_none())
+            .map(|t| t.name.as_str())
+            .collect();
+        if !missing.is_empty() {
+            return Err(EngineError::Param(format!(
+                "suite '{}': model-level methods learn on each task's calibration data, and task(s) {} have none; add calibration = \"...\" (held-out examples, same format as data) to each [[task]]",
+                self.path.display(),
+                missing.join(", ")
+            )));
+        }
+        Ok((model, tables))
+    }
+
+    /// The tasks a model-level (data-driven) method runs on for `base` and `experts` (one per
+    /// task, in the suite's order): each task's `calibration` examples score and differentiate
+    /// the candidates, its `train` examples (when every task has some) are what fine-tuning
+    /// steps on. A BERT task without a head uses its expert's.
+    pub fn calibration_tasks(
+        &self,
+        base: &Path,
+        experts: &[PathBuf],
+        device: &Device,
+    ) -> Result<Box<dyn CalibrationTasks>> {
+        let (model, tables) = self.model_level_tables()?;
+        if experts.len() != tables.len() {
+            return Err(EngineError::Param(format!(
+                "suite '{}' has {} tasks ({}) but {} experts were given; a model-level method needs one expert per task, in the suite's order",
+                self.path.display(),
+                tables.len(),
+                self.task_names().join(", "),
+                experts.len()
+            )));
+        }
+        let split = |pick: fn(&TaskTable) -> Option<&str>| -> Option<Vec<(&TaskTable, &str)>> {
+            tables.iter().map(|t| pick(t).map(|d| (t, d))).collect()
+        };
+        let calibration = split(|t| t.calibration.as_deref()).unwrap_or_default();
+        let train = split(|t| t.train.as_deref());
+        if model.family == "clip" {
+            let train = train.map(|t| self.clip_evaluator(model, &t, device)).transpose()?;
+            let cal = self.clip_evaluator(model, &calibration, device)?;
+            return Ok(Box::new(FamilyCalibration::new(cal, train, base)?));
+        }
+        let train = train
+            .map(|t| self.bert_evaluator(model, &t, Some(experts), device))
+            .transpose()?;
+        let cal = self.bert_evaluator(model, &calibration, Some(experts), device)?;
+        Ok(Box::new(FamilyCalibration::new(cal, train, base)?))
     }
 
     /// Reads one CLIP `[[task]]`: its image folder `data` (classes: `labels`, else the

@@ -3,9 +3,7 @@
 //! (from its fine-tuned model), in batches on the evaluator's device, so memory holds the
 //! model and one batch of activations.
 
-use super::backbone::Tally;
-use super::{EvalReport, ScoresWeights, evenly, summarise};
-use crate::data::SplitKind;
+use super::{ClassifierFamily, EvalReport, ScoresWeights, evenly, score_classifier};
 use crate::family::bert::{self, BertEncoder, ClassifierHead};
 use crate::family::hf;
 use crate::family::text_data::TextExample;
@@ -14,7 +12,7 @@ use candle_transformers::models::bert::Config;
 use mergescope_engine::error::{EngineError, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use tokenizers::Tokenizer;
 
 /// One task: its examples and the head that classifies them.
@@ -41,6 +39,8 @@ pub struct TextModelSpec {
     pub max_length: usize,
     /// Examples per forward pass.
     pub batch_size: usize,
+    /// The suite's base model: its config and tokenizer serve checkpoints with none beside them.
+    pub base: Option<PathBuf>,
 }
 
 /// Evaluates BERT-family checkpoints on text-classification tasks.
@@ -73,54 +73,6 @@ impl TextClassifierEvaluator {
             tasks,
             device: device.clone(),
         })
-    }
-
-    /// Scores the encoder on every task.
-    fn score(
-        &self,
-        encoder: &BertEncoder,
-        own_head: Option<&ClassifierHead>,
-        tokenizer: &Tokenizer,
-        pad_id: u32,
-        hidden: usize,
-        cancel: &AtomicBool,
-    ) -> Result<EvalReport> {
-        let mut scores = Vec::with_capacity(self.tasks.len());
-        for task in &self.tasks {
-            let head = match (&task.head, own_head) {
-                (Some(h), _) => h,
-                (None, Some(h)) => {
-                    check_labels(task, h)?;
-                    h
-                }
-                (None, None) => return Err(EngineError::Bug("a task without a head reached scoring".into())),
-            };
-            if head.hidden() != hidden {
-                return Err(EngineError::invalid(format!(
-                    "the head of task '{}' reads {} features but the model's hidden size is {hidden}; the head must come from a fine-tune of this model",
-                    task.name,
-                    head.hidden()
-                )));
-            }
-            let mut tally = Tally::default();
-            for batch in task.examples.chunks(self.model.batch_size) {
-                if cancel.load(Ordering::Relaxed) {
-                    return Err(EngineError::Cancelled);
-                }
-                let tokens = bert::encode(
-                    tokenizer,
-                    batch.iter().map(|e| (e.text.as_str(), e.pair.as_deref())),
-                    pad_id,
-                    &self.device,
-                )?;
-                let pooled = encoder
-                    .pooled(&tokens)?
-                    .ok_or_else(|| EngineError::Bug("the pooler vanished after loading".into()))?;
-                tally.add(&head.logits(&pooled)?, batch.iter().map(|e| e.label))?;
-            }
-            scores.push(tally.score(&task.name));
-        }
-        Ok(summarise(SplitKind::Test, scores))
     }
 }
 
@@ -159,11 +111,18 @@ impl ScoresWeights for TextClassifierEvaluator {
 
     /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).
     fn inputs_for(&self, checkpoint: &Path) -> Result<(Config, Tokenizer)> {
-        let config_path = hf::locate(self.model.config.as_deref(), checkpoint, "config.json", "config")?;
+        let config_path = hf::locate(
+            self.model.config.as_deref(),
+            checkpoint,
+            self.model.base.as_deref(),
+            "config.json",
+            "config",
+        )?;
         let config = bert::read_config(&config_path)?;
         let tokenizer_path = hf::locate(
             self.model.tokenizer.as_deref(),
             checkpoint,
+            self.model.base.as_deref(),
             "tokenizer.json",
             "tokenizer",
         )?;
@@ -176,11 +135,30 @@ impl ScoresWeights for TextClassifierEvaluator {
 
     fn score_weights(
         &self,
-        (config, tokenizer): &(Config, Tokenizer),
+        inputs: &(Config, Tokenizer),
         weights: HashMap<String, Tensor>,
         source: &Path,
         cancel: &AtomicBool,
     ) -> Result<EvalReport> {
+        score_classifier(self, inputs, weights, source, cancel)
+    }
+}
+
+/// A BERT encoder with the head of every task.
+pub(crate) struct TextNet {
+    encoder: BertEncoder,
+    heads: Vec<ClassifierHead>,
+}
+
+impl ClassifierFamily for TextClassifierEvaluator {
+    type Net = TextNet;
+
+    fn build(
+        &self,
+        (config, _): &(Config, Tokenizer),
+        weights: HashMap<String, Tensor>,
+        source: &Path,
+    ) -> Result<TextNet> {
         let own_head = if self.tasks.iter().any(|t| t.head.is_none()) {
             Some(ClassifierHead::from_weights(&weights, source)?)
         } else {
@@ -193,13 +171,62 @@ impl ScoresWeights for TextClassifierEvaluator {
                 source.display()
             )));
         }
-        self.score(
-            &encoder,
-            own_head.as_ref(),
+        let heads = self
+            .tasks
+            .iter()
+            .map(|task| {
+                let head = match (&task.head, &own_head) {
+                    (Some(h), _) => h.clone(),
+                    (None, Some(h)) => {
+                        check_labels(task, h)?;
+                        h.clone()
+                    }
+                    (None, None) => return Err(EngineError::Bug("a task without a head reached scoring".into())),
+                };
+                if head.hidden() != config.hidden_size {
+                    return Err(EngineError::invalid(format!(
+                        "the head of task '{}' reads {} features but the model's hidden size is {}; the head must come from a fine-tune of this model",
+                        task.name,
+                        head.hidden(),
+                        config.hidden_size
+                    )));
+                }
+                Ok(head)
+            })
+            .collect::<Result<_>>()?;
+        Ok(TextNet { encoder, heads })
+    }
+
+    fn examples(&self, task: usize) -> usize {
+        self.tasks[task].examples.len()
+    }
+
+    fn batch_size(&self) -> usize {
+        self.model.batch_size
+    }
+
+    fn logits(
+        &self,
+        (config, tokenizer): &(Config, Tokenizer),
+        net: &TextNet,
+        task: usize,
+        indices: &[usize],
+    ) -> Result<(Tensor, Vec<usize>)> {
+        let examples = &self.tasks[task].examples;
+        let chosen: Vec<&TextExample> = indices.iter().map(|&i| &examples[i]).collect();
+        let tokens = bert::encode(
             tokenizer,
+            chosen.iter().map(|e| (e.text.as_str(), e.pair.as_deref())),
             config.pad_token_id as u32,
-            config.hidden_size,
-            cancel,
-        )
+            &self.device,
+        )?;
+        let pooled = net
+            .encoder
+            .pooled(&tokens)?
+            .ok_or_else(|| EngineError::Bug("the pooler vanished after loading".into()))?;
+        Ok((
+            net.heads[task].logits(&pooled)?,
+            chosen.iter().map(|e| e.label).collect(),
+        ))
     }
 }

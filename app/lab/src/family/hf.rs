@@ -24,9 +24,10 @@ pub fn beside(checkpoint: &Path, file: &str) -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-/// The file a suite names under `key`, else the one beside `checkpoint`; the error says where
-/// it was looked for and which key to set.
-pub fn locate(named: Option<&Path>, checkpoint: &Path, file: &str, key: &str) -> Result<PathBuf> {
+/// The file a suite names under `key`, else the one beside `checkpoint`, else the one beside
+/// `base` (the suite's base model, whose config and tokenizer serve merged files, which carry
+/// none); the error says where it was looked for and which key to set.
+pub fn locate(named: Option<&Path>, checkpoint: &Path, base: Option<&Path>, file: &str, key: &str) -> Result<PathBuf> {
     if let Some(p) = named {
         return if p.is_file() {
             Ok(p.to_owned())
@@ -37,7 +38,7 @@ pub fn locate(named: Option<&Path>, checkpoint: &Path, file: &str, key: &str) ->
             )))
         };
     }
-    beside(checkpoint, file).ok_or_else(|| {
+    beside(checkpoint, file).or_else(|| base.and_then(|b| beside(b, file))).ok_or_else(|| {
         EngineError::invalid(format!(
             "no {file} beside '{}' (a merged file carries no config); name the base model's {file} as {key} = \"...\" in the suite's [model] table",
             checkpoint.display()

@@ -406,7 +406,7 @@ impl SweepRun<'_, '_> {
             progress: &on_progress,
             log: Observer::silent().log,
         };
-        let source = TaskSource {
+        let source = TaskSource::Benchmark {
             bench: &group_bench,
             tasks,
         };

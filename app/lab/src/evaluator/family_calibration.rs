@@ -1,0 +1,388 @@
+//! A model family's tasks as the data-driven methods see them: loss, accuracy, gradients,
+//! diagonal Fisher and fine-tuning of whole candidate models, computed with candle autograd from
+//! the family's logits ([`ClassifierFamily`]) on each task's calibration (and train) examples.
+//! Candidates carry the merged tensors; everything else (integer buffers, tensors the merge
+//! leaves alone) comes from the base model.
+
+use super::ClassifierFamily;
+use super::backbone::Tally;
+use super::calibration::{
+    CalibrationScore, CalibrationTasks, Objective, add_grads, fisher_of, objective_loss, variables,
+};
+use crate::family::hf;
+use crate::nn::Params;
+use crate::train::{self, BatchSize, Batcher, TrainConfig};
+use candle_core::{Device, Tensor};
+use mergescope_engine::error::{EngineError, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+/// The calibration (and optional train) tasks of a family suite, for a model-level session.
+pub(crate) struct FamilyCalibration<E: ClassifierFamily> {
+    names: Vec<String>,
+    calibration: E,
+    train: Option<E>,
+    inputs: E::Inputs,
+    base: HashMap<String, Tensor>,
+    source: PathBuf,
+}
+
+impl<E: ClassifierFamily> FamilyCalibration<E> {
+    /// `calibration` scores and differentiates candidates; `train` (same tasks) is what
+    /// fine-tuning steps on. Configs and tokenizers are resolved from `base`, whose tensors fill
+    /// in what candidates do not carry; images are decoded once, here.
+    pub(crate) fn new(mut calibration: E, train: Option<E>, base: &Path) -> Result<Self> {
+        calibration.subsample(base, 0)?;
+        Ok(FamilyCalibration {
+            names: super::ScoresWeights::task_names(&calibration),
+            inputs: calibration.inputs_for(base)?,
+            base: hf::load_weights(base, calibration.device())?,
+            calibration,
+            train,
+            source: base.to_owned(),
+        })
+    }
+
+    /// The full weights of `model`: its tensors over the base's, and over both the tensors in
+    /// `tracked` (the variables gradients are taken for).
+    fn weights(&self, model: &Params, tracked: Option<&Params>) -> HashMap<String, Tensor> {
+        let mut w = self.base.clone();
+        w.extend(model.iter().map(|(k, t)| (k.clone(), t.clone())));
+        if let Some(p) = tracked {
+            w.extend(p.iter().map(|(k, t)| (k.clone(), t.clone())));
+        }
+        w
+    }
+
+    fn labels(&self, labels: &[usize]) -> Result<Tensor> {
+        let v: Vec<u32> = labels.iter().map(|&l| l as u32).collect();
+        Ok(Tensor::from_vec(v, labels.len(), self.calibration.device())?)
+    }
+}
+
+impl<E: ClassifierFamily> CalibrationTasks for FamilyCalibration<E> {
+    fn task_names(&self) -> Vec<&str> {
+        self.names.iter().map(String::as_str).collect()
+    }
+
+    fn evaluate(&self, model: &Params, tasks: &[usize]) -> Result<CalibrationScore> {
+        let model: Params = model.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
+        let net = self
+            .calibration
+            .build(&self.inputs, self.weights(&model, None), &self.source)?;
+        let (mut loss, mut accuracy, mut examples) = (0.0, 0.0, 0u64);
+        for &t in tasks {
+            let mut tally = Tally::default();
+            for indices in super::batches(self.calibration.examples(t), self.calibration.batch_size()) {
+                let (logits, labels) = self.calibration.logits(&self.inputs, &net, t, &indices)?;
+                tally.add(&logits, labels)?;
+            }
+            let s = tally.score(&self.names[t]);
+            loss += s.loss.unwrap_or(f64::NAN);
+            accuracy += s.accuracy;
+            examples += s.examples as u64;
+        }
+        let n = tasks.len().max(1) as f64;
+        Ok(CalibrationScore {
+            loss: loss / n,
+            accuracy: accuracy / n,
+            examples,
+        })
+    }
+
+    fn objective(
+        &self,
+        model: &Params,
+        order: &[String],
+        tasks: &[usize],
+        objective: Objective,
+        with_grads: bool,
+    ) -> Result<(f64, Option<Vec<Tensor>>)> {
+        let (vars, p) = variables(model, order)?;
+        let net = self
+            .calibration
+            .build(&self.inputs, self.weights(model, Some(&p)), &self.source)?;
+        let mut grads = if with_grads {
+            Some(
+                vars.iter()
+                    .map(|v| v.as_tensor().zeros_like())
+                    .collect::<candle_core::Result<Vec<_>>>()?,
+            )
+        } else {
+            None
+        };
+        let mut value = 0.0;
+        for &t in tasks {
+            let n = self.calibration.examples(t);
+            // The task's mean loss as a sum over batches, each differentiated on its own so that
+            // memory holds one batch of activations.
+            for indices in super::batches(n, self.calibration.batch_size()) {
+                let (logits, labels) = self.calibration.logits(&self.inputs, &net, t, &indices)?;
+                let share = indices.len() as f64 / n as f64;
+                let l = (objective_loss(&logits, &self.labels(&labels)?, objective)? * share)?;
+                value += f64::from(l.to_scalar::<f32>()?);
+                if let Some(g) = &mut grads {
+                    add_grads(g, &l.backward()?, &vars)?;
+                }
+            }
+        }
+        Ok((value, grads))
+    }
+
+    fn diag_fisher(
+        &self,
+        model: &Params,
+        order: &[String],
+        task: usize,
+        predicted: bool,
+        cancel: &AtomicBool,
+    ) -> Result<Vec<Tensor>> {
+        let (vars, p) = variables(model, order)?;
+        let net = self
+            .calibration
+            .build(&self.inputs, self.weights(model, Some(&p)), &self.source)?;
+        let n = self.calibration.examples(task);
+        fisher_of(&vars, n, predicted, cancel, |i| {
+            let (logits, labels) = self.calibration.logits(&self.inputs, &net, task, &[i])?;
+            Ok((logits, self.labels(&labels)?))
+        })
+    }
+
+    fn finetune(
+        &self,
+        start: &Params,
+        task: usize,
+        config: &TrainConfig,
+        _device: &Device,
+        cancel: &AtomicBool,
+    ) -> Result<Params> {
+        let Some(train) = &self.train else {
+            return Err(EngineError::Param(format!(
+                "fine-tuning on task '{}' needs its training examples: give every [[task]] of the suite a train = \"...\" file (same format as its data)",
+                self.names[task]
+            )));
+        };
+        let n = train.examples(task);
+        if n == 0 {
+            return Err(EngineError::invalid(format!(
+                "task '{}' has no training examples",
+                self.names[task]
+            )));
+        }
+        if config.batch == BatchSize::Size(0) {
+            return Err(EngineError::Param("batch size must be at least 1".into()));
+        }
+        let vars = train::to_vars(start)?;
+        let mut batcher = Batcher::new(n, config.batch, config.seed, task as u64);
+        let steps = train::total_steps(config.budget, batcher.steps_per_epoch());
+        let mut loss = |_step: usize| -> Result<Tensor> {
+            let net = train.build(&self.inputs, self.weights(&train::from_vars(&vars), None), &self.source)?;
+            let indices = batcher.next_batch();
+            let (logits, labels) = train.logits(&self.inputs, &net, task, &indices)?;
+            objective_loss(&logits, &self.labels(&labels)?, Objective::CrossEntropy)
+        };
+        let var_list = vars.iter().map(|(_, v)| v.clone()).collect();
+        train::optimize(var_list, config.optim, steps, &mut loss, &mut |_| {}, cancel)?;
+        Ok(train::detached(&vars))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evaluator::suite::Suite;
+
+    fn fixtures() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/bert-experts")
+    }
+
+    /// The two-task BERT suite of the fixtures, calibrating on each task's data, heads from the
+    /// experts (no `head` key).
+    fn bert_tasks(dir: &Path) -> Box<dyn CalibrationTasks> {
+        let fx = fixtures();
+        let p = |s: &str| fx.join(s).to_string_lossy().replace('\\', "/");
+        let task = |name: &str| {
+            format!(
+                "[[task]]\nname = \"{name}\"\ndata = \"{d}\"\ncalibration = \"{d}\"\ntrain = \"{d}\"\n",
+                d = p(&format!("{name}.jsonl"))
+            )
+        };
+        let path = dir.join("suite.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "name = \"text\"\n[model]\nfamily = \"bert\"\nbatch_size = 16\n{}{}",
+                task("topic"),
+                task("verdict")
+            ),
+        )
+        .unwrap();
+        let suite = Suite::load(&path).unwrap();
+        suite
+            .calibration_tasks(&fx.join("base"), &[fx.join("topic"), fx.join("verdict")], &Device::Cpu)
+            .unwrap()
+    }
+
+    fn model(name: &str) -> Params {
+        hf::load_weights(&fixtures().join(name), &Device::Cpu)
+            .unwrap()
+            .into_iter()
+            .collect()
+    }
+
+    /// The calibration tasks of the two-task CLIP suite of the fixtures (zero-shot heads from
+    /// the base's text tower), calibrating on each task's images.
+    fn clip_tasks(dir: &Path) -> Box<dyn CalibrationTasks> {
+        let fx = fixtures().join("../clip-experts");
+        let p = |s: &str| fx.join(s).to_string_lossy().replace('\\', "/");
+        let path = dir.join("clip.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "name = \"clip\"\n[model]\nfamily = \"clip\"\nzeroshot_from = \"{base}\"\n\
+                 [[task]]\nname = \"shapes\"\ndata = \"{s}\"\ncalibration = \"{s}\"\n\
+                 [[task]]\nname = \"brightness\"\ndata = \"{b}\"\ncalibration = \"{b}\"\nlabels = [\"shape\", \"picture\"]\n",
+                base = p("base"),
+                s = p("data/shapes"),
+                b = p("data/brightness"),
+            ),
+        )
+        .unwrap();
+        Suite::load(&path)
+            .unwrap()
+            .calibration_tasks(
+                &fx.join("base"),
+                &[fx.join("shapes"), fx.join("brightness")],
+                &Device::Cpu,
+            )
+            .unwrap()
+    }
+
+    /// Checks, for each tensor of `order`, that its gradient of the cross-entropy objective over
+    /// both tasks is non-zero and agrees with a central finite difference at its largest entry;
+    /// and that the objective is the sum over tasks of the mean cross-entropy `evaluate` reports.
+    fn check_gradients(tasks: &dyn CalibrationTasks, model: &Params, order: &[&str]) {
+        let order: Vec<String> = order.iter().map(|s| (*s).to_owned()).collect();
+        let (value, grads) = tasks
+            .objective(model, &order, &[0, 1], Objective::CrossEntropy, true)
+            .unwrap();
+        let score = tasks.evaluate(model, &[0, 1]).unwrap();
+        assert!((value - 2.0 * score.loss).abs() < 1e-4, "{value} vs 2 × {}", score.loss);
+        for (name, g) in order.iter().zip(&grads.unwrap()) {
+            let flat: Vec<f32> = g.flatten_all().unwrap().to_vec1().unwrap();
+            let (at, &biggest) = flat
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+                .unwrap();
+            assert!(biggest.abs() > 1e-4, "{name}: no gradient (largest {biggest})");
+            let h = 1e-2f32;
+            let shifted = |d: f32| {
+                let mut m = model.clone();
+                let t = &m[name];
+                let mut v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+                v[at] += d;
+                let shape = t.dims().to_vec();
+                m.insert(name.clone(), Tensor::from_vec(v, shape, &Device::Cpu).unwrap());
+                tasks
+                    .objective(&m, &order, &[0, 1], Objective::CrossEntropy, false)
+                    .unwrap()
+                    .0
+            };
+            let fd = (shifted(h) - shifted(-h)) / (2.0 * f64::from(h));
+            let g = f64::from(biggest);
+            assert!(
+                (fd - g).abs() < 0.02 * g.abs() + 1e-4,
+                "{name}[{at}]: autograd {g}, finite difference {fd}"
+            );
+        }
+    }
+
+    /// Gradients reach every layer of a BERT encoder, the first included (candle-nn's fused
+    /// layer norm records no backward op; third_party/candle-nn falls back to the
+    /// differentiable one), and agree with finite differences.
+    #[test]
+    fn bert_gradients_reach_the_first_layer_and_match_finite_differences() {
+        let dir = tempfile::tempdir().unwrap();
+        let tasks = bert_tasks(dir.path());
+        assert_eq!(tasks.task_names(), ["topic", "verdict"]);
+        let order = [
+            "bert.embeddings.word_embeddings.weight",
+            "bert.encoder.layer.0.attention.self.query.weight",
+            "bert.encoder.layer.0.output.LayerNorm.weight",
+            "bert.pooler.dense.weight",
+        ];
+        check_gradients(tasks.as_ref(), &model("base"), &order);
+        assert_eq!(tasks.evaluate(&model("base"), &[0, 1]).unwrap().examples, 80);
+    }
+
+    /// The same through a CLIP image tower (patch convolution, pre-norm, attention, projection)
+    /// with zero-shot heads.
+    #[test]
+    fn clip_gradients_reach_the_patch_embedding_and_match_finite_differences() {
+        let dir = tempfile::tempdir().unwrap();
+        let tasks = clip_tasks(dir.path());
+        assert_eq!(tasks.task_names(), ["shapes", "brightness"]);
+        let base: Params = hf::load_weights(&fixtures().join("../clip-experts/base"), &Device::Cpu)
+            .unwrap()
+            .into_iter()
+            .collect();
+        let order = [
+            "vision_model.embeddings.patch_embedding.weight",
+            "vision_model.pre_layrnorm.weight",
+            "vision_model.encoder.layers.0.self_attn.q_proj.weight",
+            "visual_projection.weight",
+        ];
+        check_gradients(tasks.as_ref(), &base, &order);
+    }
+
+    /// On calibration data the experts score what transformers measured for them (reference.json
+    /// of the fixtures), each task with its own expert's head.
+    #[test]
+    fn calibration_scores_match_transformers() {
+        let dir = tempfile::tempdir().unwrap();
+        let tasks = bert_tasks(dir.path());
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixtures().join("reference.json")).unwrap()).unwrap();
+        for (i, expert) in ["topic", "verdict"].iter().enumerate() {
+            let s = tasks.evaluate(&model(expert), &[i]).unwrap();
+            assert_eq!(s.accuracy, r["accuracy"][expert][expert].as_f64().unwrap(), "{expert}");
+        }
+        let s = tasks.evaluate(&model("base"), &[0, 1]).unwrap();
+        let base = &r["accuracy"]["base"];
+        let want = (base["topic"].as_f64().unwrap() + base["verdict"].as_f64().unwrap()) / 2.0;
+        assert!((s.accuracy - want).abs() < 1e-12);
+    }
+
+    /// Fine-tuning on a task's train examples lowers its loss; the diagonal Fisher is a mean of
+    /// squares (non-negative) with something in every layer.
+    #[test]
+    fn fine_tuning_learns_and_the_fisher_is_positive() {
+        let dir = tempfile::tempdir().unwrap();
+        let tasks = bert_tasks(dir.path());
+        let base = model("base");
+        let before = tasks.evaluate(&base, &[0]).unwrap().loss;
+        let cfg = TrainConfig {
+            optim: train::OptimConfig::adamw(1e-3, 0.0),
+            batch: BatchSize::Full,
+            budget: train::Budget::Steps(20),
+            seed: 1,
+            augment_shift: 0,
+        };
+        let tuned = tasks
+            .finetune(&base, 0, &cfg, &Device::Cpu, &AtomicBool::new(false))
+            .unwrap();
+        let after = tasks.evaluate(&tuned, &[0]).unwrap().loss;
+        assert!(after < before - 0.05, "loss {before} -> {after}");
+        let order = vec![
+            "bert.embeddings.word_embeddings.weight".to_owned(),
+            "classifier.weight".to_owned(),
+        ];
+        let fisher = tasks
+            .diag_fisher(&base, &order, 1, false, &AtomicBool::new(false))
+            .unwrap();
+        let first: Vec<f32> = fisher[0].flatten_all().unwrap().to_vec1().unwrap();
+        assert!(first.iter().all(|v| *v >= 0.0) && first.iter().any(|v| *v > 0.0));
+    }
+}
