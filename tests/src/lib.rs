@@ -75,3 +75,9 @@ pub fn assert_documented(p: &mergescope_engine::plugin::Plugin) {
     }
     assert!(!p.info.description.is_empty() && !p.info.description.contains('\n'));
 }
+
+/// Lower-case hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1048,3 +1048,50 @@ label = "TIES"
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// The MLP demo build is the same bytes with one worker thread and with three (issue #29): the
+/// thread count decides no summation order in training or evaluation. The manifest records the
+/// kernel path the build was trained with.
+#[test]
+fn demo_builds_are_byte_identical_across_thread_counts() {
+    let hashes = |threads: &str| {
+        let env = Env::new();
+        let o = env
+            .cmd()
+            .env("RAYON_NUM_THREADS", threads)
+            .args(["demo", "build", "--arch", "mlp"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let dir = env.path("cache/demo/mlp-seed0");
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+        assert!(!manifest["kernel_path"].as_str().unwrap().is_empty(), "{manifest}");
+        let mut files: Vec<(String, Vec<u8>)> = walk(&dir)
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .map(|p| (p.strip_prefix(&dir).unwrap().display().to_string(), std::fs::read(&p).unwrap()))
+            .collect();
+        files.sort();
+        assert_eq!(files.len(), 9, "base, heads and seven experts");
+        files
+    };
+    let one = hashes("1");
+    let three = hashes("3");
+    for ((name, a), (_, b)) in one.iter().zip(&three) {
+        assert!(a == b, "{name} differs between 1 and 3 threads");
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

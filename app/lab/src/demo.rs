@@ -145,6 +145,38 @@ pub struct Manifest {
     pub tasks: Vec<BenchmarkTask>,
     /// Seconds per stage (pretrain, heads, experts, evaluation).
     pub seconds: BTreeMap<String, f64>,
+    /// The CPU matrix-kernel path it was trained with ([`kernel_path`]); builds on the same path
+    /// are byte-identical, on different paths they differ in the last bits. Empty: not recorded
+    /// (built before it was).
+    #[serde(default)]
+    pub kernel_path: String,
+}
+
+/// The CPU matrix-kernel path this process trains with, which decides the order float sums
+/// accumulate in: `x86_64-fma` (every x86-64 CPU with FMA, AVX2 or AVX-512 alike: the matrix
+/// kernels do not use AVX-512), `x86_64-scalar`, `aarch64-neon`, or the architecture's name.
+/// Thread counts do not change it: each output element is summed by one thread, in one order.
+pub fn kernel_path() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("fma") {
+            "x86_64-fma".to_owned()
+        } else {
+            "x86_64-scalar".to_owned()
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            "aarch64-neon".to_owned()
+        } else {
+            "aarch64-scalar".to_owned()
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        std::env::consts::ARCH.to_owned()
+    }
 }
 
 /// A built benchmark on disk.
@@ -578,6 +610,7 @@ pub fn build(
         recipe: recipe.clone(),
         tasks: entries,
         seconds,
+        kernel_path: kernel_path(),
     };
     let json = serde_json::to_vec_pretty(&manifest)
         .map_err(|e| EngineError::Invalid(format!("cannot serialise the manifest: {e}")))?;

@@ -9,10 +9,11 @@
 
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_lab::analysis::landscape::AffineFamily;
-use mergescope_lab::compare::{choose_lambda, default_lambda_grid};
+use mergescope_lab::compare::{CompareConfig, CompareInputs, choose_lambda, compare, default_lambda_grid};
 use mergescope_lab::data::{SplitKind, demo_tasks};
 use mergescope_lab::demo::{Benchmark, BuildRecipe, build, load_params};
 use mergescope_lab::nn::{Arch, Params};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 #[test]
@@ -77,4 +78,137 @@ fn the_default_mlp_recipe_puts_task_arithmetic_between_averaging_and_the_experts
         wa < ta && ta < 1.0,
         "TA {ta:.4} is not between WA {wa:.4} and the experts (1.0)"
     );
+}
+
+/// The committed SHA-256 of every file of the MLP demo build of seed 0 and of a task-arithmetic
+/// merge of it (tests/fixtures/reproducibility/mlp-seed0.sha256): the same bytes on every x86-64
+/// machine with FMA, whatever its vector width (the matrix kernels take the same FMA path on AVX2
+/// and AVX-512) and thread count (issue #29). Elsewhere (aarch64, or x86-64 without FMA) the
+/// kernels accumulate differently, so the test says so and checks nothing. After an intended
+/// change of the recipe or the training code, `MERGESCOPE_BLESS=1` rewrites the file.
+///
+/// The same build then runs the comparison docs/results.md prints for the MLP (weight averaging,
+/// task arithmetic, TIES and CART with λ chosen on calibration data): every number of those rows
+/// but the time must be the one in the docs, so the docs cannot drift from the code.
+#[test]
+fn the_mlp_demo_build_and_a_merge_of_it_have_the_committed_bytes() {
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/reproducibility/mlp-seed0.sha256");
+    let path = mergescope_lab::demo::kernel_path();
+    if path != "x86_64-fma" {
+        eprintln!("kernel path {path}: the committed hashes are those of x86_64-fma; not compared");
+        return;
+    }
+    let (dev, _) = open_device(DeviceChoice::Cpu);
+    let tasks = demo_tasks().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bench = build(
+        Arch::Mlp,
+        &tasks,
+        &BuildRecipe::default_for(Arch::Mlp, 0),
+        &dir.path().join("mlp-seed0"),
+        &dev,
+        &mut |_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+    let merged = dir.path().join("ta-0.3.safetensors");
+    let plugin = mergescope_tests::load("mergescope_plugin_task_arithmetic");
+    let req = mergescope_engine::merge::MergeRequest::new(bench.expert_paths(), &merged)
+        .with_base(Some(bench.base_path()))
+        .with_params(serde_json::json!({"lambda": 0.3}));
+    mergescope_engine::merge::merge_files(
+        &plugin,
+        &req,
+        &Default::default(),
+        mergescope_engine::merge::Observer::silent(),
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+    let mut files = vec![bench.base_path(), bench.heads_path()];
+    files.extend(bench.expert_paths());
+    let lines: Vec<String> = files
+        .iter()
+        .map(|f| (f, f.strip_prefix(&bench.dir).unwrap().to_string_lossy().into_owned()))
+        .chain(std::iter::once((
+            &merged,
+            "merge/task-arithmetic-lambda-0.3.safetensors".to_owned(),
+        )))
+        .map(|(f, name)| format!("{}  {name}", mergescope_tests::sha256_hex(&std::fs::read(f).unwrap())))
+        .collect();
+    let got = lines.join("\n") + "\n";
+    if std::env::var_os("MERGESCOPE_BLESS").is_some() {
+        std::fs::create_dir_all(committed.parent().unwrap()).unwrap();
+        std::fs::write(&committed, &got).unwrap();
+        eprintln!("wrote {}", committed.display());
+        return;
+    }
+    let want = std::fs::read_to_string(&committed).unwrap();
+    let differ: Vec<&str> = got
+        .lines()
+        .zip(want.lines())
+        .filter(|(g, w)| g != w)
+        .map(|(g, _)| g.split_whitespace().last().unwrap_or(""))
+        .collect();
+    assert!(
+        differ.is_empty() && got.lines().count() == want.lines().count(),
+        "the MLP demo build of seed 0 on this machine ({path}) differs from the committed bytes in: {differ:?}\n\
+         got:\n{got}\nIf the recipe or the training code changed on purpose, run the test with MERGESCOPE_BLESS=1."
+    );
+
+    // docs/results.md's MLP table, rows without their time column.
+    let inputs = CompareInputs::of_benchmark(&bench, &tasks, &dev).unwrap();
+    let plugins: Vec<_> = ["weight_average", "task_arithmetic", "ties", "cart"]
+        .iter()
+        .map(|m| mergescope_tests::load(&format!("mergescope_plugin_{m}")))
+        .collect();
+    let refs: Vec<&_> = plugins.iter().collect();
+    let cfg = CompareConfig {
+        out_dir: dir.path().join("cmp"),
+        overwrite: false,
+        lambda_grid: default_lambda_grid(),
+        seed: 0,
+    };
+    let table = compare(
+        &refs,
+        &inputs,
+        &cfg,
+        &Default::default(),
+        &|_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+    let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results.md")).unwrap();
+    let mlp = docs.split("\n## MLP").nth(1).unwrap().split("\n## ").next().unwrap();
+    let without_time = |row: &str| -> String {
+        let cells: Vec<&str> = row.trim().trim_matches('|').split('|').map(str::trim).collect();
+        cells[..cells.len() - 1].join(" | ")
+    };
+    let name = |row: &str| {
+        row.trim_start_matches('|')
+            .split('|')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_owned()
+    };
+    let mut checked = 0;
+    for row in table
+        .markdown()
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| method"))
+    {
+        let documented = mlp
+            .lines()
+            .find(|l| name(l) == name(row))
+            .unwrap_or_else(|| panic!("docs/results.md's MLP table has no row '{}'", name(row)));
+        assert_eq!(
+            without_time(row),
+            without_time(documented),
+            "docs/results.md's MLP row '{}' is not what this build gives; regenerate the table with \
+             scripts/results-tables.sh",
+            name(row)
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "base, experts and four methods");
 }

@@ -232,14 +232,14 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
             .with_context(|| format!("method '{}' starts from the base model: pass --base PATH", plugin.id()))?;
         let spec = args.benchmark.as_deref().unwrap_or("demo");
         if is_suite_path(spec) {
-            Some(Calibration::Suite(Suite::load(Path::new(spec))?))
+            Some(Calibration::Suite(Box::new(Suite::load(Path::new(spec))?)))
         } else {
             // The architecture from the base's header (names and shapes), without reading its data.
             let header = Checkpoint::open(base)?;
             let arch = Arch::detect(header.tensors.iter().map(|(k, t)| (k.as_str(), t.shape.as_slice())));
             let bench = resolve_benchmark(spec, arch)
                 .with_context(|| format!("method '{}' needs the benchmark its experts were tuned on", plugin.id()))?;
-            Some(Calibration::Benchmark(bench, benchmark_tasks(None)?))
+            Some(Calibration::Benchmark(Box::new(bench), benchmark_tasks(None)?))
         }
     } else {
         None
@@ -322,6 +322,6 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
 
 /// What a model-level method learns on: a demo benchmark with its tasks' data, or a suite.
 enum Calibration {
-    Benchmark(Benchmark, Vec<TaskData>),
-    Suite(Suite),
+    Benchmark(Box<Benchmark>, Vec<TaskData>),
+    Suite(Box<Suite>),
 }
