@@ -1070,7 +1070,12 @@ fn demo_builds_are_byte_identical_across_thread_counts() {
         let mut files: Vec<(String, Vec<u8>)> = walk(&dir)
             .into_iter()
             .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-            .map(|p| (p.strip_prefix(&dir).unwrap().display().to_string(), std::fs::read(&p).unwrap()))
+            .map(|p| {
+                (
+                    p.strip_prefix(&dir).unwrap().display().to_string(),
+                    std::fs::read(&p).unwrap(),
+                )
+            })
             .collect();
         files.sort();
         assert_eq!(files.len(), 9, "base, heads and seven experts");
