@@ -193,6 +193,12 @@ fn parse_header(
             ),
         ));
     }
+    if header_len == 0 {
+        return Err(EngineError::bad(
+            path,
+            "the header length is 0, but a safetensors file starts with the length of its JSON header; the file is not safetensors or is corrupt",
+        ));
+    }
     if 8 + header_len > size {
         return Err(EngineError::bad(
             path,
@@ -201,6 +207,15 @@ fn parse_header(
     }
     let mut header = vec![0u8; header_len as usize];
     read_exact_at(file, &mut header, 8).map_err(|e| EngineError::io("cannot read", path, e))?;
+    if let Err(e) = std::str::from_utf8(&header) {
+        return Err(EngineError::bad(
+            path,
+            format!(
+                "the header is not UTF-8 text (invalid byte at offset {}); the file is not safetensors or is corrupt",
+                8 + e.valid_up_to()
+            ),
+        ));
+    }
     let raw: RawHeader = serde_json::from_slice(&header).map_err(|e| {
         EngineError::bad(
             path,

@@ -161,6 +161,9 @@ impl Document {
             next_run: 1,
             started: Instant::now(),
         };
+        if let Some(crash) = crate::crash_marker::take_last(&s.runs_dir) {
+            s.note(Level::Error, crash);
+        }
         s.discover_plugins(&config.plugin_dirs);
         let default_method = ["task-arithmetic", "weight-average"]
             .into_iter()

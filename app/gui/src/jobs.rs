@@ -418,6 +418,11 @@ impl Worker {
             }
             (None, None) => None,
         };
+        let running = job
+            .request
+            .out
+            .parent()
+            .map(|dir| crate::crash_marker::Running::begin(dir, &job.plugin, &job.request.out));
         let report = run::merge(&job.plugin, &job.request, tasks, &opts, observer, cancel).map(|o| {
             if let Some(label) = o.model.as_ref().and_then(|r| r.partial.as_ref()) {
                 log(
@@ -427,6 +432,7 @@ impl Worker {
             }
             o.report
         })?;
+        drop(running);
         if job.benchmark.is_some() || job.suite.is_some() {
             self.send(Event::Progress {
                 id,

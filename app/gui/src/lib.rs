@@ -6,6 +6,7 @@
 
 pub mod analysis;
 pub mod app;
+pub mod crash_marker;
 pub mod document;
 pub mod experiments;
 pub mod form;

@@ -672,3 +672,74 @@ fn a_suite_opened_in_the_window_evaluates_the_merges() {
     assert_eq!(eval.tasks.len(), 2);
     assert!(r.output.with_extension("trajectory.safetensors").exists());
 }
+
+/// Runs in a child process for `a_plugin_that_crashes_the_process_is_named_after_restart`
+/// (ignored otherwise): a window in `MERGESCOPE_CRASH_RUNS` runs the segfault fixture, which
+/// kills the process.
+#[test]
+#[ignore = "a helper the crash test runs in a child process"]
+fn crash_child() {
+    let Some(runs) = std::env::var_os("MERGESCOPE_CRASH_RUNS") else {
+        return;
+    };
+    let mut a = app(Path::new(&runs), Theme::Light);
+    let lib = slow_plugin().with_file_name(format!(
+        "{}mstest_segfault{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    a.doc.load_plugin_file(&lib, false).unwrap();
+    let mut h = harness(a);
+    h.run_steps(2);
+    h.get_by_label("▶ Run merge").click();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        h.step();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("the segfault fixture did not crash the process");
+}
+
+/// A plugin that kills the process (SIGSEGV in native code, nothing to catch) is named by the
+/// next window started on the same runs folder, with its library and the output it never
+/// wrote; the marker is then gone, and a merge that ends normally leaves none.
+#[test]
+fn a_plugin_that_crashes_the_process_is_named_after_restart() {
+    let runs = tempfile::tempdir().unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "crash_child", "--test-threads", "1"])
+        .env("MERGESCOPE_CRASH_RUNS", runs.path())
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        child.status.signal(),
+        Some(11),
+        "the child should die by SIGSEGV: {:?}\n{}",
+        child.status,
+        String::from_utf8_lossy(&child.stderr)
+    );
+    let marker = runs.path().join(mergescope_gui::crash_marker::FILE);
+    assert!(marker.exists(), "the crash left no marker");
+
+    let mut h = harness(app(runs.path(), Theme::Light));
+    h.run_steps(2);
+    let crash = h
+        .state()
+        .doc
+        .log
+        .iter()
+        .find(|l| l.text.contains("probably crashed"))
+        .map(|l| l.text.clone())
+        .expect("the restarted window reports the crash");
+    assert!(
+        crash.contains("'mstest-segfault'") && crash.contains("mstest_segfault") && crash.contains("merge-001"),
+        "{crash}"
+    );
+    assert!(!marker.exists(), "the report is given once");
+
+    // A merge that ends normally leaves no marker.
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "the merge", |a| last_status(a) == Some(RunStatus::Done));
+    assert!(!marker.exists());
+}

@@ -6,8 +6,8 @@
 use crate::data::TaskData;
 use crate::demo::Benchmark;
 use crate::evaluator::calibration::{CalibrationTask, CalibrationTasks, DemoCalibration};
+use crate::evaluator::suite::Suite;
 use crate::nn::Params;
-use crate::run::TaskSource;
 use crate::session::{ModelRunOutput, SessionModel, Trajectory, run_model};
 use candle_core::{Device, Tensor};
 use mergescope_engine::checkpoint::Checkpoint;
@@ -56,6 +56,22 @@ pub struct ModelRun {
     pub iterates: Vec<IterateSummary>,
     /// Iterates reported in all.
     pub reported: usize,
+}
+
+/// The tasks a model-level (data-driven) method evaluates its candidates on.
+#[derive(Clone, Copy)]
+pub enum TaskSource<'a> {
+    /// A demo benchmark whose experts the request merges (its heads, its arch, its tasks in
+    /// order), and the data of (at least) its tasks.
+    Benchmark {
+        /// The benchmark.
+        bench: &'a Benchmark,
+        /// The data of its tasks.
+        tasks: &'a [TaskData],
+    },
+    /// A family suite (BERT, CLIP): expert t is fine-tuned on its task t, whose calibration
+    /// (and train) data the method learns on.
+    Suite(&'a Suite),
 }
 
 /// Path of the trajectory file written beside `out` (`merged.safetensors` →

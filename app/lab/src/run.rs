@@ -2,31 +2,13 @@
 //! files: [`merge`] picks the streaming per-tensor path or a model-level session from the
 //! plugin's kind, and both write their output the same way (sharding included).
 
-use crate::data::TaskData;
-use crate::demo::Benchmark;
-use crate::evaluator::suite::Suite;
+pub use crate::model_merge::TaskSource;
 use crate::model_merge::{ModelRun, merge_model_files};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::executor::{ExecOptions, Observer};
 use mergescope_engine::merge::{MergeReport, MergeRequest, merge_files};
 use mergescope_engine::plugin::Plugin;
 use std::sync::atomic::AtomicBool;
-
-/// The tasks a model-level (data-driven) method evaluates its candidates on.
-#[derive(Clone, Copy)]
-pub enum TaskSource<'a> {
-    /// A demo benchmark whose experts the request merges (its heads, its arch, its tasks in
-    /// order), and the data of (at least) its tasks.
-    Benchmark {
-        /// The benchmark.
-        bench: &'a Benchmark,
-        /// The data of its tasks.
-        tasks: &'a [TaskData],
-    },
-    /// A family suite (BERT, CLIP): expert t is fine-tuned on its task t, whose calibration
-    /// (and train) data the method learns on.
-    Suite(&'a Suite),
-}
 
 /// What a finished merge left.
 #[derive(Clone, Debug)]

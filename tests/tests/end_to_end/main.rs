@@ -10,6 +10,7 @@ mod abi_host_ops;
 mod demo_regime;
 mod engine_merge;
 mod families;
+mod fuzz_replay;
 mod golden_consensus;
 mod golden_slerp_model_stock;
 mod golden_task_arithmetic;

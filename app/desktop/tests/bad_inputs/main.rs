@@ -7,6 +7,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cases;
+mod faults;
 mod files;
 mod plugins;
 mod suites;
@@ -69,5 +71,20 @@ fn refuses(env: &Env, args: &[&str], needles: &[&str]) -> String {
         .filter(|k| before.get(*k) != after.get(*k))
         .collect();
     assert!(changed.is_empty(), "{args:?} changed or left files: {changed:?}\n{err}");
+    record(args, &err);
     err
+}
+
+/// With `MERGESCOPE_CASES_OUT` set, appends the case (test name, command, message) to that
+/// file as a JSON line: `scripts/reliability-table.py` turns it into docs/reliability.md's table.
+fn record(args: &[&str], err: &str) {
+    let Some(out) = std::env::var_os("MERGESCOPE_CASES_OUT") else {
+        return;
+    };
+    let test = std::thread::current().name().unwrap_or("").to_owned();
+    let line = serde_json::json!({"test": test, "args": args, "message": err.trim()}).to_string();
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(out).unwrap();
+    // One write per line: with O_APPEND, lines of tests running in parallel do not interleave.
+    f.write_all(format!("{line}\n").as_bytes()).unwrap();
 }

@@ -310,6 +310,13 @@ impl Registry {
                 " A plugin that may provide it needs approval first: mergescope plugins approve '{}'",
                 p.path.display()
             ));
+        } else if !self.pending.is_empty() {
+            let files: Vec<String> = self.pending.iter().map(|p| format!("'{}'", p.path.display())).collect();
+            msg.push_str(&format!(
+                " Not loaded until approved (new, or changed since they were approved): {}; check them and run \
+                 mergescope plugins approve PATH",
+                files.join(", ")
+            ));
         }
         Err(msg)
     }
