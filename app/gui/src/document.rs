@@ -797,6 +797,7 @@ impl Document {
             format: PROJECT_FORMAT.into(),
             version: PROJECT_VERSION,
             benchmark: self.benchmark.as_ref().map(|b| b.dir.clone()),
+            suite: self.suite.clone(),
             base,
             experts,
             method: self.method.clone(),
@@ -827,11 +828,15 @@ impl Document {
         }
         let p = Project::load(path)?;
         self.benchmark = None;
+        self.suite = None;
         if let Some(dir) = &p.benchmark {
             match Benchmark::open(dir) {
                 Ok(b) => self.benchmark = Some(b),
                 Err(e) => self.note(Level::Warn, format!("the project's benchmark cannot be opened: {e}")),
             }
+        } else if let Some(suite) = &p.suite {
+            // The suite as the project left it; the project's own inputs replace its [models].
+            self.use_suite(suite);
         }
         self.inputs.load_refs(p.base.as_ref(), &p.experts);
         if let Some(m) = &p.method {
@@ -899,6 +904,10 @@ pub struct Project {
     pub version: u32,
     /// Benchmark folder.
     pub benchmark: Option<PathBuf>,
+    /// Suite file merges are evaluated with (when no benchmark is open); absent in projects
+    /// written before suites could be opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suite: Option<PathBuf>,
     /// Base.
     pub base: Option<InputRef>,
     /// Experts.
@@ -955,6 +964,7 @@ mod tests {
             format: PROJECT_FORMAT.into(),
             version: PROJECT_VERSION,
             benchmark: None,
+            suite: None,
             base: None,
             experts: vec![InputRef {
                 path: "/m/a.safetensors".into(),

@@ -587,7 +587,7 @@ fn a_suite_opened_in_the_window_evaluates_the_merges() {
     let config = mergescope_gui::DocumentConfig {
         plugin_dirs: Vec::new(),
         runs_dir: Some(dir.path().join("runs")),
-        benchmark: Some(suite),
+        benchmark: Some(suite.clone()),
         build_demo_if_missing: false,
         demo_arch: None,
     };
@@ -671,6 +671,28 @@ fn a_suite_opened_in_the_window_evaluates_the_merges() {
     let eval = r.eval.as_ref().expect("the Fisher merge was evaluated with the suite");
     assert_eq!(eval.tasks.len(), 2);
     assert!(r.output.with_extension("trajectory.safetensors").exists());
+
+    // The project remembers the suite: a window with nothing open gets it back with the runs.
+    let project = dir.path().join("text.msproj");
+    h.state_mut().doc.save_project(&project).unwrap();
+    let config = mergescope_gui::DocumentConfig {
+        plugin_dirs: Vec::new(),
+        runs_dir: Some(dir.path().join("runs2")),
+        benchmark: None,
+        build_demo_if_missing: false,
+        demo_arch: None,
+    };
+    let mut fresh = MergescopeApp::new(
+        &egui::Context::default(),
+        mergescope_gui::settings::Settings::default(),
+        &config,
+    );
+    fresh.doc.benchmark = None;
+    fresh.doc.open_project(&project).unwrap();
+    assert_eq!(fresh.doc.suite.as_deref(), Some(suite.as_path()));
+    assert!(fresh.doc.benchmark.is_none());
+    assert_eq!(fresh.doc.runs.len(), 2);
+    assert_eq!(fresh.doc.inputs.experts.len(), 2);
 }
 
 /// Runs in a child process for `a_plugin_that_crashes_the_process_is_named_after_restart`

@@ -355,3 +355,44 @@ fn a_recipe_with_an_unknown_key() {
     .unwrap();
     refuses(&env, &["merge", s(&recipe)], &["recipe.toml", "ouptut"]);
 }
+
+/// A checkpoint the user may not read. As root every file is readable, so where the test runs
+/// as root it runs mergescope as the user `nobody` (`setpriv`); where neither is possible it says
+/// so and checks nothing.
+#[test]
+fn a_file_without_read_permission() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let (_, e1, _) = three_models(&env);
+    let secret = env.path("secret.safetensors");
+    std::fs::copy(&e1, &secret).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let root = std::process::Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
+    if !root {
+        refuses(
+            &env,
+            &["inspect", s(&secret)],
+            &["secret.safetensors", "Permission denied"],
+        );
+        return;
+    }
+    let has_setpriv = std::process::Command::new("setpriv").arg("--version").output().is_ok();
+    if !has_setpriv {
+        eprintln!("skipped: running as root without setpriv, so no user lacks read permission");
+        return;
+    }
+    std::fs::set_permissions(env.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_mergescope"))
+        .args(["inspect", s(&secret)])
+        .env("MERGESCOPE_CONFIG_DIR", env.path("config"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("secret.safetensors") && err.contains("Permission denied") && !err.contains("panicked"),
+        "{err}"
+    );
+}
