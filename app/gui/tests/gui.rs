@@ -241,6 +241,13 @@ fn frames_keep_coming_during_a_run_and_cancel_stops_it() {
     assert!(!r.output.exists(), "a cancelled run leaves no output");
     assert!(r.eval.is_none());
     h.get_by_label("cancelled");
+    // Nor a temporary output, nor the crash marker of a merge in progress.
+    let left: Vec<String> = std::fs::read_dir(runs.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".partial-") || n == mergescope_gui::crash_marker::FILE)
+        .collect();
+    assert!(left.is_empty(), "left by the cancelled run: {left:?}");
 
     // Closing a window with an unsaved session asks first.
     h.input_mut()

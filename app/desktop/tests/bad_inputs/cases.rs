@@ -294,45 +294,37 @@ fn an_output_inside_a_sharded_input_folder() {
     );
 }
 
-#[test]
-fn an_unknown_method_gets_a_suggestion() {
+/// A merge of the three models with `method` and `params` refuses with `needles`.
+fn refuse_method(method: &str, params: &[&str], needles: &[&str]) {
     let env = Env::new();
     let (base, e1, e2) = three_models(&env);
     let out = env.path("o.safetensors");
     let mut a = merge_args(&base, &[&e1, &e2], &out);
-    a[2] = "tie";
-    refuses(&env, &a, &["'tie'", "ties"]);
+    a[2] = method;
+    for p in params {
+        a.extend(["--param", p]);
+    }
+    refuses(&env, &a, needles);
+}
+
+#[test]
+fn an_unknown_method_gets_a_suggestion() {
+    refuse_method("tie", &[], &["'tie'", "ties"]);
 }
 
 #[test]
 fn a_misspelt_parameter_gets_a_suggestion() {
-    let env = Env::new();
-    let (base, e1, e2) = three_models(&env);
-    let out = env.path("o.safetensors");
-    let mut a = merge_args(&base, &[&e1, &e2], &out);
-    a.extend(["--param", "lamda=0.3"]);
-    refuses(&env, &a, &["'lamda'", "lambda"]);
+    refuse_method("task-arithmetic", &["lamda=0.3"], &["'lamda'", "lambda"]);
 }
 
 #[test]
 fn a_parameter_out_of_its_range() {
-    let env = Env::new();
-    let (base, e1, e2) = three_models(&env);
-    let out = env.path("o.safetensors");
-    let mut a = merge_args(&base, &[&e1, &e2], &out);
-    a[2] = "ties";
-    a.extend(["--param", "density=1.5"]);
-    refuses(&env, &a, &["'density'", "1.5"]);
+    refuse_method("ties", &["density=1.5"], &["'density'", "1.5"]);
 }
 
 #[test]
 fn a_parameter_of_the_wrong_type() {
-    let env = Env::new();
-    let (base, e1, e2) = three_models(&env);
-    let out = env.path("o.safetensors");
-    let mut a = merge_args(&base, &[&e1, &e2], &out);
-    a.extend(["--param", "lambda=half"]);
-    refuses(&env, &a, &["'lambda'", "half"]);
+    refuse_method("task-arithmetic", &["lambda=half"], &["'lambda'", "half"]);
 }
 
 #[test]

@@ -190,64 +190,42 @@ impl Drop for Mount {
     }
 }
 
-#[test]
-fn a_full_filesystem_fails_the_merge_and_leaves_no_partial_output() {
+/// A weight-average merge of the big models into a tmpfs mounted with `options` refuses with
+/// `needles` and leaves the filesystem empty (skipped, saying so, where mounting is not allowed).
+fn refuse_on_tmpfs(options: &str, needles: &[&str]) {
     let env = Env::new();
     let (base, e1, e2) = big_models(&env);
-    let Some(m) = Mount::tmpfs(&env.path("full"), "size=1m") else {
-        eprintln!("skipped: mounting a 1 MiB tmpfs needs root");
+    let Some(m) = Mount::tmpfs(&env.path("mnt"), options) else {
+        eprintln!("skipped: mounting a tmpfs ({options}) needs root");
         return;
     };
     let out = m.0.join("o.safetensors");
-    let err = refuses(
-        &env,
-        &[
-            "merge",
-            "--method",
-            "weight-average",
-            "--base",
-            &base,
-            "--expert",
-            &e1,
-            "--expert",
-            &e2,
-            "--out",
-            s(&out),
-        ],
-        &["o.safetensors", "No space left on device"],
-    );
+    let args = [
+        "merge",
+        "--method",
+        "weight-average",
+        "--base",
+        &base,
+        "--expert",
+        &e1,
+        "--expert",
+        &e2,
+    ];
+    let err = refuses(&env, &[&args[..], &["--out", s(&out)]].concat(), needles);
     assert!(
         std::fs::read_dir(&m.0).unwrap().next().is_none(),
-        "left in the full filesystem: {err}"
+        "left in the filesystem: {err}"
     );
 }
 
 #[test]
+fn a_full_filesystem_fails_the_merge_and_leaves_no_partial_output() {
+    refuse_on_tmpfs("size=1m", &["o.safetensors", "No space left on device"]);
+}
+
+#[test]
 fn a_read_only_filesystem_is_refused_before_merging() {
-    let env = Env::new();
-    let (base, e1, e2) = big_models(&env);
-    let Some(m) = Mount::tmpfs(&env.path("ro"), "ro,size=1m") else {
-        eprintln!("skipped: mounting a read-only tmpfs needs root");
-        return;
-    };
-    let out = m.0.join("o.safetensors");
-    refuses(
-        &env,
-        &[
-            "merge",
-            "--method",
-            "weight-average",
-            "--base",
-            &base,
-            "--expert",
-            &e1,
-            "--expert",
-            &e2,
-            "--out",
-            s(&out),
-        ],
-        &["ro", "Read-only file system"],
-    );
+    refuse_on_tmpfs("ro,size=1m", &["mnt", "Read-only file system"]);
 }
 
 /// An approved plugin replaced by another file under the same name is refused until approved
