@@ -295,8 +295,9 @@ impl JobQueue {
     }
 }
 
-/// What a cached evaluator evaluates on: the benchmark folder and the device's name.
-type EvaluatorKey = (PathBuf, &'static str);
+/// What a cached evaluator evaluates on: the benchmark folder (or the suite file and the
+/// request's base and experts, which give its references) and the device's name.
+type EvaluatorKey = (Vec<PathBuf>, &'static str);
 
 /// The worker's side: runs jobs, caches evaluators, sends events.
 struct Worker {
@@ -463,19 +464,29 @@ impl Worker {
         device: &candle_core::Device,
         cancel: &AtomicBool,
     ) -> Result<EvalReport> {
-        let key = (bench.dir.clone(), device_name(device));
+        let key = (vec![bench.dir.clone()], device_name(device));
+        let ev = self.cached_evaluator(key, |w| {
+            if w.tasks.is_none() {
+                w.tasks = Some(benchmark_tasks(None)?);
+            }
+            let tasks = w.tasks.as_deref().unwrap_or_default();
+            Ok(Box::new(bench.evaluator(tasks, None, SplitKind::Test, device)?))
+        })?;
+        ev.evaluate_file(path, cancel)
+    }
+
+    /// The cached evaluator if it is the one for `key`, else the one `open` makes (cached in
+    /// its place).
+    fn cached_evaluator(
+        &mut self,
+        key: EvaluatorKey,
+        open: impl FnOnce(&mut Self) -> Result<Box<dyn Evaluator>>,
+    ) -> Result<&dyn Evaluator> {
         let ev = match self.evaluator.take() {
             Some((k, ev)) if k == key => ev,
-            _ => {
-                if self.tasks.is_none() {
-                    self.tasks = Some(benchmark_tasks(None)?);
-                }
-                let tasks = self.tasks.as_deref().unwrap_or_default();
-                Box::new(bench.evaluator(tasks, None, SplitKind::Test, device)?)
-            }
+            _ => open(self)?,
         };
-        let ev = &self.evaluator.insert((key, ev)).1;
-        ev.evaluate_file(path, cancel)
+        Ok(self.evaluator.insert((key, ev)).1.as_ref())
     }
 
     /// Evaluates the output of `req` with the suite at `suite`, normalised by the request's
@@ -488,23 +499,17 @@ impl Worker {
         cancel: &AtomicBool,
     ) -> Result<EvalReport> {
         // The references come from the experts: a merge of other experts needs new ones.
-        let mut key_path = suite.as_os_str().to_owned();
-        for input in req.base.iter().chain(&req.experts) {
-            key_path.push("\u{0}");
-            key_path.push(input.as_os_str());
-        }
-        let key = (PathBuf::from(key_path), device_name(device));
-        let ev = match self.evaluator.take() {
-            Some((k, ev)) if k == key => ev,
-            _ => {
-                let spec = EvaluatorSpec::new(suite.display().to_string(), device);
-                match &req.base {
-                    Some(base) => open_normalised(&spec, base, &req.experts, cancel)?,
-                    None => evaluate::open(&spec, None)?.evaluator,
-                }
-            }
-        };
-        let ev = &self.evaluator.insert((key, ev)).1;
+        let inputs = std::iter::once(suite)
+            .chain(req.base.as_deref())
+            .chain(req.experts.iter().map(PathBuf::as_path));
+        let key = (inputs.map(std::path::Path::to_path_buf).collect(), device_name(device));
+        let ev = self.cached_evaluator(key, |_| {
+            let spec = EvaluatorSpec::new(suite.display().to_string(), device);
+            Ok(match &req.base {
+                Some(base) => open_normalised(&spec, base, &req.experts, cancel)?,
+                None => evaluate::open(&spec, None)?.evaluator,
+            })
+        })?;
         ev.evaluate_file(&req.out, cancel)
     }
 

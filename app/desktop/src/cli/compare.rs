@@ -89,11 +89,11 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     if let Some(why) = suite.as_ref().and_then(Suite::model_level_unavailable)
         && args.methods.is_none()
     {
-        let skipped: Vec<&str> = plugins.iter().filter(|p| p.is_model_level()).map(|p| p.id()).collect();
-        if !skipped.is_empty() {
-            eprintln!("note: model-level methods not run ({}): {why}", skipped.join(", "));
-        }
-        plugins.retain(|p| !p.is_model_level());
+        leave_out(
+            &mut plugins,
+            Plugin::is_model_level,
+            &format!("model-level methods: {why}"),
+        );
     }
     if plugins.is_empty() {
         bail!("no method plugins found; see `mergescope plugins list`");
@@ -127,19 +127,11 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
         }
     };
     if args.methods.is_none() && inputs.experts.len() != 1 {
-        let skipped: Vec<&str> = plugins
-            .iter()
-            .filter(|p| p.has_capability(abi::CAP_ONE_EXPERT))
-            .map(|p| p.id())
-            .collect();
-        if !skipped.is_empty() {
-            eprintln!(
-                "note: not run, as they merge the base with exactly one expert and there are {}: {}",
-                inputs.experts.len(),
-                skipped.join(", ")
-            );
-            plugins.retain(|p| !p.has_capability(abi::CAP_ONE_EXPERT));
-        }
+        let why = format!(
+            "they merge the base with exactly one expert and there are {}",
+            inputs.experts.len()
+        );
+        leave_out(&mut plugins, |p| p.has_capability(abi::CAP_ONE_EXPERT), &why);
     }
     if inputs.calibration.is_none() && !lambda_grid.is_empty() {
         eprintln!(
@@ -203,4 +195,14 @@ fn write_atomic(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(&tmp, text).with_context(|| format!("cannot write '{}'", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot move '{}' into place", path.display()))?;
     Ok(())
+}
+
+/// Leaves out of `plugins` those `drop` selects (methods not asked for by name that cannot run
+/// on these inputs), naming them and `why` on stderr.
+fn leave_out(plugins: &mut Vec<&Plugin>, drop: impl Fn(&Plugin) -> bool, why: &str) {
+    let skipped: Vec<&str> = plugins.iter().filter(|p| drop(p)).map(|p| p.id()).collect();
+    if !skipped.is_empty() {
+        eprintln!("note: not run ({}): {why}", skipped.join(", "));
+        plugins.retain(|p| !drop(p));
+    }
 }

@@ -12,7 +12,7 @@ use super::calibration::{
 use crate::family::hf;
 use crate::nn::Params;
 use crate::train::{self, BatchSize, Batcher, TrainConfig};
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Tensor, Var};
 use mergescope_engine::error::{EngineError, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -44,7 +44,7 @@ impl<E: ClassifierFamily> FamilyCalibration<E> {
         })
     }
 
-    /// The full weights of `model`: its tensors over the base's, and over both the tensors in
+    /// The full weights of `model`: its tensors over the base's, and over those the tensors in
     /// `tracked` (the variables gradients are taken for).
     fn weights(&self, model: &Params, tracked: Option<&Params>) -> HashMap<String, Tensor> {
         let mut w = self.base.clone();
@@ -53,6 +53,16 @@ impl<E: ClassifierFamily> FamilyCalibration<E> {
             w.extend(p.iter().map(|(k, t)| (k.clone(), t.clone())));
         }
         w
+    }
+
+    /// One autograd variable per tensor named in `order`, and the calibration network built
+    /// from `model` with those variables in place.
+    fn tracked_net(&self, model: &Params, order: &[String]) -> Result<(Vec<Var>, E::Net)> {
+        let (vars, p) = variables(model, order)?;
+        let net = self
+            .calibration
+            .build(&self.inputs, self.weights(model, Some(&p)), &self.source)?;
+        Ok((vars, net))
     }
 
     fn labels(&self, labels: &[usize]) -> Result<Tensor> {
@@ -99,10 +109,7 @@ impl<E: ClassifierFamily> CalibrationTasks for FamilyCalibration<E> {
         objective: Objective,
         with_grads: bool,
     ) -> Result<(f64, Option<Vec<Tensor>>)> {
-        let (vars, p) = variables(model, order)?;
-        let net = self
-            .calibration
-            .build(&self.inputs, self.weights(model, Some(&p)), &self.source)?;
+        let (vars, net) = self.tracked_net(model, order)?;
         let mut grads = if with_grads {
             Some(
                 vars.iter()
@@ -138,10 +145,7 @@ impl<E: ClassifierFamily> CalibrationTasks for FamilyCalibration<E> {
         predicted: bool,
         cancel: &AtomicBool,
     ) -> Result<Vec<Tensor>> {
-        let (vars, p) = variables(model, order)?;
-        let net = self
-            .calibration
-            .build(&self.inputs, self.weights(model, Some(&p)), &self.source)?;
+        let (vars, net) = self.tracked_net(model, order)?;
         let n = self.calibration.examples(task);
         fisher_of(&vars, n, predicted, cancel, |i| {
             let (logits, labels) = self.calibration.logits(&self.inputs, &net, task, &[i])?;

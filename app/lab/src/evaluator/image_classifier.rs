@@ -207,6 +207,7 @@ impl ImageClassifierEvaluator {
 }
 
 impl ScoresWeights for ImageClassifierEvaluator {
+    type Inputs = ClipConfigs;
     const FAMILY: &'static str = "clip";
 
     fn suite_name(&self) -> &str {
@@ -226,7 +227,6 @@ impl ScoresWeights for ImageClassifierEvaluator {
         }
         Ok(())
     }
-    type Inputs = ClipConfigs;
 
     fn inputs_for(&self, like: &Path) -> Result<ClipConfigs> {
         self.config_for(like)

@@ -149,6 +149,7 @@ impl LmEvaluator {
 }
 
 impl ScoresWeights for LmEvaluator {
+    type Inputs = (LmConfig, Tokenizer);
     const FAMILY: &'static str = "causal-lm";
 
     fn suite_name(&self) -> &str {
@@ -167,7 +168,6 @@ impl ScoresWeights for LmEvaluator {
         }
         Ok(())
     }
-    type Inputs = (LmConfig, Tokenizer);
 
     /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).
     fn inputs_for(&self, checkpoint: &Path) -> Result<(LmConfig, Tokenizer)> {

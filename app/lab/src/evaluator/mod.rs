@@ -65,8 +65,10 @@ pub trait InMemoryEvaluator: Send + Sync {
 
 /// A family evaluator's scoring of a model given as named tensors, with what the tensors do not
 /// carry (`Inputs`: a config, a tokenizer) resolved from a checkpoint like it: once per file,
-/// or once for all the models of a landscape ([`score_file`], [`in_memory_of`]).
+/// or once for all the models of a landscape (the blanket [`Evaluator`] impl below).
 pub(crate) trait ScoresWeights: Clone + Send + Sync + 'static {
+    /// Config, tokenizer: whatever scoring needs besides the tensors.
+    type Inputs: Send + Sync + 'static;
     /// The model family (`bert`, `clip`, `causal-lm`), for messages.
     const FAMILY: &'static str;
     /// The suite's name.
@@ -76,8 +78,6 @@ pub(crate) trait ScoresWeights: Clone + Send + Sync + 'static {
     /// Keeps at most `samples` examples of each task (see [`Evaluator::in_memory`]); may also
     /// prepare what every in-memory model reuses (decoded images).
     fn subsample(&mut self, like: &Path, samples: usize) -> Result<()>;
-    /// Config, tokenizer: whatever scoring needs besides the tensors.
-    type Inputs: Send + Sync + 'static;
     /// The inputs for models like the checkpoint at `like`.
     fn inputs_for(&self, like: &Path) -> Result<Self::Inputs>;
     /// The device the tensors are loaded on.

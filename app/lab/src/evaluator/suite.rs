@@ -161,6 +161,12 @@ fn default_batch_size() -> usize {
     32
 }
 
+/// Every task paired with the file `pick` names for it (its calibration or train data), when
+/// every task names one.
+fn paired(tasks: &[TaskTable], pick: fn(&TaskTable) -> Option<&str>) -> Option<Vec<(&TaskTable, &str)>> {
+    tasks.iter().map(|t| pick(t).map(|d| (t, d))).collect()
+}
+
 /// What a suite evaluates with.
 #[derive(Clone, Debug)]
 enum SuiteKind {
@@ -443,11 +449,7 @@ impl Suite {
         let SuiteKind::Family { model, tasks } = &self.kind else {
             return Ok(None);
         };
-        let Some(chosen) = tasks
-            .iter()
-            .map(|t| t.calibration.as_deref().map(|c| (t, c)))
-            .collect::<Option<Vec<_>>>()
-        else {
+        let Some(chosen) = paired(tasks, |t| t.calibration.as_deref()) else {
             return Ok(None);
         };
         Ok(Some(self.family_evaluator(model, &chosen, device)?))
@@ -608,11 +610,8 @@ impl Suite {
                 experts.len()
             )));
         }
-        let split = |pick: fn(&TaskTable) -> Option<&str>| -> Option<Vec<(&TaskTable, &str)>> {
-            tables.iter().map(|t| pick(t).map(|d| (t, d))).collect()
-        };
-        let calibration = split(|t| t.calibration.as_deref()).unwrap_or_default();
-        let train = split(|t| t.train.as_deref());
+        let calibration = paired(tables, |t| t.calibration.as_deref()).unwrap_or_default();
+        let train = paired(tables, |t| t.train.as_deref());
         if model.family == "clip" {
             let train = train.map(|t| self.clip_evaluator(model, &t, device)).transpose()?;
             let cal = self.clip_evaluator(model, &calibration, device)?;

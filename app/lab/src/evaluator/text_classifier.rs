@@ -91,6 +91,7 @@ fn check_labels(task: &TextTask, head: &ClassifierHead) -> Result<()> {
 }
 
 impl ScoresWeights for TextClassifierEvaluator {
+    type Inputs = (Config, Tokenizer);
     const FAMILY: &'static str = "bert";
 
     fn suite_name(&self) -> &str {
@@ -107,7 +108,6 @@ impl ScoresWeights for TextClassifierEvaluator {
         }
         Ok(())
     }
-    type Inputs = (Config, Tokenizer);
 
     /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).
     fn inputs_for(&self, checkpoint: &Path) -> Result<(Config, Tokenizer)> {
