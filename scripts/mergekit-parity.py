@@ -13,8 +13,9 @@ What it makes, under OUT_DIR:
                                            models, output files and every output tensor's
                                            shape and dtype
 
-Why: mergescope's tests compare its merges (linear, task arithmetic, TIES, SLERP, Model
-Stock) with mergekit's on these inputs. The fixtures are committed to the repository, so
+Why: mergescope's tests compare its merges (linear, task arithmetic, TIES, DARE, SLERP,
+Model Stock, NuSLERP, Breadcrumbs) with mergekit's on these inputs (DARE's random masks
+statistically: mergekit's output is one draw of torch's generator). The fixtures are committed to the repository, so
 the tests and CI need no Python; this script only has to be run again to regenerate them
 (for instance against a newer mergekit), and the diff of manifest.json shows what changed.
 
@@ -210,7 +211,92 @@ def merge_configs() -> dict[str, dict]:
             "parameters": {"nuslerp_flatten": False, "nuslerp_row_wise": True},
             **dtypes,
         },
+        # TIES with per-model density and weight, normalised by the agreeing weights.
+        "ties_weighted": {
+            "merge_method": "ties",
+            "base_model": base,
+            "models": [
+                m(e, density=d, weight=w) for e, d, w in zip(EXPERTS, [0.3, 0.5, 0.2], [0.5, 0.3, 0.8])
+            ],
+            "parameters": {"normalize": True},
+            **dtypes,
+        },
+        # DARE (random masks: one draw of torch's generator, seeded by --random-seed), with
+        # per-model density and weight and mergekit's default rescale (L1 norm match).
+        "dare_linear": {
+            "merge_method": "dare_linear",
+            "base_model": base,
+            "models": [
+                m(e, density=d, weight=w) for e, d, w in zip(EXPERTS, [0.6, 0.4, 0.8], [0.5, 0.3, 0.8])
+            ],
+            "parameters": {"normalize": True},
+            **dtypes,
+        },
+        "dare_ties": {
+            "merge_method": "dare_ties",
+            "base_model": base,
+            "models": [
+                m(e, density=d, weight=w) for e, d, w in zip(EXPERTS, [0.5, 0.7, 0.3], [0.7, 0.4, 0.6])
+            ],
+            **dtypes,
+        },
+        # SCE: the default select_topk (1, no selection) and a variance top-50 % selection.
+        "sce": {
+            "merge_method": "sce",
+            "base_model": base,
+            "models": [m(e) for e in EXPERTS],
+            **dtypes,
+        },
+        "sce_topk": {
+            "merge_method": "sce",
+            "base_model": base,
+            "models": [m(e) for e in EXPERTS],
+            "parameters": {"select_topk": 0.5},
+            **dtypes,
+        },
+        # Karcher mean of the three experts (no base role: mergekit would add a base as an input).
+        "karcher": {
+            "merge_method": "karcher",
+            "models": [m(e) for e in EXPERTS],
+            "parameters": {"max_iter": 20, "tol": 1e-6},
+            **dtypes,
+        },
+        # Multi-SLERP without and with a base (task vectors on the sphere).
+        "multislerp": {
+            "merge_method": "multislerp",
+            "models": [m(e, weight=w) for e, w in zip(EXPERTS, [1.0, 2.0, 3.0])],
+            **dtypes,
+        },
+        "multislerp_base": {
+            "merge_method": "multislerp",
+            "base_model": base,
+            "models": [m(e, weight=w) for e, w in zip(EXPERTS, [0.5, 0.3, 0.2])],
+            **dtypes,
+        },
+        # DELLA-linear without rescale (random masks, magnitude-ranked keep probabilities): its
+        # expected value is linear in the probabilities, which the test computes.
+        "della_linear": {
+            "merge_method": "della_linear",
+            "base_model": base,
+            "models": [
+                m(e, density=d, epsilon=0.15, weight=w) for e, d, w in zip(EXPERTS, [0.5, 0.6, 0.4], [0.6, 0.3, 0.5])
+            ],
+            "parameters": {"rescale": False},
+            **dtypes,
+        },
+        # A frankenmerge: layer 0 of the base, then layer 1 of expert 2 (passthrough slices).
+        "passthrough_slices": {
+            "merge_method": "passthrough",
+            "slices": [
+                {"sources": [{"model": base, "layer_range": [0, 1]}]},
+                {"sources": [{"model": "inputs/expert2", "layer_range": [1, 2]}]},
+            ],
+            **dtypes,
+        },
     }
+
+# Methods whose `density` is a deterministic magnitude cut (random ones have no threshold ties).
+MAGNITUDE_METHODS = {"ties", "breadcrumbs", "breadcrumbs_ties"}
 
 
 # mergekit-yaml flags: CPU only, one thread (deterministic reductions, light on the machine),
@@ -445,14 +531,17 @@ def inside_venv(out: Path, venv: Path) -> None:
             "merge_method": cfg["merge_method"],
             "base_model": cfg.get("base_model"),
             "parameters": cfg.get("parameters", {}),
-            "models": cfg["models"],
+            "models": cfg.get("models", []),
+            "slices": cfg.get("slices"),
             "dtype": cfg["dtype"],
             "out_dtype": cfg["out_dtype"],
             "config": rel_yaml,
             "output": rel_out,
             **desc,
         })
-        if any("density" in m.get("parameters", {}) for m in cfg["models"]):
+        if cfg["merge_method"] in MAGNITUDE_METHODS and any(
+            "density" in m.get("parameters", {}) for m in cfg.get("models", [])
+        ):
             results[-1]["topk_threshold_ties"] = tied_topk(out, cfg)
 
     manifest = {

@@ -25,7 +25,7 @@
  *     once with an ms_session_api_v1; a 1.0 host refuses them by their minor version.
  *   - Optional host features are extensions looked up by id with ms_host_api_v1.get_extension
  *     (ABI 1.2: MS_HOST_EXT_SIGN_CONSENSUS_V1, MS_HOST_EXT_RANDOM_V1, MS_HOST_EXT_LINALG_V1,
- *     MS_HOST_EXT_PARALLEL_V1). The method-specific fused operations of the core table
+ *     MS_HOST_EXT_PARALLEL_V1; ABI 1.3: MS_HOST_EXT_RANDOM_V2). The method-specific fused operations of the core table
  *     (bernoulli_mask, svd, low_rank, trim_abs, elect_sign, disjoint_merge) stay in it for
  *     1.0/1.1 plugins; new plugins take them from the extensions.
  *
@@ -101,7 +101,7 @@ extern "C" {
 /* Major ABI version: a host only loads plugins of exactly this major. */
 #define MS_ABI_MAJOR 1u
 /* Minor ABI version: a host loads plugins whose minor is at most its own. */
-#define MS_ABI_MINOR 2u
+#define MS_ABI_MINOR 3u
 
 /* Name of the exported static ms_plugin_header. */
 #define MS_HEADER_SYMBOL "mergescope_plugin_header"
@@ -478,6 +478,12 @@ typedef ms_status (*ms_disjoint_merge_fn)(void *ctx, const ms_tensor_handle *ts,
  * chunking (`offset` is the chunk's first element, as in ms_tensor_info). */
 typedef ms_status (*ms_bernoulli_mask_fn)(void *ctx, ms_tensor_handle like, double keep_probability, uint64_t seed,
                                           uint64_t offset, ms_tensor_handle *out);
+/* A 0/1 mask of `probabilities`' shape in which element j is 1 iff the draw that
+ * ms_bernoulli_mask_fn makes for element offset + j under `seed` is below probabilities[j] (so a
+ * tensor filled with p gives exactly bernoulli_mask(like, p, seed, offset)'s mask). Every
+ * probability must be finite and in [0, 1]; otherwise the call fails naming the value. */
+typedef ms_status (*ms_bernoulli_mask_p_fn)(void *ctx, ms_tensor_handle probabilities, uint64_t seed,
+                                            uint64_t offset, ms_tensor_handle *out);
 /* Truncated SVD of a 2-D tensor (m x n): U (m x k), S (k), V^T (k x n), computed in double; k is
  * clamped to min(m, n). Any of the outputs may be NULL when not wanted. */
 typedef ms_status (*ms_svd_fn)(void *ctx, ms_tensor_handle a, size_t k, ms_tensor_handle *out_u,
@@ -490,6 +496,9 @@ typedef ms_status (*ms_low_rank_fn)(void *ctx, ms_tensor_handle a, size_t k, ms_
 #define MS_HOST_EXT_SIGN_CONSENSUS_V1 "mergescope.host.sign-consensus.v1"
 /* Id of the host extension ms_host_random_v1: seeded random masks. */
 #define MS_HOST_EXT_RANDOM_V1 "mergescope.host.random.v1"
+/* Id of the host extension ms_host_random_v2 (ABI 1.3): seeded random masks, also with a keep
+ * probability per element. */
+#define MS_HOST_EXT_RANDOM_V2 "mergescope.host.random.v2"
 /* Id of the host extension ms_host_linalg_v1: truncated SVD and low-rank approximation. */
 #define MS_HOST_EXT_LINALG_V1 "mergescope.host.linalg.v1"
 /* Id of the host extension ms_host_parallel_v1: the host's worker threads. */
@@ -511,6 +520,16 @@ typedef struct ms_host_random_v1 {
     size_t struct_size;
     ms_bernoulli_mask_fn bernoulli_mask;
 } ms_host_random_v1;
+
+/* Host extension MS_HOST_EXT_RANDOM_V2 (ABI 1.3): ms_host_random_v1's function and
+ * bernoulli_mask_p, over the same counter-based draws. Static; called like
+ * ms_host_sign_consensus_v1's. */
+typedef struct ms_host_random_v2 {
+    /* sizeof(ms_host_random_v2) as the host knows it. */
+    size_t struct_size;
+    ms_bernoulli_mask_fn bernoulli_mask;
+    ms_bernoulli_mask_p_fn bernoulli_mask_p;
+} ms_host_random_v2;
 
 /* Host extension MS_HOST_EXT_LINALG_V1. Static; called like ms_host_sign_consensus_v1's. */
 typedef struct ms_host_linalg_v1 {

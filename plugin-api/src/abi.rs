@@ -1,8 +1,10 @@
 //! The raw C ABI, version 1 (minor 1 added model-level methods: [`SessionApiV1`] and
 //! `PluginApiV1::run_model`; minor 2 moved the method-specific fused operations behind host
 //! extensions that `HostApiV1::get_extension` returns by id, and added the host's worker
-//! threads as the [`HostParallelV1`] extension). Every type here is `#[repr(C)]` and mirrored one to one in
-//! `include/mergescope_plugin.h`; a test keeps the two in sync.
+//! threads as the [`HostParallelV1`] extension; minor 3 added the [`HostRandomV2`] extension,
+//! whose `bernoulli_mask_p` draws a mask with a keep probability per element). Every type here
+//! is `#[repr(C)]` and mirrored one to one in `include/mergescope_plugin.h`; a test keeps the
+//! two in sync.
 //!
 //! Compatibility rules (CLAP-style): tables start with `struct_size` and only ever grow at the
 //! end; optional functions are nullable; a new major version renames the entry symbol, so an old
@@ -15,7 +17,7 @@ pub const MAGIC: [u8; 8] = *b"MRGSCOPE";
 /// Major ABI version: a host only loads plugins of exactly this major.
 pub const ABI_MAJOR: u32 = 1;
 /// Minor ABI version: a host loads plugins whose minor is at most its own.
-pub const ABI_MINOR: u32 = 2;
+pub const ABI_MINOR: u32 = 3;
 
 /// Name of the exported static [`PluginHeader`].
 pub const HEADER_SYMBOL: &str = "mergescope_plugin_header";
@@ -462,6 +464,17 @@ pub type BernoulliMaskFn = unsafe extern "C" fn(
     offset: u64,
     out: *mut TensorHandle,
 ) -> Status;
+/// A 0/1 mask of `probabilities`' shape in which element j is 1 iff the draw that
+/// [`BernoulliMaskFn`] makes for element `offset + j` under `seed` is below `probabilities[j]`
+/// (so a tensor filled with p gives exactly `bernoulli_mask(like, p, seed, offset)`'s mask).
+/// Every probability must be finite and in [0, 1]; otherwise the call fails naming the value.
+pub type BernoulliMaskPFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    probabilities: TensorHandle,
+    seed: u64,
+    offset: u64,
+    out: *mut TensorHandle,
+) -> Status;
 /// Truncated SVD of a 2-D tensor (m×n): U (m×k), S (k), Vᵀ (k×n), computed in f64; k is clamped
 /// to min(m, n). Any of the outputs may be null when not wanted.
 pub type SvdFn = unsafe extern "C" fn(
@@ -481,6 +494,9 @@ pub type LowRankFn =
 pub const HOST_EXT_SIGN_CONSENSUS_V1: &str = "mergescope.host.sign-consensus.v1";
 /// Id of the host extension [`HostRandomV1`] (ABI 1.2): seeded random masks.
 pub const HOST_EXT_RANDOM_V1: &str = "mergescope.host.random.v1";
+/// Id of the host extension [`HostRandomV2`] (ABI 1.3): seeded random masks, also with a keep
+/// probability per element.
+pub const HOST_EXT_RANDOM_V2: &str = "mergescope.host.random.v2";
 /// Id of the host extension [`HostLinalgV1`] (ABI 1.2): truncated SVD and low-rank approximation.
 pub const HOST_EXT_LINALG_V1: &str = "mergescope.host.linalg.v1";
 /// Id of the host extension [`HostParallelV1`] (ABI 1.2): the host's worker threads.
@@ -507,6 +523,19 @@ pub struct HostRandomV1 {
     pub struct_size: usize,
     /// Seeded Bernoulli mask (see [`BernoulliMaskFn`]).
     pub bernoulli_mask: BernoulliMaskFn,
+}
+
+/// Host extension [`HOST_EXT_RANDOM_V2`] (ABI 1.3): [`HostRandomV1`]'s function and
+/// `bernoulli_mask_p`, over the same counter-based draws. Static; called like
+/// [`HostSignConsensusV1`]'s.
+#[repr(C)]
+pub struct HostRandomV2 {
+    /// `size_of::<HostRandomV2>()` as the host knows it.
+    pub struct_size: usize,
+    /// Seeded Bernoulli mask with one keep probability (see [`BernoulliMaskFn`]).
+    pub bernoulli_mask: BernoulliMaskFn,
+    /// Seeded Bernoulli mask with a keep probability per element (see [`BernoulliMaskPFn`]).
+    pub bernoulli_mask_p: BernoulliMaskPFn,
 }
 
 /// Host extension [`HOST_EXT_LINALG_V1`]. Static; called like [`HostSignConsensusV1`]'s.

@@ -81,3 +81,23 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Writes a float32 checkpoint of the named tensors to `path` (through the engine's writer).
+#[allow(clippy::unwrap_used)] // a test helper: a failure is a panic by design
+pub fn write_model(path: &std::path::Path, tensors: &[(&str, &[usize], &[f32])]) {
+    use mergescope_engine::dtype::DType;
+    use mergescope_engine::writer::{OutputTensor, OutputWriter};
+    let specs: Vec<OutputTensor> = tensors
+        .iter()
+        .map(|(name, shape, _)| OutputTensor {
+            name: (*name).to_owned(),
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+        })
+        .collect();
+    let w = OutputWriter::create(path, &specs, &Default::default(), None, false).unwrap();
+    for (name, _, values) in tensors {
+        w.write_values(name, 0, values).unwrap();
+    }
+    w.commit().unwrap();
+}

@@ -97,7 +97,10 @@ fn plugin_describes_itself() {
     let p = plugin();
     assert_eq!(p.id(), "dare");
     let names: Vec<&str> = p.schema().iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["drop_rate", "rescale", "combine", "lambda"]);
+    assert_eq!(
+        names,
+        ["drop_rate", "rescale", "combine", "lambda", "task_weights", "normalize"]
+    );
     assert_documented(&p);
 }
 
@@ -319,4 +322,253 @@ fn bad_parameters_are_errors() {
     assert!(err.to_string().contains("rescale"), "{err}");
     let err = merge_in_memory(&plugin(), &json!({}), 0, None, &experts).expect_err("no base");
     assert!(err.to_string().to_lowercase().contains("base"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-expert drop rates, task weights and normalize (mergekit's dare_linear and dare_ties).
+
+/// The rescale factor r_t of one expert, from its rebuilt mask (as the plugin computes it).
+fn rescale_factor(tau: &[f64], kept: &[bool], p: f64, rescale: &str) -> f64 {
+    match rescale {
+        "inverse" => 1.0 / (1.0 - p),
+        "l1" => {
+            let full: f64 = tau.iter().map(|v| v.abs()).sum();
+            let kept: f64 = tau.iter().zip(kept).filter(|(_, k)| **k).map(|(v, _)| v.abs()).sum();
+            if full < 1e-7 || kept < 1e-7 { 1.0 } else { full / kept }
+        }
+        _ => 1.0,
+    }
+}
+
+/// combine = sum with per-expert p_t and w_t: θ0 + λ·Σ_t w_t·r_t·(m_t ⊙ τ_t), divided by
+/// Σ_t w_t = 1.6 with normalize (mergekit's dare_linear), against the rebuilt masks.
+#[test]
+fn weighted_sum_with_normalize_against_rebuilt_masks() {
+    let (base, experts) = inputs();
+    let (seed, lambda) = (4242, 0.9);
+    let (p, w) = ([0.2, 0.5, 0.7], [0.5, 0.3, 0.8]);
+    for rescale in ["inverse", "l1", "none"] {
+        for normalize in [false, true] {
+            let params = json!({"drop_rate": p, "task_weights": w, "normalize": normalize, "rescale": rescale,
+                                "lambda": lambda});
+            let out = merge(&params, seed, &base, &experts);
+            let divisor = if normalize { w.iter().sum::<f64>() } else { 1.0 };
+            for name in ["layer.weight", "layer.bias"] {
+                let mut expected: Vec<f64> = base[name].data.iter().map(|v| f64::from(*v)).collect();
+                for (t, e) in experts.iter().enumerate() {
+                    let tau = tau(&base, e, name);
+                    let m = mask(seed, name, t, tau.len(), p[t]);
+                    let r = rescale_factor(&tau, &m, p[t], rescale);
+                    for ((o, v), k) in expected.iter_mut().zip(&tau).zip(&m) {
+                        if *k {
+                            *o += lambda * w[t] * r * v / divisor;
+                        }
+                    }
+                }
+                assert_close(&out, name, &expected, &params.to_string());
+            }
+        }
+    }
+}
+
+/// combine = ties / ties-sum with per-expert p_t and w_t: u_t = (w_t·r_t)·(m_t ⊙ τ_t) (one f32
+/// product, as the host's scale), the sign of Σ_t u_t (f32, expert order) elected, then over the
+/// agreeing non-zero u_t: ties → Σ u / Σ w; ties-sum → Σ u, or Σ u / Σ w with normalize
+/// (mergekit's dare_ties). Elected sign 0 → 0.
+#[test]
+fn weighted_ties_and_ties_sum_against_rebuilt_masks() {
+    let (base, experts) = inputs();
+    let (seed, lambda) = (77, 1.1);
+    let (p, w) = ([0.3, 0.6, 0.1], [0.5, 1.5, -0.25]);
+    for rescale in ["inverse", "l1", "none"] {
+        for (combine, normalize) in [("ties", false), ("ties", true), ("ties-sum", false), ("ties-sum", true)] {
+            let params = json!({"drop_rate": p, "task_weights": w, "combine": combine, "normalize": normalize,
+                                "rescale": rescale, "lambda": lambda});
+            let out = merge(&params, seed, &base, &experts);
+            let divide = combine == "ties" || normalize;
+            for name in ["layer.weight", "layer.bias"] {
+                let n = base[name].data.len();
+                let u: Vec<Vec<f32>> = experts
+                    .iter()
+                    .enumerate()
+                    .map(|(t, e)| {
+                        let tau64 = tau(&base, e, name);
+                        let m = mask(seed, name, t, n, p[t]);
+                        let factor = (w[t] * rescale_factor(&tau64, &m, p[t], rescale)) as f32;
+                        let tau32: Vec<f32> = e[name].data.iter().zip(&base[name].data).map(|(x, b)| x - b).collect();
+                        tau32
+                            .iter()
+                            .zip(&m)
+                            .map(|(v, k)| if *k { v * factor } else { 0.0 })
+                            .collect()
+                    })
+                    .collect();
+                let expected: Vec<f64> = (0..n)
+                    .map(|j| {
+                        let total = u.iter().fold(0f32, |acc, d| acc + d[j]);
+                        let s = f64::from(total).signum() * f64::from(u8::from(total != 0.0));
+                        let (mut sum, mut weight) = (0f64, 0f64);
+                        for (t, d) in u.iter().enumerate() {
+                            let v = f64::from(d[j]);
+                            if v != 0.0 && v.signum() == s {
+                                sum += v;
+                                weight += w[t];
+                            }
+                        }
+                        let merged = if divide && weight != 0.0 { sum / weight } else { sum };
+                        f64::from(base[name].data[j]) + lambda * merged
+                    })
+                    .collect();
+                assert_close(&out, name, &expected, &params.to_string());
+            }
+        }
+    }
+}
+
+/// dare_linear's expected value: with the inverse rescale E[r_t·m_t ⊙ τ_t] = τ_t, so with
+/// normalize E[θ] = θ0 + Σ_t w_t·τ_t / Σ_t w_t. θ0 = 0, τ1 = [1, −2, 0.5, 4], τ2 = [2, 1, −1, 0],
+/// τ3 = [−1, 3, 2, 1], w = [0.5, 0.3, 0.8] (Σ w = 1.6), p = [0.2, 0.5, 0.4]:
+///   index 0: (0.5 + 0.6 − 0.8)/1.6 = 0.1875;  index 1: (−1 + 0.3 + 2.4)/1.6 = 1.0625;
+///   index 2: (0.25 − 0.3 + 1.6)/1.6 = 0.96875; index 3: (2 + 0 + 0.8)/1.6 = 1.75.
+/// The mean over 1000 seeds must be within 4.5 standard errors, the variance of one draw being
+/// Σ_t (w_t/Σw)²·τ_t²·p_t/(1 − p_t) (e.g. index 1: 0.0977·4·0.25 + 0.0352·1·1 + 0.25·9·0.667 ≈
+/// 1.63, a standard error of 0.040).
+#[test]
+fn dare_linear_expected_value_over_many_seeds() {
+    let taus: [[f32; 4]; 3] = [[1.0, -2.0, 0.5, 4.0], [2.0, 1.0, -1.0, 0.0], [-1.0, 3.0, 2.0, 1.0]];
+    let base = model(&[("v", &[4], &[0.0; 4])]);
+    let experts: Vec<MemModel> = taus.iter().map(|t| model(&[("v", &[4], t)])).collect();
+    let (p, w) = ([0.2, 0.5, 0.4], [0.5, 0.3, 0.8]);
+    let expected = [0.1875, 1.0625, 0.96875, 1.75];
+    let params = json!({"drop_rate": p, "task_weights": w, "normalize": true, "rescale": "inverse"});
+    let dare = plugin();
+    let seeds = 1000;
+    let mut mean = [0f64; 4];
+    for seed in 0..seeds {
+        let out = merge_in_memory(&dare, &params, seed, Some(&base), &experts).unwrap();
+        for (m, v) in mean.iter_mut().zip(&out["v"].data) {
+            *m += f64::from(*v) / seeds as f64;
+        }
+    }
+    let total: f64 = w.iter().sum();
+    for j in 0..4 {
+        let variance: f64 = (0..3)
+            .map(|t| (w[t] / total).powi(2) * f64::from(taus[t][j]).powi(2) * p[t] / (1.0 - p[t]))
+            .sum();
+        let bound = 4.5 * (variance / seeds as f64).sqrt();
+        assert!(
+            (mean[j] - expected[j]).abs() <= bound,
+            "index {j}: mean over {seeds} seeds {}, expected {} ± {bound}",
+            mean[j],
+            expected[j]
+        );
+    }
+}
+
+/// Per-expert drop rates → per-expert kept fractions. Expert t's τ is 1 on its own block of
+/// 20 000 of the 60 000 entries and 0 elsewhere, so block t of the merge shows expert t's mask
+/// alone: with p = [0.1, 0.5, 0.8] about 90 %, 50 % and 20 % of each block is kept (a standard
+/// error of at most 0.0035; the bound 0.02 is over 5 of them), each kept entry being w_t·1 (no
+/// rescale), or w_t/Σw with normalize (w = [2, 1, 0.5], Σw = 3.5).
+#[test]
+fn per_expert_drop_rate_gives_per_expert_kept_fractions() {
+    let block = 20_000;
+    let n = 3 * block;
+    let base = model(&[("big.weight", &[n], &vec![0.0; n])]);
+    let experts: Vec<MemModel> = (0..3)
+        .map(|t| {
+            let d: Vec<f32> = (0..n).map(|j| if j / block == t { 1.0 } else { 0.0 }).collect();
+            model(&[("big.weight", &[n], &d)])
+        })
+        .collect();
+    let (p, w) = ([0.1, 0.5, 0.8], [2.0, 1.0, 0.5]);
+    for normalize in [false, true] {
+        for combine in ["sum", "ties-sum"] {
+            let params = json!({"drop_rate": p, "task_weights": w, "rescale": "none", "normalize": normalize,
+                                "combine": combine});
+            let out = merge(&params, 11, &base, &experts);
+            for (t, chunk) in out["big.weight"].data.chunks(block).enumerate() {
+                let kept = chunk.iter().filter(|v| **v != 0.0).count() as f64 / block as f64;
+                assert!(
+                    (kept - (1.0 - p[t])).abs() < 0.02,
+                    "{params}: expert {t} kept {kept}, expected about {}",
+                    1.0 - p[t]
+                );
+                let value = if !normalize {
+                    w[t]
+                } else if combine == "sum" {
+                    w[t] / 3.5
+                } else {
+                    1.0 // alone in its block: w_t·1 / w_t
+                };
+                assert!(
+                    chunk.iter().all(|v| *v == 0.0 || (f64::from(*v) - value).abs() < 1e-6),
+                    "{params}: expert {t}'s kept entries are not {value}"
+                );
+            }
+        }
+    }
+}
+
+/// The defaults of the new parameters change nothing: a list of equal drop rates, unit weights
+/// and normalize false give bit for bit the model of the scalar recipe, for every combine and
+/// rescale (combine = ties was the plain mean of the agreeing entries, which it stays).
+#[test]
+fn default_weights_and_normalize_are_bit_identical() {
+    let (base, experts) = inputs();
+    for combine in ["sum", "ties"] {
+        for rescale in ["inverse", "l1", "none"] {
+            let old = json!({"drop_rate": 0.4, "combine": combine, "rescale": rescale, "lambda": 0.8});
+            let mut new = old.clone();
+            new["drop_rate"] = json!([0.4, 0.4, 0.4]);
+            new["task_weights"] = json!(1.0);
+            new["normalize"] = json!(false);
+            let a = merge(&old, 5, &base, &experts);
+            let b = merge(&new, 5, &base, &experts);
+            for (name, t) in &a {
+                let bits = |d: &[f32]| d.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(bits(&t.data), bits(&b[name].data), "{new}: {name}");
+            }
+        }
+    }
+}
+
+/// A per-expert drop rate of 1 leaves that expert out (its weight still counts in dare_linear's
+/// normalize divisor, as in mergekit); all at 1 give the base.
+#[test]
+fn per_expert_drop_rate_one_leaves_the_expert_out() {
+    let (base, experts) = inputs();
+    let params = json!({"drop_rate": [1.0, 0.0, 1.0], "task_weights": [1.0, 2.0, 1.0], "normalize": true});
+    let out = merge(&params, 1, &base, &experts);
+    for name in ["layer.weight", "layer.bias"] {
+        let expected: Vec<f64> = base[name]
+            .data
+            .iter()
+            .zip(tau(&base, &experts[1], name))
+            .map(|(b, t)| f64::from(*b) + 2.0 * t / 4.0)
+            .collect();
+        assert_close(&out, name, &expected, &params.to_string());
+    }
+}
+
+#[test]
+fn per_task_lists_of_the_wrong_length_are_errors() {
+    let (base, experts) = inputs();
+    for params in [
+        json!({"drop_rate": [0.2, 0.3]}),
+        json!({"task_weights": [1.0, 2.0, 3.0, 4.0]}),
+    ] {
+        let err = merge_in_memory(&plugin(), &params, 0, Some(&base), &experts).expect_err("wrong length");
+        let key = params.as_object().unwrap().keys().next().unwrap().clone();
+        assert!(
+            err.to_string().contains(&key) && err.to_string().contains("per task"),
+            "{err}"
+        );
+    }
+    let err =
+        merge_in_memory(&plugin(), &json!({"combine": "ties_sum"}), 0, Some(&base), &experts).expect_err("bad combine");
+    assert!(
+        err.to_string().contains("combine") && err.to_string().contains("ties-sum"),
+        "{err}"
+    );
 }

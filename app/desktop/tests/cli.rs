@@ -1100,3 +1100,59 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A mergekit configuration run three ways gives the same folder: `merge --config`, `merge
+/// merge.yml`, and `recipe convert` followed by `merge recipe.toml`; the folder holds the base's
+/// config with the output dtype, and the bad cases say what to pass.
+#[test]
+fn a_mergekit_config_runs_directly_and_as_a_converted_recipe() {
+    let env = Env::new();
+    let mk = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/mergekit")
+        .canonicalize()
+        .unwrap();
+    let yml = env.path("merge.yml");
+    let text = format!(
+        "merge_method: ties\nbase_model: {m}/inputs/base\nmodels:\n  - model: {m}/inputs/base\n  - model: \
+         {m}/inputs/expert1\n    parameters: {{density: 0.5, weight: 0.7}}\n  - model: {m}/inputs/expert3\n    \
+         parameters: {{density: 0.3, weight: 0.4}}\nparameters:\n  normalize: true\n  int8_mask: true\ndtype: \
+         bfloat16\n",
+        m = mk.display()
+    );
+    std::fs::write(&yml, &text).unwrap();
+    let (a, b, c) = (env.path("a"), env.path("b"), env.path("c"));
+    let o = env.run(&["merge", "--config", s(&yml), "--out", s(&a), "-q"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("int8_mask"),
+        "the ignored key is noted"
+    );
+    env.ok(&["merge", s(&yml), "--out", s(&b), "-q"]);
+    let recipe = env.path("recipe.toml");
+    env.ok(&["recipe", "convert", s(&yml), "-o", s(&recipe), "--out", s(&c)]);
+    let toml_text = std::fs::read_to_string(&recipe).unwrap();
+    for needle in [
+        "method = \"ties\"",
+        "hf_folder = true",
+        "dtype = \"bf16\"",
+        "count_rule = \"mergekit\"",
+    ] {
+        assert!(toml_text.contains(needle), "{needle} in\n{toml_text}");
+    }
+    env.ok(&["merge", s(&recipe), "-q"]);
+    let weights = |dir: &Path| std::fs::read(dir.join("model.safetensors")).unwrap();
+    assert_eq!(weights(&a), weights(&b));
+    assert_eq!(weights(&a), weights(&c));
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(a.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["torch_dtype"], "bfloat16");
+    assert_eq!(config["model_type"], "llama");
+    assert_eq!(
+        Checkpoint::open(&a).unwrap().tensors["model.norm.weight"].dtype,
+        DType::BF16
+    );
+    // Without --out; converting onto an existing recipe.
+    let e = env.fails(&["merge", "--config", s(&yml)]);
+    assert!(e.contains("--out FOLDER"), "{e}");
+    let e = env.fails(&["recipe", "convert", s(&yml), "-o", s(&recipe)]);
+    assert!(e.contains("already exists") && e.contains("--overwrite"), "{e}");
+}

@@ -43,6 +43,65 @@ impl TensorEntry {
     }
 }
 
+/// Whether `path` is a PEFT LoRA adapter folder (it has `adapter_config.json`).
+pub fn is_lora_adapter(path: &Path) -> bool {
+    path.is_dir() && path.join("adapter_config.json").is_file()
+}
+
+/// The low-rank update of one weight: W += scale·B·A, or (B·A)ᵀ when `transposed` (GPT-2's
+/// Conv1D with fan_in_fan_out, and embeddings).
+#[derive(Clone, Debug)]
+pub struct LowRank {
+    /// A: r × in (r × rows of W when transposed).
+    pub a: TensorEntry,
+    /// B: out × r (cols of W × r when transposed).
+    pub b: TensorEntry,
+    /// alpha / r (or alpha / √r).
+    pub scale: f64,
+    /// Whether the update is (B·A)ᵀ.
+    pub transposed: bool,
+}
+
+impl LowRank {
+    /// Adds rows of the update to `values`, which hold elements `[from, from + len)` of the
+    /// row-major weight (`cols` columns): `values[e] += s·Σ_k c_k(i)·M[k, j]` for element e at
+    /// (i, j), in f64, where M (r × cols) is A, or Bᵀ when transposed, and c(i) is row i of B,
+    /// or column i of A. `a` and `b` are the whole factors.
+    fn add_to(&self, a: &[f32], b: &[f32], cols: usize, from: usize, values: &mut [f32]) {
+        let r = self.a.shape[0];
+        let m: Vec<f64> = if self.transposed {
+            (0..r * cols).map(|x| f64::from(b[(x % cols) * r + x / cols])).collect()
+        } else {
+            a.iter().map(|v| f64::from(*v)).collect()
+        };
+        let rows_a = self.a.shape[1];
+        let mut acc = vec![0f64; cols];
+        let mut e = from;
+        let end = from + values.len();
+        while e < end {
+            let (i, j0) = (e / cols, e % cols);
+            let j1 = cols.min(j0 + (end - e));
+            acc[j0..j1].iter_mut().for_each(|x| *x = 0.0);
+            for k in 0..r {
+                let c = if self.transposed {
+                    f64::from(a[k * rows_a + i])
+                } else {
+                    f64::from(b[i * r + k])
+                };
+                let row = &m[k * cols..(k + 1) * cols];
+                for j in j0..j1 {
+                    acc[j] += c * row[j];
+                }
+            }
+            for j in j0..j1 {
+                let v = &mut values[e - from + j - j0];
+                *v = (f64::from(*v) + self.scale * acc[j]) as f32;
+            }
+            e += j1 - j0;
+        }
+    }
+}
+
 /// One shard file, open for positioned reads.
 #[derive(Debug)]
 pub struct ShardFile {
@@ -64,6 +123,9 @@ pub struct Checkpoint {
     pub files: Vec<ShardFile>,
     /// Tensors by name.
     pub tensors: BTreeMap<String, TensorEntry>,
+    /// Low-rank updates added to some tensors when they are read (a LoRA adapter applied to a
+    /// base, [`crate::lora`]); empty for a plain checkpoint.
+    deltas: BTreeMap<String, LowRank>,
 }
 
 /// Fails unless `path` is a regular file (following links): a FIFO would block the open
@@ -352,7 +414,7 @@ struct ShardIndex {
 
 /// Whether `name` is a plain file name (no folder part, no `..`, not absolute), as shard
 /// names in an index must be: an index never makes mergescope read outside its folder.
-fn is_plain_file_name(name: &str) -> bool {
+pub(crate) fn is_plain_file_name(name: &str) -> bool {
     let mut parts = Path::new(name).components();
     matches!((parts.next(), parts.next()), (Some(Component::Normal(_)), None)) && !name.contains(['/', '\\'])
 }
@@ -392,6 +454,13 @@ impl Checkpoint {
             Err(e) => return Err(EngineError::io("cannot open", path, e)),
         };
         if meta.is_dir() {
+            if is_lora_adapter(path) {
+                return Err(EngineError::Invalid(format!(
+                    "'{}' is a LoRA adapter (adapter_config.json), not a whole model; give it as an expert with the \
+                     model it was trained on as --base, which it is applied to",
+                    path.display()
+                )));
+            }
             let index = path.join("model.safetensors.index.json");
             if index.exists() {
                 return Self::open_index(path, &index);
@@ -505,7 +574,68 @@ impl Checkpoint {
             path: path.to_path_buf(),
             files,
             tensors,
+            deltas: BTreeMap::new(),
         })
+    }
+
+    /// A checkpoint of tensors taken from other checkpoints under new names: each part is a
+    /// source and its (new name, name in the source) pairs. The sources' files are moved in, not
+    /// reopened; `path` is what the result is called in messages and records.
+    pub fn assemble(path: PathBuf, parts: Vec<(Checkpoint, Vec<(String, String)>)>) -> Result<Checkpoint> {
+        let mut files = Vec::new();
+        let mut tensors = BTreeMap::new();
+        let mut deltas = BTreeMap::new();
+        for (source, names) in parts {
+            let offset = files.len();
+            let moved = |e: &TensorEntry| TensorEntry {
+                file: e.file + offset,
+                ..e.clone()
+            };
+            for (new_name, old_name) in names {
+                if let Some(d) = source.deltas.get(&old_name) {
+                    deltas.insert(
+                        new_name.clone(),
+                        LowRank {
+                            a: moved(&d.a),
+                            b: moved(&d.b),
+                            ..d.clone()
+                        },
+                    );
+                }
+                let entry = source
+                    .tensors
+                    .get(&old_name)
+                    .ok_or_else(|| EngineError::bad(&source.path, format!("has no tensor '{old_name}'")))?;
+                let entry = TensorEntry {
+                    name: new_name.clone(),
+                    file: entry.file + offset,
+                    ..entry.clone()
+                };
+                if tensors.insert(new_name.clone(), entry).is_some() {
+                    return Err(EngineError::Invalid(format!(
+                        "'{}': two sources give tensor '{new_name}'",
+                        path.display()
+                    )));
+                }
+            }
+            files.extend(source.files);
+        }
+        Ok(Checkpoint::with_deltas(path, files, tensors, deltas))
+    }
+
+    /// A checkpoint whose tensors named in `deltas` get their low-rank update when read.
+    pub(crate) fn with_deltas(
+        path: PathBuf,
+        files: Vec<ShardFile>,
+        tensors: BTreeMap<String, TensorEntry>,
+        deltas: BTreeMap<String, LowRank>,
+    ) -> Checkpoint {
+        Checkpoint {
+            path,
+            files,
+            tensors,
+            deltas,
+        }
     }
 
     /// Total size of the shard files in bytes.
@@ -540,15 +670,38 @@ impl Checkpoint {
         })
     }
 
-    /// Raw bytes of a tensor, as stored.
+    /// Raw bytes of a tensor, as stored (with its low-rank update, if it has one, encoded in
+    /// its dtype).
     pub fn raw_bytes(&self, t: &TensorEntry) -> Result<Vec<u8>> {
+        if self.deltas.contains_key(&t.name) {
+            let mut out = Vec::with_capacity(t.len as usize);
+            crate::dtype::encode_f32(t.dtype, &self.read_f32(t)?, &mut out);
+            return Ok(out);
+        }
         let mut buf = vec![0u8; t.len as usize];
         self.read_into(t, 0, &mut buf)?;
         Ok(buf)
     }
 
-    /// Reads elements `[from, from + len)` of a float tensor as f32.
+    /// Reads elements `[from, from + len)` of a float tensor as f32 (with its low-rank update,
+    /// if it has one).
     pub fn read_f32_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<Vec<f32>> {
+        let mut values = self.read_stored_f32_range(t, from, len)?;
+        if let Some(d) = self.deltas.get(&t.name) {
+            let a = self.read_stored_f32_range(&d.a, 0, d.a.numel())?;
+            let b = self.read_stored_f32_range(&d.b, 0, d.b.numel())?;
+            let cols = t.shape.get(1).copied().unwrap_or(1);
+            d.add_to(&a, &b, cols, from, &mut values);
+        }
+        Ok(values)
+    }
+
+    /// Whether tensor `name` gets a low-rank update when read.
+    pub fn has_update(&self, name: &str) -> bool {
+        self.deltas.contains_key(name)
+    }
+
+    fn read_stored_f32_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<Vec<f32>> {
         let es = t.dtype.size();
         if t.dtype == DType::F32 && cfg!(target_endian = "little") {
             let mut v = vec![0f32; len];

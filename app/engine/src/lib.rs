@@ -7,8 +7,12 @@
 //! - [`merge`] / [`executor`]: validated merge requests streamed tensor by tensor on worker
 //!   threads inside a memory budget, written atomically by [`writer`].
 //! - [`compat`], [`dtype`], [`role`]: input compatibility, dtypes, tensor roles.
+//! - [`hf_folder`]: Hugging Face model folders as outputs (config, tokenizer, model card).
 //! - [`recipe`]: the TOML recipe that the GUI saves and the CLI runs; [`layered`]: layer-wise
 //!   and filtered parameter values resolved per tensor.
+//! - [`lora`]: PEFT LoRA adapters applied to their base as merge inputs, and LoRA extraction.
+//! - [`mergekit`]: mergekit YAML configurations read as recipes; [`slices`]: models built from
+//!   layer ranges of several models (mergekit's `slices`).
 //! - [`synthetic`]: synthetic LLM-shaped checkpoints for `mergescope bench`.
 
 pub mod checkpoint;
@@ -18,12 +22,16 @@ pub mod dtype;
 pub mod error;
 pub mod executor;
 pub mod finite;
+pub mod hf_folder;
 pub mod layered;
+pub mod lora;
 pub mod merge;
+pub mod mergekit;
 pub mod plugin;
 pub mod recipe;
 pub mod rng;
 pub mod role;
+pub mod slices;
 pub mod synthetic;
 pub mod sys;
 pub mod writer;

@@ -8,11 +8,13 @@ use crate::dtype::{DType, OutDType, decode_f32_vec};
 use crate::error::{EngineError, Result};
 pub use crate::executor::{ExecOptions, Observer, Phase, Progress};
 use crate::executor::{PlanItem, Run, Sink, Source};
+use crate::hf_folder::{CardInfo, FolderOutput, folder_files};
 use crate::layered;
 use crate::plugin::Plugin;
 use crate::plugin::instance::{CallEnv, Instance};
 use crate::plugin::schema::{ResolvedParams, resolve_params};
-use crate::writer::{OutputTensor, OutputWriter};
+use crate::slices::{self, Slice};
+use crate::writer::{OutputLayout, OutputTensor, OutputWriter};
 use mergescope_plugin_api::abi;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -78,8 +80,8 @@ pub fn create_instance<'p>(
     }
     if plugin.has_capability(abi::CAP_ONE_EXPERT) && n_experts != 1 {
         return Err(EngineError::Invalid(format!(
-            "method '{}' merges the base with exactly one expert, but this merge has {n_experts} experts; \
-             refused before merging: give one --expert (to combine more models use task-arithmetic, ties or model-stock)",
+            "method '{}' takes exactly one expert, but this merge has {n_experts} experts; refused before merging: \
+             give one --expert (to combine more models use task-arithmetic, ties or model-stock)",
             plugin.id()
         )));
     }
@@ -253,6 +255,12 @@ pub struct MergeRequest {
     pub on_missing: MissingPolicy,
     /// Replace an existing output.
     pub overwrite: bool,
+    /// Write a Hugging Face model folder (config, tokenizer, card beside the weights) instead of
+    /// a bare file; `None`: a `.safetensors` file (or a folder of shards when split).
+    pub folder: Option<FolderOutput>,
+    /// Layer slices of several models that stand for the inputs (mergekit's `slices`); empty:
+    /// the inputs are the whole base and expert checkpoints.
+    pub slices: Vec<Slice>,
 }
 
 impl MergeRequest {
@@ -270,6 +278,8 @@ impl MergeRequest {
             shard_bytes: None,
             on_missing: MissingPolicy::Error,
             overwrite: false,
+            folder: None,
+            slices: Vec::new(),
         }
     }
 
@@ -304,10 +314,20 @@ impl MergeRequest {
     /// The largest shard in bytes for an output of `reference`: as asked, else as the reference
     /// input's largest shard when it is sharded, else one file (`Some(0)` asks for one file).
     pub fn shard_limit(&self, reference: &Checkpoint) -> Option<u64> {
+        // An input assembled from slices has the files of every sliced model: it is sharded only
+        // if one of those models is.
+        let sharded_input = if self.slices.is_empty() {
+            reference.files.len() > 1
+        } else {
+            self.slices
+                .iter()
+                .flat_map(|s| &s.sources)
+                .any(|src| Checkpoint::open(&src.model).is_ok_and(|c| c.files.len() > 1))
+        };
         match self.shard_bytes {
             Some(0) => None,
             Some(b) => Some(b),
-            None if reference.files.len() > 1 => reference.files.iter().map(|f| f.size).max(),
+            None if sharded_input => reference.files.iter().map(|f| f.size).max(),
             None => None,
         }
     }
@@ -526,6 +546,87 @@ pub fn output_metadata(
     metadata
 }
 
+/// Opens an expert: a checkpoint, or a LoRA adapter applied to the base.
+pub fn open_expert(path: &Path, base: Option<&Path>) -> Result<Checkpoint> {
+    if !crate::lora::is_adapter(path) {
+        return Checkpoint::open(path);
+    }
+    let base = base.ok_or_else(|| {
+        EngineError::Invalid(format!(
+            "the expert '{}' is a LoRA adapter; pass the model it was trained on as --base",
+            path.display()
+        ))
+    })?;
+    crate::lora::apply(Checkpoint::open(base)?, path)
+}
+
+/// Opens the inputs of `req`: the base (when given) and the experts, whole or assembled from
+/// their layer slices.
+pub fn open_inputs(req: &MergeRequest) -> Result<(Option<Checkpoint>, Vec<Checkpoint>)> {
+    if req.slices.is_empty() {
+        let base = req.base.as_deref().map(Checkpoint::open).transpose()?;
+        let experts = req
+            .experts
+            .iter()
+            .map(|p| open_expert(p, req.base.as_deref()))
+            .collect::<Result<_>>()?;
+        return Ok((base, experts));
+    }
+    let has_base = usize::from(req.base.is_some());
+    let inputs = has_base + req.experts.len();
+    slices::check(&req.slices, inputs)?;
+    let mut opened: Vec<Checkpoint> = (0..inputs)
+        .map(|k| slices::open_input(&req.slices, k))
+        .collect::<Result<_>>()?;
+    let experts = opened.split_off(has_base);
+    Ok((opened.pop(), experts))
+}
+
+/// Opens the writer of `req`'s output: a file (or shard folder), or a Hugging Face model folder
+/// whose config, tokenizer and card come from the inputs (`models`, base first when `has_base`).
+/// Returns notes on what a folder output could not find.
+pub fn open_output(
+    req: &MergeRequest,
+    outputs: &[OutputTensor],
+    metadata: &BTreeMap<String, String>,
+    reference: &Checkpoint,
+    models: &[&Checkpoint],
+    has_base: bool,
+) -> Result<(OutputWriter, Vec<String>)> {
+    let Some(folder) = &req.folder else {
+        let writer = OutputWriter::create(&req.out, outputs, metadata, req.shard_limit(reference), req.overwrite)?;
+        return Ok((writer, Vec::new()));
+    };
+    let params: Value = metadata
+        .get("mergescope.params")
+        .and_then(|p| serde_json::from_str(p).ok())
+        .unwrap_or(Value::Null);
+    let method = metadata.get("mergescope.method").map_or("", String::as_str);
+    let version = metadata.get("mergescope.plugin_version").map_or("", String::as_str);
+    let card = CardInfo {
+        method: (method, version),
+        inputs: models
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (if has_base && i == 0 { "base" } else { "expert" }, c.path.as_path()))
+            .collect(),
+        params: &params,
+        seed: req.seed,
+    };
+    let paths: Vec<&Path> = models.iter().map(|c| c.path.as_path()).collect();
+    let layers = (!req.slices.is_empty()).then(|| slices::layer_count(&req.slices));
+    let (files, notes) = folder_files(folder, &paths, req.out_dtype.map(OutDType::dtype), layers, &card)?;
+    let writer = OutputWriter::create_with_layout(
+        &req.out,
+        outputs,
+        metadata,
+        req.shard_limit(reference),
+        req.overwrite,
+        &OutputLayout::Folder(files),
+    )?;
+    Ok((writer, notes))
+}
+
 /// Writes tensors copied unchanged from `reference` (converted when the output dtype differs).
 pub fn write_copies(writer: &OutputWriter, reference: &Checkpoint, copies: &[TensorEntry]) -> Result<()> {
     for t in copies {
@@ -662,8 +763,7 @@ pub fn merge_files(
     cancel: &AtomicBool,
 ) -> Result<MergeReport> {
     let started = Instant::now();
-    let base = req.base.as_deref().map(Checkpoint::open).transpose()?;
-    let experts: Vec<Checkpoint> = req.experts.iter().map(|p| Checkpoint::open(p)).collect::<Result<_>>()?;
+    let (base, experts) = open_inputs(req)?;
     let mut models: Vec<&Checkpoint> = Vec::new();
     models.extend(base.as_ref());
     models.extend(experts.iter());
@@ -716,7 +816,7 @@ pub fn merge_files(
     let params_json = recorded_params(&groups, &req.params, layer_wise);
     let metadata = output_metadata(plugin, &params_json, req.seed, &models, base.is_some(), &report.notes);
 
-    let writer = OutputWriter::create(&req.out, &outputs, &metadata, req.shard_limit(reference), req.overwrite)?;
+    let (writer, folder_notes) = open_output(req, &outputs, &metadata, reference, &models, base.is_some())?;
     write_copies(&writer, reference, &copies)?;
     let run = GroupRun {
         plugin_id: plugin.id(),
@@ -738,7 +838,7 @@ pub fn merge_files(
         merged: items.len(),
         copied: copies.len(),
         skipped,
-        notes: report.notes,
+        notes: report.notes.into_iter().chain(folder_notes).collect(),
         input_bytes: models.iter().map(|c| c.total_bytes()).sum(),
         seconds: started.elapsed().as_secs_f64(),
         params: params_json,

@@ -12,21 +12,39 @@
 //! device = "cpu"        # optional: cpu | cuda | metal
 //! shard_size = "2GB"    # optional: split the output into shards of at most this size
 //! on_missing = "error"  # optional: error | use-reference | skip
+//! hf_folder = true      # optional: write a Hugging Face model folder (config, tokenizer, card)
+//! config_from = "base"  # optional: the folder whose config.json goes with it (default: the base's)
 //! [params]
 //! density = 0.2
 //! lambda = 1.0
+//! ```
+//!
+//! A frankenmerge (mergekit's `slices`) lists layer ranges instead of taking whole models; each
+//! slice has one source per input, the base first:
+//!
+//! ```toml
+//! method = "passthrough"
+//! experts = ["a"]
+//! out = "merged"
+//! hf_folder = true
+//! [[slices]]
+//! sources = [{ model = "a", layers = [0, 24] }]
+//! [[slices]]
+//! sources = [{ model = "b", layers = [8, 32] }]
 //! ```
 
 use crate::compat::MissingPolicy;
 use crate::device::DeviceChoice;
 use crate::dtype::OutDType;
 use crate::error::{EngineError, Result};
+use crate::hf_folder::FolderOutput;
 use crate::merge::MergeRequest;
+use crate::slices::Slice;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// A merge recipe.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Recipe {
     /// Plugin id.
@@ -56,6 +74,20 @@ pub struct Recipe {
     /// Method parameters.
     #[serde(default)]
     pub params: toml::Table,
+    /// Write a Hugging Face model folder at `out` (config, tokenizer and model card beside the
+    /// weights) instead of a bare checkpoint.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hf_folder: bool,
+    /// The folder whose `config.json` (and `generation_config.json`) the folder output takes;
+    /// default: the base's, else the first expert's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_from: Option<PathBuf>,
+    /// The folder whose tokenizer files the folder output takes; default: `config_from`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_from: Option<PathBuf>,
+    /// Layer slices of several models instead of whole models (see the module doc).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<Slice>,
 }
 
 /// Parses sizes such as `2GB`, `500MiB`, `123456` (bytes).
@@ -111,6 +143,12 @@ impl Recipe {
         }
         r.experts.iter_mut().for_each(fix);
         fix(&mut r.out);
+        r.config_from.iter_mut().for_each(fix);
+        r.tokenizer_from.iter_mut().for_each(fix);
+        r.slices
+            .iter_mut()
+            .flat_map(|s| s.sources.iter_mut())
+            .for_each(|src| fix(&mut src.model));
         Ok(r)
     }
 
@@ -137,6 +175,14 @@ impl Recipe {
         req.out_dtype = self.dtype;
         req.shard_bytes = shard_bytes;
         req.on_missing = self.on_missing;
+        if self.hf_folder || self.config_from.is_some() || self.tokenizer_from.is_some() {
+            req.folder = Some(FolderOutput {
+                config_from: self.config_from.clone(),
+                tokenizer_from: self.tokenizer_from.clone(),
+                source_recipe: None,
+            });
+        }
+        req.slices = self.slices.clone();
         Ok(req)
     }
 }

@@ -125,6 +125,27 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// A small file written beside the tensors of a folder output (`config.json`, tokenizer files,
+/// a model card): a plain file name and its bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExtraFile {
+    /// File name inside the output folder (no folder part).
+    pub name: String,
+    /// Contents.
+    pub bytes: Vec<u8>,
+}
+
+/// How an output is laid out on disk.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum OutputLayout {
+    /// One `.safetensors` file, or a folder of shards with an index when the output is split.
+    #[default]
+    Auto,
+    /// Always a folder (a Hugging Face model folder): `model.safetensors` or shards, the index,
+    /// and these files beside them.
+    Folder(Vec<ExtraFile>),
+}
+
 /// An output being written. Dropping it without [`OutputWriter::commit`] removes the
 /// temporary files.
 #[derive(Debug)]
@@ -137,6 +158,7 @@ pub struct OutputWriter {
     locations: Locations,
     overwrite: bool,
     committed: bool,
+    extra: Vec<String>,
 }
 
 fn tmp_sibling(path: &Path, tag: &str) -> PathBuf {
@@ -157,8 +179,35 @@ impl OutputWriter {
         shard_bytes: Option<u64>,
         overwrite: bool,
     ) -> Result<OutputWriter> {
+        Self::create_with_layout(out, tensors, metadata, shard_bytes, overwrite, &OutputLayout::Auto)
+    }
+
+    /// As [`OutputWriter::create`], laid out as `layout` says. A folder output always has a shard
+    /// index (listing the extra files it wrote, so that `--overwrite` knows the folder is its own).
+    pub fn create_with_layout(
+        out: &Path,
+        tensors: &[OutputTensor],
+        metadata: &BTreeMap<String, String>,
+        shard_bytes: Option<u64>,
+        overwrite: bool,
+        layout: &OutputLayout,
+    ) -> Result<OutputWriter> {
         let (shards, locations) = build_shards(tensors, metadata, shard_bytes)?;
-        let sharded = shards.len() > 1;
+        let extra: &[ExtraFile] = match layout {
+            OutputLayout::Auto => &[],
+            OutputLayout::Folder(files) => files,
+        };
+        for f in extra {
+            let reserved = f.name == INDEX_NAME || shards.iter().any(|s| s.file_name == f.name);
+            if !crate::checkpoint::is_plain_file_name(&f.name) || reserved {
+                return Err(EngineError::Invalid(format!(
+                    "cannot write '{}' into the output folder: it is not a plain file name or it is one of the \
+                     weight files",
+                    f.name
+                )));
+            }
+        }
+        let sharded = shards.len() > 1 || matches!(layout, OutputLayout::Folder(_));
         if out.exists() && !overwrite {
             return Err(EngineError::Invalid(format!(
                 "'{}' already exists; mergescope never replaces a file silently: choose another --out or pass --overwrite",
@@ -202,6 +251,7 @@ impl OutputWriter {
             locations,
             overwrite,
             committed: false,
+            extra: extra.iter().map(|f| f.name.clone()).collect(),
         };
         if sharded {
             std::fs::create_dir(&tmp_path).map_err(|e| EngineError::io("cannot create folder", &tmp_path, e))?;
@@ -226,11 +276,19 @@ impl OutputWriter {
                 .iter()
                 .map(|(name, (si, _, _))| (name, &shards[*si].file_name))
                 .collect();
-            let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+            let mut index_meta = serde_json::json!({"total_size": total});
+            if !extra.is_empty() {
+                index_meta[EXTRA_FILES_KEY] = extra.iter().map(|f| f.name.clone()).collect::<Vec<_>>().into();
+            }
+            let index = serde_json::json!({"metadata": index_meta, "weight_map": weight_map});
             let p = tmp_path.join("model.safetensors.index.json");
             let text = serde_json::to_string_pretty(&index)
                 .map_err(|e| EngineError::Invalid(format!("cannot encode the shard index: {e}")))?;
             std::fs::write(&p, text).map_err(|e| EngineError::io("cannot write", &p, e))?;
+            for f in extra {
+                let p = tmp_path.join(&f.name);
+                std::fs::write(&p, &f.bytes).map_err(|e| EngineError::io("cannot write", &p, e))?;
+            }
         }
         writer.files = files;
         writer.file_paths = file_paths;
@@ -294,7 +352,8 @@ impl OutputWriter {
                 .iter()
                 .filter_map(|p| p.file_name().map(|n| self.final_path.join(n)))
                 .collect();
-            v.push(self.final_path.join("model.safetensors.index.json"));
+            v.push(self.final_path.join(INDEX_NAME));
+            v.extend(self.extra.iter().map(|n| self.final_path.join(n)));
             v
         } else {
             vec![self.final_path.clone()]
@@ -341,6 +400,22 @@ fn check_range(dtype: DType, name: &str, elem_from: usize, values: &[f32]) -> Re
 
 /// The index of a shard folder.
 const INDEX_NAME: &str = "model.safetensors.index.json";
+/// Key of the index's `metadata` listing the files a folder output wrote beside its shards.
+const EXTRA_FILES_KEY: &str = "mergescope_files";
+
+/// The extra files that the index of folder `dir` says mergescope wrote (none when unreadable).
+fn listed_extra_files(index: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(index) else {
+        return Vec::new();
+    };
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return Vec::new();
+    };
+    json["metadata"][EXTRA_FILES_KEY]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
+}
 
 /// Refuses to replace folder `dir` unless mergescope wrote it: a shard index, only the shards it
 /// lists beside it, and mergescope's metadata in them. `--overwrite` never deletes a folder of
@@ -357,6 +432,7 @@ fn check_own_output_folder(dir: &Path) -> Result<()> {
     let shards: std::collections::BTreeSet<String> = crate::checkpoint::read_weight_map(&index)
         .map(|map| map.into_iter().map(|(_, file)| file).collect())
         .unwrap_or_default();
+    let extras = listed_extra_files(&index);
     let entries = std::fs::read_dir(dir).map_err(|e| EngineError::io("cannot list", dir, e))?;
     let mut foreign = Vec::new();
     for e in entries {
@@ -365,7 +441,7 @@ fn check_own_output_folder(dir: &Path) -> Result<()> {
             .file_name()
             .to_string_lossy()
             .into_owned();
-        if name != INDEX_NAME && !shards.contains(&name) {
+        if name != INDEX_NAME && !shards.contains(&name) && !extras.contains(&name) {
             foreign.push(name);
         }
     }

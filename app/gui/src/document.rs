@@ -8,6 +8,7 @@ use crate::jobs::{BuildJob, Event, Job, JobId, JobQueue, MergeJob, Notify};
 use crate::runs::{Live, RunRecord, RunStatus};
 use mergescope_engine::compat::MissingPolicy;
 use mergescope_engine::device::DeviceChoice;
+use mergescope_engine::dtype::OutDType;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::MergeRequest;
 use mergescope_engine::plugin::{Approvals, Plugin, PluginDirs, PluginOrigin, Registry};
@@ -88,6 +89,8 @@ pub struct Document {
     pub seed: u64,
     /// Device of the next run.
     pub device: DeviceChoice,
+    /// Output dtype of the next runs (an opened recipe's `dtype`); `None`: as the inputs.
+    pub out_dtype: Option<OutDType>,
     /// All runs, oldest first.
     pub runs: Vec<RunRecord>,
     /// Demo build in progress.
@@ -144,6 +147,7 @@ impl Document {
             form: None,
             seed: 0,
             device: DeviceChoice::Cpu,
+            out_dtype: None,
             runs: Vec::new(),
             build: None,
             log: Vec::new(),
@@ -303,6 +307,70 @@ impl Document {
         self.dirty = true;
     }
 
+    /// Opens a recipe: a mergescope TOML recipe or a mergekit YAML configuration. Its base and
+    /// experts become the inputs, its method is selected and its parameters fill the form (the
+    /// layer-wise ones are kept beside it); what cannot be shown is an error in the log.
+    pub fn open_recipe(&mut self, path: &Path) {
+        match self.try_open_recipe(path) {
+            Ok(method) => {
+                self.note(
+                    Level::Info,
+                    format!("opened the recipe '{}' ({method})", path.display()),
+                );
+                self.dirty = true;
+            }
+            Err(e) => self.note(Level::Error, format!("cannot open the recipe: {e}")),
+        }
+    }
+
+    fn try_open_recipe(&mut self, path: &Path) -> Result<String> {
+        let (recipe, notes) = if mergescope_engine::mergekit::is_mergekit_config(path) {
+            let c = mergescope_engine::mergekit::load(path, &self.runs_dir)?;
+            (c.recipe, c.notes)
+        } else {
+            (mergescope_engine::recipe::Recipe::load(path)?, Vec::new())
+        };
+        if !recipe.slices.is_empty() {
+            return Err(EngineError::Invalid(format!(
+                "'{}' builds the model from layer slices, which the window does not show yet; run it with \
+                 `mergescope merge {} --out FOLDER`",
+                path.display(),
+                path.display()
+            )));
+        }
+        if !self.registry.plugins.iter().any(|p| p.id() == recipe.method) {
+            return Err(EngineError::Invalid(format!(
+                "the recipe's method '{}' is not loaded; load its plugin (File > Load plugin…) and open the recipe again",
+                recipe.method
+            )));
+        }
+        self.inputs.clear();
+        if let Some(b) = &recipe.base {
+            self.inputs.set_base(b, None);
+        }
+        for e in &recipe.experts {
+            self.inputs.add_expert(e, None);
+        }
+        self.select_method(&recipe.method);
+        let n = self.inputs.experts.len();
+        if let (Some(form), Value::Object(params)) = (&mut self.form, recipe.params_json()) {
+            form.set_json(&params);
+            form.fit_experts(n);
+        }
+        self.seed = recipe.seed;
+        self.out_dtype = recipe.dtype;
+        if let Some(d) = recipe.dtype {
+            self.note(
+                Level::Info,
+                format!("the recipe's runs write {} tensors", d.dtype().name()),
+            );
+        }
+        for n in notes {
+            self.note(Level::Info, n);
+        }
+        Ok(recipe.method)
+    }
+
     /// Evaluates merges with the suite at `path` (its [models] table, when it has one, become
     /// the inputs, the experts labelled with the task names when there is one per task).
     pub fn use_suite(&mut self, path: &Path) {
@@ -408,10 +476,11 @@ impl Document {
         std::fs::create_dir_all(&self.runs_dir)
             .map_err(|e| EngineError::io("cannot create the runs folder", &self.runs_dir, e))?;
         let (base, experts) = self.inputs.refs();
-        let request = MergeRequest::new(experts.iter().map(|e| e.path.clone()).collect(), output.clone())
+        let mut request = MergeRequest::new(experts.iter().map(|e| e.path.clone()).collect(), output.clone())
             .with_base(base.as_ref().map(|b| b.path.clone()))
             .with_params(Value::Object(params.clone()))
             .with_seed(self.seed);
+        request.out_dtype = self.out_dtype;
         let job = self.jobs.submit(Job::Merge(Box::new(MergeJob {
             plugin: plugin.clone(),
             request,
@@ -773,6 +842,7 @@ impl Document {
             shard_size: None,
             on_missing: MissingPolicy::Error,
             params: json_to_toml(&r.params),
+            ..mergescope_engine::recipe::Recipe::default()
         };
         let recipe_path = PathBuf::from(format!("{}.recipe.toml", dest.display()));
         let text = toml::to_string_pretty(&recipe)

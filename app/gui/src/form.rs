@@ -117,6 +117,20 @@ pub struct ParamForm {
     pub method: String,
     /// One field per schema parameter, in schema order.
     pub fields: Vec<Field>,
+    /// Layer-wise values (gradients across the layers, per-tensor filters) from an opened
+    /// recipe, which the fields cannot show: kept as given, shown beside the form and resolved
+    /// per tensor by the engine, until the user gives the field one value again.
+    pub layer_wise: Map<String, Value>,
+}
+
+/// Whether `v` is a layer-wise value of parameter `f` (a gradient or filter list), rather than
+/// a number or, for a per-task parameter, one number per expert.
+fn is_layer_wise(f: &Field, v: &Value) -> bool {
+    match v {
+        Value::Array(items) => !f.schema.per_task || items.iter().any(|i| !i.is_number()),
+        Value::Object(_) => true,
+        _ => false,
+    }
 }
 
 impl ParamForm {
@@ -125,29 +139,44 @@ impl ParamForm {
         ParamForm {
             method: method.to_owned(),
             fields: schema.iter().map(Field::from_schema).collect(),
+            layer_wise: Map::new(),
         }
     }
 
-    /// Parameters that differ from their defaults, as JSON (what a run records).
+    /// Parameters that differ from their defaults, as JSON (what a run records), with the
+    /// layer-wise values as given.
     pub fn to_json(&self) -> Map<String, Value> {
-        self.fields
+        let mut out: Map<String, Value> = self
+            .fields
             .iter()
             .filter(|f| !f.is_default())
             .map(|f| (f.schema.name.clone(), f.to_json()))
-            .collect()
+            .collect();
+        out.extend(self.layer_wise.clone());
+        out
     }
 
-    /// Sets fields from recorded parameters (unknown names are ignored).
+    /// Sets fields from recorded parameters (unknown names are ignored); layer-wise values are
+    /// kept in [`ParamForm::layer_wise`].
     pub fn set_json(&mut self, values: &Map<String, Value>) {
         for f in &mut self.fields {
-            if let Some(v) = values.get(&f.schema.name) {
-                f.set_json(v);
+            let name = f.schema.name.clone();
+            match values.get(&name) {
+                Some(v) if is_layer_wise(f, v) => {
+                    self.layer_wise.insert(name, v.clone());
+                }
+                Some(v) => {
+                    f.set_json(v);
+                    self.layer_wise.remove(&name);
+                }
+                None => {}
             }
         }
     }
 
     /// Resets every field to its default.
     pub fn reset(&mut self) {
+        self.layer_wise.clear();
         for f in &mut self.fields {
             *f = Field::from_schema(&f.schema);
         }
@@ -165,6 +194,10 @@ impl ParamForm {
     /// The error of field `i` alone, if its value would be rejected by a run.
     pub fn field_error(&self, i: usize, n_experts: usize) -> Option<String> {
         let f = self.fields.get(i)?;
+        if self.layer_wise.contains_key(&f.schema.name) {
+            // Checked whole by `validate`; resolved per tensor by the engine.
+            return None;
+        }
         let mut one = Map::new();
         one.insert(f.schema.name.clone(), f.to_json());
         resolve_params(&self.method, std::slice::from_ref(&f.schema), &one, n_experts.max(1)).err()
@@ -173,7 +206,11 @@ impl ParamForm {
     /// Validates the whole form for `n_experts` experts.
     pub fn validate(&self, n_experts: usize) -> Result<ResolvedParams> {
         let schema: Vec<ParamSchema> = self.fields.iter().map(|f| f.schema.clone()).collect();
-        resolve_params(&self.method, &schema, &self.to_json(), n_experts.max(1)).map_err(EngineError::Param)
+        let layer_wise = Value::Object(self.layer_wise.clone());
+        mergescope_engine::layered::is_layered(&layer_wise, &schema)?;
+        let mut plain = self.to_json();
+        plain.retain(|k, _| !self.layer_wise.contains_key(k));
+        resolve_params(&self.method, &schema, &plain, n_experts.max(1)).map_err(EngineError::Param)
     }
 }
 

@@ -772,3 +772,52 @@ fn a_plugin_that_crashes_the_process_is_named_after_restart() {
     step_until(&mut h, "the merge", |a| last_status(a) == Some(RunStatus::Done));
     assert!(!marker.exists());
 }
+
+/// A mergekit configuration opened in the window (as File > Open recipe… or a dropped .yml):
+/// its inputs, method and layer-wise parameter fill the window, and the run gives mergekit's
+/// tensors (`tests/fixtures/mergekit`, the slerp case with filtered gradients).
+#[test]
+fn a_mergekit_yaml_opens_in_the_window_and_runs_as_mergekit_ran_it() {
+    let mk = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/mergekit")
+        .canonicalize()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The fixture's model paths are relative to where mergekit ran: the copy names them absolutely.
+    let text = std::fs::read_to_string(mk.join("mergekit/slerp_gradient.yml"))
+        .unwrap()
+        .replace("inputs/", &format!("{}/inputs/", mk.display()));
+    let yml = dir.path().join("merge.yml");
+    std::fs::write(&yml, text).unwrap();
+    let mut h = harness(app(&dir.path().join("runs"), Theme::Light));
+    h.run_steps(3);
+    h.state_mut().doc.open_recipe(&yml);
+    h.run_steps(3);
+    let doc = &h.state().doc;
+    assert_eq!(doc.method.as_deref(), Some("slerp"));
+    assert_eq!(doc.inputs.base.as_ref().unwrap().path, mk.join("inputs/base"));
+    let experts: Vec<_> = doc.inputs.experts.iter().map(|e| e.path.clone()).collect();
+    assert_eq!(experts, [mk.join("inputs/expert2")]);
+    assert_eq!(doc.form.as_ref().unwrap().layer_wise["t"][0]["filter"], "self_attn");
+    h.get_by_label("t: layer-wise");
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "the slerp run", |a| {
+        matches!(last_status(a), Some(RunStatus::Done | RunStatus::Failed))
+    });
+    let r = &h.state().doc.runs[0];
+    assert_eq!(r.status, RunStatus::Done, "{:?}", r.error);
+    let read = |p: &Path| {
+        let c = mergescope_engine::checkpoint::Checkpoint::open(p).unwrap();
+        c.tensors
+            .values()
+            .map(|t| (t.name.clone(), c.read_f32(t).unwrap()))
+            .collect::<Vec<_>>()
+    };
+    let (ours, theirs) = (read(&r.output), read(&mk.join("mergekit/slerp_gradient")));
+    assert_eq!(ours.len(), theirs.len());
+    for ((n, a), (m, b)) in ours.iter().zip(&theirs) {
+        assert_eq!(n, m);
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-6, "{n}: {worst}");
+    }
+}

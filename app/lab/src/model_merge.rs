@@ -18,7 +18,7 @@ use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::executor::{ExecOptions, Observer, Phase, Progress};
 use mergescope_engine::finite::{first_non_finite, non_finite_input, non_finite_output};
 use mergescope_engine::merge::{
-    MergeReport, MergeRequest, check_output_path, create_instance, file_desc, file_label, output_metadata,
+    MergeReport, MergeRequest, check_output_path, create_instance, file_desc, file_label, open_output, output_metadata,
     plan_outputs, write_copies,
 };
 use mergescope_engine::plugin::Plugin;
@@ -322,13 +322,7 @@ pub(crate) fn merge_model_files(
         Some(traj_path)
     };
 
-    let writer = OutputWriter::create(
-        &req.out,
-        &plan.outputs,
-        &metadata,
-        req.shard_limit(&base),
-        req.overwrite,
-    )?;
+    let (writer, folder_notes) = open_output(req, &plan.outputs, &metadata, &base, &models, true)?;
     write_copies(&writer, &base, &plan.copies)?;
     for (name, t) in model.names.iter().zip(&merged) {
         let values = host_f32(t)?;
@@ -343,7 +337,7 @@ pub(crate) fn merge_model_files(
         merged: model.names.len(),
         copied: plan.copies.len(),
         skipped: plan.skipped,
-        notes: report.notes,
+        notes: report.notes.into_iter().chain(folder_notes).collect(),
         input_bytes: models.iter().map(|c| c.total_bytes()).sum(),
         seconds: started.elapsed().as_secs_f64(),
         params: params_json,

@@ -289,6 +289,17 @@ impl<'a> Host<'a> {
         self.out(|ctx, out| unsafe { (ext.bernoulli_mask)(ctx, like.0, keep_probability, seed, offset, out) })
     }
 
+    /// Seeded 0/1 mask of `probabilities`' shape with P(element j = 1) = `probabilities[j]`:
+    /// element j is kept iff the draw [`Host::bernoulli_mask`] makes for element `offset + j`
+    /// under `seed` is below its probability, so a tensor filled with p gives exactly
+    /// `bernoulli_mask(like, p, seed, offset)` (extension `mergescope.host.random.v2`, ABI 1.3).
+    /// Probabilities must be finite and in [0, 1]; the host names the first one that is not.
+    pub fn bernoulli_mask_p(&self, probabilities: Tensor, seed: u64, offset: u64) -> Result<Tensor> {
+        let ext = self.required::<abi::HostRandomV2>(abi::HOST_EXT_RANDOM_V2)?;
+        // SAFETY: the extension's function, called with this call's context.
+        self.out(|ctx, out| unsafe { (ext.bernoulli_mask_p)(ctx, probabilities.0, seed, offset, out) })
+    }
+
     /// Truncated SVD: (U m×k, S k, Vᵀ k×n) (extension `mergescope.host.linalg.v1`).
     pub fn svd(&self, a: Tensor, k: usize) -> Result<(Tensor, Tensor, Tensor)> {
         let ext = self.required::<abi::HostLinalgV1>(abi::HOST_EXT_LINALG_V1)?;

@@ -637,3 +637,42 @@ pub fn rank_from_ratio(r: usize, ratio: f64) -> usize {
         k as usize
     }
 }
+
+/// FNV-1a, 64-bit, of `bytes` (for deriving per-tensor seeds from tensor names).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The splitmix64 finaliser (Steele et al.), a bijective 64-bit mixer.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Seed of the random mask of expert `expert` (0-based) on tensor `tensor_name` in a merge with
+/// seed `merge_seed`: splitmix64(splitmix64(merge_seed XOR fnv1a64(name)) XOR expert). One rule
+/// for the plugins that draw per-expert masks (dare, della), so the same seed gives the same
+/// draws on any device, thread count or chunking.
+pub fn expert_seed(merge_seed: u64, tensor_name: &str, expert: usize) -> u64 {
+    splitmix64(splitmix64(merge_seed ^ fnv1a64(tensor_name.as_bytes())) ^ expert as u64)
+}
+
+#[cfg(test)]
+mod seed_tests {
+    use super::*;
+
+    #[test]
+    fn expert_seed_is_pinned() {
+        // The values the dare plugin has always produced (tests/tests/golden_dare.rs).
+        assert_eq!(expert_seed(0, "layer.weight", 0), 0xff67_794a_79d3_e838);
+        assert_eq!(expert_seed(42, "layer.weight", 2), 0x0858_0d4c_cc3a_1263);
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+    }
+}

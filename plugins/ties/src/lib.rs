@@ -26,13 +26,16 @@
 //! workers already run the chunks in parallel, so each call counts on its own thread. The loops
 //! refuse NaN task-vector entries, which no threshold can rank.
 //!
-//! Per chunk the merge is τ_t = θ_t − θ0, trim (`trim_abs`), elected sign (`elect_sign`), the
-//! zero-sign rule (two elementwise operations at most), `disjoint_merge` and θ0 + λ·τ_m, each
-//! intermediate released as soon as it is dead so that few chunk-sized buffers are alive at once.
+//! Per chunk the merge is τ_t = θ_t − θ0, trim (`trim_abs`), the weight w_t (`scale`, skipped for
+//! w_t = 1), elected sign (`elect_sign`), the zero-sign rule (two elementwise operations at most),
+//! `disjoint_merge` (for dis-mean with weights other than 1: the agreeing sum divided by the
+//! agreeing weights, from elementwise operations) and θ0 + λ·τ_m, each intermediate released as
+//! soon as it is dead so that few chunk-sized buffers are alive at once. The sign votes of the
+//! statistics passes weight the trimmed values the same way (the same f32 product).
 
 use mergescope_plugin_api::abi::{
-    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MAX, DISJOINT_MEAN,
-    DISJOINT_SUM, DisjointOp, ELECT_COUNT, ELECT_MASS, ElectRule,
+    BINARY_EQ, BINARY_GT, CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MAX,
+    DISJOINT_MEAN, DISJOINT_SUM, DisjointOp, ELECT_COUNT, ELECT_MASS, ElectRule,
 };
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
@@ -43,15 +46,28 @@ use std::sync::{Mutex, MutexGuard};
 
 const HELP: &str = "TIES-Merging (Yadav et al., 2023). With task vectors τ_t = θ_t − θ0 (a base model is \
 required):\n\
-1. Trim: in each τ_t keep the entries with the largest magnitudes (fraction density), zero the rest;\n\
-2. Elect: per coordinate, s = sign(Σ_t trimmed_t) (mass) or the sign of the count of positive minus \
-negative entries (count);\n\
-3. Disjoint merge: aggregate only the non-zero entries whose sign equals s: dis-mean = their mean \
-(0 if none), dis-sum = their sum, dis-max = their largest magnitude times s;\n\
-4. θ = θ0 + λ·τ_merged.\n\
+1. Trim: in each τ_t keep the entries with the largest magnitudes (fraction density_t), zero the rest, \
+giving τ̃_t;\n\
+2. Weight: u_t = w_t·τ̃_t (task_weights, default 1);\n\
+3. Elect: per coordinate, s = sign(Σ_t u_t) (mass) or the sign of the count of positive minus \
+negative u_t (count);\n\
+4. Disjoint merge: aggregate only the non-zero u_t whose sign equals s: dis-mean = Σ u_t / Σ w_t over \
+them (the weighted mean; with unit weights their plain mean; 0 if none agree), dis-sum = Σ u_t over \
+them, dis-max = their largest |u_t| times s;\n\
+5. θ = θ0 + λ·τ_merged.\n\
 Parameters (defaults follow the paper and its original code; the alternatives reproduce other \
 implementations, see seeds-002-004 §4.2 and §4.7):\n\
-- density (default 0.2, in [0, 1]): fraction kept by the trim (the paper's top-20%).\n\
+- density (per task, default 0.2, in [0, 1]): fraction kept by the trim (the paper's top-20%): one \
+value for every expert, or one per expert in input order (mergekit's per-model density). Each expert's \
+threshold comes from its own density, over the whole model (trim_scope = global) or per tensor.\n\
+- task_weights (per task, default 1.0): w_t, mergekit's per-model weight; it multiplies the trimmed \
+task vector before the election, so a heavy expert can outvote several light ones. A weight of 0 \
+leaves the expert out.\n\
+- normalize (default true): mergekit's normalize. With aggregation = dis-mean, true divides the \
+agreeing Σ w_t·τ̃_t by the agreeing Σ w_t (mergekit's normalize: true; a divisor of 0 counts as 1) and \
+false keeps the agreeing sum (= dis-sum, mergekit's normalize: false). It does not change dis-sum or \
+dis-max, so the defaults (unit weights, normalize true) give every recipe written before these \
+parameters existed its old result, bit for bit.\n\
 - lambda (default 1.0): the paper tunes λ on validation data over 0.8..2.5; 1 is the usual choice \
 without validation data (MIMA, CART's baselines). AdaMerging and FusionBench use 0.3 with dis-sum.\n\
 - aggregation: dis-mean (default, the paper's), dis-sum (AdaMerging, FusionBench), dis-max.\n\
@@ -73,6 +89,9 @@ original code and FusionBench: the zeros are replaced by the majority sign(Σ_j 
 model; with trim_scope = tensor the majority is taken per tensor; if that sum is 0 too the negative \
 entries are kept, and dis-max gives 0 because it multiplies by the sign) | positive (mergekit: a \
 coordinate with Σ ≥ 0 elects +).\n\
+mergekit's `ties` (0.1.5) is trim_scope = tensor, count_rule = mergekit, election = mass, zero_sign = \
+positive, aggregation = dis-mean, with density, weight (as task_weights), normalize and lambda carried \
+over as they are (its `consensus_method: count` is election = count).\n\
 Every tensor of every role takes part (the parameter-set policy is the host's).";
 
 const BINS: usize = 1 << 16;
@@ -198,7 +217,12 @@ struct Stats {
 
 /// The TIES method.
 pub struct Ties {
-    density: f64,
+    /// Per expert: the fraction kept by the trim.
+    density: Vec<f64>,
+    /// Per expert: w_t, multiplied into the trimmed task vector before the election.
+    weights: Vec<f64>,
+    /// With dis-mean: divide by the agreeing weights (false: the agreeing sum, i.e. dis-sum).
+    normalize: bool,
     lambda: f64,
     aggregation: Aggregation,
     scope: Scope,
@@ -330,20 +354,28 @@ fn sgn_int(x: f32) -> i8 {
     }
 }
 
+/// An expert that keeps something, as the sign-vote loops see it: its values, its magnitude
+/// threshold and its weight w_t (as the f32 the host's `scale` multiplies by).
+type Voter<'v> = (&'v [f32], f32, f32);
+
 /// Σ_j s_j over `range` of a tensor (or chunk), where s_j is the raw elected sign of element j:
-/// the sign of the f32 sum, in expert order, of the trimmed τ (mass) or of their signs (count),
-/// exactly like the host's `elect_sign` over the trimmed task vectors. `experts` pairs each
-/// expert that keeps something with its threshold.
-fn sign_votes_in(b: &[f32], experts: &[(&[f32], f32)], count: bool, range: Range<usize>) -> i64 {
+/// the sign of the f32 sum, in expert order, of the weighted trimmed τ (mass) or of their signs
+/// (count), exactly like the host's `elect_sign` over the weighted trimmed task vectors (w·τ̃ is
+/// the one f32 product the host's `scale` makes; w = 1 leaves τ̃ as it is).
+fn sign_votes_in(b: &[f32], experts: &[Voter<'_>], count: bool, range: Range<usize>) -> i64 {
     let base = &b[range.clone()];
-    let values: Vec<(&[f32], f32)> = experts.iter().map(|(v, thr)| (&v[range.clone()], *thr)).collect();
+    let values: Vec<Voter<'_>> = experts
+        .iter()
+        .map(|(v, thr, w)| (&v[range.clone()], *thr, *w))
+        .collect();
     let mut sum = 0i64;
     for (j, y) in base.iter().enumerate() {
         let mut total = 0f32;
-        for (v, thr) in &values {
+        for (v, thr, w) in &values {
             let tau = v[j] - y;
             let trimmed = if tau.abs() >= *thr { tau } else { 0.0 };
-            total += if count { sgn(trimmed) } else { trimmed };
+            let weighted = if *w == 1.0 { trimmed } else { trimmed * w };
+            total += if count { sgn(weighted) } else { weighted };
         }
         sum += i64::from(sgn_int(total));
     }
@@ -351,7 +383,7 @@ fn sign_votes_in(b: &[f32], experts: &[(&[f32], f32)], count: bool, range: Range
 }
 
 /// `sign_votes_in` over the whole of `b`, split over the host's threads when it is large.
-fn sign_votes(host: &Host<'_>, b: &[f32], experts: &[(&[f32], f32)], count: bool) -> Result<i64> {
+fn sign_votes(host: &Host<'_>, b: &[f32], experts: &[Voter<'_>], count: bool) -> Result<i64> {
     if experts.is_empty() {
         return Ok(0);
     }
@@ -371,6 +403,43 @@ fn find_bin(hist: &[u64], k: u64) -> Option<(usize, u64)> {
         above += here;
     }
     None
+}
+
+/// Σ_t w_t·τ̃_t over the entries that agree with `sign`, divided by Σ_t w_t over the same
+/// entries (mergekit's `normalize` with sign consensus: a divisor of 0 becomes 1, so a coordinate
+/// where nothing agrees gets 0). `weighted` holds w_t·τ̃_t. Every intermediate is released.
+fn weighted_disjoint_mean(host: &Host<'_>, weighted: &[Tensor], weights: &[f64], sign: Tensor) -> Result<Tensor> {
+    let sum = host.disjoint_merge(weighted, sign, DISJOINT_SUM)?;
+    // Agreement of each expert: sign(w·τ̃)·s is 1 where it agrees (non-zero, same sign), else 0 or −1.
+    let mut agree = Vec::with_capacity(weighted.len());
+    for t in weighted {
+        let s = host.sign(*t)?;
+        let product = host.mul(s, sign)?;
+        host.release(s)?;
+        agree.push(host.compare_scalar(BINARY_GT, product, 0.0)?);
+        host.release(product)?;
+    }
+    let divisor = host.weighted_sum(&agree, Some(weights))?;
+    for a in agree {
+        host.release(a)?;
+    }
+    let zero = host.compare_scalar(BINARY_EQ, divisor, 0.0)?;
+    let safe = host.add(divisor, zero)?;
+    host.release(divisor)?;
+    host.release(zero)?;
+    let mean = host.div(sum, safe)?;
+    host.release(sum)?;
+    host.release(safe)?;
+    Ok(mean)
+}
+
+/// The error for a per-task list shorter than the experts (the host checks the length, so this
+/// is a host/plugin mismatch).
+fn per_task_error(name: &str, len: usize, expert: usize) -> Error {
+    Error::Message(format!(
+        "ties: parameter '{name}' has {len} values but expert {expert} was asked for; give one value for all \
+         experts or one per expert"
+    ))
 }
 
 /// The majority sign of a sum of votes, as the factor the merge pass uses.
@@ -434,27 +503,67 @@ impl Ties {
         }
     }
 
-    /// Trimmed task vectors of the experts that keep something (an expert whose threshold is None
-    /// keeps nothing and is left out: zeros neither vote nor agree). Releases the expert inputs
+    /// The density of expert `t` (one per expert: the host broadcasts a single value).
+    fn density_of(&self, t: usize) -> Result<f64> {
+        self.density
+            .get(t)
+            .copied()
+            .ok_or_else(|| per_task_error("density", self.density.len(), t))
+    }
+
+    /// The weight w_t of expert `t`.
+    fn weight_of(&self, t: usize) -> Result<f64> {
+        self.weights
+            .get(t)
+            .copied()
+            .ok_or_else(|| per_task_error("task_weights", self.weights.len(), t))
+    }
+
+    /// Weighted trimmed task vectors w_t·τ̃_t of the experts that keep something, each with its
+    /// w_t (an expert whose threshold is None keeps nothing, and one with w_t = 0 contributes
+    /// nothing: both are left out, since zeros neither vote nor agree). w_t = 1 leaves τ̃_t as it
+    /// is, so that the unweighted merge is computed exactly as before. Releases the expert inputs
     /// and every intermediate; the base stays.
-    fn trimmed(host: &Host<'_>, base: Tensor, experts: &[Tensor], thresholds: &[Option<f64>]) -> Result<Vec<Tensor>> {
+    fn weighted_trimmed(
+        &self,
+        host: &Host<'_>,
+        base: Tensor,
+        experts: &[Tensor],
+        thresholds: &[Option<f64>],
+    ) -> Result<Vec<(Tensor, f64)>> {
         let mut out = Vec::with_capacity(experts.len());
-        for (e, thr) in experts.iter().zip(thresholds) {
-            let Some(thr) = *thr else {
+        for (t, (e, thr)) in experts.iter().zip(thresholds).enumerate() {
+            let w = self.weight_of(t)?;
+            let (Some(thr), false) = (*thr, w == 0.0) else {
                 host.release(*e)?;
                 continue;
             };
             let tau = host.sub(*e, base)?;
             host.release(*e)?;
-            if thr > 0.0 {
-                out.push(host.trim_abs(tau, thr)?);
+            let trimmed = if thr > 0.0 {
+                let trimmed = host.trim_abs(tau, thr)?;
                 host.release(tau)?;
+                trimmed
             } else {
                 // |τ| ≥ 0 keeps every entry.
-                out.push(tau);
+                tau
+            };
+            if w == 1.0 {
+                out.push((trimmed, w));
+            } else {
+                out.push((host.scale(trimmed, w)?, w));
+                host.release(trimmed)?;
             }
         }
         Ok(out)
+    }
+
+    /// The aggregation the merge pass runs: dis-mean without normalize is the agreeing sum.
+    fn effective_aggregation(&self) -> Aggregation {
+        match self.aggregation {
+            Aggregation::Mean if !self.normalize => Aggregation::Sum,
+            other => other,
+        }
     }
 
     /// The sign the disjoint merge selects by, from the raw elected sign and the zero-sign rule
@@ -551,12 +660,12 @@ impl Ties {
         b: &[f32],
         experts: &[Tensor],
     ) -> Result<TensorStats> {
-        let k = kept_count(b.len() as u64, self.density, self.count_rule);
         let reference = self.zero_sign == ZeroSign::Reference;
         let mut thresholds = Vec::with_capacity(experts.len());
         let mut kept = Vec::new();
         for (t, e) in experts.iter().enumerate() {
             host.check_cancelled()?;
+            let k = kept_count(b.len() as u64, self.density_of(t)?, self.count_rule);
             if k == 0 {
                 host.release(*e)?;
                 thresholds.push(None);
@@ -566,11 +675,11 @@ impl Ties {
             let thr = Self::kth_largest(host, tensor, t, &values, b, k)?;
             thresholds.push(Some(thr));
             if reference {
-                kept.push((values, thr as f32));
+                kept.push((values, thr as f32, self.weight_of(t)? as f32));
             }
         }
         let majority = if reference {
-            let votes: Vec<(&[f32], f32)> = kept.iter().map(|(v, thr)| (v.as_slice(), *thr)).collect();
+            let votes: Vec<Voter<'_>> = kept.iter().map(|(v, thr, w)| (v.as_slice(), *thr, *w)).collect();
             majority_of(sign_votes(host, b, &votes, self.election == Election::Count)?)
         } else {
             0.0
@@ -635,14 +744,14 @@ impl Ties {
     ) -> Result<i64> {
         let thresholds = self.global_thresholds(tensor)?;
         let mut kept = Vec::new();
-        for (e, thr) in experts.iter().zip(thresholds) {
+        for (t, (e, thr)) in experts.iter().zip(thresholds).enumerate() {
             host.check_cancelled()?;
             match thr {
-                Some(thr) => kept.push((Self::read_expert(host, *e)?, *thr as f32)),
+                Some(thr) => kept.push((Self::read_expert(host, *e)?, *thr as f32, self.weight_of(t)? as f32)),
                 None => host.release(*e)?,
             }
         }
-        let votes: Vec<(&[f32], f32)> = kept.iter().map(|(v, thr)| (v.as_slice(), *thr)).collect();
+        let votes: Vec<Voter<'_>> = kept.iter().map(|(v, thr, w)| (v.as_slice(), *thr, *w)).collect();
         Ok(sign_votes_in(b, &votes, self.election == Election::Count, 0..b.len()))
     }
 
@@ -673,9 +782,21 @@ impl MergeMethod for Ties {
                 ParamSpec::float(
                     "density",
                     0.2,
-                    "Fraction of each task vector's entries kept by the magnitude trim.",
+                    "Fraction of each task vector's entries kept by the magnitude trim (one for all experts, or one per expert).",
                 )
-                .range(0.0, 1.0),
+                .range(0.0, 1.0)
+                .per_task(),
+                ParamSpec::float(
+                    "task_weights",
+                    1.0,
+                    "Weight w_t multiplying each expert's trimmed task vector before the sign election (mergekit's weight).",
+                )
+                .per_task(),
+                ParamSpec::bool(
+                    "normalize",
+                    true,
+                    "With dis-mean: divide the agreeing Σ w·τ by the agreeing Σ w (true) or keep the sum (false, = dis-sum).",
+                ),
                 ParamSpec::float("lambda", 1.0, "Scaling coefficient λ of the merged task vector."),
                 ParamSpec::choice_of(
                     "aggregation",
@@ -707,8 +828,11 @@ impl MergeMethod for Ties {
     }
 
     fn create(_host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<Self> {
-        // The host validated every value against the schema (density in [0, 1], λ finite).
-        let density = params.float("density")?;
+        // The host validated every value against the schema (density in [0, 1], λ and the
+        // weights finite, one value per expert).
+        let density = params.per_task("density")?;
+        let weights = params.per_task("task_weights")?;
+        let normalize = params.bool("normalize")?;
         let lambda = params.float("lambda")?;
         let aggregation = params.choice_of("aggregation")?;
         let scope = params.choice_of("trim_scope")?;
@@ -717,6 +841,8 @@ impl MergeMethod for Ties {
         let zero_sign = params.choice_of("zero_sign")?;
         Ok(Ties {
             density,
+            weights,
+            normalize,
             lambda,
             aggregation,
             scope,
@@ -789,9 +915,10 @@ impl MergeMethod for Ties {
             (Scope::Global, 0) => {
                 let mut stats = self.lock_stats()?;
                 let mut hists = self.summed_histograms(&mut stats);
-                let k = kept_count(stats.total, self.density, self.count_rule);
                 let mut targets = Vec::with_capacity(self.n_experts);
-                for hist in &hists {
+                for (t, hist) in hists.iter().enumerate() {
+                    // Each expert's own density fixes its own k over the whole model.
+                    let k = kept_count(stats.total, self.density_of(t)?, self.count_rule);
                     if k == 0 {
                         targets.push(None);
                         continue;
@@ -850,14 +977,22 @@ impl MergeMethod for Ties {
         let (tensor, experts) = (&input.meta, input.experts);
         let base = input.require_base("ties")?;
         let (thresholds, majority) = self.lookup(tensor)?;
-        let trimmed = Self::trimmed(host, base, experts, thresholds)?;
-        if trimmed.is_empty() {
-            // Every expert keeps nothing: τ_m = 0 and θ = θ0.
+        let weighted = self.weighted_trimmed(host, base, experts, thresholds)?;
+        if weighted.is_empty() {
+            // Every expert keeps nothing (or has weight 0): τ_m = 0 and θ = θ0.
             return host.affine(base, 1.0, 0.0);
         }
+        let (trimmed, weights): (Vec<Tensor>, Vec<f64>) = weighted.into_iter().unzip();
         let raw = host.elect_sign(&trimmed, self.election.rule())?;
         let sign = self.final_sign(host, raw, majority)?;
-        let merged = host.disjoint_merge(&trimmed, sign, self.aggregation.op())?;
+        let aggregation = self.effective_aggregation();
+        let merged = if aggregation == Aggregation::Mean && weights.iter().any(|w| *w != 1.0) {
+            weighted_disjoint_mean(host, &trimmed, &weights, sign)?
+        } else {
+            // Unit weights: the weighted mean Σ w·τ̃ / Σ w over the agreeing entries is the plain
+            // mean, which the host computes directly (the same bits as before weights existed).
+            host.disjoint_merge(&trimmed, sign, aggregation.op())?
+        };
         host.release(sign)?;
         for t in trimmed {
             host.release(t)?;

@@ -65,11 +65,13 @@ const TYPE_NAMES: &[(&str, &str)] = &[
     ("ElectSignFn", "ms_elect_sign_fn"),
     ("DisjointMergeFn", "ms_disjoint_merge_fn"),
     ("BernoulliMaskFn", "ms_bernoulli_mask_fn"),
+    ("BernoulliMaskPFn", "ms_bernoulli_mask_p_fn"),
     ("SvdFn", "ms_svd_fn"),
     ("LowRankFn", "ms_low_rank_fn"),
     ("ParallelJob", "ms_parallel_job_fn"),
     ("HostSignConsensusV1", "ms_host_sign_consensus_v1"),
     ("HostRandomV1", "ms_host_random_v1"),
+    ("HostRandomV2", "ms_host_random_v2"),
     ("HostLinalgV1", "ms_host_linalg_v1"),
     ("HostParallelV1", "ms_host_parallel_v1"),
 ];
@@ -353,12 +355,14 @@ fn rust_facts() -> BTreeMap<String, Value> {
     fn_type!(f, ElectSignFn = unsafe extern "C" fn(Ctx, *const H, usize, ElectRule, *mut H) -> Status);
     fn_type!(f, DisjointMergeFn = unsafe extern "C" fn(Ctx, *const H, usize, H, DisjointOp, *mut H) -> Status);
     fn_type!(f, BernoulliMaskFn = unsafe extern "C" fn(Ctx, H, f64, u64, u64, *mut H) -> Status);
+    fn_type!(f, BernoulliMaskPFn = unsafe extern "C" fn(Ctx, H, u64, u64, *mut H) -> Status);
     fn_type!(f, SvdFn = unsafe extern "C" fn(Ctx, H, usize, *mut H, *mut H, *mut H) -> Status);
     fn_type!(f, LowRankFn = unsafe extern "C" fn(Ctx, H, usize, *mut H) -> Status);
     fn_type!(f, ParallelJob = unsafe extern "C" fn(Ctx, usize) -> Status);
     for (name, id) in [
         ("MS_HOST_EXT_SIGN_CONSENSUS_V1", HOST_EXT_SIGN_CONSENSUS_V1),
         ("MS_HOST_EXT_RANDOM_V1", HOST_EXT_RANDOM_V1),
+        ("MS_HOST_EXT_RANDOM_V2", HOST_EXT_RANDOM_V2),
         ("MS_HOST_EXT_LINALG_V1", HOST_EXT_LINALG_V1),
         ("MS_HOST_EXT_PARALLEL_V1", HOST_EXT_PARALLEL_V1),
     ] {
@@ -378,6 +382,14 @@ fn rust_facts() -> BTreeMap<String, Value> {
         HostRandomV1 {
             struct_size: usize,
             bernoulli_mask: BernoulliMaskFn,
+        }
+    );
+    layout!(
+        f,
+        HostRandomV2 {
+            struct_size: usize,
+            bernoulli_mask: BernoulliMaskFn,
+            bernoulli_mask_p: BernoulliMaskPFn,
         }
     );
     layout!(
@@ -612,6 +624,7 @@ fn header_helpers_agree() {
             + size_of::<SessionFisherV1>()
             + size_of::<HostSignConsensusV1>()
             + size_of::<HostRandomV1>()
+            + size_of::<HostRandomV2>()
             + size_of::<HostLinalgV1>()
             + size_of::<HostParallelV1>()
     );

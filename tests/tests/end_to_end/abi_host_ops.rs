@@ -102,3 +102,64 @@ fn releasing_inputs_and_intermediates_keeps_the_result_right() {
         "{bias:?}"
     );
 }
+
+/// `bernoulli_mask_p` (extension `mergescope.host.random.v2`, ABI 1.3) through the SDK on a real
+/// host call context: a constant probability tensor gives exactly `bernoulli_mask`'s mask (for a
+/// probability that f32 holds exactly), a varying one the host's draw for each element, and a
+/// probability outside [0, 1] or non-finite fails naming the value.
+#[test]
+fn bernoulli_mask_p_with_a_constant_probability_is_bernoulli_mask() {
+    use mergescope_engine::plugin::call::CallCtx;
+    use mergescope_engine::rng::bernoulli_keep;
+    use mergescope_plugin_api::Host;
+    use std::sync::atomic::AtomicBool;
+
+    let device = candle_core::Device::Cpu;
+    let cancel = AtomicBool::new(false);
+    let log = |_: u32, _: &str| {};
+    let mut ctx = CallCtx::new(&device, &cancel, &log);
+    let table = ctx.table();
+    // From here on `ctx` is reached only through the table's pointer, as a plugin reaches it.
+    // SAFETY: the table of a live context, used on this thread while `ctx` stays put.
+    let host = unsafe { Host::from_raw(&table) }.expect("host");
+    let n = 5_000usize;
+    let like = host.from_f32(&vec![0.0; n], &[50, 100]).unwrap();
+    for (p, seed, offset) in [
+        (0.25f64, 7u64, 0u64),
+        (f64::from(0.3f32), 8, 123),
+        (0.0, 9, 0),
+        (1.0, 1, 5),
+    ] {
+        let mask = host
+            .read_f32(host.bernoulli_mask(like, p, seed, offset).unwrap())
+            .unwrap();
+        let probs = host.full_like(like, p).unwrap();
+        let mask_p_t = host.bernoulli_mask_p(probs, seed, offset).unwrap();
+        assert_eq!(host.shape(mask_p_t).unwrap(), vec![50, 100]);
+        let mask_p = host.read_f32(mask_p_t).unwrap();
+        assert_eq!(mask, mask_p, "p = {p}, seed {seed}, offset {offset}");
+    }
+    // A probability per element: element j is kept iff the draw for (seed, offset + j) is below p_j.
+    let p: Vec<f32> = (0..n).map(|j| (j % 101) as f32 / 100.0).collect();
+    let probs = host.from_f32(&p, &[n]).unwrap();
+    let mask = host.read_f32(host.bernoulli_mask_p(probs, 99, 1_000).unwrap()).unwrap();
+    for (j, m) in mask.iter().enumerate() {
+        assert_eq!(
+            *m == 1.0,
+            bernoulli_keep(99, 1_000 + j as u64, f64::from(p[j])),
+            "element {j}"
+        );
+    }
+    for bad in [1.5f32, -0.25, f32::NAN, f32::INFINITY] {
+        let mut values = vec![0.5f32; 10];
+        values[3] = bad;
+        let probs = host.from_f32(&values, &[10]).unwrap();
+        assert!(host.bernoulli_mask_p(probs, 1, 0).is_err(), "{bad} must be refused");
+        // SAFETY: the context the table points at; no host call is running.
+        let err = unsafe { &mut *table.ctx.cast::<CallCtx<'_>>() }
+            .error
+            .take()
+            .expect("the host keeps the message");
+        assert_contains(&err, &["bernoulli_mask_p", &bad.to_string(), "element 3", "[0, 1]"]);
+    }
+}

@@ -60,6 +60,8 @@ fn request(base: &Path, experts: &[PathBuf], out: PathBuf, params: serde_json::V
         shard_bytes: None,
         on_missing: MissingPolicy::Error,
         overwrite: false,
+        folder: None,
+        slices: Vec::new(),
     }
 }
 

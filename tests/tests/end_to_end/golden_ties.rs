@@ -383,8 +383,38 @@ fn sign(x: f64) -> f64 {
     }
 }
 
+/// Per-expert densities and weights, and normalize (the mergekit parameters).
+struct Weighting {
+    densities: Vec<f64>,
+    weights: Vec<f64>,
+    normalize: bool,
+}
+
+impl Weighting {
+    /// The plugin's parameters: `o`'s plus the per-expert lists and normalize.
+    fn json(&self, o: &Options<'_>) -> Value {
+        let mut v = o.json();
+        v["density"] = json!(self.densities);
+        v["task_weights"] = json!(self.weights);
+        v["normalize"] = json!(self.normalize);
+        v
+    }
+}
+
 /// TIES restated directly from seeds-002-004 §4.2 with the plugin's documented choices.
 fn reference_ties(base: &MemModel, experts: &[MemModel], o: &Options<'_>) -> MemModel {
+    let w = Weighting {
+        densities: vec![o.density; experts.len()],
+        weights: vec![1.0; experts.len()],
+        normalize: true,
+    };
+    reference_weighted_ties(base, experts, o, &w)
+}
+
+/// The restatement with per-expert densities, weights w_t multiplied into the trimmed values
+/// before the election (one f32 product, as the host's `scale`), and dis-mean as Σ w·τ̃ / Σ w
+/// over the agreeing entries (divisor 0 → 1), or their sum without normalize (mergekit's rules).
+fn reference_weighted_ties(base: &MemModel, experts: &[MemModel], o: &Options<'_>, w: &Weighting) -> MemModel {
     let names: Vec<&String> = base.keys().collect();
     // τ in f32, as the host computes it.
     let taus: Vec<Vec<Vec<f32>>> = experts
@@ -399,22 +429,24 @@ fn reference_ties(base: &MemModel, experts: &[MemModel], o: &Options<'_>) -> Mem
     // thresholds[t][tensor]
     let thresholds: Vec<Vec<Option<f32>>> = taus
         .iter()
-        .map(|per_tensor| {
+        .zip(&w.densities)
+        .map(|(per_tensor, density)| {
             if o.scope == "global" {
                 let all: Vec<f32> = per_tensor.iter().flatten().copied().collect();
-                vec![threshold(&all, kept(all.len(), o.density, o.count_rule)); per_tensor.len()]
+                vec![threshold(&all, kept(all.len(), *density, o.count_rule)); per_tensor.len()]
             } else {
                 per_tensor
                     .iter()
-                    .map(|v| threshold(v, kept(v.len(), o.density, o.count_rule)))
+                    .map(|v| threshold(v, kept(v.len(), *density, o.count_rule)))
                     .collect()
             }
         })
         .collect();
+    // w_t·τ̃_t.
     let trimmed = |t: usize, i: usize, j: usize| -> f32 {
         let v = taus[t][i][j];
         match thresholds[t][i] {
-            Some(thr) if v.abs() >= thr => v,
+            Some(thr) if v.abs() >= thr => v * w.weights[t] as f32,
             _ => 0.0,
         }
     };
@@ -457,14 +489,19 @@ fn reference_ties(base: &MemModel, experts: &[MemModel], o: &Options<'_>) -> Mem
                         (s, if s == 0.0 { -1.0 } else { s })
                     }
                 };
-                let selected: Vec<f64> = (0..experts.len())
-                    .map(|t| f64::from(trimmed(t, i, j)))
-                    .filter(|v| *v != 0.0 && sign(*v) == select)
+                let selected: Vec<(f64, f64)> = (0..experts.len())
+                    .map(|t| (f64::from(trimmed(t, i, j)), w.weights[t]))
+                    .filter(|(v, _)| *v != 0.0 && sign(*v) == select)
                     .collect();
+                let sum: f64 = selected.iter().map(|(v, _)| v).sum();
                 let merged = match o.aggregation {
-                    "dis-sum" => selected.iter().sum(),
-                    "dis-max" => selected.iter().map(|v| v.abs()).fold(0.0, f64::max) * multiply,
-                    _ => selected.iter().sum::<f64>() / (selected.len().max(1) as f64),
+                    "dis-sum" => sum,
+                    "dis-max" => selected.iter().map(|(v, _)| v.abs()).fold(0.0, f64::max) * multiply,
+                    _ if !w.normalize => sum,
+                    _ => {
+                        let divisor: f64 = selected.iter().map(|(_, wt)| wt).sum();
+                        sum / if divisor == 0.0 { 1.0 } else { divisor }
+                    }
                 };
                 (f64::from(b.data[j]) + o.lambda * merged) as f32
             })
@@ -777,4 +814,265 @@ fn bad_choices_and_missing_base_are_errors() {
     assert!(err.to_string().contains("density"), "{err}");
     let err = merge_in_memory(&plugin(), &json!({}), 0, None, &experts).expect_err("no base must fail");
     assert!(err.to_string().to_lowercase().contains("base"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-expert densities, task weights and normalize (mergekit's `ties` parameters).
+
+/// Weighted TIES by hand (no trim: density 1; θ0 = 0; dyadic values, so every number is exact).
+/// τ1 = [1, 2, −1, 0.5], τ2 = [3, −1, −2, 0], τ3 = [−1, 1, 4, 1], w = [0.5, 0.25, 2]:
+/// u = w·τ: u1 = [0.5, 1, −0.5, 0.25], u2 = [0.75, −0.25, −0.5, 0], u3 = [−2, 2, 8, 2];
+/// Σu = [−0.75, 2.75, 7, 2.25] → s = [−, +, +, +].
+/// Index 0 is the weighted election flipping a sign: unweighted Σ τ = 3 elects + (mean(1, 3) = 2),
+/// weighted Σ u = −0.75 elects −, and only u3 = −2 (w 2) agrees.
+/// normalize (Σ u / Σ w over the agreeing): [−2/2, (1 + 2)/(0.5 + 2), 8/2, (0.25 + 2)/(0.5 + 2)]
+///   = [−1, 1.2, 4, 0.9];
+/// without normalize, and dis-sum either way: [−2, 3, 8, 2.25];
+/// dis-max (largest agreeing |u| times s): [−2, 2, 8, 2];
+/// unit weights (dis-mean): Σ τ = [3, 2, 1, 1.5], all +: [2, 1.5, 4, 0.75].
+#[test]
+fn weighted_ties_with_normalize_by_hand() {
+    let (base, experts) = zero_base(
+        "layer.bias",
+        &[&[1.0, 2.0, -1.0, 0.5], &[3.0, -1.0, -2.0, 0.0], &[-1.0, 1.0, 4.0, 1.0]],
+    );
+    for scope in ["global", "tensor"] {
+        for zero_sign in ["none", "positive"] {
+            let merged = |extra: Value| {
+                let mut params = json!({"density": 1.0, "task_weights": [0.5, 0.25, 2.0], "trim_scope": scope,
+                                        "zero_sign": zero_sign});
+                for (k, v) in extra.as_object().unwrap() {
+                    params[k] = v.clone();
+                }
+                (merge(&params, &base, &experts), params.to_string())
+            };
+            let (out, ctx) = merged(json!({}));
+            assert_close(
+                &out,
+                "layer.bias",
+                &[-1.0, 1.2, 4.0, 0.9],
+                &format!("{ctx} (normalize by default)"),
+            );
+            let (out, ctx) = merged(json!({"normalize": true, "aggregation": "dis-mean"}));
+            assert_close(&out, "layer.bias", &[-1.0, 1.2, 4.0, 0.9], &ctx);
+            for extra in [
+                json!({"normalize": false}),
+                json!({"aggregation": "dis-sum"}),
+                json!({"aggregation": "dis-sum", "normalize": false}),
+            ] {
+                let (out, ctx) = merged(extra);
+                assert_close(&out, "layer.bias", &[-2.0, 3.0, 8.0, 2.25], &ctx);
+            }
+            let (out, ctx) = merged(json!({"aggregation": "dis-max"}));
+            assert_close(&out, "layer.bias", &[-2.0, 2.0, 8.0, 2.0], &ctx);
+            let (out, ctx) = merged(json!({"task_weights": 1.0}));
+            assert_close(&out, "layer.bias", &[2.0, 1.5, 4.0, 0.75], &ctx);
+        }
+    }
+}
+
+/// A heavy expert outvotes two light ones: τ = (3, −1, −1) on one coordinate, no trim. Unweighted
+/// mass: Σ = 1 → + → 3. With w = (0.25, 1, 1): Σ u = 0.75 − 2 = −1.25 → − → the agreeing u are
+/// −1, −1 (w 1, 1): normalize gives −2/2 = −1, the sum −2. With w = (1, 0.25, 0.25): Σ u = 2.5 → +
+/// → 3/1 = 3. With w = (0, 1, 1) the first expert is left out: −1.
+#[test]
+fn weighted_mass_election_flips_a_sign() {
+    let (base, experts) = zero_base("layer.bias", &[&[3.0], &[-1.0], &[-1.0]]);
+    for (weights, normalize, expected) in [
+        (json!(1.0), true, 3.0),
+        (json!([0.25, 1.0, 1.0]), true, -1.0),
+        (json!([0.25, 1.0, 1.0]), false, -2.0),
+        (json!([1.0, 0.25, 0.25]), true, 3.0),
+        (json!([0.0, 1.0, 1.0]), true, -1.0),
+    ] {
+        let params = json!({"density": 1.0, "task_weights": weights, "normalize": normalize});
+        assert_close(
+            &merge(&params, &base, &experts),
+            "layer.bias",
+            &[expected],
+            &params.to_string(),
+        );
+    }
+}
+
+/// Per-expert density on §4.6's task vectors, density = [0.2, 0.5, 0.1], exact rule (n = 10, so
+/// k = 2, 5, 1): τ1 keeps 0.9, −0.7 (indices 4, 5); τ2 keeps −0.8, 0.7, −0.6, 0.45, 0.35 (4, 5, 0,
+/// 8, 7); τ3 keeps 0.55 (9). Σ = [−0.6, 0, 0, 0, 0.1, 0 (−0.7 + 0.7 cancels exactly), 0, 0.35,
+/// 0.45, 0.55]: dis-mean with zero_sign none → [−0.6, 0, 0, 0, 0.9, 0, 0, 0.35, 0.45, 0.55].
+/// One tensor, so the global and the per-tensor scope agree.
+#[test]
+fn per_expert_density_by_hand() {
+    let (base, experts) = golden_inputs();
+    for scope in ["global", "tensor"] {
+        let params = json!({"density": [0.2, 0.5, 0.1], "trim_scope": scope});
+        assert_close(
+            &merge(&params, &base, &experts),
+            "layer.bias",
+            &[-0.6, 0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.35, 0.45, 0.55],
+            &params.to_string(),
+        );
+    }
+}
+
+/// Per-expert density → per-expert kept counts. Expert t's task vector is non-zero only on its own
+/// block of 40 of the 120 entries (distinct magnitudes, so no ties at a threshold), and the blocks
+/// do not overlap, so the merged entry is the one kept τ itself and the non-zeros of block t count
+/// what expert t kept. density = [0.06, 0.13, 0.27] of n = 120: d·n = 7.2, 15.6, 32.4, so
+/// exact (round) keeps 7, 16, 32; mergekit (max(1, floor)) 7, 15, 32; reference (floor + 1) 8, 16, 33.
+/// Global and per-tensor scope see the same n (one tensor); a second tensor of zeros doubles the
+/// global n: then exact keeps round(14.4, 31.2, 64.8) = 14, 31, 65 capped by the 40 non-zeros.
+#[test]
+fn per_expert_density_gives_per_expert_kept_counts() {
+    let n = 120;
+    let taus: Vec<Vec<f32>> = (0..3)
+        .map(|t| {
+            (0..n)
+                .map(|j| {
+                    if j / 40 == t {
+                        let m = 1.0 + (j % 40) as f32 * 0.125;
+                        if j % 3 == 0 { -m } else { m }
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let (base, experts) = zero_base("a.weight", &[&taus[0], &taus[1], &taus[2]]);
+    let counts = |out: &MemModel, name: &str| -> Vec<usize> {
+        out[name]
+            .data
+            .chunks(40)
+            .map(|b| b.iter().filter(|v| **v != 0.0).count())
+            .collect()
+    };
+    for scope in ["global", "tensor"] {
+        for (rule, expected) in [
+            ("exact", [7, 16, 32]),
+            ("mergekit", [7, 15, 32]),
+            ("reference", [8, 16, 33]),
+        ] {
+            let params = json!({"density": [0.06, 0.13, 0.27], "count_rule": rule, "trim_scope": scope,
+                                "task_weights": [0.5, 2.0, 1.0]});
+            let out = merge(&params, &base, &experts);
+            assert_eq!(counts(&out, "a.weight"), expected, "{params}");
+            // Each kept entry is w_t·τ / w_t = τ itself (normalize), the rest is 0.
+            let expected_values: Vec<f64> = (0..n)
+                .map(|j| {
+                    let t = j / 40;
+                    let rank = taus[t].iter().filter(|v| v.abs() > taus[t][j].abs()).count();
+                    if rank < expected[t] { f64::from(taus[t][j]) } else { 0.0 }
+                })
+                .collect();
+            assert_close(&out, "a.weight", &expected_values, &params.to_string());
+        }
+    }
+    // Global scope over two tensors: each expert's k comes from its own density over all 240.
+    let mut base2 = base.clone();
+    base2.insert("b.bias".into(), MemTensor::new(vec![n], vec![0.0; n]));
+    let experts2: Vec<MemModel> = experts
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            e.insert("b.bias".into(), MemTensor::new(vec![n], vec![0.0; n]));
+            e
+        })
+        .collect();
+    let params = json!({"density": [0.06, 0.13, 0.27], "trim_scope": "global"});
+    let out = merge(&params, &base2, &experts2);
+    assert_eq!(counts(&out, "a.weight"), [14, 31, 40], "{params}");
+}
+
+/// Per-expert densities, weights (one negative, so that a divisor can vanish) and normalize on
+/// the random model with magnitude ties, against the restatement, for every choice, whole and
+/// in chunks of 3 (global statistics in parallel chunks included).
+#[test]
+fn weighted_options_match_a_direct_restatement() {
+    let (base, experts) = random_inputs(31, 3);
+    let chunked = ExecOptions {
+        chunk_elems: 3,
+        threads: 2,
+        ..Default::default()
+    };
+    for (densities, weights) in [
+        (vec![0.3, 0.5, 0.2], vec![0.5, 0.3, 0.8]),
+        (vec![0.6, 0.1, 0.45], vec![0.7, -0.4, 1.3]),
+    ] {
+        for normalize in [true, false] {
+            let w = Weighting {
+                densities: densities.clone(),
+                weights: weights.clone(),
+                normalize,
+            };
+            for scope in ["global", "tensor"] {
+                for election in ["mass", "count"] {
+                    for zero_sign in ["none", "reference", "positive"] {
+                        for aggregation in ["dis-mean", "dis-sum", "dis-max"] {
+                            let o = Options {
+                                density: 0.0,
+                                lambda: 0.8,
+                                aggregation,
+                                scope,
+                                count_rule: "exact",
+                                election,
+                                zero_sign,
+                            };
+                            let expected = reference_weighted_ties(&base, &experts, &o, &w);
+                            for opts in [&ExecOptions::default(), &chunked] {
+                                let got = merge_in_memory_with(&plugin(), &w.json(&o), 0, Some(&base), &experts, opts)
+                                    .unwrap_or_else(|e| panic!("merge with {}: {e}", w.json(&o)));
+                                for (name, t) in &expected {
+                                    let e: Vec<f64> = t.data.iter().map(|v| f64::from(*v)).collect();
+                                    assert_close(
+                                        &got,
+                                        name,
+                                        &e,
+                                        &format!("{}, chunks {}", w.json(&o), opts.chunk_elems),
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The defaults of the new parameters change nothing: unit weights, normalize true and a density
+/// list of equal values give bit for bit the model of the scalar-density recipe.
+#[test]
+fn default_weights_and_normalize_are_bit_identical() {
+    let (base, experts) = random_inputs(41, 3);
+    for aggregation in ["dis-mean", "dis-sum", "dis-max"] {
+        for zero_sign in ["none", "reference"] {
+            let old = json!({"density": 0.3, "aggregation": aggregation, "zero_sign": zero_sign});
+            let mut new = old.clone();
+            new["density"] = json!([0.3, 0.3, 0.3]);
+            new["task_weights"] = json!([1.0, 1.0, 1.0]);
+            new["normalize"] = json!(true);
+            let a = merge(&old, &base, &experts);
+            let b = merge(&new, &base, &experts);
+            for (name, t) in &a {
+                let bits = |d: &[f32]| d.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(bits(&t.data), bits(&b[name].data), "{new}: {name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn per_task_lists_of_the_wrong_length_are_errors() {
+    let (base, experts) = golden_inputs();
+    for params in [
+        json!({"density": [0.2, 0.3]}),
+        json!({"task_weights": [1.0, 2.0, 3.0, 4.0]}),
+    ] {
+        let err = merge_in_memory(&plugin(), &params, 0, Some(&base), &experts).expect_err("wrong length");
+        let key = params.as_object().unwrap().keys().next().unwrap().clone();
+        assert!(
+            err.to_string().contains(&key) && err.to_string().contains("per task"),
+            "{err}"
+        );
+    }
 }

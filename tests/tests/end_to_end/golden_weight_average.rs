@@ -52,6 +52,32 @@ fn uniform_average_is_gc1_theta_avg() {
 
 /// Weights [1, 2, 1] (normalised by 4): W = (θ1 + 2θ2 + θ3)/4 = [[1, -3/4], [1/4, 3/4]],
 /// b = ((1,0) + 2(0,3) + (2,0))/4 = (3/4, 3/2).
+/// normalize = false (mergekit's linear without normalisation): W = θ1 + 2θ2 + θ3 =
+/// [[1, -3], [1, 3]], b = (1,0) + (0,6) + (2,0) = (3, 6); weights summing to 0 are then allowed:
+/// θ1 − θ2 = [[5, 5], [0, 0]], b = (1, −3).
+#[test]
+fn unnormalised_weighted_sum() {
+    let params = json!({"weights": [1.0, 2.0, 1.0], "normalize": false});
+    let out = merge_in_memory(&plugin(), &params, 0, None, &experts()).expect("merge");
+    assert_close(&out, "layer.weight", &[1.0, -3.0, 1.0, 3.0]);
+    assert_close(&out, "layer.bias", &[3.0, 6.0]);
+    let two = &experts()[..2];
+    let out = merge_in_memory(
+        &plugin(),
+        &json!({"weights": [1.0, -1.0], "normalize": false}),
+        0,
+        None,
+        two,
+    )
+    .unwrap();
+    assert_close(&out, "layer.weight", &[5.0, 5.0, 0.0, 0.0]);
+    assert_close(&out, "layer.bias", &[1.0, -3.0]);
+    let e = merge_in_memory(&plugin(), &json!({"weights": [1.0, -1.0]}), 0, None, two)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sum to 0") && e.contains("normalize=false"), "{e}");
+}
+
 #[test]
 fn weights_1_2_1() {
     let out = merge_in_memory(&plugin(), &json!({"weights": [1.0, 2.0, 1.0]}), 0, None, &experts()).expect("merge");

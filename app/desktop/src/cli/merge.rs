@@ -6,7 +6,9 @@ use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::compat::MissingPolicy;
 use mergescope_engine::device::{DeviceChoice, device_name, open_device};
 use mergescope_engine::dtype::OutDType;
+use mergescope_engine::hf_folder::FolderOutput;
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress};
+use mergescope_engine::mergekit;
 use mergescope_engine::recipe::{Recipe, parse_size};
 use mergescope_lab::data::SplitKind;
 use mergescope_lab::data::{TaskData, benchmark_tasks};
@@ -21,9 +23,21 @@ use std::process::ExitCode;
 
 #[derive(Args, Debug)]
 pub struct MergeArgs {
-    /// A TOML recipe to run instead of the flags below (flags given too override it).
+    /// A TOML recipe to run instead of the flags below (flags given too override it); a .yml
+    /// file is read as a mergekit configuration (as --config).
     #[arg(value_name = "RECIPE.toml")]
     pub recipe: Option<PathBuf>,
+    /// A mergekit YAML configuration (merge_method, base_model, models or slices, parameters,
+    /// dtype, tokenizer_source) to run; the output is a Hugging Face model folder at --out.
+    #[arg(long, value_name = "MERGE.yml", conflicts_with = "recipe")]
+    pub config: Option<PathBuf>,
+    /// Write a Hugging Face model folder at --out: the weights with the config.json,
+    /// generation_config.json and tokenizer of the base (or --config-from) and a model card.
+    #[arg(long)]
+    pub hf_folder: bool,
+    /// The model folder whose config and tokenizer a folder output takes (implies --hf-folder).
+    #[arg(long, value_name = "FOLDER")]
+    pub config_from: Option<PathBuf>,
     /// Method id (see `mergescope plugins list`).
     #[arg(long)]
     pub method: Option<String>,
@@ -105,26 +119,57 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn build(args: &MergeArgs) -> anyhow::Result<(String, MergeRequest, DeviceChoice)> {
-    let mut recipe = match &args.recipe {
-        Some(p) => Some(Recipe::load(p)?),
-        None => None,
+/// The mergekit configuration given (by --config or as a .yml recipe), converted; its notes
+/// are printed.
+fn mergekit_config(args: &MergeArgs) -> anyhow::Result<Option<mergekit::Converted>> {
+    let path = match (&args.config, &args.recipe) {
+        (Some(p), _) => p,
+        (None, Some(p)) if mergekit::is_mergekit_config(p) => p,
+        _ => return Ok(None),
     };
+    let out = args.out.as_deref().with_context(|| {
+        format!(
+            "a mergekit config writes a Hugging Face model folder: pass --out FOLDER (as mergekit-yaml {} FOLDER)",
+            path.display()
+        )
+    })?;
+    let converted = mergekit::load(path, out)?;
+    for n in &converted.notes {
+        eprintln!("note: {n}");
+    }
+    Ok(Some(converted))
+}
+
+fn build(args: &MergeArgs) -> anyhow::Result<(String, MergeRequest, DeviceChoice)> {
+    let converted = mergekit_config(args)?;
+    let mut recipe = match (&converted, &args.recipe) {
+        (Some(c), _) => Some(c.recipe.clone()),
+        (None, Some(p)) => Some(Recipe::load(p)?),
+        (None, None) => None,
+    };
+    let recipe_device = recipe.as_ref().map(|r| r.device);
     let method = args
         .method
         .clone()
         .or_else(|| recipe.as_ref().map(|r| r.method.clone()))
         .context("no method: pass --method ID (see `mergescope plugins list`) or a recipe")?;
-    let mut req = match recipe.take() {
-        Some(r) => r.to_request(args.overwrite)?,
-        None => MergeRequest::new(Vec::new(), args.out.clone().context("no output: pass --out PATH")?)
+    let mut req = match (recipe.take(), &converted) {
+        (Some(_), Some(c)) => c.to_request(args.overwrite)?,
+        (Some(r), None) => r.to_request(args.overwrite)?,
+        (None, _) => MergeRequest::new(Vec::new(), args.out.clone().context("no output: pass --out PATH")?)
             .overwriting(args.overwrite),
     };
-    let device = match (&args.device, &args.recipe) {
+    let device = match (&args.device, recipe_device) {
         (Some(d), _) => DeviceChoice::parse(d).with_context(|| format!("--device '{d}': use cpu, cuda or metal"))?,
-        (None, Some(p)) => Recipe::load(p)?.device,
+        (None, Some(d)) => d,
         (None, None) => DeviceChoice::Cpu,
     };
+    if args.hf_folder || args.config_from.is_some() {
+        let folder = req.folder.get_or_insert_with(FolderOutput::default);
+        if let Some(c) = &args.config_from {
+            folder.config_from = Some(c.clone());
+        }
+    }
     if let Some(b) = &args.base {
         req.base = Some(b.clone());
     }

@@ -5,11 +5,13 @@ mod bench;
 mod compare;
 pub mod demo;
 mod eval;
+mod extract_lora;
 mod gui;
 mod inputs;
 mod inspect;
 mod merge;
 mod plugins;
+mod recipe;
 mod search;
 mod sweep;
 
@@ -43,6 +45,13 @@ pub enum Command {
         #[command(subcommand)]
         command: plugins::PluginsCommand,
     },
+    /// Convert recipes: a mergekit YAML configuration into a mergescope recipe.
+    Recipe {
+        #[command(subcommand)]
+        command: recipe::RecipeCommand,
+    },
+    /// Extract a PEFT LoRA adapter of a fine-tuned model over its base (truncated SVD).
+    ExtractLora(extract_lora::ExtractLoraArgs),
     /// Show the tensors, dtypes, shapes and metadata of a checkpoint.
     Inspect(inspect::InspectArgs),
     /// Benchmark merge methods on synthetic LLM-shaped checkpoints.
@@ -118,6 +127,8 @@ pub fn run() -> anyhow::Result<ExitCode> {
     match cli.command {
         Some(Command::Merge(args)) => merge::run(&cli.plugin_dirs, args),
         Some(Command::Plugins { command }) => plugins::run(&cli.plugin_dirs, command),
+        Some(Command::Recipe { command }) => recipe::run(command),
+        Some(Command::ExtractLora(args)) => extract_lora::run(&args),
         Some(Command::Inspect(args)) => inspect::run(&args),
         Some(Command::Bench(args)) => bench::run(&cli.plugin_dirs, args),
         Some(Command::Demo { command }) => demo::run(command),

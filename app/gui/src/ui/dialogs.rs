@@ -16,10 +16,13 @@ pub fn is_library(path: &Path) -> bool {
         .is_some_and(|e| ["so", "dylib", "dll"].contains(&e.to_ascii_lowercase().as_str()))
 }
 
-/// Adds a checkpoint or sharded folder as an expert; a shared library is offered as a plugin.
+/// Adds a checkpoint or sharded folder as an expert; a shared library is offered as a plugin
+/// and a mergekit configuration (.yml) is opened as a recipe.
 pub fn add_path(doc: &mut Document, view: &mut ViewState, path: &Path) {
     if is_library(path) {
         request_plugin(doc, view, path);
+    } else if mergescope_engine::mergekit::is_mergekit_config(path) {
+        doc.open_recipe(path);
     } else if !doc.inputs.add_expert(path, None) {
         view.toast(format!("'{}' is already an input", path.display()));
     } else {
@@ -72,6 +75,17 @@ pub fn pick_suite(doc: &mut Document) {
         .pick_file()
     {
         doc.use_suite(&file);
+    }
+}
+
+/// Asks for a recipe (mergescope TOML or mergekit YAML) and opens it.
+pub fn pick_recipe(doc: &mut Document) {
+    if let Some(file) = rfd::FileDialog::new()
+        .set_title("Recipe (mergescope .toml or mergekit .yml)")
+        .add_filter("recipe", &["toml", "yml", "yaml"])
+        .pick_file()
+    {
+        doc.open_recipe(&file);
     }
 }
 

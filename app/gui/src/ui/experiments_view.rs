@@ -348,22 +348,38 @@ fn methods_ui(ui: &mut Ui, doc: &mut Document) {
         .map(|p| (p.id().to_owned(), p.info.name.clone()))
         .collect();
     let e = &mut doc.experiments;
-    for (id, name) in &plugins {
-        let current = e.spec.methods.iter().find(|m| &m.plugin == id).cloned();
-        let mut on = current.is_some();
+    // The chosen methods first, with how the sweep names and sets them; the others in two
+    // columns below, so that twenty-odd methods fit the form.
+    let (chosen, others): (Vec<_>, Vec<_>) = plugins
+        .iter()
+        .partition(|(id, _)| e.spec.methods.iter().any(|m| &m.plugin == id));
+    for (id, name) in chosen {
+        let Some(m) = e.spec.methods.iter().find(|m| &m.plugin == id).cloned() else {
+            continue;
+        };
         ui.horizontal(|ui| {
+            let mut on = true;
             if ui.checkbox(&mut on, name).changed() {
                 e.set_method(id, on);
             }
-            if let Some(m) = current {
-                let mut detail = format!("as '{}'", m.name());
-                if !m.params.is_empty() {
-                    detail.push_str(&format!(": {}", params_text(&m.params)));
-                }
-                ui.label(RichText::new(detail).weak().small());
+            let mut detail = format!("as '{}'", m.name());
+            if !m.params.is_empty() {
+                detail.push_str(&format!(": {}", params_text(&m.params)));
             }
+            ui.label(RichText::new(detail).weak().small());
         });
     }
+    egui::Grid::new("sweep-other-methods").num_columns(2).show(ui, |ui| {
+        for (i, (id, name)) in others.into_iter().enumerate() {
+            let mut on = false;
+            if ui.checkbox(&mut on, name).changed() {
+                e.set_method(id, on);
+            }
+            if i % 2 == 1 {
+                ui.end_row();
+            }
+        }
+    });
     let missing: Vec<String> = e
         .spec
         .methods

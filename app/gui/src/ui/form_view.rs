@@ -23,6 +23,22 @@ pub fn form_ui(ui: &mut Ui, form: &mut ParamForm, experts: &[String]) {
         let help = f.schema.help.clone();
         let name = f.schema.name.clone();
         let default = f.schema.default.as_f64().unwrap_or(0.0);
+        if let Some(v) = form.layer_wise.get(&name) {
+            let mut one_value = false;
+            ui.horizontal(|ui| {
+                ui.label(format!("{name}: layer-wise"))
+                    .on_hover_text(format!("{help}\n\nFrom the opened recipe, resolved per tensor: {v}"));
+                one_value = ui
+                    .small_button("one value")
+                    .on_hover_text("Replace the layer-wise value by one value for every tensor")
+                    .clicked();
+            });
+            ui.label(RichText::new(v.to_string()).monospace().small());
+            if one_value {
+                form.layer_wise.remove(&name);
+            }
+            continue;
+        }
         ui.horizontal(|ui| match (&f.schema.ty, &mut f.value) {
             (ParamType::Float { min, max }, FieldValue::Float(x)) => {
                 let (lo, hi) = soft_range(*min, *max, default);

@@ -104,6 +104,15 @@ pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
                 command = Some(ProjectCommand::Save { choose_path: true });
             }
             ui.separator();
+            if ui
+                .button("Open recipe…")
+                .on_hover_text(
+                    "A mergescope recipe (.toml) or a mergekit configuration (.yml): its inputs, method and parameters",
+                )
+                .clicked()
+            {
+                dialogs::pick_recipe(app.doc);
+            }
             if ui.button("Set base…").clicked() {
                 dialogs::pick_base(app.doc);
             }

@@ -38,22 +38,27 @@ pub fn method_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
         // Every method visible without scrolling (the popup still stops at the window's edge).
         .height(f32::INFINITY)
         .show_ui(ui, |ui| {
-            for (model_level, heading) in [(false, "Per tensor"), (true, "Model level · calibration data")] {
-                let group: Vec<_> = doc
-                    .registry
-                    .plugins
-                    .iter()
-                    .filter(|p| p.is_model_level() == model_level)
-                    .collect();
-                if group.is_empty() {
-                    continue;
+            // The two kinds side by side, so that twenty-odd methods fit without scrolling.
+            ui.horizontal_top(|ui| {
+                for (model_level, heading) in [(false, "Per tensor"), (true, "Model level · calibration data")] {
+                    let group: Vec<_> = doc
+                        .registry
+                        .plugins
+                        .iter()
+                        .filter(|p| p.is_model_level() == model_level)
+                        .collect();
+                    if group.is_empty() {
+                        continue;
+                    }
+                    ui.vertical(|ui| {
+                        ui.label(RichText::new(heading).weak().small());
+                        for p in group {
+                            ui.selectable_value(&mut chosen, p.id().to_owned(), &p.info.name)
+                                .on_hover_text(&p.info.description);
+                        }
+                    });
                 }
-                ui.label(RichText::new(heading).weak().small());
-                for p in group {
-                    ui.selectable_value(&mut chosen, p.id().to_owned(), &p.info.name)
-                        .on_hover_text(&p.info.description);
-                }
-            }
+            });
         });
     if chosen != current {
         doc.select_method(&chosen);

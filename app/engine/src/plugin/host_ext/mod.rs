@@ -1,4 +1,4 @@
-//! Host extensions (ABI 1.2): optional tables a plugin looks up by id with
+//! Host extensions (ABI 1.2; `random.v2` since 1.3): optional tables a plugin looks up by id with
 //! `HostApiV1::get_extension`. The method-specific fused operations live here rather than in the
 //! core table (which keeps its copies of them only for 1.0/1.1 plugins), and so do the worker
 //! threads the host lends to plugins.
@@ -16,6 +16,7 @@ pub(crate) fn lookup(id: &str) -> *const c_void {
     match id {
         abi::HOST_EXT_SIGN_CONSENSUS_V1 => std::ptr::from_ref(&sign_consensus::TABLE).cast(),
         abi::HOST_EXT_RANDOM_V1 => std::ptr::from_ref(&random::TABLE).cast(),
+        abi::HOST_EXT_RANDOM_V2 => std::ptr::from_ref(&random::TABLE_V2).cast(),
         abi::HOST_EXT_LINALG_V1 => std::ptr::from_ref(&linalg::TABLE).cast(),
         abi::HOST_EXT_PARALLEL_V1 => std::ptr::from_ref(&parallel::TABLE).cast(),
         _ => std::ptr::null(),
@@ -31,12 +32,14 @@ mod tests {
         for id in [
             abi::HOST_EXT_SIGN_CONSENSUS_V1,
             abi::HOST_EXT_RANDOM_V1,
+            abi::HOST_EXT_RANDOM_V2,
             abi::HOST_EXT_LINALG_V1,
             abi::HOST_EXT_PARALLEL_V1,
         ] {
             assert!(!lookup(id).is_null(), "{id}");
         }
         assert!(lookup("mergescope.host.sign-consensus.v2").is_null());
+        assert!(lookup("mergescope.host.random.v3").is_null());
         assert!(lookup("").is_null());
     }
 }

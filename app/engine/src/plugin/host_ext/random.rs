@@ -1,17 +1,45 @@
-//! Host extension `mergescope.host.random.v1`: seeded counter-based Bernoulli masks (DARE's
-//! drops), the same draws whatever the device or chunking.
+//! Host extensions `mergescope.host.random.v1` and `mergescope.host.random.v2` (ABI 1.3):
+//! seeded counter-based Bernoulli masks (DARE's drops; DELLA's per-element probabilities), the
+//! same draws whatever the device or chunking.
 
-use crate::plugin::call::{HostError, with_ctx};
+use crate::plugin::call::{HostError, to_f32_vec, with_ctx};
 use crate::rng;
 use candle_core::Tensor;
-use mergescope_plugin_api::abi::{HostRandomV1, Status, TensorHandle};
+use mergescope_plugin_api::abi::{HostRandomV1, HostRandomV2, Status, TensorHandle};
 use std::ffi::c_void;
 
-/// The extension's static table.
+/// The static table of `mergescope.host.random.v1`.
 pub(crate) static TABLE: HostRandomV1 = HostRandomV1 {
     struct_size: std::mem::size_of::<HostRandomV1>(),
     bernoulli_mask: h_bernoulli_mask,
 };
+
+/// The static table of `mergescope.host.random.v2`.
+pub(crate) static TABLE_V2: HostRandomV2 = HostRandomV2 {
+    struct_size: std::mem::size_of::<HostRandomV2>(),
+    bernoulli_mask: h_bernoulli_mask,
+    bernoulli_mask_p: h_bernoulli_mask_p,
+};
+
+/// The 0/1 mask of `n` elements starting at element `offset` of the full tensor: element i is 1
+/// iff `rng::bits32` for (seed, offset + i) is below `threshold(i)`. Same draws as
+/// `rng::bernoulli_keep(seed, offset + i, p)`, with the stream key computed once per 2³²
+/// elements.
+fn counter_mask(n: u64, seed: u64, offset: u64, threshold: impl Fn(usize) -> u64) -> Vec<f32> {
+    let mut mask: Vec<f32> = Vec::with_capacity(n as usize);
+    let mut i = 0u64;
+    while i < n {
+        let index = offset + i;
+        let key = rng::stream_key(seed, index);
+        let run = (n - i).min((1u64 << 32) - (index & 0xFFFF_FFFF));
+        mask.extend((index..index + run).map(|j| {
+            let local = (j - offset) as usize;
+            f32::from(u8::from(u64::from(rng::bits32(key, j)) < threshold(local)))
+        }));
+        i += run;
+    }
+    mask
+}
 
 pub(crate) unsafe extern "C" fn h_bernoulli_mask(
     ctx: *mut c_void,
@@ -29,20 +57,70 @@ pub(crate) unsafe extern "C" fn h_bernoulli_mask(
         }
         let like = c.tensor(like)?;
         let shape = like.shape().clone();
-        // Same draws as `rng::bernoulli_keep(seed, offset + i, p)`, with the key computed once per
-        // 2³² elements.
         let threshold = rng::keep_threshold(keep_probability);
-        let n = like.elem_count() as u64;
-        let mut mask: Vec<f32> = Vec::with_capacity(n as usize);
-        let mut i = 0u64;
-        while i < n {
-            let index = offset + i;
-            let key = rng::stream_key(seed, index);
-            let run = (n - i).min((1u64 << 32) - (index & 0xFFFF_FFFF));
-            mask.extend((index..index + run).map(|j| f32::from(u8::from(u64::from(rng::bits32(key, j)) < threshold))));
-            i += run;
-        }
+        let mask = counter_mask(like.elem_count() as u64, seed, offset, |_| threshold);
         let t = Tensor::from_vec(mask, shape, c.device())?;
         c.put(t, out)
     })
+}
+
+pub(crate) unsafe extern "C" fn h_bernoulli_mask_p(
+    ctx: *mut c_void,
+    probabilities: TensorHandle,
+    seed: u64,
+    offset: u64,
+    out: *mut TensorHandle,
+) -> Status {
+    with_ctx(ctx, |c| {
+        let probabilities = c.tensor(probabilities)?;
+        let shape = probabilities.shape().clone();
+        let p = to_f32_vec(probabilities)?;
+        if let Some((j, bad)) = p
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !(v.is_finite() && (0.0..=1.0).contains(*v)))
+        {
+            return Err(HostError::Invalid(format!(
+                "bernoulli_mask_p: element {j} has probability {bad}; probabilities must be finite and in [0, 1]"
+            )));
+        }
+        // Each probability widened to f64, then the same threshold bernoulli_mask uses.
+        let thresholds: Vec<u64> = p.iter().map(|v| rng::keep_threshold(f64::from(*v))).collect();
+        let mask = counter_mask(p.len() as u64, seed, offset, |i| thresholds[i]);
+        let t = Tensor::from_vec(mask, shape, c.device())?;
+        c.put(t, out)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_thresholds_give_the_bernoulli_keep_draws() {
+        let (seed, offset, p) = (11u64, 5u64, 0.3f64);
+        let t = rng::keep_threshold(p);
+        let mask = counter_mask(1000, seed, offset, |_| t);
+        for (i, m) in mask.iter().enumerate() {
+            assert_eq!(
+                *m == 1.0,
+                rng::bernoulli_keep(seed, offset + i as u64, p),
+                "element {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn per_element_thresholds_use_each_elements_draw() {
+        let (seed, offset) = (3u64, 1u64 << 32); // a key change exactly at the start
+        let p: Vec<f64> = (0..500).map(|i| f64::from(i) / 499.0).collect();
+        let thresholds: Vec<u64> = p.iter().map(|v| rng::keep_threshold(*v)).collect();
+        let mask = counter_mask(500, seed, offset - 250, |i| thresholds[i]);
+        for (i, m) in mask.iter().enumerate() {
+            let j = offset - 250 + i as u64;
+            assert_eq!(*m == 1.0, rng::bernoulli_keep(seed, j, p[i]), "element {i}");
+        }
+        assert_eq!(mask[0], 0.0);
+        assert_eq!(mask[499], 1.0);
+    }
 }

@@ -1,0 +1,567 @@
+//! Each mergekit merge method as a mergescope plugin with the parameters that reproduce it
+//! (mergekit 0.1.5's definitions and defaults; docs/mergekit.md lists the agreement of each).
+
+use super::{Entry, invalid};
+use crate::error::Result;
+use serde_json::{Map, Value, json};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// How a mergekit method uses `base_model`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Base {
+    /// The method starts from the base (task vectors): `base_model` must be given.
+    Required,
+    /// Used when given.
+    Optional,
+    /// Not a role: the base, when listed, is one more input.
+    Ignored,
+}
+
+/// How a mergekit parameter becomes a mergescope one.
+#[derive(Clone, Copy, Debug)]
+enum Conv {
+    /// The same value.
+    Same,
+    /// 1 − value (mergekit's keep `density` → DARE's `drop_rate`).
+    OneMinus,
+    /// A bool choosing between two strings (true, false).
+    Choose(&'static str, &'static str),
+}
+
+/// One parameter of a method: mergekit's name, mergescope's, whether it is given per model,
+/// mergekit's default when it differs from the plugin's (written into the recipe), and the
+/// conversion.
+#[derive(Clone, Copy, Debug)]
+struct Param {
+    mergekit: &'static str,
+    ours: &'static str,
+    per_model: bool,
+    default: Option<DefaultValue>,
+    conv: Conv,
+}
+
+/// A default written into the recipe.
+#[derive(Clone, Copy, Debug)]
+enum DefaultValue {
+    Number(f64),
+    Bool(bool),
+}
+
+impl DefaultValue {
+    fn json(self) -> Value {
+        match self {
+            DefaultValue::Number(n) => json!(n),
+            DefaultValue::Bool(b) => json!(b),
+        }
+    }
+}
+
+const fn shared(mergekit: &'static str, ours: &'static str) -> Param {
+    Param {
+        mergekit,
+        ours,
+        per_model: false,
+        default: None,
+        conv: Conv::Same,
+    }
+}
+
+const fn per_model(mergekit: &'static str, ours: &'static str) -> Param {
+    Param {
+        per_model: true,
+        ..shared(mergekit, ours)
+    }
+}
+
+const fn default(mut p: Param, v: DefaultValue) -> Param {
+    p.default = Some(v);
+    p
+}
+
+const fn conv(mut p: Param, c: Conv) -> Param {
+    p.conv = c;
+    p
+}
+
+use DefaultValue::{Bool, Number};
+
+/// A mergekit method as a mergescope plugin.
+#[derive(Clone, Copy, Debug)]
+pub struct Mapping {
+    /// mergekit's `merge_method`.
+    pub mergekit: &'static str,
+    /// The mergescope plugin id.
+    pub plugin: &'static str,
+    base: Base,
+    /// Exactly this many non-base inputs, when the method says so.
+    experts: Option<usize>,
+    /// Plugin parameters set to reproduce mergekit (not user-settable through mergekit).
+    fixed: &'static [(&'static str, &'static str)],
+    params: &'static [Param],
+}
+
+/// Parameters of mergekit's generalized task arithmetic (ties, dare, breadcrumbs, della).
+const LAMBDA: Param = default(shared("lambda", "lambda"), Number(1.0));
+const WEIGHT: Param = per_model("weight", "task_weights");
+const TIES_FIXED: &[(&str, &str)] = &[
+    ("trim_scope", "tensor"),
+    ("count_rule", "mergekit"),
+    ("election", "mass"),
+    ("zero_sign", "positive"),
+];
+
+const MAPPINGS: &[Mapping] = &[
+    Mapping {
+        mergekit: "linear",
+        plugin: "weight-average",
+        base: Base::Ignored,
+        experts: None,
+        fixed: &[],
+        params: &[per_model("weight", "weights"), shared("normalize", "normalize")],
+    },
+    Mapping {
+        mergekit: "task_arithmetic",
+        plugin: "task-arithmetic",
+        base: Base::Required,
+        experts: None,
+        fixed: &[],
+        params: &[LAMBDA, WEIGHT, shared("normalize", "normalize")],
+    },
+    Mapping {
+        mergekit: "ties",
+        plugin: "ties",
+        base: Base::Required,
+        experts: None,
+        fixed: TIES_FIXED,
+        params: &[
+            LAMBDA,
+            WEIGHT,
+            default(per_model("density", "density"), Number(1.0)),
+            default(
+                conv(shared("normalize", "aggregation"), Conv::Choose("dis-mean", "dis-sum")),
+                Bool(true),
+            ),
+        ],
+    },
+    Mapping {
+        mergekit: "dare_ties",
+        plugin: "dare",
+        base: Base::Required,
+        experts: None,
+        fixed: &[("combine", "ties-sum")],
+        params: &[
+            LAMBDA,
+            WEIGHT,
+            default(conv(per_model("density", "drop_rate"), Conv::OneMinus), Number(1.0)),
+            default(
+                conv(shared("rescale", "rescale"), Conv::Choose("l1", "none")),
+                Bool(true),
+            ),
+            shared("normalize", "normalize"),
+        ],
+    },
+    Mapping {
+        mergekit: "dare_linear",
+        plugin: "dare",
+        base: Base::Required,
+        experts: None,
+        fixed: &[("combine", "sum")],
+        params: &[
+            LAMBDA,
+            WEIGHT,
+            default(conv(per_model("density", "drop_rate"), Conv::OneMinus), Number(1.0)),
+            default(
+                conv(shared("rescale", "rescale"), Conv::Choose("l1", "none")),
+                Bool(true),
+            ),
+            shared("normalize", "normalize"),
+        ],
+    },
+    Mapping {
+        mergekit: "breadcrumbs",
+        plugin: "breadcrumbs",
+        base: Base::Required,
+        experts: None,
+        fixed: &[("consensus", "none")],
+        params: &[
+            LAMBDA,
+            WEIGHT,
+            default(per_model("density", "density"), Number(1.0)),
+            per_model("gamma", "gamma"),
+            shared("normalize", "normalize"),
+        ],
+    },
+    Mapping {
+        mergekit: "breadcrumbs_ties",
+        plugin: "breadcrumbs",
+        base: Base::Required,
+        experts: None,
+        fixed: &[("consensus", "sign")],
+        params: &[
+            LAMBDA,
+            WEIGHT,
+            default(per_model("density", "density"), Number(1.0)),
+            per_model("gamma", "gamma"),
+            shared("normalize", "normalize"),
+        ],
+    },
+    Mapping {
+        mergekit: "della",
+        plugin: "della",
+        base: Base::Required,
+        experts: None,
+        fixed: &[("consensus", "sign")],
+        params: &[
+            LAMBDA,
+            WEIGHT,
+            default(per_model("density", "density"), Number(1.0)),
+            per_model("epsilon", "epsilon"),
+            default(shared("normalize", "normalize"), Bool(true)),
+            default(shared("rescale", "rescale"), Bool(true)),
+        ],
+    },
+    Mapping {
+        mergekit: "della_linear",
+        plugin: "della",
+        base: Base::Required,
+        experts: None,
+        fixed: &[("consensus", "none")],
+        params: &[
+            LAMBDA,
+            WEIGHT,
+            default(per_model("density", "density"), Number(1.0)),
+            per_model("epsilon", "epsilon"),
+            default(shared("normalize", "normalize"), Bool(false)),
+            default(shared("rescale", "rescale"), Bool(true)),
+        ],
+    },
+    Mapping {
+        mergekit: "slerp",
+        plugin: "slerp",
+        base: Base::Required,
+        experts: Some(1),
+        fixed: &[],
+        params: &[shared("t", "t")],
+    },
+    Mapping {
+        mergekit: "nuslerp",
+        plugin: "nuslerp",
+        base: Base::Optional,
+        experts: Some(2),
+        fixed: &[],
+        params: &[
+            per_model("weight", "weights"),
+            shared("nuslerp_flatten", "flatten"),
+            shared("nuslerp_row_wise", "row_wise"),
+        ],
+    },
+    Mapping {
+        mergekit: "multislerp",
+        plugin: "multislerp",
+        base: Base::Optional,
+        experts: None,
+        fixed: &[],
+        params: &[
+            per_model("weight", "weights"),
+            shared("normalize_weights", "normalize_weights"),
+            shared("eps", "eps"),
+        ],
+    },
+    Mapping {
+        mergekit: "model_stock",
+        plugin: "model-stock",
+        base: Base::Required,
+        experts: None,
+        fixed: &[],
+        params: &[shared("filter_wise", "filter_wise")],
+    },
+    Mapping {
+        mergekit: "sce",
+        plugin: "sce",
+        base: Base::Required,
+        experts: None,
+        fixed: &[],
+        params: &[shared("select_topk", "select_topk")],
+    },
+    Mapping {
+        mergekit: "karcher",
+        plugin: "karcher",
+        base: Base::Ignored,
+        experts: None,
+        fixed: &[],
+        params: &[shared("max_iter", "max_iter"), shared("tol", "tol")],
+    },
+    Mapping {
+        mergekit: "passthrough",
+        plugin: "passthrough",
+        base: Base::Ignored,
+        experts: Some(1),
+        fixed: &[],
+        params: &[per_model("scale", "scale")],
+    },
+];
+
+/// The mergekit methods mergescope reproduces.
+pub const MERGEKIT_METHODS: &[&str] = &[
+    "linear",
+    "task_arithmetic",
+    "ties",
+    "dare_ties",
+    "dare_linear",
+    "breadcrumbs",
+    "breadcrumbs_ties",
+    "della",
+    "della_linear",
+    "slerp",
+    "nuslerp",
+    "multislerp",
+    "model_stock",
+    "sce",
+    "karcher",
+    "passthrough",
+];
+
+/// The plugin and parameters that reproduce mergekit's `merge_method`.
+pub fn plugin_for(merge_method: &str) -> Option<&'static Mapping> {
+    MAPPINGS.iter().find(|m| m.mergekit == merge_method)
+}
+
+/// Applies `f` to every number of a (possibly layer-wise) value: a number, a gradient, or
+/// filter entries whose `value` is one of those.
+fn map_numbers(v: &Value, f: &dyn Fn(f64) -> f64) -> Value {
+    match v {
+        Value::Number(n) => n.as_f64().map_or_else(|| v.clone(), |x| json!(f(x))),
+        Value::Array(items) => Value::Array(items.iter().map(|i| map_numbers(i, f)).collect()),
+        Value::Object(obj) => Value::Object(
+            obj.iter()
+                .map(|(k, x)| (k.clone(), if k == "value" { map_numbers(x, f) } else { x.clone() }))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+impl Mapping {
+    /// Whether the plugin takes a base model.
+    pub fn uses_base(&self) -> bool {
+        self.base != Base::Ignored
+    }
+
+    /// For a method without a base role, mergekit merges a `base_model` that `models` does not
+    /// list as one more input, after the others: the entries with it added (and a note).
+    pub(crate) fn add_unlisted_base(&self, base: Option<&Path>, entries: &mut Vec<Entry>, notes: &mut Vec<String>) {
+        let (Base::Ignored, Some(b)) = (self.base, base) else {
+            return;
+        };
+        if entries.iter().any(|e| e.model == b) || entries.iter().any(|e| !e.sources.is_empty()) {
+            return;
+        }
+        notes.push(format!(
+            "{} has no base role: base_model '{}' is merged as one more input, after the models, as mergekit does",
+            self.mergekit,
+            b.display()
+        ));
+        entries.push(Entry {
+            model: b.to_path_buf(),
+            params: Map::new(),
+            sources: Vec::new(),
+            position: entries.len(),
+        });
+    }
+
+    /// The base entry (when the method uses one and it is an input) and the experts, in the
+    /// configuration's order.
+    pub(crate) fn roles<'e>(
+        &self,
+        file: &Path,
+        base: Option<&Path>,
+        entries: &'e [Entry],
+    ) -> Result<(Option<&'e Entry>, Vec<&'e Entry>)> {
+        let sliced = entries.first().is_some_and(|e| !e.sources.is_empty());
+
+        let is_base = |e: &Entry| base.is_some_and(|b| e.model == b);
+        let (base_entry, experts): (Option<&Entry>, Vec<&Entry>) = match self.base {
+            Base::Ignored => {
+                if base.is_some() && !entries.iter().any(&is_base) {
+                    return Err(invalid(
+                        file,
+                        "base_model is not among the slices' sources; list it in a slice or remove it",
+                    ));
+                }
+                (None, entries.iter().collect())
+            }
+            Base::Required | Base::Optional => {
+                if self.base == Base::Required && base.is_none() {
+                    return Err(invalid(
+                        file,
+                        format!(
+                            "merge_method {} needs base_model (the model the others were tuned from)",
+                            self.mergekit
+                        ),
+                    ));
+                }
+                let base_entry = entries.iter().find(|e| is_base(e));
+                if sliced && base.is_some() && base_entry.is_none() {
+                    return Err(invalid(
+                        file,
+                        "base_model is not among the slices' sources; list it as a source of every slice",
+                    ));
+                }
+                (base_entry, entries.iter().filter(|e| !is_base(e)).collect())
+            }
+        };
+        if experts.is_empty() {
+            return Err(invalid(file, "lists no model to merge besides the base"));
+        }
+        if let Some(n) = self.experts
+            && experts.len() != n
+        {
+            return Err(invalid(
+                file,
+                format!(
+                    "merge_method {} takes exactly {n} model{} besides the base, this config has {}",
+                    self.mergekit,
+                    if n == 1 { "" } else { "s" },
+                    experts.len()
+                ),
+            ));
+        }
+        Ok((base_entry, experts))
+    }
+
+    /// The plugin parameters: the fixed ones, then each mergekit parameter converted (per-model
+    /// values as one value per expert, or one value when they agree).
+    pub(crate) fn params(
+        &self,
+        file: &Path,
+        shared_params: &Map<String, Value>,
+        experts: &[&Entry],
+        notes: &mut Vec<String>,
+    ) -> Result<Map<String, Value>> {
+        let mut out = Map::new();
+        for (k, v) in self.fixed {
+            out.insert((*k).to_owned(), json!(v));
+        }
+        let known: BTreeSet<&str> = self.params.iter().map(|p| p.mergekit).collect();
+        let known_list = || {
+            if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.iter().copied().collect::<Vec<_>>().join(", ")
+            }
+        };
+        let check_key = |key: &str, where_: &str, notes: &mut Vec<String>| -> Result<()> {
+            if key == "int8_mask" {
+                notes.push("int8_mask only saves mergekit memory; mergescope ignores it".to_owned());
+                return Ok(());
+            }
+            if known.contains(key) {
+                return Ok(());
+            }
+            Err(invalid(
+                file,
+                format!(
+                    "{where_}: merge_method {} has no parameter '{key}'; it has {}",
+                    self.mergekit,
+                    known_list()
+                ),
+            ))
+        };
+        for key in shared_params.keys() {
+            check_key(key, "parameters", notes)?;
+        }
+        for e in experts {
+            for key in e.params.keys() {
+                check_key(key, &format!("the parameters of '{}'", e.model.display()), notes)?;
+            }
+        }
+        for p in self.params {
+            let convert = |v: &Value| -> Result<Value> {
+                match p.conv {
+                    Conv::Same => Ok(v.clone()),
+                    Conv::OneMinus => Ok(map_numbers(v, &|x| 1.0 - x)),
+                    Conv::Choose(yes, no) => match v {
+                        Value::Bool(b) => Ok(json!(if *b { yes } else { no })),
+                        other => Err(invalid(
+                            file,
+                            format!("'{}' must be true or false, not {other}", p.mergekit),
+                        )),
+                    },
+                }
+            };
+            let given = if p.per_model {
+                let values: Vec<Option<&Value>> = experts
+                    .iter()
+                    .map(|e| e.params.get(p.mergekit).or_else(|| shared_params.get(p.mergekit)))
+                    .collect();
+                if values.iter().all(Option::is_none) {
+                    None
+                } else {
+                    let fallback = p.default.map(DefaultValue::json);
+                    let mut list = Vec::with_capacity(values.len());
+                    for (e, v) in experts.iter().zip(&values) {
+                        let v = v.cloned().or_else(|| fallback.clone()).ok_or_else(|| {
+                            invalid(
+                                file,
+                                format!(
+                                    "'{}' is given for some models but not for '{}'; give it for every model (or once \
+                                     under the top-level parameters)",
+                                    p.mergekit,
+                                    e.model.display()
+                                ),
+                            )
+                        })?;
+                        list.push(v);
+                    }
+                    let first = list[0].clone();
+                    if list.iter().all(|v| *v == first) {
+                        Some(first)
+                    } else if list.iter().all(Value::is_number) {
+                        Some(Value::Array(list))
+                    } else {
+                        return Err(invalid(
+                            file,
+                            format!(
+                                "'{}' differs between models and is layer-wise (a gradient or filters) for some; \
+                                 per-model layer-wise values are not supported yet: give each model a number, or \
+                                 give one layer-wise value under the top-level parameters",
+                                p.mergekit
+                            ),
+                        ));
+                    }
+                }
+            } else {
+                shared_params.get(p.mergekit).cloned()
+            };
+            let value = match given.or_else(|| p.default.map(DefaultValue::json)) {
+                Some(v) => v,
+                None => continue,
+            };
+            out.insert(p.ours.to_owned(), convert(&value)?);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_method_has_a_mapping_and_back() {
+        for m in MERGEKIT_METHODS {
+            assert!(plugin_for(m).is_some(), "{m}");
+        }
+        assert_eq!(MAPPINGS.len(), MERGEKIT_METHODS.len());
+    }
+
+    #[test]
+    fn numbers_inside_gradients_and_filters_are_converted() {
+        let v = json!([{"filter": "mlp", "value": [0.25, 0.5]}, {"value": 0.75}]);
+        assert_eq!(
+            map_numbers(&v, &|x| 1.0 - x),
+            json!([{"filter": "mlp", "value": [0.75, 0.5]}, {"value": 0.25}])
+        );
+    }
+}

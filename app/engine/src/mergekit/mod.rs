@@ -1,0 +1,428 @@
+//! mergekit's YAML merge configurations, read and turned into mergescope recipes: what
+//! `mergescope merge --config merge.yml`, `mergescope recipe convert merge.yml` and the window's
+//! "Open recipe" do with a configuration copied from a Hugging Face model card.
+//!
+//! The supported subset is the one model cards use: `merge_method`, `base_model`, `models` (each
+//! with `parameters`), or `slices` (layer ranges of several models, mergekit's frankenmerges),
+//! shared `parameters` with filters and gradients, `dtype`, `out_dtype` and `tokenizer_source`
+//! (`base` or a model). Every key is checked: an unknown one, or one mergescope does not do
+//! yet, is an error naming it. Each mergekit method maps to a mergescope plugin with the
+//! parameters that reproduce it ([`methods`]).
+
+mod methods;
+mod models;
+
+pub use methods::{MERGEKIT_METHODS, plugin_for};
+pub use models::resolve_model;
+
+use crate::dtype::OutDType;
+use crate::error::{EngineError, Result};
+use crate::recipe::Recipe;
+use crate::slices::{Slice, SliceSource};
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+
+/// Keys of a mergekit configuration's top level that mergescope reads.
+const TOP_KEYS: &[&str] = &[
+    "merge_method",
+    "base_model",
+    "models",
+    "slices",
+    "parameters",
+    "dtype",
+    "out_dtype",
+    "tokenizer_source",
+];
+
+/// Keys mergekit has that mergescope does not do yet, and why.
+const UNSUPPORTED_KEYS: &[(&str, &str)] = &[
+    (
+        "modules",
+        "per-module merges of multimodal models are not supported yet; use `models` or `slices`",
+    ),
+    (
+        "tokenizer",
+        "tokenizer surgery (added tokens, union vocabularies) is not supported yet; use tokenizer_source: base",
+    ),
+    (
+        "chat_template",
+        "setting a chat template is not supported yet; remove the key and edit tokenizer_config.json afterwards",
+    ),
+];
+
+/// A mergekit configuration turned into a mergescope recipe.
+#[derive(Clone, Debug)]
+pub struct Converted {
+    /// The recipe (paths resolved; output as given).
+    pub recipe: Recipe,
+    /// What the conversion dropped or chose (e.g. `int8_mask` ignored), for the user.
+    pub notes: Vec<String>,
+    /// The configuration's text, kept in the output folder as `mergekit_config.yml`.
+    pub text: String,
+}
+
+impl Converted {
+    /// The merge request: the recipe's, with the configuration kept in the output folder.
+    pub fn to_request(&self, overwrite: bool) -> Result<crate::merge::MergeRequest> {
+        let mut req = self.recipe.to_request(overwrite)?;
+        if let Some(folder) = req.folder.as_mut() {
+            folder.source_recipe = Some(("mergekit_config.yml".to_owned(), self.text.clone()));
+        }
+        Ok(req)
+    }
+}
+
+fn invalid(file: &Path, what: impl std::fmt::Display) -> EngineError {
+    EngineError::Invalid(format!("mergekit config '{}': {what}", file.display()))
+}
+
+/// Whether `path` names a mergekit YAML configuration (by extension).
+pub fn is_mergekit_config(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("yml") || e.eq_ignore_ascii_case("yaml"))
+}
+
+/// Reads the mergekit configuration at `file` and converts it; `out` is the output folder.
+pub fn load(file: &Path, out: &Path) -> Result<Converted> {
+    let text = std::fs::read_to_string(file).map_err(|e| EngineError::io("cannot read", file, e))?;
+    convert(&text, file, out)
+}
+
+/// Converts the mergekit configuration `text` (read from `file`, whose folder relative model
+/// paths may also be taken from) into a recipe writing a Hugging Face folder at `out`.
+pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
+    let doc: Value = serde_yaml_ng::from_str(text).map_err(|e| invalid(file, format!("is not valid YAML: {e}")))?;
+    let Value::Object(top) = doc else {
+        return Err(invalid(
+            file,
+            "is not a YAML mapping of keys such as merge_method and models",
+        ));
+    };
+    for key in top.keys() {
+        if let Some((_, why)) = UNSUPPORTED_KEYS.iter().find(|(k, _)| k == key) {
+            return Err(invalid(file, format!("'{key}': {why}")));
+        }
+        if !TOP_KEYS.contains(&key.as_str()) {
+            return Err(invalid(
+                file,
+                format!("unknown key '{key}'; a mergekit config has {}", TOP_KEYS.join(", ")),
+            ));
+        }
+    }
+    let dir = file.parent().unwrap_or(Path::new(""));
+    let method = top
+        .get("merge_method")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid(file, "has no merge_method (e.g. merge_method: ties)"))?;
+    let mapping = plugin_for(method).ok_or_else(|| {
+        invalid(
+            file,
+            format!(
+                "merge_method '{method}' is not one mergescope reproduces; it has {}",
+                MERGEKIT_METHODS.join(", ")
+            ),
+        )
+    })?;
+    let plain_ref = |key: &str, v: &Value| -> Result<PathBuf> {
+        let s = v.as_str().ok_or_else(|| {
+            invalid(
+                file,
+                format!("'{key}' must be a model path or Hugging Face id, not {v}"),
+            )
+        })?;
+        resolve_model(s, dir).map_err(|e| invalid(file, format!("'{key}': {e}")))
+    };
+    let base = top.get("base_model").map(|v| plain_ref("base_model", v)).transpose()?;
+    // `model+adapter`: a LoRA adapter applied to its model, which must be the base (the
+    // adapter stands as an expert and is applied to the base as the merge reads it).
+    let model_ref = |key: &str, v: &Value| -> Result<PathBuf> {
+        let Some((model, adapter)) = v.as_str().and_then(|s| s.split_once('+')) else {
+            return plain_ref(key, v);
+        };
+        let model = plain_ref(key, &Value::from(model))?;
+        let adapter = plain_ref(key, &Value::from(adapter))?;
+        if !crate::lora::is_adapter(&adapter) {
+            return Err(invalid(
+                file,
+                format!(
+                    "'{key}': '{}' is not a LoRA adapter folder (no adapter_config.json)",
+                    adapter.display()
+                ),
+            ));
+        }
+        if base.as_deref() != Some(model.as_path()) {
+            return Err(invalid(
+                file,
+                format!(
+                    "'{key}': the LoRA adapter '{}' is applied to '{}', which is not base_model; mergescope applies \
+                     adapters to the base only: merge it into its model first (peft's merge_and_unload)",
+                    adapter.display(),
+                    model.display()
+                ),
+            ));
+        }
+        Ok(adapter)
+    };
+
+    // Inputs: one entry per model (models form), or per slice source position (slices form).
+    let (mut entries, slices) = match (top.get("models"), top.get("slices")) {
+        (Some(_), Some(_)) => return Err(invalid(file, "has both 'models' and 'slices'; give exactly one")),
+        (None, None) => {
+            return Err(invalid(
+                file,
+                "has neither 'models' nor 'slices'; list the models to merge",
+            ));
+        }
+        (Some(models), None) => (read_models(file, models, &model_ref)?, Vec::new()),
+        (None, Some(slices)) => read_slices(file, slices, &model_ref)?,
+    };
+    let shared = match top.get("parameters") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(other) => return Err(invalid(file, format!("'parameters' must be a mapping, not {other}"))),
+    };
+
+    // Roles: the base (when the method uses one and it is among the inputs) and the experts.
+    let mut notes = Vec::new();
+    mapping.add_unlisted_base(base.as_deref(), &mut entries, &mut notes);
+    let (base_entry, experts) = mapping.roles(file, base.as_deref(), &entries)?;
+    let base_path = base_entry
+        .map(|e| e.model.clone())
+        .or_else(|| base.clone().filter(|_| mapping.uses_base()));
+    let params = mapping.params(file, &shared, &experts, &mut notes)?;
+
+    let dtype = |key: &str| -> Result<Option<OutDType>> {
+        top.get(key)
+            .map(|v| {
+                v.as_str()
+                    .and_then(OutDType::parse)
+                    .ok_or_else(|| invalid(file, format!("{key} {v} is not one of float32, float16, bfloat16")))
+            })
+            .transpose()
+    };
+    // mergekit computes in `dtype` and writes `out_dtype` (default: `dtype`); mergescope
+    // computes in f32 with f64 sums and writes the output dtype.
+    let out_dtype = match dtype("out_dtype")? {
+        Some(d) => Some(d),
+        None => dtype("dtype")?,
+    };
+    let tokenizer_from = match top.get("tokenizer_source") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "base" => Some(
+            base.clone()
+                .ok_or_else(|| invalid(file, "tokenizer_source: base needs a base_model"))?,
+        ),
+        Some(Value::String(s)) if s == "union" => {
+            return Err(invalid(
+                file,
+                "tokenizer_source: union (a merged vocabulary) is not supported yet; use tokenizer_source: base or a \
+                 model whose tokenizer all inputs share",
+            ));
+        }
+        Some(v) => Some(model_ref("tokenizer_source", v)?),
+    };
+    let recipe = Recipe {
+        method: mapping.plugin.to_owned(),
+        base: base_path,
+        experts: experts.iter().map(|e| e.model.clone()).collect(),
+        out: out.to_path_buf(),
+        seed: 0,
+        dtype: out_dtype,
+        device: Default::default(),
+        shard_size: None,
+        on_missing: Default::default(),
+        params: json_to_toml(&Value::Object(params))?,
+        hf_folder: true,
+        config_from: None,
+        tokenizer_from,
+        slices: slice_layout(&slices, base_entry, &experts),
+    };
+    Ok(Converted {
+        recipe,
+        notes,
+        text: text.to_owned(),
+    })
+}
+
+/// One input model as the configuration lists it.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    /// Resolved path (for slices: the model of the first slice at this position).
+    pub model: PathBuf,
+    /// Its `parameters`.
+    pub params: Map<String, Value>,
+    /// The slice sources at this position (slices form only).
+    pub sources: Vec<SliceSource>,
+    /// Position in the configuration's list (of models, or of each slice's sources).
+    pub position: usize,
+}
+
+fn params_of(file: &Path, what: &str, v: Option<&Value>) -> Result<Map<String, Value>> {
+    match v {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(m)) => Ok(m.clone()),
+        Some(other) => Err(invalid(
+            file,
+            format!("{what}: 'parameters' must be a mapping, not {other}"),
+        )),
+    }
+}
+
+fn check_keys(file: &Path, what: &str, obj: &Map<String, Value>, allowed: &[&str]) -> Result<()> {
+    match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(invalid(
+            file,
+            format!("{what}: unknown key '{k}'; an entry has {}", allowed.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn read_models(file: &Path, models: &Value, model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>) -> Result<Vec<Entry>> {
+    let list = models
+        .as_array()
+        .ok_or_else(|| invalid(file, "'models' must be a list of {model: ..., parameters: ...}"))?;
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let what = format!("models[{i}]");
+            let (model, params) = match m {
+                Value::String(_) => (model_ref(&what, m)?, Map::new()),
+                Value::Object(obj) => {
+                    check_keys(file, &what, obj, &["model", "parameters"])?;
+                    let model = obj
+                        .get("model")
+                        .ok_or_else(|| invalid(file, format!("{what} has no 'model'")))?;
+                    (model_ref(&what, model)?, params_of(file, &what, obj.get("parameters"))?)
+                }
+                other => {
+                    return Err(invalid(
+                        file,
+                        format!("{what} must be a mapping with 'model', not {other}"),
+                    ));
+                }
+            };
+            Ok(Entry {
+                model,
+                params,
+                sources: Vec::new(),
+                position: i,
+            })
+        })
+        .collect()
+}
+
+/// Slices: every slice must list its sources in the same order of models (the k-th source of
+/// each slice is input k); the parameters of a position come from its first slice.
+fn read_slices(
+    file: &Path,
+    slices: &Value,
+    model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>,
+) -> Result<(Vec<Entry>, Vec<Slice>)> {
+    let list = slices
+        .as_array()
+        .filter(|l| !l.is_empty())
+        .ok_or_else(|| invalid(file, "'slices' must be a non-empty list of {sources: [...]}"))?;
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut out = Vec::new();
+    for (si, slice) in list.iter().enumerate() {
+        let what = format!("slices[{si}]");
+        let obj = slice
+            .as_object()
+            .ok_or_else(|| invalid(file, format!("{what} must be a mapping with 'sources'")))?;
+        check_keys(file, &what, obj, &["sources"])?;
+        let sources = obj
+            .get("sources")
+            .and_then(Value::as_array)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| invalid(file, format!("{what} has no 'sources' list")))?;
+        if si > 0 && sources.len() != entries.len() {
+            return Err(invalid(
+                file,
+                format!(
+                    "{what} has {} sources but slices[0] has {}; mergescope merges slices whose sources are the same \
+                     inputs in the same order",
+                    sources.len(),
+                    entries.len()
+                ),
+            ));
+        }
+        let mut recipe_sources = Vec::new();
+        for (k, src) in sources.iter().enumerate() {
+            let what = format!("{what}.sources[{k}]");
+            let obj = src
+                .as_object()
+                .ok_or_else(|| invalid(file, format!("{what} must be a mapping with 'model' and 'layer_range'")))?;
+            check_keys(file, &what, obj, &["model", "layer_range", "parameters"])?;
+            let model = model_ref(
+                &what,
+                obj.get("model")
+                    .ok_or_else(|| invalid(file, format!("{what} has no 'model'")))?,
+            )?;
+            let range = obj
+                .get("layer_range")
+                .and_then(Value::as_array)
+                .and_then(|r| match r.as_slice() {
+                    [a, b] => Some([a.as_u64()? as usize, b.as_u64()? as usize]),
+                    _ => None,
+                })
+                .filter(|[a, b]| a < b)
+                .ok_or_else(|| {
+                    invalid(
+                        file,
+                        format!("{what}: layer_range must be [first, end) with first < end"),
+                    )
+                })?;
+            let source = SliceSource {
+                model: model.clone(),
+                layers: range,
+            };
+            if si == 0 {
+                entries.push(Entry {
+                    model,
+                    params: params_of(file, &what, obj.get("parameters"))?,
+                    sources: vec![source.clone()],
+                    position: k,
+                });
+            } else {
+                if obj.get("parameters").is_some_and(|p| !p.is_null()) {
+                    return Err(invalid(
+                        file,
+                        format!(
+                            "{what}: parameters are read from slices[0]'s sources; give per-model parameters there \
+                             (or shared ones under the top-level 'parameters')"
+                        ),
+                    ));
+                }
+                entries[k].sources.push(source.clone());
+            }
+            recipe_sources.push(source);
+        }
+        out.push(Slice {
+            sources: recipe_sources,
+        });
+    }
+    Ok((entries, out))
+}
+
+/// The recipe's slices with their sources in the order of the recipe's inputs (base first when
+/// it is one of them, then the experts).
+fn slice_layout(slices: &[Slice], base: Option<&Entry>, experts: &[&Entry]) -> Vec<Slice> {
+    let order: Vec<usize> = base.iter().chain(experts.iter()).map(|e| e.position).collect();
+    slices
+        .iter()
+        .map(|s| Slice {
+            sources: order.iter().filter_map(|&k| s.sources.get(k).cloned()).collect(),
+        })
+        .collect()
+}
+
+/// A JSON parameter table as TOML.
+fn json_to_toml(v: &Value) -> Result<toml::Table> {
+    let toml_value = toml::Value::try_from(v)
+        .map_err(|e| EngineError::Invalid(format!("cannot write the parameters as TOML: {e}")))?;
+    match toml_value {
+        toml::Value::Table(t) => Ok(t),
+        _ => Ok(toml::Table::new()),
+    }
+}

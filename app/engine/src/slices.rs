@@ -1,0 +1,234 @@
+//! Layer slices, mergekit's `slices`: a model built from layer ranges of several models, the
+//! layers renumbered in order (frankenmerges with passthrough, or slice-wise merges).
+//!
+//! A sliced merge has one source per input in every slice (base first when there is one, then
+//! the experts). Input k of the merge is assembled as one checkpoint: output layer o (counted
+//! across the slices) is layer `first + i` of slice s's k-th model; tensors outside the
+//! numbered layers come from the first slice's model when they are embeddings, else (final
+//! norm, output head) from the last slice's, as mergekit's architectures place them.
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{EngineError, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// One output slice: a source for each input of the merge.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slice {
+    /// One source per input: the base first when the merge has one, then the experts.
+    pub sources: Vec<SliceSource>,
+}
+
+/// Layers `[first, end)` of a model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SliceSource {
+    /// Checkpoint file or folder.
+    pub model: PathBuf,
+    /// First layer and one past the last.
+    pub layers: [usize; 2],
+}
+
+/// Where the layer number sits in a tensor name: the component after `layers`, `layer`, `h` or
+/// `blocks` (`model.layers.3.mlp.up_proj.weight`).
+fn layer_position(parts: &[&str]) -> Option<(usize, usize)> {
+    parts
+        .windows(2)
+        .position(|w| matches!(w[0], "layers" | "layer" | "h" | "blocks") && w[1].parse::<usize>().is_ok())
+        .and_then(|i| Some((i + 1, parts[i + 1].parse().ok()?)))
+}
+
+/// Whether a tensor outside the layers belongs before them (token and position embeddings).
+fn is_embedding(name: &str) -> bool {
+    [
+        "embed",
+        "wte",
+        "wpe",
+        "tok_embeddings",
+        "word_embeddings",
+        "position_embeddings",
+    ]
+    .iter()
+    .any(|k| name.contains(k))
+}
+
+/// Number of output layers of a sliced merge.
+pub fn layer_count(slices: &[Slice]) -> usize {
+    slices
+        .iter()
+        .map(|s| s.sources.first().map_or(0, |src| src.layers[1] - src.layers[0]))
+        .sum()
+}
+
+/// Checks the shape of a sliced merge with `inputs` inputs: every slice has one source per
+/// input, and the sources of a slice span the same number of layers.
+pub fn check(slices: &[Slice], inputs: usize) -> Result<()> {
+    for (i, s) in slices.iter().enumerate() {
+        if s.sources.len() != inputs {
+            return Err(EngineError::Invalid(format!(
+                "slice {i} has {} sources but the merge has {inputs} inputs; give every slice one source per input \
+                 (the base first, then the experts)",
+                s.sources.len()
+            )));
+        }
+        for src in &s.sources {
+            let [first, end] = src.layers;
+            if first >= end {
+                return Err(EngineError::Invalid(format!(
+                    "slice {i}: layers [{first}, {end}) of '{}' is empty; write [first, end) with first < end",
+                    src.model.display()
+                )));
+            }
+            if end - first != s.sources[0].layers[1] - s.sources[0].layers[0] {
+                return Err(EngineError::Invalid(format!(
+                    "slice {i}: its sources span different numbers of layers ({:?} and {:?}); the layers of a slice are \
+                     merged one to one",
+                    s.sources[0].layers, src.layers
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Opens input `k` of a sliced merge as one checkpoint (see the module doc).
+pub fn open_input(slices: &[Slice], k: usize) -> Result<Checkpoint> {
+    let (Some(first), Some(last)) = (slices.first(), slices.last()) else {
+        return Err(EngineError::Invalid(
+            "a sliced merge needs at least one slice".to_owned(),
+        ));
+    };
+    // Each model opened once; its (output name, source name) pairs collected across slices.
+    let mut opened: BTreeMap<PathBuf, (Checkpoint, Vec<(String, String)>)> = BTreeMap::new();
+    let mut out_layer = 0usize;
+    for (si, slice) in slices.iter().enumerate() {
+        let src = &slice.sources[k];
+        if !opened.contains_key(&src.model) {
+            opened.insert(src.model.clone(), (Checkpoint::open(&src.model)?, Vec::new()));
+        }
+        let Some((ckpt, names)) = opened.get_mut(&src.model) else {
+            continue;
+        };
+        let available = ckpt
+            .tensors
+            .keys()
+            .filter_map(|n| layer_position(&n.split('.').collect::<Vec<_>>()).map(|(_, l)| l))
+            .max()
+            .map_or(0, |m| m + 1);
+        let [from, end] = src.layers;
+        if end > available {
+            return Err(EngineError::Invalid(format!(
+                "slice {si}: layers [{from}, {end}) of '{}', which has {available} layers; take layers below {available}",
+                src.model.display()
+            )));
+        }
+        for name in ckpt.tensors.keys() {
+            let parts: Vec<&str> = name.split('.').collect();
+            let Some((at, layer)) = layer_position(&parts) else {
+                continue;
+            };
+            if (from..end).contains(&layer) {
+                let mut renamed: Vec<String> = parts.iter().map(|p| (*p).to_owned()).collect();
+                renamed[at] = (out_layer + layer - from).to_string();
+                names.push((renamed.join("."), name.clone()));
+            }
+        }
+        out_layer += end - from;
+    }
+    // Tensors outside the layers: embeddings from the first slice's model, the rest from the last's.
+    for (model, embeddings) in [(&first.sources[k].model, true), (&last.sources[k].model, false)] {
+        let Some((ckpt, names)) = opened.get_mut(model) else {
+            continue;
+        };
+        let outside: Vec<String> = ckpt
+            .tensors
+            .keys()
+            .filter(|n| layer_position(&n.split('.').collect::<Vec<_>>()).is_none() && is_embedding(n) == embeddings)
+            .cloned()
+            .collect();
+        names.extend(outside.into_iter().map(|n| (n.clone(), n)));
+    }
+    let parts: Vec<(Checkpoint, Vec<(String, String)>)> = opened.into_values().collect();
+    Checkpoint::assemble(first.sources[k].model.clone(), parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::writer::{OutputTensor, OutputWriter};
+
+    fn write(path: &std::path::Path, layers: usize, value: f32) {
+        let mut names = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
+        for l in 0..layers {
+            names.push(format!("model.layers.{l}.mlp.up_proj.weight"));
+        }
+        let specs: Vec<OutputTensor> = names
+            .iter()
+            .map(|n| OutputTensor {
+                name: n.clone(),
+                dtype: DType::F32,
+                shape: vec![2],
+            })
+            .collect();
+        let w = OutputWriter::create(path, &specs, &BTreeMap::new(), None, false).unwrap();
+        for n in &names {
+            let layer = layer_position(&n.split('.').collect::<Vec<_>>()).map_or(-1.0, |(_, l)| l as f32);
+            w.write_values(n, 0, &[value, layer]).unwrap();
+        }
+        w.commit().unwrap();
+    }
+
+    #[test]
+    fn a_frankenmerge_renumbers_layers_and_takes_embeddings_first_and_norm_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.safetensors"), dir.path().join("b.safetensors"));
+        write(&a, 4, 1.0);
+        write(&b, 4, 2.0);
+        let slices = vec![
+            Slice {
+                sources: vec![SliceSource {
+                    model: a.clone(),
+                    layers: [0, 3],
+                }],
+            },
+            Slice {
+                sources: vec![SliceSource {
+                    model: b.clone(),
+                    layers: [1, 4],
+                }],
+            },
+        ];
+        check(&slices, 1).unwrap();
+        assert_eq!(layer_count(&slices), 6);
+        let c = open_input(&slices, 0).unwrap();
+        let read = |n: &str| c.read_f32(&c.tensors[n]).unwrap();
+        assert_eq!(c.tensors.len(), 8);
+        assert_eq!(read("model.embed_tokens.weight"), [1.0, -1.0]);
+        assert_eq!(read("model.norm.weight"), [2.0, -1.0]);
+        // Output layers 0..3 are a's 0..3; 3..6 are b's 1..4.
+        for (o, (model, layer)) in [(1.0, 0.0), (1.0, 1.0), (1.0, 2.0), (2.0, 1.0), (2.0, 2.0), (2.0, 3.0)]
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(
+                read(&format!("model.layers.{o}.mlp.up_proj.weight")),
+                [model, layer],
+                "layer {o}"
+            );
+        }
+        // Layers beyond the model, and a slice without a source per input, are errors.
+        let bad = vec![Slice {
+            sources: vec![SliceSource {
+                model: a.clone(),
+                layers: [2, 6],
+            }],
+        }];
+        let e = open_input(&bad, 0).unwrap_err().to_string();
+        assert!(e.contains("[2, 6)") && e.contains("has 4 layers"), "{e}");
+        let e = check(&slices, 2).unwrap_err().to_string();
+        assert!(e.contains("1 sources but the merge has 2 inputs"), "{e}");
+    }
+}
