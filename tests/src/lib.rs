@@ -101,3 +101,33 @@ pub fn write_model(path: &std::path::Path, tensors: &[(&str, &[usize], &[f32])])
     }
     w.commit().unwrap();
 }
+
+/// Every tensor of an opened checkpoint, as f32.
+#[allow(clippy::unwrap_used)] // a test helper: a failure is a panic by design
+pub fn tensors_of(c: &mergescope_engine::checkpoint::Checkpoint) -> mergescope_engine::merge::MemModel {
+    c.tensors
+        .values()
+        .map(|t| {
+            (
+                t.name.clone(),
+                mergescope_engine::merge::MemTensor::new(t.shape.clone(), c.read_f32(t).unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// Every tensor of the checkpoint at `path`, as f32.
+pub fn read_model(path: &std::path::Path) -> mergescope_engine::merge::MemModel {
+    let c = mergescope_engine::checkpoint::Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    tensors_of(&c)
+}
+
+/// Runs `req` with the plugin library `lib` as the CLI does (default options, nothing
+/// observed); the error as text.
+pub fn merge_to_files(lib: &str, req: &mergescope_engine::merge::MergeRequest) -> Result<(), String> {
+    use mergescope_engine::merge::{ExecOptions, Observer, merge_files};
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    merge_files(&load(lib), req, &ExecOptions::default(), Observer::silent(), &cancel)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}

@@ -2,6 +2,7 @@
 //! and build the crate as a `cdylib`. The SDK turns panics into `STATUS_PANIC` with the panic
 //! message, forwards errors and logs to the host, and hands the method typed parameters.
 
+pub mod combine;
 mod host;
 mod params;
 mod stats;

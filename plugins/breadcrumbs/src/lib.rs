@@ -6,6 +6,7 @@
 //! normalised by the weights, scaled by λ and added to θ0.
 
 use mergescope_plugin_api::abi::{CAP_NEEDS_BASE, CAP_THREAD_SAFE};
+use mergescope_plugin_api::sdk::combine::{Consensus, combine};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
@@ -28,14 +29,6 @@ needed to keep density·n entries).\n\
 Ranks come from a sort of |τ| per tensor, so tensors are merged whole (no chunking); entries of \
 equal magnitude at the cut may be kept differently from mergekit, whose sort order at ties is \
 unspecified.";
-
-mergescope_plugin_api::choice_enum! {
-    /// Which entries are merged.
-    enum Consensus {
-        None = "none",
-        Sign = "sign",
-    }
-}
 
 /// The Model Breadcrumbs method.
 pub struct Breadcrumbs {
@@ -121,55 +114,8 @@ impl MergeMethod for Breadcrumbs {
                 Ok(d.iter().zip(keep).map(|(v, k)| if k { v * w } else { 0.0 }).collect())
             })
             .collect::<Result<_>>()?;
-        let lambda = self.lambda as f32;
-        let out: Vec<f32> = (0..b.len())
-            .map(|i| {
-                let (mut mixed, mut divisor) = (0f32, 0f32);
-                match self.consensus {
-                    Consensus::None => {
-                        for (t, d) in deltas.iter().enumerate() {
-                            mixed += d[i];
-                            divisor += self.weights[t] as f32;
-                        }
-                        if divisor.abs() < 1e-8 {
-                            divisor = 1.0;
-                        }
-                    }
-                    Consensus::Sign => {
-                        let sum: f32 = deltas.iter().map(|d| d[i]).sum();
-                        let elected = if sum >= 0.0 { 1.0 } else { -1.0 };
-                        for (t, d) in deltas.iter().enumerate() {
-                            if sign(d[i]) == elected {
-                                mixed += d[i];
-                                divisor += self.weights[t] as f32;
-                            }
-                        }
-                        if divisor == 0.0 {
-                            divisor = 1.0;
-                        }
-                    }
-                }
-                if self.normalize {
-                    mixed /= divisor;
-                }
-                if lambda != 1.0 {
-                    mixed *= lambda;
-                }
-                b[i] + mixed
-            })
-            .collect();
+        let out = combine(&b, &deltas, &self.weights, self.consensus, self.normalize, self.lambda);
         host.from_f32(&out, &shape)
-    }
-}
-
-/// torch's sign: −1, 0 or 1.
-fn sign(v: f32) -> f32 {
-    if v > 0.0 {
-        1.0
-    } else if v < 0.0 {
-        -1.0
-    } else {
-        0.0
     }
 }
 

@@ -7,9 +7,9 @@
 //! method, so recipes from before per-expert weights give the same bits.
 
 use mergescope_plugin_api::abi::{
-    BINARY_EQ, BINARY_GT, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MEAN, DISJOINT_SUM, ELECT_MASS,
-    REDUCE_SUM_ABS,
+    CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MEAN, DISJOINT_SUM, ELECT_MASS, REDUCE_SUM_ABS,
 };
+use mergescope_plugin_api::sdk::combine::weighted_disjoint_mean;
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
@@ -281,34 +281,6 @@ impl MergeMethod for Dare {
             }
         }
     }
-}
-
-/// Σ_t u_t over the entries that agree with `sign`, divided by Σ_t w_t over the same entries
-/// (mergekit's `normalize` with sign consensus: a divisor of 0 becomes 1, so a coordinate where
-/// nothing agrees gets 0). Every intermediate is released.
-fn weighted_disjoint_mean(host: &Host<'_>, scaled: &[Tensor], weights: &[f64], sign: Tensor) -> Result<Tensor> {
-    let sum = host.disjoint_merge(scaled, sign, DISJOINT_SUM)?;
-    // Agreement of each expert: sign(u)·s is 1 where it agrees (non-zero, same sign), else 0 or −1.
-    let mut agree = Vec::with_capacity(scaled.len());
-    for t in scaled {
-        let s = host.sign(*t)?;
-        let product = host.mul(s, sign)?;
-        host.release(s)?;
-        agree.push(host.compare_scalar(BINARY_GT, product, 0.0)?);
-        host.release(product)?;
-    }
-    let divisor = host.weighted_sum(&agree, Some(weights))?;
-    for a in agree {
-        host.release(a)?;
-    }
-    let zero = host.compare_scalar(BINARY_EQ, divisor, 0.0)?;
-    let safe = host.add(divisor, zero)?;
-    host.release(divisor)?;
-    host.release(zero)?;
-    let mean = host.div(sum, safe)?;
-    host.release(sum)?;
-    host.release(safe)?;
-    Ok(mean)
 }
 
 mergescope_plugin_api::export_plugin!(Dare);

@@ -6,6 +6,7 @@
 //! normalised by the weights, scaled by λ and added to θ0.
 
 use mergescope_plugin_api::abi::{CAP_NEEDS_BASE, CAP_THREAD_SAFE};
+use mergescope_plugin_api::sdk::combine::{Consensus, combine};
 use mergescope_plugin_api::sdk::expert_seed;
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
@@ -51,14 +52,6 @@ host's counter-based draw for (s_t, j) is below p_j (bernoulli_mask_p of the hos
 mergescope.host.random.v2), so the same seed gives the same merge on any device or thread count. The \
 draws are not torch's, so single merges match mergekit's in distribution, not bit for bit. Ranks and \
 norms need whole tensors, so tensors are never chunked.";
-
-mergescope_plugin_api::choice_enum! {
-    /// Which entries are merged.
-    enum Consensus {
-        None = "none",
-        Sign = "sign",
-    }
-}
 
 /// The DELLA method (mergekit's `della` with `consensus = sign`, `della_linear` with `none`).
 pub struct Della {
@@ -244,55 +237,8 @@ impl MergeMethod for Della {
             let d: Vec<f32> = e.iter().zip(&b).map(|(x, y)| x - y).collect();
             deltas.push(self.pruned(host, input, &shape, t, d)?);
         }
-        let lambda = self.lambda as f32;
-        let out: Vec<f32> = (0..b.len())
-            .map(|i| {
-                let (mut mixed, mut divisor) = (0f32, 0f32);
-                match self.consensus {
-                    Consensus::None => {
-                        for (t, d) in deltas.iter().enumerate() {
-                            mixed += d[i];
-                            divisor += self.weights[t] as f32;
-                        }
-                        if divisor.abs() < 1e-8 {
-                            divisor = 1.0;
-                        }
-                    }
-                    Consensus::Sign => {
-                        let sum: f32 = deltas.iter().map(|d| d[i]).sum();
-                        let elected = if sum >= 0.0 { 1.0 } else { -1.0 };
-                        for (t, d) in deltas.iter().enumerate() {
-                            if sign(d[i]) == elected {
-                                mixed += d[i];
-                                divisor += self.weights[t] as f32;
-                            }
-                        }
-                        if divisor == 0.0 {
-                            divisor = 1.0;
-                        }
-                    }
-                }
-                if self.normalize {
-                    mixed /= divisor;
-                }
-                if lambda != 1.0 {
-                    mixed *= lambda;
-                }
-                b[i] + mixed
-            })
-            .collect();
+        let out = combine(&b, &deltas, &self.weights, self.consensus, self.normalize, self.lambda);
         host.from_f32(&out, &shape)
-    }
-}
-
-/// torch's sign: −1, 0 or 1.
-fn sign(v: f32) -> f32 {
-    if v > 0.0 {
-        1.0
-    } else if v < 0.0 {
-        -1.0
-    } else {
-        0.0
     }
 }
 

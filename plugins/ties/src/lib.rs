@@ -34,9 +34,10 @@
 //! statistics passes weight the trimmed values the same way (the same f32 product).
 
 use mergescope_plugin_api::abi::{
-    BINARY_EQ, BINARY_GT, CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MAX,
-    DISJOINT_MEAN, DISJOINT_SUM, DisjointOp, ELECT_COUNT, ELECT_MASS, ElectRule,
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MAX, DISJOINT_MEAN,
+    DISJOINT_SUM, DisjointOp, ELECT_COUNT, ELECT_MASS, ElectRule,
 };
+use mergescope_plugin_api::sdk::combine::weighted_disjoint_mean;
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
 };
@@ -403,34 +404,6 @@ fn find_bin(hist: &[u64], k: u64) -> Option<(usize, u64)> {
         above += here;
     }
     None
-}
-
-/// Σ_t w_t·τ̃_t over the entries that agree with `sign`, divided by Σ_t w_t over the same
-/// entries (mergekit's `normalize` with sign consensus: a divisor of 0 becomes 1, so a coordinate
-/// where nothing agrees gets 0). `weighted` holds w_t·τ̃_t. Every intermediate is released.
-fn weighted_disjoint_mean(host: &Host<'_>, weighted: &[Tensor], weights: &[f64], sign: Tensor) -> Result<Tensor> {
-    let sum = host.disjoint_merge(weighted, sign, DISJOINT_SUM)?;
-    // Agreement of each expert: sign(w·τ̃)·s is 1 where it agrees (non-zero, same sign), else 0 or −1.
-    let mut agree = Vec::with_capacity(weighted.len());
-    for t in weighted {
-        let s = host.sign(*t)?;
-        let product = host.mul(s, sign)?;
-        host.release(s)?;
-        agree.push(host.compare_scalar(BINARY_GT, product, 0.0)?);
-        host.release(product)?;
-    }
-    let divisor = host.weighted_sum(&agree, Some(weights))?;
-    for a in agree {
-        host.release(a)?;
-    }
-    let zero = host.compare_scalar(BINARY_EQ, divisor, 0.0)?;
-    let safe = host.add(divisor, zero)?;
-    host.release(divisor)?;
-    host.release(zero)?;
-    let mean = host.div(sum, safe)?;
-    host.release(sum)?;
-    host.release(safe)?;
-    Ok(mean)
 }
 
 /// The error for a per-task list shorter than the experts (the host checks the length, so this

@@ -8,11 +8,10 @@
 
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::lora;
-use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, MergeRequest, Observer, merge_files, open_expert};
-use mergescope_tests::{assert_contains, load};
+use mergescope_engine::merge::{MemModel, MergeRequest, open_expert};
+use mergescope_tests::{assert_contains, merge_to_files};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
@@ -22,12 +21,7 @@ fn base() -> PathBuf {
     fixtures().join("mergekit/inputs/base")
 }
 
-fn read(c: &Checkpoint) -> MemModel {
-    c.tensors
-        .values()
-        .map(|t| (t.name.clone(), MemTensor::new(t.shape.clone(), c.read_f32(t).unwrap())))
-        .collect()
-}
+use mergescope_tests::tensors_of as read;
 
 fn max_difference(a: &MemModel, b: &MemModel) -> f64 {
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
@@ -74,15 +68,7 @@ fn adapters_merge_like_the_models_they_stand_for() {
         let req = MergeRequest::new(experts, dir.path().join(out))
             .with_base(Some(base()))
             .with_params(json!({"lambda": 0.7}));
-        let cancel = AtomicBool::new(false);
-        merge_files(
-            &load("mergescope_plugin_task_arithmetic"),
-            &req,
-            &ExecOptions::default(),
-            Observer::silent(),
-            &cancel,
-        )
-        .unwrap();
+        merge_to_files("mergescope_plugin_task_arithmetic", &req).unwrap();
         read(&Checkpoint::open(&dir.path().join(out)).unwrap())
     };
     let adapters = run(
@@ -214,13 +200,9 @@ fn a_mergekit_config_names_adapters_as_model_plus_adapter() {
         converted.recipe.experts,
         [fixtures().join("peft/adapter-rslora").canonicalize().unwrap()]
     );
-    let cancel = AtomicBool::new(false);
-    merge_files(
-        &load("mergescope_plugin_task_arithmetic"),
+    merge_to_files(
+        "mergescope_plugin_task_arithmetic",
         &converted.to_request(false).unwrap(),
-        &ExecOptions::default(),
-        Observer::silent(),
-        &cancel,
     )
     .unwrap();
     let peft = read(&Checkpoint::open(&fixtures().join("peft/merged-rslora")).unwrap());

@@ -7,8 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
-use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::merge::{MemModel, MemTensor, merge_in_memory};
+use mergescope_engine::merge::{MemModel, merge_in_memory};
 use mergescope_tests::load;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -17,14 +16,7 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mergekit")
 }
 
-/// Every tensor of a checkpoint, as f32.
-fn read(path: &Path) -> MemModel {
-    let ck = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    ck.tensors
-        .values()
-        .map(|t| (t.name.clone(), MemTensor::new(t.shape.clone(), ck.read_f32(t).unwrap())))
-        .collect()
-}
+use mergescope_tests::read_model as read;
 
 fn input(name: &str) -> MemModel {
     read(&fixtures().join("inputs").join(name))

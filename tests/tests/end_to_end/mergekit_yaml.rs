@@ -7,34 +7,23 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
 use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::merge::{ExecOptions, MemModel, MemTensor, Observer, merge_files};
+use mergescope_engine::merge::MemModel;
 use mergescope_engine::mergekit;
-use mergescope_tests::{assert_contains, load};
+use mergescope_tests::{assert_contains, merge_to_files};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mergekit")
 }
 
-fn read(path: &Path) -> MemModel {
-    let ck = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    ck.tensors
-        .values()
-        .map(|t| (t.name.clone(), MemTensor::new(t.shape.clone(), ck.read_f32(t).unwrap())))
-        .collect()
-}
+use mergescope_tests::read_model as read;
 
 /// Converts the YAML `text` as if it lay in the fixtures folder (mergekit ran there, so its
 /// model paths are relative to it) and merges it into `out`.
 fn run_yaml(text: &str, out: &Path) -> Result<(), String> {
     let converted = mergekit::convert(text, &fixtures().join("merge.yml"), out).map_err(|e| e.to_string())?;
     let lib = format!("mergescope_plugin_{}", converted.recipe.method.replace('-', "_"));
-    let req = converted.to_request(false).map_err(|e| e.to_string())?;
-    let cancel = AtomicBool::new(false);
-    merge_files(&load(&lib), &req, &ExecOptions::default(), Observer::silent(), &cancel)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    merge_to_files(&lib, &converted.to_request(false).map_err(|e| e.to_string())?)
 }
 
 /// (largest |Δ|, number of elements differing by more than `tolerance`, elements).
@@ -152,16 +141,7 @@ fn the_output_is_a_hugging_face_folder_with_config_card_and_the_yaml() {
     assert_contains(&e, &["already exists", "--overwrite"]);
     // ...but --overwrite replaces it, since every file in it is one mergescope wrote.
     let converted = mergekit::convert(&text, &fixtures().join("merge.yml"), &out).unwrap();
-    let req = converted.to_request(true).unwrap();
-    let cancel = AtomicBool::new(false);
-    merge_files(
-        &load("mergescope_plugin_slerp"),
-        &req,
-        &ExecOptions::default(),
-        Observer::silent(),
-        &cancel,
-    )
-    .unwrap();
+    merge_to_files("mergescope_plugin_slerp", &converted.to_request(true).unwrap()).unwrap();
 }
 
 #[test]

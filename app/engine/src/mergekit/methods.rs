@@ -111,6 +111,26 @@ const TIES_FIXED: &[(&str, &str)] = &[
     ("zero_sign", "positive"),
 ];
 
+/// dare_ties and dare_linear (mergekit's density is the keep probability; rescale is L1).
+const DARE_PARAMS: &[Param] = &[
+    LAMBDA,
+    WEIGHT,
+    default(conv(per_model("density", "drop_rate"), Conv::OneMinus), Number(1.0)),
+    default(
+        conv(shared("rescale", "rescale"), Conv::Choose("l1", "none")),
+        Bool(true),
+    ),
+    shared("normalize", "normalize"),
+];
+/// breadcrumbs and breadcrumbs_ties.
+const BREADCRUMBS_PARAMS: &[Param] = &[
+    LAMBDA,
+    WEIGHT,
+    default(per_model("density", "density"), Number(1.0)),
+    per_model("gamma", "gamma"),
+    shared("normalize", "normalize"),
+];
+
 const MAPPINGS: &[Mapping] = &[
     Mapping {
         mergekit: "linear",
@@ -150,16 +170,7 @@ const MAPPINGS: &[Mapping] = &[
         base: Base::Required,
         experts: None,
         fixed: &[("combine", "ties-sum")],
-        params: &[
-            LAMBDA,
-            WEIGHT,
-            default(conv(per_model("density", "drop_rate"), Conv::OneMinus), Number(1.0)),
-            default(
-                conv(shared("rescale", "rescale"), Conv::Choose("l1", "none")),
-                Bool(true),
-            ),
-            shared("normalize", "normalize"),
-        ],
+        params: DARE_PARAMS,
     },
     Mapping {
         mergekit: "dare_linear",
@@ -167,16 +178,7 @@ const MAPPINGS: &[Mapping] = &[
         base: Base::Required,
         experts: None,
         fixed: &[("combine", "sum")],
-        params: &[
-            LAMBDA,
-            WEIGHT,
-            default(conv(per_model("density", "drop_rate"), Conv::OneMinus), Number(1.0)),
-            default(
-                conv(shared("rescale", "rescale"), Conv::Choose("l1", "none")),
-                Bool(true),
-            ),
-            shared("normalize", "normalize"),
-        ],
+        params: DARE_PARAMS,
     },
     Mapping {
         mergekit: "breadcrumbs",
@@ -184,13 +186,7 @@ const MAPPINGS: &[Mapping] = &[
         base: Base::Required,
         experts: None,
         fixed: &[("consensus", "none")],
-        params: &[
-            LAMBDA,
-            WEIGHT,
-            default(per_model("density", "density"), Number(1.0)),
-            per_model("gamma", "gamma"),
-            shared("normalize", "normalize"),
-        ],
+        params: BREADCRUMBS_PARAMS,
     },
     Mapping {
         mergekit: "breadcrumbs_ties",
@@ -198,13 +194,7 @@ const MAPPINGS: &[Mapping] = &[
         base: Base::Required,
         experts: None,
         fixed: &[("consensus", "sign")],
-        params: &[
-            LAMBDA,
-            WEIGHT,
-            default(per_model("density", "density"), Number(1.0)),
-            per_model("gamma", "gamma"),
-            shared("normalize", "normalize"),
-        ],
+        params: BREADCRUMBS_PARAMS,
     },
     Mapping {
         mergekit: "della",
