@@ -240,6 +240,18 @@ def merge_configs() -> dict[str, dict]:
             ],
             **dtypes,
         },
+        # Per-model gradients and filters: expert 1's weight rises over the layers, expert 2's
+        # depends on the tensor, expert 3's is one number.
+        "task_arithmetic_gradients": {
+            "merge_method": "task_arithmetic",
+            "base_model": base,
+            "models": [
+                m("expert1", weight=[0.0, 1.0]),
+                m("expert2", weight=[{"filter": "mlp", "value": 0.8}, {"value": [0.2, 0.4]}]),
+                m("expert3", weight=0.5),
+            ],
+            **dtypes,
+        },
         # SCE: the default select_topk (1, no selection) and a variance top-50 % selection.
         "sce": {
             "merge_method": "sce",

@@ -9,6 +9,10 @@
 //!   whose filter is a substring of the tensor name (or that has no filter, or `"*"`) gives the
 //!   value, itself a number or a gradient; a tensor no entry matches takes the default.
 //!
+//! A per-task parameter (one value per expert) may take a filter list for every expert, or a
+//! list with one number, gradient or filter list per expert (`task_weights = [[0, 1], 0.5]`):
+//! mergekit's per-model gradients.
+//!
 //! The host resolves these for every tensor before the plugin sees them ([`split`]): the
 //! tensors are grouped by the values they take, and each group is merged by an instance created
 //! with plain values, so every plugin supports layer-wise parameters without knowing of them.
@@ -124,10 +128,38 @@ fn evaluate(setting: &Setting, name: &str, t: f64) -> Option<f64> {
     }
 }
 
-/// The layer-wise parameters of `params` (a JSON object of the user's values), by name. Only
-/// shared (not per-task) numeric parameters of the schema can be layer-wise; a per-task list
-/// keeps its meaning (one value per expert).
-fn layered(params: &Value, schema: &[ParamSchema]) -> Result<BTreeMap<String, Setting>> {
+/// A parameter's layer-wise value: one for every expert, or one per expert.
+#[derive(Clone, Debug, PartialEq)]
+enum Layered {
+    /// A shared parameter's value, or a per-task parameter's value for every expert.
+    Shared(Setting),
+    /// A per-task parameter's value for each expert (a number or a layer-wise value each).
+    PerExpert(Vec<Setting>),
+}
+
+/// Whether a per-task parameter's value gives some expert a layer-wise value: a list whose
+/// items are not all numbers and not all filter entries (a list of filter entries is one
+/// layer-wise value for every expert; a list of numbers is one number per expert).
+fn per_expert_layered(v: &Value) -> bool {
+    let items = match v {
+        Value::Array(items) => items.clone(),
+        Value::String(s) if s.trim_start().starts_with('[') => match serde_json::from_str::<Value>(s) {
+            Ok(Value::Array(items)) => items,
+            _ => return false,
+        },
+        _ => return false,
+    };
+    !items
+        .iter()
+        .all(|i| i.is_number() || i.as_str().is_some_and(|s| s.trim().parse::<f64>().is_ok()))
+        && !items.iter().all(Value::is_object)
+}
+
+/// The layer-wise parameters of `params` (a JSON object of the user's values), by name. Shared
+/// numeric parameters take a gradient or filters; a per-task parameter keeps a list of numbers
+/// as one number per expert, takes a filter list as one layer-wise value for every expert, and
+/// a list mixing numbers, gradients and filter lists as one value per expert.
+fn layered(params: &Value, schema: &[ParamSchema]) -> Result<BTreeMap<String, Layered>> {
     let mut out = BTreeMap::new();
     let Some(obj) = params.as_object() else {
         return Ok(out);
@@ -136,12 +168,36 @@ fn layered(params: &Value, schema: &[ParamSchema]) -> Result<BTreeMap<String, Se
         let Some(p) = schema.iter().find(|p| &p.name == key) else {
             continue; // unknown names are reported by the schema check
         };
-        let numeric = matches!(p.ty, ParamType::Float { .. } | ParamType::Int { .. });
-        if !numeric || p.per_task {
+        if !matches!(p.ty, ParamType::Float { .. } | ParamType::Int { .. }) {
             continue;
         }
-        if let Some(setting) = parse(key, v)? {
-            out.insert(key.clone(), setting);
+        if !p.per_task {
+            if let Some(setting) = parse(key, v)? {
+                out.insert(key.clone(), Layered::Shared(setting));
+            }
+            continue;
+        }
+        if per_expert_layered(v) {
+            let items = match v {
+                Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or(Value::Null),
+                other => other.clone(),
+            };
+            let settings = items
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|item| match parse(key, item)? {
+                    Some(setting) => Ok(setting),
+                    None => Ok(Setting::Value(number(key, item)?)),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            out.insert(key.clone(), Layered::PerExpert(settings));
+        } else if v
+            .as_array()
+            .is_some_and(|a| !a.is_empty() && a.iter().all(Value::is_object))
+            && let Some(setting) = parse(key, v)?
+        {
+            out.insert(key.clone(), Layered::Shared(setting));
         }
     }
     Ok(out)
@@ -188,12 +244,33 @@ pub fn split(params: &Value, schema: &[ParamSchema], names: &[String]) -> Result
             None => 0.0,
         };
         let mut flat: Map<String, Value> = params.as_object().cloned().unwrap_or_default();
-        for (key, setting) in &settings {
-            match evaluate(setting, name, t) {
-                // Integer parameters take the integer part, as mergekit's int() does.
-                Some(v) if ints.contains(&key.as_str()) => flat.insert(key.clone(), Value::from(v.trunc() as i64)),
-                Some(v) => flat.insert(key.clone(), Value::from(v)),
-                None => flat.remove(key),
+        for (key, layered) in &settings {
+            // Integer parameters take the integer part, as mergekit's int() does.
+            let number = |v: f64| {
+                if ints.contains(&key.as_str()) {
+                    Value::from(v.trunc() as i64)
+                } else {
+                    Value::from(v)
+                }
+            };
+            match layered {
+                Layered::Shared(setting) => match evaluate(setting, name, t) {
+                    Some(v) => flat.insert(key.clone(), number(v)),
+                    None => flat.remove(key),
+                },
+                Layered::PerExpert(settings) => {
+                    // An expert no filter matches takes the parameter's default.
+                    let default = schema
+                        .iter()
+                        .find(|p| &p.name == key)
+                        .and_then(|p| p.default.as_f64())
+                        .unwrap_or(0.0);
+                    let values: Vec<Value> = settings
+                        .iter()
+                        .map(|s| number(evaluate(s, name, t).unwrap_or(default)))
+                        .collect();
+                    flat.insert(key.clone(), Value::Array(values))
+                }
             };
         }
         let flat = Value::Object(flat);
@@ -249,6 +326,38 @@ mod tests {
         assert_eq!(layer_index("encoder.layer.0.output.dense.weight"), Some(0));
         assert_eq!(layer_index("model.embed_tokens.weight"), None);
         assert_eq!(layer_index("model.layers.norm.weight"), None);
+    }
+
+    #[test]
+    fn per_task_values_may_be_layer_wise_per_expert() {
+        // w (per task, default 1): expert 0 a gradient [0, 1] over 3 layers, expert 1 the number
+        // 0.5, expert 2 filters (mlp → 2, none else → the default 1).
+        let n = names(3);
+        let params = json!({"w": [[0.0, 1.0], 0.5, [{"filter": "mlp", "value": 2.0}]]});
+        assert!(is_layered(&params, &schema()).unwrap());
+        let groups = split(&params, &schema(), &n).unwrap().unwrap();
+        let w = |tensor: usize| {
+            let g = groups.iter().find(|g| g.tensors.contains(&tensor)).unwrap();
+            g.params["w"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect::<Vec<_>>()
+        };
+        // Tensors: 0 embed, then (q, up) per layer, last the norm.
+        assert_eq!(w(0), [0.0, 0.5, 1.0]);
+        assert_eq!(w(1), [0.0, 0.5, 1.0]);
+        assert_eq!(w(2), [0.0, 0.5, 2.0]);
+        assert_eq!(w(3), [0.5, 0.5, 1.0]);
+        assert_eq!(w(6), [1.0, 0.5, 2.0]);
+        // A list of numbers stays one number per expert; a filter list is one value for all.
+        assert!(!is_layered(&json!({"w": [0.2, 0.3]}), &schema()).unwrap());
+        let all = split(&json!({"w": [{"filter": "mlp", "value": 3.0}]}), &schema(), &n)
+            .unwrap()
+            .unwrap();
+        assert_eq!(value_of(&all, 2, "w"), Some(3.0));
+        assert_eq!(value_of(&all, 1, "w"), None);
     }
 
     #[test]

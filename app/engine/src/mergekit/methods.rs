@@ -504,21 +504,14 @@ impl Mapping {
                         })?;
                         list.push(v);
                     }
+                    // One number for all when the models agree; else one value per model (a
+                    // number, or mergekit's per-model gradients and filters, which the host
+                    // resolves per tensor).
                     let first = list[0].clone();
-                    if list.iter().all(|v| *v == first) {
+                    if first.is_number() && list.iter().all(|v| *v == first) {
                         Some(first)
-                    } else if list.iter().all(Value::is_number) {
-                        Some(Value::Array(list))
                     } else {
-                        return Err(invalid(
-                            file,
-                            format!(
-                                "'{}' differs between models and is layer-wise (a gradient or filters) for some; \
-                                 per-model layer-wise values are not supported yet: give each model a number, or \
-                                 give one layer-wise value under the top-level parameters",
-                                p.mergekit
-                            ),
-                        ));
+                        Some(Value::Array(list))
                     }
                 }
             } else {
