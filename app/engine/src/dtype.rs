@@ -115,11 +115,19 @@ pub fn decode_f32_vec(dtype: DType, bytes: &[u8]) -> Vec<f32> {
             .chunks_exact(2)
             .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
-        // bf16 is the top half of an f32: widening is a shift (exact).
-        DType::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
-            .collect(),
+        // bf16 is the top half of an f32: widening is a shift (exact). Read as u16 words when the
+        // bytes are aligned (they are, from the reader's buffers), so the loop vectorises.
+        DType::BF16 => match bytemuck::try_cast_slice::<u8, u16>(&bytes[..bytes.len() & !1]) {
+            Ok(words) => {
+                let mut out = Vec::with_capacity(words.len());
+                out.extend(words.iter().map(|w| f32::from_bits(u32::from(u16::from_le(*w)) << 16)));
+                out
+            }
+            Err(_) => bytes
+                .chunks_exact(2)
+                .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                .collect(),
+        },
         DType::F64 => bytes
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
@@ -144,16 +152,16 @@ pub fn encode_f32(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
     out.clear();
     match dtype {
         DType::F32 | DType::Other { .. } => {
-            let words: Vec<u32> = values.iter().map(|v| v.to_bits().to_le()).collect();
-            out.extend_from_slice(bytemuck::cast_slice(&words));
+            out.reserve(values.len() * 4);
+            out.extend(values.iter().flat_map(|v| v.to_bits().to_le_bytes()));
         }
         DType::F16 => {
-            let words: Vec<u16> = values.iter().map(|v| f16::from_f32(*v).to_bits().to_le()).collect();
-            out.extend_from_slice(bytemuck::cast_slice(&words));
+            out.reserve(values.len() * 2);
+            out.extend(values.iter().flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes()));
         }
         DType::BF16 => {
-            let words: Vec<u16> = values.iter().map(|v| bf16_bits(*v).to_le()).collect();
-            out.extend_from_slice(bytemuck::cast_slice(&words));
+            out.reserve(values.len() * 2);
+            out.extend(values.iter().flat_map(|v| bf16_bits(*v).to_le_bytes()));
         }
         DType::F64 => {
             let words: Vec<u64> = values.iter().map(|v| f64::from(*v).to_bits().to_le()).collect();
