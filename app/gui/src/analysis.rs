@@ -95,6 +95,15 @@ impl ViewKind {
         }
     }
 
+    /// Whether the view draws the selected merges (or their trajectories), so it follows the
+    /// selection.
+    pub fn uses_merges(self) -> bool {
+        matches!(
+            self,
+            ViewKind::Pca | ViewKind::Radar | ViewKind::Plane | ViewKind::TrajectoryPlane
+        )
+    }
+
     /// Whether the view evaluates models (landscapes), so it needs a benchmark.
     pub fn is_landscape(self) -> bool {
         matches!(
@@ -202,6 +211,9 @@ pub struct Analysis {
     pub seconds: Option<f64>,
     /// Inputs of the figure shown.
     pub inputs: AnalysisInputs,
+    /// The runs (ids) whose merges the figure shows, and whether they are every finished run
+    /// because none was selected; the window redraws when the selection changes them.
+    pub runs: (Vec<u64>, bool),
     task: Background<Update, ()>,
 }
 
@@ -216,6 +228,7 @@ impl Default for Analysis {
             error: None,
             seconds: None,
             inputs: AnalysisInputs::default(),
+            runs: (Vec::new(), false),
             task: Background::default(),
         }
     }
@@ -323,7 +336,8 @@ fn compute(
             );
             if models.len() <= usize::from(base_eval.is_some()) {
                 return Err(EngineError::invalid(
-                    "select evaluated merges in the results table to draw them",
+                    "no evaluated merge to draw yet: merge with a benchmark or a suite open, and the merge is \
+                     evaluated and drawn here",
                 ));
             }
             emit(radar_figure(&models)?, None);

@@ -26,6 +26,9 @@ pub struct MergescopeApp {
 impl MergescopeApp {
     /// A new window over a new session; the worker thread wakes `ctx` on progress.
     pub fn new(ctx: &egui::Context, settings: Settings, config: &DocumentConfig) -> MergescopeApp {
+        // Scroll bars beside the content, never floating over it: a floating bar lay over the
+        // only row of a one-row table and took the click meant for its checkbox.
+        ctx.all_styles_mut(|style| style.spacing.scroll = egui::style::ScrollStyle::solid());
         let repaint = ctx.clone();
         let mut doc = Document::new(config, Arc::new(move || repaint.request_repaint()));
         if method_view::device_compiled(settings.device) {

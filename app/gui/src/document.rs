@@ -538,11 +538,8 @@ impl Document {
     /// Opens the analysis panel on `kind`, computed on the inputs, the benchmark and the runs
     /// in `selected` (their merges, evaluations and trajectories).
     pub fn analyze(&mut self, kind: crate::analysis::ViewKind, selected: &std::collections::BTreeSet<u64>) {
-        let merges: Vec<&RunRecord> = self
-            .runs
-            .iter()
-            .filter(|r| selected.contains(&r.id) && r.status == RunStatus::Done)
-            .collect();
+        let runs = self.analysis_runs(selected);
+        let merges: Vec<&RunRecord> = self.runs.iter().filter(|r| runs.0.contains(&r.id)).collect();
         let trajectories = merges
             .iter()
             .map(|r| r.output.with_extension("trajectory.safetensors"))
@@ -612,6 +609,18 @@ impl Document {
             device: self.device,
         };
         self.analysis.start(kind, inputs, self.notify.clone());
+        self.analysis.runs = runs;
+    }
+
+    /// The finished runs an analysis draws for the selection `selected`: the selected ones, or
+    /// every finished run when none is selected (then `true`).
+    pub fn analysis_runs(&self, selected: &std::collections::BTreeSet<u64>) -> (Vec<u64>, bool) {
+        let done = self.runs.iter().filter(|r| r.status == RunStatus::Done);
+        if selected.is_empty() {
+            (done.map(|r| r.id).collect(), true)
+        } else {
+            (done.filter(|r| selected.contains(&r.id)).map(|r| r.id).collect(), false)
+        }
     }
 
     /// Opens the Experiments window (on the `paper-002` preset for the open benchmark the

@@ -821,3 +821,50 @@ fn a_mergekit_yaml_opens_in_the_window_and_runs_as_mergekit_ran_it() {
         assert!(worst < 1e-6, "{n}: {worst}");
     }
 }
+
+/// The radar follows the results table (issue #28): with nothing selected it draws every
+/// evaluated merge and says so; a merge that finishes, and a row ticked, redraw it without
+/// another click.
+#[test]
+fn the_radar_follows_the_selection_without_another_click() {
+    use mergescope_figures::Figure;
+    let runs = tempfile::tempdir().unwrap();
+    let mut h = harness(app(runs.path(), Theme::Light));
+    h.run_steps(3);
+    choose_method(&mut h, "Task arithmetic");
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "the first merge", |a| last_status(a) == Some(RunStatus::Done));
+    let radar_series = |a: &MergescopeApp| match &a.doc.analysis.figure {
+        Some(Figure::Radar(r)) => r.series.iter().map(|s| s.0.clone()).collect::<Vec<_>>(),
+        _ => Vec::new(),
+    };
+    h.get_by_label("Radar").click();
+    step_until(&mut h, "the radar", |a| {
+        !a.doc.analysis.running() && (a.doc.analysis.figure.is_some() || a.doc.analysis.error.is_some())
+    });
+    assert_eq!(h.state().doc.analysis.error, None);
+    assert_eq!(
+        radar_series(h.state()).len(),
+        2,
+        "the base and the one merge, none selected"
+    );
+    h.get_by_label_contains("No merges selected");
+    // A second merge finishes: the radar redraws by itself with both.
+    choose_method(&mut h, "Weight averaging");
+    h.get_by_label("▶ Run merge").click();
+    step_until(&mut h, "the second merge and the redraw", |a| {
+        a.doc.runs.len() == 2
+            && a.doc.runs.iter().all(|r| r.status == RunStatus::Done)
+            && !a.doc.analysis.running()
+            && radar_series(a).len() == 3
+    });
+    // Ticking the first row narrows it to that merge, again without a click on the view.
+    let first = h.state().doc.runs[0].id;
+    h.state_mut().view.selected.insert(first);
+    step_until(&mut h, "the redraw for the ticked row", |a| {
+        !a.doc.analysis.running()
+            && a.doc.analysis.runs == (vec![a.doc.runs[0].id], false)
+            && radar_series(a).len() == 2
+    });
+    assert!(h.query_by_label_contains("No merges selected").is_none());
+}

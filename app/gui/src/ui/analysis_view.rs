@@ -59,6 +59,20 @@ pub fn analysis_window(ctx: &Context, doc: &mut Document, view: &mut ViewState) 
                 }
             });
             let kind = doc.analysis.kind;
+            // The view follows the results table: a change of selection, or a merge finishing,
+            // redraws it without another click.
+            if kind.uses_merges() && !doc.analysis.running() && doc.analysis_runs(&view.selected) != doc.analysis.runs {
+                doc.analyze(kind, &view.selected);
+            }
+            if kind.uses_merges() && doc.analysis.runs.1 {
+                ui.label(
+                    RichText::new(
+                        "No merges selected: every finished merge is shown (tick rows in the results to choose).",
+                    )
+                    .weak()
+                    .small(),
+                );
+            }
             if kind.is_landscape() {
                 landscape_controls(ui, doc, view);
             } else if matches!(kind, ViewKind::Pca | ViewKind::Cosine | ViewKind::Heterogeneity) {
