@@ -260,12 +260,25 @@ impl MergescopeApp {
                 .id_salt("method-scroll")
                 .show(ui, |ui| method_view::method_ui(ui, &mut self.doc, &mut self.view));
         });
-        egui::CentralPanel::default().show(ui, |ui| results_view::results_ui(ui, &mut self.doc, &mut self.view));
+        egui::CentralPanel::default().show(ui, |ui| {
+            if self.doc.analysis.open {
+                // The results on top (drag their lower edge to share the column), the analysis
+                // below them, never over the rows that feed it.
+                let room = ui.available_height();
+                egui::Panel::top("results-area")
+                    .resizable(true)
+                    .default_size((room * 0.4).max(120.0))
+                    .size_range(120.0..=(room - 160.0).max(120.0))
+                    .show(ui, |ui| results_view::results_ui(ui, &mut self.doc, &mut self.view));
+                analysis_view::analysis_panel(ui, &mut self.doc, &mut self.view);
+            } else {
+                results_view::results_ui(ui, &mut self.doc, &mut self.view);
+            }
+        });
 
         let ctx = ui.ctx().clone();
         dialogs::approval_ui(&ctx, &mut self.doc, &mut self.view);
         dialogs::about_ui(&ctx, &mut self.view);
-        analysis_view::analysis_window(&ctx, &mut self.doc, &mut self.view);
         experiments_view::experiments_window(&ctx, &mut self.doc);
         let mut open = self.view.shortcuts;
         egui::Window::new("Keyboard shortcuts")

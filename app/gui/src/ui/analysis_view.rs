@@ -1,11 +1,11 @@
-//! The analysis window: pick a view (PCA, radar, cosine, spectra, landscapes), watch it
+//! The analysis panel (below the results): pick a view (PCA, radar, cosine, spectra, landscapes), watch it
 //! compute (landscapes fill in coarse to fine; Cancel keeps what was computed in the cache),
 //! hover for values, save PNG or CSV. Opened from the results with the selected merges.
 
 use crate::analysis::ViewKind;
 use crate::document::Document;
 use crate::ui::{ViewState, dialogs, figure_view};
-use egui::{Context, RichText};
+use egui::RichText;
 use mergescope_lab::analysis::landscape::MetricKind;
 
 /// Buttons that open each view on the selected runs (the second click from a result).
@@ -43,85 +43,93 @@ pub fn open_buttons(ui: &mut egui::Ui, doc: &mut Document, view: &ViewState) {
     }
 }
 
-/// The analysis window, when open.
-pub fn analysis_window(ctx: &Context, doc: &mut Document, view: &mut ViewState) {
+/// The analysis panel, docked below the results table (so the rows that feed it stay in view):
+/// it fills the space the results leave (their share is resizable and remembered by the window).
+/// Shown while `doc.analysis.open`.
+pub fn analysis_panel(ui: &mut egui::Ui, doc: &mut Document, view: &mut ViewState) {
+    let ctx = ui.ctx().clone();
     let mut open = doc.analysis.open;
-    egui::Window::new("Analysis")
-        .open(&mut open)
-        .default_size([760.0, 620.0])
-        .resizable(true)
-        .show(ctx, |ui| {
-            ui.horizontal_wrapped(|ui| {
-                for kind in ViewKind::ALL {
-                    if ui.selectable_label(doc.analysis.kind == kind, kind.label()).clicked() {
-                        doc.analyze(kind, &view.selected);
-                    }
-                }
-            });
-            let kind = doc.analysis.kind;
-            // The view follows the results table: a change of selection, or a merge finishing,
-            // redraws it without another click.
-            if kind.uses_merges() && !doc.analysis.running() && doc.analysis_runs(&view.selected) != doc.analysis.runs {
-                doc.analyze(kind, &view.selected);
-            }
-            if kind.uses_merges() && doc.analysis.runs.1 {
-                ui.label(
-                    RichText::new(
-                        "No merges selected: every finished merge is shown (tick rows in the results to choose).",
-                    )
-                    .weak()
-                    .small(),
-                );
-            }
-            if kind.is_landscape() {
-                landscape_controls(ui, doc, view);
-            } else if matches!(kind, ViewKind::Pca | ViewKind::Cosine | ViewKind::Heterogeneity) {
-                view_controls(ui, doc, view);
-            } else if kind == ViewKind::Bound {
-                bound_controls(ui, doc, view);
-            }
-            ui.horizontal(|ui| {
-                let a = &doc.analysis;
-                if let Some(since) = a.running_since() {
-                    ui.spinner();
-                    let text = match a.progress {
-                        Some((done, total)) => {
-                            format!("{done} of {total} points, {:.0} s", since.elapsed().as_secs_f64())
-                        }
-                        None => format!("computing, {:.0} s", since.elapsed().as_secs_f64()),
-                    };
-                    ui.label(text);
-                    if ui
-                        .button("Cancel")
-                        .on_hover_text("Points computed so far stay cached")
-                        .clicked()
-                    {
-                        doc.analysis.cancel();
-                    }
-                } else if let Some(s) = a.seconds {
-                    let points = a
-                        .progress
-                        .map(|(d, t)| format!(" ({d} of {t} points)"))
-                        .unwrap_or_default();
-                    ui.label(RichText::new(format!("computed in {s:.1} s{points}")).weak());
-                }
-                let has = doc.analysis.figure.is_some();
-                if ui.add_enabled(has, egui::Button::new("Save PNG…")).clicked() {
-                    dialogs::export_figure(doc, true);
-                }
-                if ui.add_enabled(has, egui::Button::new("Save CSV…")).clicked() {
-                    dialogs::export_figure(doc, false);
-                }
-            });
-            if let Some(e) = &doc.analysis.error {
-                ui.label(RichText::new(e).color(ui.visuals().error_fg_color));
-            }
-            if let Some(fig) = &doc.analysis.figure {
-                ui.label(RichText::new(fig.title()).strong());
-                let height = (ui.available_height() - 10.0).clamp(240.0, 460.0);
-                figure_view::figure_ui(ui, "analysis-figure", fig, height);
+    ui.horizontal(|ui| {
+        ui.heading("Analysis");
+        ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
+            if ui
+                .small_button("Close")
+                .on_hover_text("Close the analysis panel")
+                .clicked()
+            {
+                open = false;
             }
         });
+    });
+    ui.horizontal_wrapped(|ui| {
+        for kind in ViewKind::ALL {
+            if ui.selectable_label(doc.analysis.kind == kind, kind.label()).clicked() {
+                doc.analyze(kind, &view.selected);
+            }
+        }
+    });
+    let kind = doc.analysis.kind;
+    // The view follows the results table: a change of selection, or a merge finishing,
+    // redraws it without another click.
+    if kind.uses_merges() && !doc.analysis.running() && doc.analysis_runs(&view.selected) != doc.analysis.runs {
+        doc.analyze(kind, &view.selected);
+    }
+    if kind.uses_merges() && doc.analysis.runs.1 {
+        ui.label(
+            RichText::new("No merges selected: every finished merge is shown (tick rows in the results to choose).")
+                .weak()
+                .small(),
+        );
+    }
+    if kind.is_landscape() {
+        landscape_controls(ui, doc, view);
+    } else if matches!(kind, ViewKind::Pca | ViewKind::Cosine | ViewKind::Heterogeneity) {
+        view_controls(ui, doc, view);
+    } else if kind == ViewKind::Bound {
+        bound_controls(ui, doc, view);
+    }
+    ui.horizontal(|ui| {
+        let a = &doc.analysis;
+        if let Some(since) = a.running_since() {
+            ui.spinner();
+            let text = match a.progress {
+                Some((done, total)) => {
+                    format!("{done} of {total} points, {:.0} s", since.elapsed().as_secs_f64())
+                }
+                None => format!("computing, {:.0} s", since.elapsed().as_secs_f64()),
+            };
+            ui.label(text);
+            if ui
+                .button("Cancel")
+                .on_hover_text("Points computed so far stay cached")
+                .clicked()
+            {
+                doc.analysis.cancel();
+            }
+        } else if let Some(s) = a.seconds {
+            let points = a
+                .progress
+                .map(|(d, t)| format!(" ({d} of {t} points)"))
+                .unwrap_or_default();
+            ui.label(RichText::new(format!("computed in {s:.1} s{points}")).weak());
+        }
+        let has = doc.analysis.figure.is_some();
+        if ui.add_enabled(has, egui::Button::new("Save PNG…")).clicked() {
+            dialogs::export_figure(doc, true);
+        }
+        if ui.add_enabled(has, egui::Button::new("Save CSV…")).clicked() {
+            dialogs::export_figure(doc, false);
+        }
+    });
+    if let Some(e) = &doc.analysis.error {
+        ui.label(RichText::new(e).color(ui.visuals().error_fg_color));
+    }
+    if let Some(fig) = &doc.analysis.figure {
+        ui.label(RichText::new(fig.title()).strong());
+        // The figure takes the panel's height: drag the panel's edge to enlarge it.
+        let height = (ui.available_height() - 10.0).max(140.0);
+        figure_view::figure_ui(ui, "analysis-figure", fig, height);
+    }
     doc.analysis.open = open;
     if !open {
         doc.analysis.cancel();
