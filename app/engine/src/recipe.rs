@@ -110,6 +110,34 @@ pub fn parse_size(s: &str) -> Option<u64> {
     (n >= 0.0).then_some((n * mult) as u64)
 }
 
+/// Method parameters (a JSON object) as a recipe's `[params]` table: numbers keep their kind
+/// (integers stay integers) except inside lists, whose numbers are floats (per-task values,
+/// gradient anchors); filter entries become tables, nested lists (per-expert layer-wise values)
+/// stay lists; nulls are left out.
+pub fn params_to_toml(params: &serde_json::Map<String, serde_json::Value>) -> toml::Table {
+    params
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), json_to_toml(v, false)?)))
+        .collect()
+}
+
+fn json_to_toml(v: &serde_json::Value, in_list: bool) -> Option<toml::Value> {
+    use serde_json::Value;
+    Some(match v {
+        Value::Null => return None,
+        Value::Bool(b) => toml::Value::Boolean(*b),
+        Value::Number(n) if n.is_i64() && !in_list => toml::Value::Integer(n.as_i64()?),
+        Value::Number(n) => toml::Value::Float(n.as_f64()?),
+        Value::String(s) => toml::Value::String(s.clone()),
+        Value::Array(a) => toml::Value::Array(a.iter().filter_map(|x| json_to_toml(x, true)).collect()),
+        Value::Object(o) => toml::Value::Table(
+            o.iter()
+                .filter_map(|(k, x)| Some((k.clone(), json_to_toml(x, false)?)))
+                .collect(),
+        ),
+    })
+}
+
 fn toml_to_json(v: &toml::Value) -> serde_json::Value {
     match v {
         toml::Value::String(s) => s.clone().into(),

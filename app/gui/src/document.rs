@@ -850,7 +850,7 @@ impl Document {
             device: r.device,
             shard_size: None,
             on_missing: MissingPolicy::Error,
-            params: json_to_toml(&r.params),
+            params: mergescope_engine::recipe::params_to_toml(&r.params),
             ..mergescope_engine::recipe::Recipe::default()
         };
         let recipe_path = PathBuf::from(format!("{}.recipe.toml", dest.display()));
@@ -948,25 +948,6 @@ fn same_file(a: &Path, b: &Path) -> bool {
         (Ok(x), Ok(y)) => x == y,
         _ => false,
     }
-}
-
-fn json_to_toml(params: &Map<String, Value>) -> toml::Table {
-    params
-        .iter()
-        .filter_map(|(k, v)| {
-            let t = match v {
-                Value::Bool(b) => toml::Value::Boolean(*b),
-                Value::Number(n) if n.is_i64() => toml::Value::Integer(n.as_i64()?),
-                Value::Number(n) => toml::Value::Float(n.as_f64()?),
-                Value::String(s) => toml::Value::String(s.clone()),
-                Value::Array(a) => {
-                    toml::Value::Array(a.iter().filter_map(|x| x.as_f64().map(toml::Value::Float)).collect())
-                }
-                _ => return None,
-            };
-            Some((k.clone(), t))
-        })
-        .collect()
 }
 
 /// `format` field of project files.
@@ -1092,7 +1073,7 @@ mod tests {
             r#"{"lambda": 0.5, "k": 3, "normalize": true, "trim_scope": "global", "w": [0.5, 1]}"#,
         )
         .unwrap();
-        let t = json_to_toml(&params);
+        let t = mergescope_engine::recipe::params_to_toml(&params);
         assert_eq!(t["lambda"], toml::Value::Float(0.5));
         assert_eq!(t["k"], toml::Value::Integer(3));
         assert_eq!(t["normalize"], toml::Value::Boolean(true));
@@ -1100,6 +1081,15 @@ mod tests {
         assert_eq!(
             t["w"],
             toml::Value::Array(vec![toml::Value::Float(0.5), toml::Value::Float(1.0)])
+        );
+        // Layer-wise values from an opened recipe are kept, as the recipe gave them.
+        let layered: Map<String, Value> =
+            serde_json::from_str(r#"{"t": [{"filter": "mlp", "value": [0, 1]}, {"value": 0.5}]}"#).unwrap();
+        let t = mergescope_engine::recipe::params_to_toml(&layered);
+        let back = toml::Value::Table(t).to_string();
+        assert!(
+            back.contains("filter = \"mlp\"") && back.contains("value = [0.0, 1.0]"),
+            "{back}"
         );
     }
 }

@@ -17,7 +17,7 @@ pub use models::resolve_model;
 
 use crate::dtype::OutDType;
 use crate::error::{EngineError, Result};
-use crate::recipe::Recipe;
+use crate::recipe::{Recipe, params_to_toml};
 use crate::slices::{Slice, SliceSource};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -231,7 +231,7 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         device: Default::default(),
         shard_size: None,
         on_missing: Default::default(),
-        params: json_to_toml(&Value::Object(params))?,
+        params: params_to_toml(&params),
         hf_folder: true,
         config_from: None,
         tokenizer_from,
@@ -415,14 +415,4 @@ fn slice_layout(slices: &[Slice], base: Option<&Entry>, experts: &[&Entry]) -> V
             sources: order.iter().filter_map(|&k| s.sources.get(k).cloned()).collect(),
         })
         .collect()
-}
-
-/// A JSON parameter table as TOML.
-fn json_to_toml(v: &Value) -> Result<toml::Table> {
-    let toml_value = toml::Value::try_from(v)
-        .map_err(|e| EngineError::Invalid(format!("cannot write the parameters as TOML: {e}")))?;
-    match toml_value {
-        toml::Value::Table(t) => Ok(t),
-        _ => Ok(toml::Table::new()),
-    }
 }
