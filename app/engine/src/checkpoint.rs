@@ -126,6 +126,10 @@ pub struct Checkpoint {
     /// Low-rank updates added to some tensors when they are read (a LoRA adapter applied to a
     /// base, [`crate::lora`]); empty for a plain checkpoint.
     deltas: BTreeMap<String, LowRank>,
+    /// Whether the model was saved in shards (for an assembled or adapted checkpoint: whether one
+    /// of the models it was made from was); its own `files` may also hold an adapter's file or
+    /// several models' files.
+    sharded: bool,
 }
 
 /// Fails unless `path` is a regular file (following links): a FIFO would block the open
@@ -572,6 +576,7 @@ impl Checkpoint {
         }
         Ok(Checkpoint {
             path: path.to_path_buf(),
+            sharded: files.len() > 1,
             files,
             tensors,
             deltas: BTreeMap::new(),
@@ -585,7 +590,9 @@ impl Checkpoint {
         let mut files = Vec::new();
         let mut tensors = BTreeMap::new();
         let mut deltas = BTreeMap::new();
+        let mut sharded = false;
         for (source, names) in parts {
+            sharded |= source.sharded;
             let offset = files.len();
             let moved = |e: &TensorEntry| TensorEntry {
                 file: e.file + offset,
@@ -620,7 +627,7 @@ impl Checkpoint {
             }
             files.extend(source.files);
         }
-        Ok(Checkpoint::with_deltas(path, files, tensors, deltas))
+        Ok(Checkpoint::with_deltas(path, files, tensors, deltas, sharded))
     }
 
     /// A checkpoint whose tensors named in `deltas` get their low-rank update when read.
@@ -629,13 +636,21 @@ impl Checkpoint {
         files: Vec<ShardFile>,
         tensors: BTreeMap<String, TensorEntry>,
         deltas: BTreeMap<String, LowRank>,
+        sharded: bool,
     ) -> Checkpoint {
         Checkpoint {
             path,
             files,
             tensors,
             deltas,
+            sharded,
         }
+    }
+
+    /// Whether the model was saved in shards (see the field); a merge's output is sharded like
+    /// its reference input by default.
+    pub fn is_sharded(&self) -> bool {
+        self.sharded
     }
 
     /// Total size of the shard files in bytes.

@@ -25,11 +25,17 @@ use std::collections::BTreeMap;
 /// The transformer layer a tensor belongs to: the number after a `layers`, `layer`, `h` or
 /// `blocks` component of its name (`model.layers.3.mlp.up_proj.weight` → 3).
 pub fn layer_index(name: &str) -> Option<usize> {
-    let parts: Vec<&str> = name.split('.').collect();
-    parts
+    layer_position(&name.split('.').collect::<Vec<_>>()).map(|(_, layer)| layer)
+}
+
+/// Where the layer number of a tensor name stands: (index of that component among the
+/// name's dot-separated `parts`, the layer). Slices renumber the layer there.
+pub(crate) fn layer_position(parts: &[&str]) -> Option<(usize, usize)> {
+    let at = parts
         .windows(2)
-        .find(|w| matches!(w[0], "layers" | "layer" | "h" | "blocks"))
-        .and_then(|w| w[1].parse().ok())
+        .position(|w| matches!(w[0], "layers" | "layer" | "h" | "blocks"))?
+        + 1;
+    Some((at, parts[at].parse().ok()?))
 }
 
 /// A value given per tensor.

@@ -204,9 +204,16 @@ pub fn apply(base: Checkpoint, dir: &Path) -> Result<Checkpoint> {
             },
         );
     }
+    let sharded = base.is_sharded();
     let mut files = base.files;
     files.extend(adapter.files);
-    Ok(Checkpoint::with_deltas(dir.to_path_buf(), files, tensors, deltas))
+    Ok(Checkpoint::with_deltas(
+        dir.to_path_buf(),
+        files,
+        tensors,
+        deltas,
+        sharded,
+    ))
 }
 
 fn unfitting(dir: &Path, tensor: &str, why: &str) -> EngineError {

@@ -314,20 +314,10 @@ impl MergeRequest {
     /// The largest shard in bytes for an output of `reference`: as asked, else as the reference
     /// input's largest shard when it is sharded, else one file (`Some(0)` asks for one file).
     pub fn shard_limit(&self, reference: &Checkpoint) -> Option<u64> {
-        // An input assembled from slices has the files of every sliced model: it is sharded only
-        // if one of those models is.
-        let sharded_input = if self.slices.is_empty() {
-            reference.files.len() > 1
-        } else {
-            self.slices
-                .iter()
-                .flat_map(|s| &s.sources)
-                .any(|src| Checkpoint::open(&src.model).is_ok_and(|c| c.files.len() > 1))
-        };
         match self.shard_bytes {
             Some(0) => None,
             Some(b) => Some(b),
-            None if sharded_input => reference.files.iter().map(|f| f.size).max(),
+            None if reference.is_sharded() => reference.files.iter().map(|f| f.size).max(),
             None => None,
         }
     }

@@ -9,6 +9,7 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{EngineError, Result};
+use crate::layered::layer_position;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -29,15 +30,6 @@ pub struct SliceSource {
     pub model: PathBuf,
     /// First layer and one past the last.
     pub layers: [usize; 2],
-}
-
-/// Where the layer number sits in a tensor name: the component after `layers`, `layer`, `h` or
-/// `blocks` (`model.layers.3.mlp.up_proj.weight`).
-fn layer_position(parts: &[&str]) -> Option<(usize, usize)> {
-    parts
-        .windows(2)
-        .position(|w| matches!(w[0], "layers" | "layer" | "h" | "blocks") && w[1].parse::<usize>().is_ok())
-        .and_then(|i| Some((i + 1, parts[i + 1].parse().ok()?)))
 }
 
 /// Whether a tensor outside the layers belongs before them (token and position embeddings).

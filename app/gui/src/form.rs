@@ -124,13 +124,12 @@ pub struct ParamForm {
 }
 
 /// Whether `v` is a layer-wise value of parameter `f` (a gradient or filter list), rather than
-/// a number or, for a per-task parameter, one number per expert.
+/// a number or, for a per-task parameter, one number per expert: the engine's own reading, so
+/// the form keeps exactly what a run would resolve per tensor (a malformed value is kept too,
+/// for `validate` to name).
 fn is_layer_wise(f: &Field, v: &Value) -> bool {
-    match v {
-        Value::Array(items) => !f.schema.per_task || items.iter().any(|i| !i.is_number()),
-        Value::Object(_) => true,
-        _ => false,
-    }
+    let one = Value::Object(Map::from_iter([(f.schema.name.clone(), v.clone())]));
+    mergescope_engine::layered::is_layered(&one, std::slice::from_ref(&f.schema)).unwrap_or(true)
 }
 
 impl ParamForm {
