@@ -4,7 +4,8 @@
 use crate::document::{Document, DocumentConfig, Level};
 use crate::settings::Settings;
 use crate::ui::{
-    ViewState, analysis_view, dialogs, experiments_view, inputs_view, log_view, menu, method_view, results_view,
+    ViewState, actions, analysis_view, dialogs, experiments_view, inputs_view, log_view, menu, method_view,
+    results_view,
 };
 use egui::{RichText, Ui};
 use std::path::Path;
@@ -210,8 +211,8 @@ impl MergescopeApp {
         });
     }
 
-    fn menu_target(&mut self) -> menu::MenuTarget<'_> {
-        menu::MenuTarget {
+    fn menu_target(&mut self) -> actions::MenuTarget<'_> {
+        actions::MenuTarget {
             doc: &mut self.doc,
             settings: &mut self.settings,
             view: &mut self.view,
@@ -219,11 +220,11 @@ impl MergescopeApp {
     }
 
     /// Carries out what the menu or a shortcut asked of the project file.
-    fn carry_out(&mut self, command: Option<menu::ProjectCommand>) {
+    fn carry_out(&mut self, command: Option<actions::ProjectCommand>) {
         match command {
-            Some(menu::ProjectCommand::OpenDialog) => self.open_project_dialog(),
-            Some(menu::ProjectCommand::Open(p)) => self.open_project(&p),
-            Some(menu::ProjectCommand::Save { choose_path }) => self.save_project(choose_path),
+            Some(actions::ProjectCommand::OpenDialog) => self.open_project_dialog(),
+            Some(actions::ProjectCommand::Open(p)) => self.open_project(&p),
+            Some(actions::ProjectCommand::Save { choose_path }) => self.save_project(choose_path),
             None => {}
         }
     }
@@ -237,7 +238,7 @@ impl MergescopeApp {
             self.applied_theme = Some(self.settings.theme);
         }
         self.take_dropped_files(ui);
-        let command = menu::shortcuts(ui, self.menu_target());
+        let command = actions::apply_shortcuts(ui, &mut self.menu_target());
         self.carry_out(command);
         self.update_title(ui);
 
@@ -286,9 +287,9 @@ impl MergescopeApp {
             .collapsible(false)
             .show(&ctx, |ui| {
                 egui::Grid::new("shortcuts").show(ui, |ui| {
-                    for (keys, what) in dialogs::SHORTCUTS {
-                        ui.label(RichText::new(*keys).monospace());
-                        ui.label(*what);
+                    for action in actions::Action::ALL {
+                        ui.label(RichText::new(ctx.format_shortcut(&action.shortcut())).monospace());
+                        ui.label(action.description());
                         ui.end_row();
                     }
                 });

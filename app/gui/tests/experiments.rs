@@ -177,7 +177,7 @@ fn a_tiny_sweep_runs_from_the_experiments_window_and_its_plots_fill_in() {
     // Two clicks: the View menu, its Experiments entry.
     h.get_by_label("View").click();
     h.run_steps(2);
-    h.get_by_label("Experiments: fine-tuning sweeps…").click();
+    h.get_by_label_contains("Experiments: fine-tuning sweeps…").click();
     h.run_steps(3);
     let e = &h.state().doc.experiments;
     assert!(e.open);

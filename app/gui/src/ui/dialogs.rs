@@ -230,15 +230,6 @@ pub fn about_ui(ctx: &Context, view: &mut ViewState) {
     view.about = open;
 }
 
-/// The keyboard shortcuts, for the Help menu.
-pub const SHORTCUTS: &[(&str, &str)] = &[
-    ("Ctrl+O", "Open project"),
-    ("Ctrl+S", "Save project"),
-    ("Ctrl+E", "Add experts"),
-    ("Ctrl+Enter", "Run merge"),
-    ("Esc", "Cancel the running merge"),
-];
-
 /// Saves the analysis figure shown as PNG (`png`) or CSV, where the user picks.
 pub fn export_figure(doc: &mut Document, png: bool) {
     let Some(figure) = doc.analysis.figure.clone() else {

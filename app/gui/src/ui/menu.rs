@@ -1,190 +1,64 @@
-//! The menu bar and the keyboard shortcuts (the same actions). They act on the doc, the
-//! settings and the view directly; what only the window can do (its project file) comes back as
-//! a [`ProjectCommand`] for the window to carry out.
+//! The menu bar: draws the [`Action`] table's entries (each with its shortcut) and the lists
+//! that have no key (recent projects, built demos). The shortcuts themselves are applied by
+//! [`actions::apply_shortcuts`](crate::ui::actions::apply_shortcuts).
 
-use crate::document::Document;
-use crate::settings::{Settings, Theme};
-use crate::ui::{ViewState, dialogs};
-use egui::{Key, KeyboardShortcut, Modifiers, Ui};
+use crate::settings::Theme;
+use crate::ui::actions::{Action, MenuTarget, ProjectCommand};
+use egui::Ui;
 use mergescope_lab::nn::Arch;
 use std::path::PathBuf;
 
-const OPEN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::O);
-const SAVE: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::S);
-const ADD_EXPERTS: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::E);
-const RUN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::Enter);
-const CANCEL: KeyboardShortcut = KeyboardShortcut::new(Modifiers::NONE, Key::Escape);
-
-/// What the menu or a shortcut asks of the window's project file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProjectCommand {
-    /// Ask for a project file and open it.
-    OpenDialog,
-    /// Open this project file.
-    Open(PathBuf),
-    /// Save the project (`choose_path`: ask where, as "Save as" does).
-    Save {
-        /// Ask for a new path even when the project has one.
-        choose_path: bool,
-    },
-}
-
-/// What the menu and the shortcuts change.
-pub struct MenuTarget<'a> {
-    /// The document.
-    pub doc: &'a mut Document,
-    /// The remembered settings.
-    pub settings: &'a mut Settings,
-    /// The window's transient state.
-    pub view: &'a mut ViewState,
-}
-
-/// Applies the keyboard shortcuts pressed this frame.
-pub fn shortcuts(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
-    let (open, save, add, run, cancel) = ui.input_mut(|i| {
-        (
-            i.consume_shortcut(&OPEN),
-            i.consume_shortcut(&SAVE),
-            i.consume_shortcut(&ADD_EXPERTS),
-            i.consume_shortcut(&RUN),
-            i.consume_shortcut(&CANCEL),
-        )
-    });
-    let mut command = None;
-    if open {
-        command = Some(ProjectCommand::OpenDialog);
-    }
-    if save {
-        command = Some(ProjectCommand::Save { choose_path: false });
-    }
-    if add {
-        dialogs::pick_experts(app.doc);
-    }
-    if run {
-        app.view.start_run(app.doc);
-    }
-    if cancel && app.view.approval.is_none() {
-        app.doc.cancel_current();
-    }
-    command
-}
-
 /// The menu bar.
-pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
+pub fn menu_bar(ui: &mut Ui, mut app: MenuTarget<'_>) -> Option<ProjectCommand> {
+    let app = &mut app;
     let mut command = None;
+    // Draws the entries of `actions`; a click's project command is kept for the window.
+    let mut items = |ui: &mut Ui, app: &mut MenuTarget<'_>, actions: &[Action]| {
+        for a in actions {
+            if let Some(c) = a.menu_item(ui, app) {
+                command = Some(c);
+            }
+        }
+    };
+    let mut chosen: Option<PathBuf> = None;
     egui::MenuBar::new().ui(ui, |ui| {
         ui.menu_button("File", |ui| {
-            if ui
-                .add(egui::Button::new("Open project…").shortcut_text(ui.ctx().format_shortcut(&OPEN)))
-                .clicked()
-            {
-                command = Some(ProjectCommand::OpenDialog);
-            }
+            items(ui, app, &[Action::OpenProject]);
             ui.menu_button("Recent projects", |ui| {
                 if app.settings.recent.is_empty() {
                     ui.label("none yet");
                 }
-                let mut chosen: Option<PathBuf> = None;
                 for p in &app.settings.recent {
                     if ui.button(p.display().to_string()).clicked() {
                         chosen = Some(p.clone());
                     }
                 }
-                if let Some(p) = chosen {
-                    command = Some(ProjectCommand::Open(p));
-                }
             });
-            if ui
-                .add(egui::Button::new("Save project").shortcut_text(ui.ctx().format_shortcut(&SAVE)))
-                .clicked()
-            {
-                command = Some(ProjectCommand::Save { choose_path: false });
-            }
-            if ui.button("Save project as…").clicked() {
-                command = Some(ProjectCommand::Save { choose_path: true });
-            }
+            items(ui, app, &[Action::SaveProject, Action::SaveProjectAs]);
             ui.separator();
-            if ui
-                .button("Open recipe…")
-                .on_hover_text(
-                    "A mergescope recipe (.toml) or a mergekit configuration (.yml): its inputs, method and parameters",
-                )
-                .clicked()
-            {
-                dialogs::pick_recipe(app.doc);
-            }
-            if ui.button("Set base…").clicked() {
-                dialogs::pick_base(app.doc);
-            }
-            if ui
-                .add(egui::Button::new("Add experts…").shortcut_text(ui.ctx().format_shortcut(&ADD_EXPERTS)))
-                .clicked()
-            {
-                dialogs::pick_experts(app.doc);
-            }
-            if ui.button("Add sharded expert (folder)…").clicked() {
-                dialogs::pick_expert_folder(app.doc);
-            }
-            if ui.button("Load plugin…").clicked() {
-                dialogs::pick_plugin(app.doc, app.view);
-            }
-            if ui
-                .button("Open suite…")
-                .on_hover_text(
-                    "Evaluate merges with a suite file: your model family (BERT, CLIP, causal LM) or your own command",
-                )
-                .clicked()
-            {
-                dialogs::pick_suite(app.doc);
-            }
+            items(
+                ui,
+                app,
+                &[
+                    Action::OpenRecipe,
+                    Action::SetBase,
+                    Action::AddExperts,
+                    Action::AddExpertFolder,
+                    Action::LoadPlugin,
+                    Action::OpenSuite,
+                ],
+            );
             ui.separator();
-            if ui.button("Quit").clicked() {
-                ui.send_viewport_cmd(egui::ViewportCommand::Close);
-            }
+            items(ui, app, &[Action::Quit]);
         });
         ui.menu_button("Run", |ui| {
-            if ui
-                .add(egui::Button::new("Run merge").shortcut_text(ui.ctx().format_shortcut(&RUN)))
-                .clicked()
-            {
-                app.view.start_run(app.doc);
-            }
-            if ui
-                .add(egui::Button::new("Cancel running").shortcut_text("Esc"))
-                .clicked()
-            {
-                app.doc.cancel_current();
-            }
+            items(ui, app, &[Action::RunMerge, Action::Escape]);
         });
         ui.menu_button("Benchmark", |ui| {
-            for arch in Arch::ALL {
-                if ui
-                    .button(format!("Build {} demo", arch.to_string().to_uppercase()))
-                    .clicked()
-                {
-                    app.doc.build_demo(arch, 0);
-                }
-            }
+            let builds: Vec<Action> = Arch::ALL.into_iter().map(Action::BuildDemo).collect();
+            items(ui, app, &builds);
             ui.separator();
-            let built = mergescope_lab::demo::demos_in_cache().unwrap_or_default();
-            if built.is_empty() {
-                ui.label("no demo built yet");
-            }
-            for b in built {
-                let label = format!(
-                    "Use {} seed {}",
-                    b.manifest.arch.to_string().to_uppercase(),
-                    b.manifest.seed
-                );
-                let outdated = mergescope_lab::demo::outdated_reason(&b);
-                let mut button = ui.add_enabled(outdated.is_none(), egui::Button::new(label));
-                if let Some(why) = outdated {
-                    button = button.on_disabled_hover_text(why);
-                }
-                if button.clicked() {
-                    app.doc.use_benchmark(b);
-                }
-            }
+            built_demos(ui, app);
         });
         ui.menu_button("View", |ui| {
             for (t, label) in [
@@ -196,25 +70,41 @@ pub fn menu_bar(ui: &mut Ui, app: MenuTarget<'_>) -> Option<ProjectCommand> {
                     app.settings.theme = t;
                 }
             }
+            items(ui, app, &[Action::CycleTheme]);
             ui.separator();
-            ui.checkbox(&mut app.settings.show_log, "Log panel");
+            items(ui, app, &[Action::ToggleAnalysis, Action::ToggleLog]);
             ui.separator();
-            if ui
-                .button("Experiments: fine-tuning sweeps…")
-                .on_hover_text("Seed 002's sweeps: fine-tune, merge, evaluate and fit the scaling laws")
-                .clicked()
-            {
-                app.doc.open_experiments();
-            }
+            items(ui, app, &[Action::Experiments]);
         });
         ui.menu_button("Help", |ui| {
-            if ui.button("Keyboard shortcuts").clicked() {
-                app.view.shortcuts = true;
-            }
-            if ui.button("About mergescope").clicked() {
-                app.view.about = true;
-            }
+            items(ui, app, &[Action::Shortcuts, Action::About]);
         });
     });
+    if let Some(p) = chosen {
+        command = Some(ProjectCommand::Open(p));
+    }
     command
+}
+
+/// The demos built in the cache, each a button that makes it the window's benchmark.
+fn built_demos(ui: &mut Ui, app: &mut MenuTarget<'_>) {
+    let built = mergescope_lab::demo::demos_in_cache().unwrap_or_default();
+    if built.is_empty() {
+        ui.label("no demo built yet");
+    }
+    for b in built {
+        let label = format!(
+            "Use {} seed {}",
+            b.manifest.arch.to_string().to_uppercase(),
+            b.manifest.seed
+        );
+        let outdated = mergescope_lab::demo::outdated_reason(&b);
+        let mut button = ui.add_enabled(outdated.is_none(), egui::Button::new(label));
+        if let Some(why) = outdated {
+            button = button.on_disabled_hover_text(why);
+        }
+        if button.clicked() {
+            app.doc.use_benchmark(b);
+        }
+    }
 }

@@ -2,6 +2,7 @@
 //! into document calls; all state that outlives a frame lives in the document,
 //! the settings (persisted) or [`ViewState`] (this window's transient state).
 
+pub mod actions;
 pub mod analysis_view;
 pub mod bars_view;
 pub mod dialogs;
