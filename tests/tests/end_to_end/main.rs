@@ -10,6 +10,7 @@ mod abi_host_ops;
 mod demo_regime;
 mod engine_merge;
 mod families;
+mod families_encoders;
 mod fuzz_replay;
 mod golden_consensus;
 mod golden_della;

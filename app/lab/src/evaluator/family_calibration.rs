@@ -201,15 +201,20 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/bert-experts")
     }
 
-    /// The two-task BERT suite of the fixtures, calibrating on each task's data, heads from the
-    /// experts (no `head` key).
-    fn bert_tasks(dir: &Path) -> Box<dyn CalibrationTasks> {
-        let fx = fixtures();
+    /// A two-task bert-family suite (`family = "bert"`, whatever the model type) calibrating and
+    /// training on each task's file in `fx`, heads from `experts` (no `head` key).
+    fn text_tasks(
+        dir: &Path,
+        fx: &Path,
+        tasks: [(&str, &str); 2],
+        base: &Path,
+        experts: [&Path; 2],
+    ) -> Box<dyn CalibrationTasks> {
         let p = |s: &str| fx.join(s).to_string_lossy().replace('\\', "/");
-        let task = |name: &str| {
+        let task = |(name, file): (&str, &str)| {
             format!(
                 "[[task]]\nname = \"{name}\"\ndata = \"{d}\"\ncalibration = \"{d}\"\ntrain = \"{d}\"\n",
-                d = p(&format!("{name}.jsonl"))
+                d = p(file)
             )
         };
         let path = dir.join("suite.toml");
@@ -217,15 +222,45 @@ mod tests {
             &path,
             format!(
                 "name = \"text\"\n[model]\nfamily = \"bert\"\nbatch_size = 16\n{}{}",
-                task("topic"),
-                task("verdict")
+                task(tasks[0]),
+                task(tasks[1])
             ),
         )
         .unwrap();
         let suite = Suite::load(&path).unwrap();
         suite
-            .calibration_tasks(&fx.join("base"), &[fx.join("topic"), fx.join("verdict")], &Device::Cpu)
+            .calibration_tasks(base, &[experts[0].to_owned(), experts[1].to_owned()], &Device::Cpu)
             .unwrap()
+    }
+
+    /// The two-task BERT suite of the fixtures, calibrating on each task's data, heads from the
+    /// experts.
+    fn bert_tasks(dir: &Path) -> Box<dyn CalibrationTasks> {
+        let fx = fixtures();
+        text_tasks(
+            dir,
+            &fx,
+            [("topic", "topic.jsonl"), ("verdict", "verdict.jsonl")],
+            &fx.join("base"),
+            [&fx.join("topic"), &fx.join("verdict")],
+        )
+    }
+
+    /// Gradients through the tiny classifier `name` of the fixtures (`distilbert-tiny`,
+    /// `roberta-tiny`) on its own data twice over, with its own head, for the tensors `order`.
+    fn check_tiny_gradients(name: &str, order: &[&str]) {
+        let dir = tempfile::tempdir().unwrap();
+        let fx = fixtures().join("..").join(name);
+        let tasks = text_tasks(
+            dir.path(),
+            &fx,
+            [("a", "data.jsonl"), ("b", "data.jsonl")],
+            &fx,
+            [&fx, &fx],
+        );
+        let model: Params = hf::load_weights(&fx, &Device::Cpu).unwrap().into_iter().collect();
+        check_gradients(tasks.as_ref(), &model, order);
+        assert_eq!(tasks.evaluate(&model, &[0, 1]).unwrap().examples, 32);
     }
 
     fn model(name: &str) -> Params {
@@ -319,6 +354,37 @@ mod tests {
         ];
         check_gradients(tasks.as_ref(), &model("base"), &order);
         assert_eq!(tasks.evaluate(&model("base"), &[0, 1]).unwrap().examples, 80);
+    }
+
+    /// The same through DistilBERT (its tensors run on candle's BERT network under BERT's
+    /// names: the gradients must still reach the DistilBERT tensors).
+    #[test]
+    fn distilbert_gradients_reach_the_first_layer_and_match_finite_differences() {
+        check_tiny_gradients(
+            "distilbert-tiny",
+            &[
+                "distilbert.embeddings.word_embeddings.weight",
+                "distilbert.embeddings.position_embeddings.weight",
+                "distilbert.transformer.layer.0.attention.q_lin.weight",
+                "distilbert.transformer.layer.0.output_layer_norm.weight",
+                "distilbert.transformer.layer.1.ffn.lin1.weight",
+            ],
+        );
+    }
+
+    /// The same through RoBERTa (candle's XLM-RoBERTa network).
+    #[test]
+    fn roberta_gradients_reach_the_first_layer_and_match_finite_differences() {
+        check_tiny_gradients(
+            "roberta-tiny",
+            &[
+                "roberta.embeddings.word_embeddings.weight",
+                "roberta.embeddings.position_embeddings.weight",
+                "roberta.encoder.layer.0.attention.self.query.weight",
+                "roberta.encoder.layer.0.output.LayerNorm.weight",
+                "roberta.encoder.layer.1.intermediate.dense.weight",
+            ],
+        );
     }
 
     /// The same through a CLIP image tower (patch convolution, pre-norm, attention, projection)

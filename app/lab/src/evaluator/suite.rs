@@ -23,7 +23,8 @@
 //! name = "text-tasks"
 //!
 //! [model]
-//! family = "bert"                    # BERT, MiniLM and their fine-tunes
+//! family = "bert"                    # by config.json's model_type: bert (BERT, MiniLM),
+//!                                    # distilbert, roberta, xlm-roberta, and their fine-tunes
 //! config = "models/base/config.json" # default: config.json beside the evaluated checkpoint,
 //!                                    # else beside the [models] base
 //! tokenizer = "models/base/tokenizer.json" # default: the same way
@@ -36,7 +37,8 @@
 //! calibration = "data/sst2-val.jsonl" # optional: what `compare` searches λ and model-level
 //!                                    # methods (AdaMerging, Frank-Wolfe, Fisher) learn on
 //! train = "data/sst2-train.jsonl"    # optional: what MIMA fine-tunes on
-//! head = "models/sst2"               # its fine-tuned model (classifier.weight/.bias);
+//! head = "models/sst2"               # its fine-tuned model (its classifier: classifier.*,
+//!                                    # DistilBERT's pre_classifier.* too);
 //!                                    # default: the evaluated checkpoint's own head (the
 //!                                    # task's expert's in model-level methods)
 //! labels = ["negative", "positive"]  # optional: class names used as labels in the data

@@ -1,14 +1,15 @@
-//! Text classification with a real encoder family (BERT, MiniLM): each task's examples are
-//! tokenised, encoded by the checkpoint under evaluation and classified by the task's head
-//! (from its fine-tuned model), in batches on the evaluator's device, so memory holds the
-//! model and one batch of activations.
+//! Text classification with the bert family (BERT, MiniLM, DistilBERT, RoBERTa, XLM-RoBERTa,
+//! by `config.json`'s model type): each task's examples are tokenised, encoded by the
+//! checkpoint under evaluation and classified by the task's head (from its fine-tuned model),
+//! in batches on the evaluator's device, so memory holds the model and one batch of
+//! activations.
 
 use super::{ClassifierFamily, EvalReport, ScoresWeights, evenly, score_classifier};
-use crate::family::bert::{self, BertEncoder, ClassifierHead};
+use crate::family::bert::{self, ClassifierHead};
+use crate::family::encoder::{EncoderConfig, SequenceEncoder};
 use crate::family::hf;
 use crate::family::text_data::TextExample;
 use candle_core::{Device, Tensor};
-use candle_transformers::models::bert::Config;
 use mergescope_engine::error::{EngineError, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -43,7 +44,8 @@ pub struct TextModelSpec {
     pub base: Option<PathBuf>,
 }
 
-/// Evaluates BERT-family checkpoints on text-classification tasks.
+/// Evaluates bert-family checkpoints (BERT, MiniLM, DistilBERT, RoBERTa, XLM-RoBERTa) on
+/// text-classification tasks.
 #[derive(Clone)]
 pub struct TextClassifierEvaluator {
     name: String,
@@ -91,7 +93,7 @@ fn check_labels(task: &TextTask, head: &ClassifierHead) -> Result<()> {
 }
 
 impl ScoresWeights for TextClassifierEvaluator {
-    type Inputs = (Config, Tokenizer);
+    type Inputs = (EncoderConfig, Tokenizer);
     const FAMILY: &'static str = "bert";
 
     fn suite_name(&self) -> &str {
@@ -110,7 +112,7 @@ impl ScoresWeights for TextClassifierEvaluator {
     }
 
     /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).
-    fn inputs_for(&self, checkpoint: &Path) -> Result<(Config, Tokenizer)> {
+    fn inputs_for(&self, checkpoint: &Path) -> Result<(EncoderConfig, Tokenizer)> {
         let config_path = hf::locate(
             self.model.config.as_deref(),
             checkpoint,
@@ -118,7 +120,7 @@ impl ScoresWeights for TextClassifierEvaluator {
             "config.json",
             "config",
         )?;
-        let config = bert::read_config(&config_path)?;
+        let config = EncoderConfig::read(&config_path)?;
         let tokenizer_path = hf::locate(
             self.model.tokenizer.as_deref(),
             checkpoint,
@@ -135,7 +137,7 @@ impl ScoresWeights for TextClassifierEvaluator {
 
     fn score_weights(
         &self,
-        inputs: &(Config, Tokenizer),
+        inputs: &(EncoderConfig, Tokenizer),
         weights: HashMap<String, Tensor>,
         source: &Path,
         cancel: &AtomicBool,
@@ -144,9 +146,9 @@ impl ScoresWeights for TextClassifierEvaluator {
     }
 }
 
-/// A BERT encoder with the head of every task.
+/// An encoder of the family with the head of every task.
 pub(crate) struct TextNet {
-    encoder: BertEncoder,
+    encoder: SequenceEncoder,
     heads: Vec<ClassifierHead>,
 }
 
@@ -155,7 +157,7 @@ impl ClassifierFamily for TextClassifierEvaluator {
 
     fn build(
         &self,
-        (config, _): &(Config, Tokenizer),
+        (config, _): &(EncoderConfig, Tokenizer),
         weights: HashMap<String, Tensor>,
         source: &Path,
     ) -> Result<TextNet> {
@@ -164,13 +166,7 @@ impl ClassifierFamily for TextClassifierEvaluator {
         } else {
             None
         };
-        let encoder = BertEncoder::load(config, weights, &self.device, source)?;
-        if !encoder.has_pooler() {
-            return Err(EngineError::invalid(format!(
-                "'{}' has no pooler (pooler.dense.weight), which sequence classification reads; evaluate a BertForSequenceClassification checkpoint or its merge",
-                source.display()
-            )));
-        }
+        let encoder = SequenceEncoder::load(config, weights, &self.device, source)?;
         let heads = self
             .tasks
             .iter()
@@ -183,12 +179,21 @@ impl ClassifierFamily for TextClassifierEvaluator {
                     }
                     (None, None) => return Err(EngineError::Bug("a task without a head reached scoring".into())),
                 };
-                if head.hidden() != config.hidden_size {
+                if head.kind() != encoder.kind() {
+                    return Err(EngineError::invalid(format!(
+                        "the head of task '{}' is a {} classifier but '{}' is a {} model; the head must come from a fine-tune of this model",
+                        task.name,
+                        head.kind(),
+                        source.display(),
+                        encoder.kind()
+                    )));
+                }
+                if head.hidden() != config.hidden_size() {
                     return Err(EngineError::invalid(format!(
                         "the head of task '{}' reads {} features but the model's hidden size is {}; the head must come from a fine-tune of this model",
                         task.name,
                         head.hidden(),
-                        config.hidden_size
+                        config.hidden_size()
                     )));
                 }
                 Ok(head)
@@ -207,7 +212,7 @@ impl ClassifierFamily for TextClassifierEvaluator {
 
     fn logits(
         &self,
-        (config, tokenizer): &(Config, Tokenizer),
+        (config, tokenizer): &(EncoderConfig, Tokenizer),
         net: &TextNet,
         task: usize,
         indices: &[usize],
@@ -217,15 +222,12 @@ impl ClassifierFamily for TextClassifierEvaluator {
         let tokens = bert::encode(
             tokenizer,
             chosen.iter().map(|e| (e.text.as_str(), e.pair.as_deref())),
-            config.pad_token_id as u32,
+            config.pad_id(),
             &self.device,
         )?;
-        let pooled = net
-            .encoder
-            .pooled(&tokens)?
-            .ok_or_else(|| EngineError::Bug("the pooler vanished after loading".into()))?;
+        let features = net.encoder.features(&tokens)?;
         Ok((
-            net.heads[task].logits(&pooled)?,
+            net.heads[task].logits(&features)?,
             chosen.iter().map(|e| e.label).collect(),
         ))
     }

@@ -1,17 +1,20 @@
-//! The BERT family (`model_type: "bert"`: BERT, MiniLM and their fine-tunes) for sequence
+//! BERT (`model_type: "bert"`: BERT, MiniLM and their fine-tunes) for sequence
 //! classification, computed as transformers' `BertForSequenceClassification` does: the
 //! candle-transformers encoder, the pooler (tanh of a linear map of the first token's hidden
-//! state) and a per-task linear head.
+//! state) and a per-task linear head; and what the whole bert family shares: tokenising
+//! ([`encode`]) and the heads ([`ClassifierHead`]). The family's other model types
+//! (`distilbert`, `roberta`, `xlm-roberta`) are read through [`super::encoder`].
 
 use super::hf;
 use candle_core::{D, DType, Device, IndexOp, Tensor};
 use candle_nn::{Linear, Module};
 use candle_transformers::models::bert::{BertModel, Config};
-use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::error::{EngineError, Result};
 use std::collections::HashMap;
 use std::path::Path;
 use tokenizers::{EncodeInput, Tokenizer};
+
+pub use super::head::{ClassifierHead, HEAD_BIAS, HEAD_WEIGHT};
 
 /// Keys of a BERT `config.json` that transformers fills in when they are absent.
 fn config_defaults() -> Vec<(&'static str, serde_json::Value)> {
@@ -28,15 +31,13 @@ fn config_defaults() -> Vec<(&'static str, serde_json::Value)> {
     ]
 }
 
-/// Reads a BERT `config.json`; another model type is refused with what the family reads.
+/// Reads a BERT `config.json`; another model type is refused with the types the family reads
+/// ([`super::encoder::EncoderConfig::read`] reads them all).
 pub fn read_config(path: &Path) -> Result<Config> {
     if let Some(t) = hf::model_type(path)?
         && t != "bert"
     {
-        return Err(EngineError::invalid(format!(
-            "'{}' is a '{t}' model; the bert family reads model_type \"bert\" (BERT, MiniLM and their fine-tunes)",
-            path.display()
-        )));
+        return Err(super::encoder::unknown_model_type(path, &t));
     }
     hf::read_config(path, &config_defaults())
 }
@@ -148,75 +149,5 @@ impl BertEncoder {
     /// True when the checkpoint has a pooler, which classification needs.
     pub fn has_pooler(&self) -> bool {
         self.pooler.is_some()
-    }
-}
-
-/// A task's classification head: `classifier.weight` `[classes, hidden]` and
-/// `classifier.bias` `[classes]`.
-#[derive(Clone)]
-pub struct ClassifierHead {
-    linear: Linear,
-    classes: usize,
-    hidden: usize,
-}
-
-fn missing_head(path: &Path, name: &str) -> EngineError {
-    EngineError::invalid(format!(
-        "'{}' has no tensor '{name}'; a task's head is the {HEAD_WEIGHT} and {HEAD_BIAS} of its fine-tuned BertForSequenceClassification checkpoint (or a file with just those two)",
-        path.display()
-    ))
-}
-
-/// The tensor names of the head in a `BertForSequenceClassification` checkpoint.
-pub const HEAD_WEIGHT: &str = "classifier.weight";
-/// See [`HEAD_WEIGHT`].
-pub const HEAD_BIAS: &str = "classifier.bias";
-
-impl ClassifierHead {
-    /// Reads the head from a checkpoint (a fine-tuned task model, or a file holding just the
-    /// two tensors); only those tensors are read.
-    pub fn load(path: &Path, device: &Device) -> Result<ClassifierHead> {
-        let c = Checkpoint::open(path)?;
-        let read = |name: &str| -> Result<Tensor> {
-            let t = c.tensors.get(name).ok_or_else(|| missing_head(path, name))?;
-            Ok(Tensor::from_vec(c.read_f32(t)?, t.shape.clone(), device)?)
-        };
-        Self::new(read(HEAD_WEIGHT)?, read(HEAD_BIAS)?, path)
-    }
-
-    /// The head among a model's weights held in memory (`source` names the model in errors).
-    pub fn from_weights(weights: &HashMap<String, Tensor>, source: &Path) -> Result<ClassifierHead> {
-        let get = |name: &str| weights.get(name).cloned().ok_or_else(|| missing_head(source, name));
-        Self::new(get(HEAD_WEIGHT)?, get(HEAD_BIAS)?, source)
-    }
-
-    fn new(weight: Tensor, bias: Tensor, source: &Path) -> Result<ClassifierHead> {
-        let (ws, bs) = (weight.dims().to_vec(), bias.dims().to_vec());
-        if ws.len() != 2 || bs != [ws[0]] {
-            return Err(EngineError::invalid(format!(
-                "'{}': {HEAD_WEIGHT} {ws:?} and {HEAD_BIAS} {bs:?} are not a [classes, hidden] weight and a [classes] bias",
-                source.display()
-            )));
-        }
-        Ok(ClassifierHead {
-            linear: Linear::new(weight.to_dtype(DType::F32)?, Some(bias.to_dtype(DType::F32)?)),
-            classes: ws[0],
-            hidden: ws[1],
-        })
-    }
-
-    /// Number of classes (rows of the weight).
-    pub fn classes(&self) -> usize {
-        self.classes
-    }
-
-    /// Width of the representation it reads.
-    pub fn hidden(&self) -> usize {
-        self.hidden
-    }
-
-    /// Logits `[batch, classes]` of pooled representations.
-    pub fn logits(&self, pooled: &Tensor) -> Result<Tensor> {
-        Ok(self.linear.forward(pooled)?)
     }
 }
