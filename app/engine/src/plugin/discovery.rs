@@ -194,6 +194,14 @@ fn list_dir(dir: &Path) -> Vec<PathBuf> {
 }
 
 impl Registry {
+    /// The loaded plugins in the order a user looks for them: by the name shown, ignoring case
+    /// (ids sort "breadcrumbs" before "cart").
+    pub fn by_name(&self) -> Vec<&Arc<Plugin>> {
+        let mut v: Vec<&Arc<Plugin>> = self.plugins.iter().collect();
+        v.sort_by_key(|p| p.info.name.to_lowercase());
+        v
+    }
+
     /// Searches the folders and loads every plugin it may.
     pub fn discover(dirs: &PluginDirs, approvals: &Approvals) -> Registry {
         let mut reg = Registry::default();

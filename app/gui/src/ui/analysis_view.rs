@@ -8,36 +8,37 @@ use crate::ui::{ViewState, dialogs, figure_view};
 use egui::RichText;
 use mergescope_lab::analysis::landscape::MetricKind;
 
-/// Buttons that open each view on the selected runs (the second click from a result).
+/// What a view shows, for its button's tooltip.
+fn hint(kind: ViewKind) -> &'static str {
+    match kind {
+        ViewKind::Pca => "Base, experts, the selected merges and their trajectories on two principal components",
+        ViewKind::Radar => "Per-task normalised accuracy of the selected merges",
+        ViewKind::Cosine => "Cosine similarity of the task vectors",
+        ViewKind::Spectrum => "Singular values of the largest weight's task matrices",
+        ViewKind::RankCurves => "CART's reconstruction error R(k) and interference I(k)",
+        ViewKind::TaLine => "Accuracy of task arithmetic over λ",
+        ViewKind::CartGrid => "Accuracy of CART over rank × λ",
+        ViewKind::CartRank => "CART's accuracy at the best λ of each rank",
+        ViewKind::Plane => "Accuracy over the plane through the base and two experts, with the selected trajectories",
+        ViewKind::TrajectoryPlane => {
+            "Accuracy around the selected run's trajectory, on its first two principal directions"
+        }
+        ViewKind::Heterogeneity => {
+            "Seed 002: |τ_i − mean τ|² per expert before and after a TIES mask, and its signed reduction δ_i"
+        }
+        ViewKind::Weights => "Seed 002: the weights K_i / Σ K_j plain averaging gives experts trained for K_i steps",
+        ViewKind::Bound => {
+            "Seed 002: the excess-risk bound's stability and optimisation parts, σ² and ζ² from calibration gradients"
+        }
+    }
+}
+
+/// Buttons that open each view on the selected runs (the second click from a result). Shown
+/// while the panel is closed: the open panel has the same views as its tabs.
 pub fn open_buttons(ui: &mut egui::Ui, doc: &mut Document, view: &ViewState) {
     ui.label(RichText::new("Analyze:").weak());
     for kind in ViewKind::ALL {
-        let hint = match kind {
-            ViewKind::Pca => "Base, experts, the selected merges and their trajectories on two principal components",
-            ViewKind::Radar => "Per-task normalised accuracy of the selected merges",
-            ViewKind::Cosine => "Cosine similarity of the task vectors",
-            ViewKind::Spectrum => "Singular values of the largest weight's task matrices",
-            ViewKind::RankCurves => "CART's reconstruction error R(k) and interference I(k)",
-            ViewKind::TaLine => "Accuracy of task arithmetic over λ",
-            ViewKind::CartGrid => "Accuracy of CART over rank × λ",
-            ViewKind::CartRank => "CART's accuracy at the best λ of each rank",
-            ViewKind::Plane => {
-                "Accuracy over the plane through the base and two experts, with the selected trajectories"
-            }
-            ViewKind::TrajectoryPlane => {
-                "Accuracy around the selected run's trajectory, on its first two principal directions"
-            }
-            ViewKind::Heterogeneity => {
-                "Seed 002: |τ_i − mean τ|² per expert before and after a TIES mask, and its signed reduction δ_i"
-            }
-            ViewKind::Weights => {
-                "Seed 002: the weights K_i / Σ K_j plain averaging gives experts trained for K_i steps"
-            }
-            ViewKind::Bound => {
-                "Seed 002: the excess-risk bound's stability and optimisation parts, σ² and ζ² from calibration gradients"
-            }
-        };
-        if ui.small_button(kind.label()).on_hover_text(hint).clicked() {
+        if ui.small_button(kind.label()).on_hover_text(hint(kind)).clicked() {
             doc.analyze(kind, &view.selected);
         }
     }
@@ -63,7 +64,11 @@ pub fn analysis_panel(ui: &mut egui::Ui, doc: &mut Document, view: &mut ViewStat
     });
     ui.horizontal_wrapped(|ui| {
         for kind in ViewKind::ALL {
-            if ui.selectable_label(doc.analysis.kind == kind, kind.label()).clicked() {
+            if ui
+                .selectable_label(doc.analysis.kind == kind, kind.label())
+                .on_hover_text(hint(kind))
+                .clicked()
+            {
                 doc.analyze(kind, &view.selected);
             }
         }

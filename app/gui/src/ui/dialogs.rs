@@ -235,12 +235,24 @@ pub fn export_figure(doc: &mut Document, png: bool) {
     let Some(figure) = doc.analysis.figure.clone() else {
         return;
     };
-    let name = format!("mergescope-{}", doc.analysis.kind.label().replace([' ', '/', '×'], "-"));
+    let name = format!("mergescope-{}", doc.analysis.kind.label());
     save_figure(doc, &figure, &name, png);
 }
 
+/// `label` as a file name anyone can type: lowercase ASCII words joined by '-' ("CART rank × λ"
+/// is "cart-rank-x-lambda").
+pub fn file_slug(label: &str) -> String {
+    let spelled = label.replace('×', " x ").replace('λ', " lambda ").replace('/', " ");
+    spelled
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.to_ascii_lowercase())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
 /// Saves `figure` as PNG (`png`) or CSV where the user picks (`name` is the suggested file
-/// name, without extension); the outcome goes to the log.
+/// name, without extension, made typeable by [`file_slug`]); the outcome goes to the log.
 pub fn save_figure(doc: &mut Document, figure: &mergescope_figures::Figure, name: &str, png: bool) {
     let (ext, what) = if png {
         ("png", "PNG picture")
@@ -249,7 +261,7 @@ pub fn save_figure(doc: &mut Document, figure: &mergescope_figures::Figure, name
     };
     let Some(dest) = rfd::FileDialog::new()
         .set_title(format!("Save the figure as {what}"))
-        .set_file_name(format!("{name}.{ext}"))
+        .set_file_name(format!("{}.{ext}", file_slug(name)))
         .add_filter(what, &[ext])
         .save_file()
     else {
@@ -266,5 +278,17 @@ pub fn save_figure(doc: &mut Document, figure: &mergescope_figures::Figure, name
     match mergescope_engine::writer::write_atomic(&dest, &bytes) {
         Ok(()) => doc.note(Level::Info, format!("figure saved to '{}'", dest.display())),
         Err(e) => doc.note(Level::Error, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::file_slug;
+
+    #[test]
+    fn figure_file_names_are_plain_ascii_words() {
+        assert_eq!(file_slug("mergescope-CART rank × λ"), "mergescope-cart-rank-x-lambda");
+        assert_eq!(file_slug("mergescope-R(k) / I(k)"), "mergescope-r-k-i-k");
+        assert_eq!(file_slug("sweep-paper-002-loss_vs_K"), "sweep-paper-002-loss-vs-k");
     }
 }

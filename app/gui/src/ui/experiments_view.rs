@@ -343,8 +343,8 @@ fn methods_ui(ui: &mut Ui, doc: &mut Document) {
     ui.label(RichText::new("Methods").strong());
     let plugins: Vec<(String, String)> = doc
         .registry
-        .plugins
-        .iter()
+        .by_name()
+        .into_iter()
         .map(|p| (p.id().to_owned(), p.info.name.clone()))
         .collect();
     let e = &mut doc.experiments;

@@ -43,8 +43,8 @@ pub fn method_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
                 for (model_level, heading) in [(false, "Per tensor"), (true, "Model level · calibration data")] {
                     let group: Vec<_> = doc
                         .registry
-                        .plugins
-                        .iter()
+                        .by_name()
+                        .into_iter()
                         .filter(|p| p.is_model_level() == model_level)
                         .collect();
                     if group.is_empty() {

@@ -214,7 +214,9 @@ fn actions_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
             view.selected.clear();
         }
     });
-    ui.horizontal_wrapped(|ui| crate::ui::analysis_view::open_buttons(ui, doc, view));
+    if !doc.analysis.open {
+        ui.horizontal_wrapped(|ui| crate::ui::analysis_view::open_buttons(ui, doc, view));
+    }
 }
 
 /// Grouped bars: accuracy per task of each selected, evaluated merge, with the experts.
@@ -329,7 +331,11 @@ pub fn results_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
         actions_ui(ui, doc, view);
         table_ui(ui, doc, view);
         ui.add_space(8.0);
-        chart_ui(ui, doc, view);
+        // With the analysis panel open, its radar shows the selected merges per task; the bars
+        // here would only push the rows out of the results' share of the column.
+        if !doc.analysis.open {
+            chart_ui(ui, doc, view);
+        }
         details_ui(ui, doc, view);
     });
 }
