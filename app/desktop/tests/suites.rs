@@ -573,3 +573,123 @@ fn clip_experts_merged_and_scored_like_transformers() {
     ]);
     assert_eq!(csv.lines().count(), 1 + 6, "{csv}");
 }
+
+/// A model-level method on a causal-lm suite: experts fine-tuned from the tiny Llama of the
+/// fixtures on a multiple-choice task and on a text (through the suite's own calibration tasks),
+/// then AdaMerging through the binary learns task-wise λ on the tasks' calibration data,
+/// lowering its objective (the entropy of the choices' and the next tokens' predictions) from
+/// its start (task arithmetic at λ = 0.3); the output is evaluated on the suite.
+#[test]
+fn adamerging_learns_on_a_causal_lm_suite() {
+    use mergescope_engine::device::Device;
+    use mergescope_lab::evaluator::suite::Suite;
+    use mergescope_lab::family::hf;
+    use mergescope_lab::nn::Params;
+    use mergescope_lab::train::{BatchSize, Budget, OptimConfig, TrainConfig};
+    use std::sync::atomic::AtomicBool;
+
+    let env = Env::new();
+    let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/families/llama-tiny")
+        .canonicalize()
+        .unwrap();
+    let p = |s: &str| fx.join(s).to_string_lossy().replace('\\', "/");
+    let task = |name: &str, file: &str| {
+        format!(
+            "[[task]]\nname = \"{name}\"\ndata = \"{d}\"\ncalibration = \"{d}\"\ntrain = \"{d}\"\n",
+            d = p(file)
+        )
+    };
+    std::fs::write(
+        env.path("lm.toml"),
+        format!(
+            "name = \"lm\"\n[model]\nfamily = \"causal-lm\"\nconfig = \"{}\"\ntokenizer = \"{}\"\nbatch_size = 3\n{}{}\
+             [models]\nbase = \"{}\"\nexperts = [\"mc.safetensors\", \"text.safetensors\"]\n",
+            p("config.json"),
+            p("tokenizer.json"),
+            task("mc", "mc.jsonl"),
+            task("text", "text.txt"),
+            p(""),
+        ),
+    )
+    .unwrap();
+    let suite_path = env.path("lm.toml");
+    let tasks = Suite::load(&suite_path)
+        .unwrap()
+        .calibration_tasks(&fx, &[fx.clone(), fx.clone()], &Device::Cpu)
+        .unwrap();
+    let base: Params = hf::load_weights(&fx, &Device::Cpu).unwrap().into_iter().collect();
+    let cfg = TrainConfig {
+        optim: OptimConfig::adamw(1e-2, 0.0),
+        batch: BatchSize::Size(3),
+        budget: Budget::Steps(15),
+        seed: 1,
+        augment_shift: 0,
+    };
+    for (t, name) in ["mc.safetensors", "text.safetensors"].iter().enumerate() {
+        let tuned = tasks
+            .finetune(&base, t, &cfg, &Device::Cpu, &AtomicBool::new(false))
+            .unwrap();
+        let data: Vec<(String, Vec<usize>, Vec<f32>)> = tuned
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.dims().to_vec(),
+                    v.flatten_all().unwrap().to_vec1().unwrap(),
+                )
+            })
+            .collect();
+        let tensors: Vec<(&str, DType, &[usize], &[f32])> = data
+            .iter()
+            .map(|(k, s, v)| (k.as_str(), DType::F32, s.as_slice(), v.as_slice()))
+            .collect();
+        env.write(name, &tensors);
+    }
+    let suite = suite_path.to_string_lossy().into_owned();
+    let out = env.path("ada.safetensors").to_string_lossy().into_owned();
+    let json = env.ok(&[
+        "merge",
+        "--method",
+        "adamerging",
+        "--param",
+        "granularity=task",
+        "--param",
+        "steps=15",
+        "--param",
+        "lr=0.05",
+        "--param",
+        "report_every=5",
+        "--benchmark",
+        &suite,
+        "--out",
+        &out,
+        "--eval",
+        "--json",
+        "-q",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(
+        (0.0..=1.0).contains(&j["eval"]["tasks"]["mc"]["acc_norm"].as_f64().unwrap()),
+        "{json}"
+    );
+    assert!(
+        j["eval"]["tasks"]["text"]["perplexity"].as_f64().unwrap().is_finite(),
+        "{json}"
+    );
+    let m = metadata(&env.path("ada.trajectory.safetensors"));
+    let iterates: Vec<serde_json::Value> =
+        serde_json::from_str(m["mergescope.trajectory.iterates"].as_str().unwrap()).unwrap();
+    let loss = |it: &serde_json::Value| it["metrics"]["loss"].as_f64().unwrap();
+    let (first, last) = (iterates.first().unwrap(), iterates.last().unwrap());
+    eprintln!(
+        "causal-lm AdaMerging: entropy {} -> {}, λ {} -> {}",
+        loss(first),
+        loss(last),
+        first["metrics"]["lambda"],
+        last["metrics"]["lambda"]
+    );
+    assert!(iterates.len() >= 3, "{iterates:?}");
+    assert!(loss(last) < loss(first), "entropy {} -> {}", loss(first), loss(last));
+    assert_eq!(first["metrics"]["lambda"], serde_json::json!([0.3, 0.3]), "{first}");
+}

@@ -120,7 +120,7 @@ impl<'a> CompareInputs<'a> {
 
     /// A suite's base and experts (`experts` one per task, in task order), its test data
     /// normalised by the experts, and its calibration data when every task has some (which
-    /// model-level methods then learn on, for a classification family).
+    /// model-level methods then learn on: a bert, clip or causal-lm suite).
     pub fn of_suite(
         suite: &'a Suite,
         base: PathBuf,

@@ -23,4 +23,5 @@ mod lora;
 mod mergekit_parity;
 mod mergekit_yaml;
 mod model_level;
+mod model_level_lm;
 mod oracle_task_vectors;

@@ -1,6 +1,7 @@
 //! A model family's tasks as the data-driven methods see them: loss, accuracy, gradients,
 //! diagonal Fisher and fine-tuning of whole candidate models, computed with candle autograd from
-//! the family's logits ([`ClassifierFamily`]) on each task's calibration (and train) examples.
+//! the family's logits ([`ClassifierFamily`]) on each task's calibration (and train) examples:
+//! a classifier's, or a causal LM's over a question's choices or a text's next tokens.
 //! Candidates carry the merged tensors; everything else (integer buffers, tensors the merge
 //! leaves alone) comes from the base model.
 
@@ -31,9 +32,14 @@ pub(crate) struct FamilyCalibration<E: ClassifierFamily> {
 impl<E: ClassifierFamily> FamilyCalibration<E> {
     /// `calibration` scores and differentiates candidates; `train` (same tasks) is what
     /// fine-tuning steps on. Configs and tokenizers are resolved from `base`, whose tensors fill
-    /// in what candidates do not carry; images are decoded once, here.
-    pub(crate) fn new(mut calibration: E, train: Option<E>, base: &Path) -> Result<Self> {
+    /// in what candidates do not carry; images are decoded, and a causal LM's tasks tokenised,
+    /// once, here.
+    pub(crate) fn new(mut calibration: E, mut train: Option<E>, base: &Path) -> Result<Self> {
         calibration.subsample(base, 0)?;
+        calibration.prepare(base)?;
+        if let Some(t) = &mut train {
+            t.prepare(base)?;
+        }
         Ok(FamilyCalibration {
             names: super::ScoresWeights::task_names(&calibration),
             inputs: calibration.inputs_for(base)?,
@@ -122,11 +128,12 @@ impl<E: ClassifierFamily> CalibrationTasks for FamilyCalibration<E> {
         let mut value = 0.0;
         for &t in tasks {
             let n = self.calibration.examples(t);
+            let rows = self.calibration.rows(t, &(0..n).collect::<Vec<_>>());
             // The task's mean loss as a sum over batches, each differentiated on its own so that
             // memory holds one batch of activations.
             for indices in super::batches(n, self.calibration.batch_size()) {
                 let (logits, labels) = self.calibration.logits(&self.inputs, &net, t, &indices)?;
-                let share = indices.len() as f64 / n as f64;
+                let share = self.calibration.rows(t, &indices) as f64 / rows as f64;
                 let l = (objective_loss(&logits, &self.labels(&labels)?, objective)? * share)?;
                 value += f64::from(l.to_scalar::<f32>()?);
                 if let Some(g) = &mut grads {
@@ -302,12 +309,23 @@ mod tests {
     /// both tasks is non-zero and agrees with a central finite difference at its largest entry;
     /// and that the objective is the sum over tasks of the mean cross-entropy `evaluate` reports.
     fn check_gradients(tasks: &dyn CalibrationTasks, model: &Params, order: &[&str]) {
+        check_objective_gradients(tasks, model, order, Objective::CrossEntropy);
+    }
+
+    /// [`check_gradients`] for `objective`; returns the worst relative error of the gradients.
+    fn check_objective_gradients(
+        tasks: &dyn CalibrationTasks,
+        model: &Params,
+        order: &[&str],
+        objective: Objective,
+    ) -> f64 {
         let order: Vec<String> = order.iter().map(|s| (*s).to_owned()).collect();
-        let (value, grads) = tasks
-            .objective(model, &order, &[0, 1], Objective::CrossEntropy, true)
-            .unwrap();
-        let score = tasks.evaluate(model, &[0, 1]).unwrap();
-        assert!((value - 2.0 * score.loss).abs() < 1e-4, "{value} vs 2 × {}", score.loss);
+        let (value, grads) = tasks.objective(model, &order, &[0, 1], objective, true).unwrap();
+        if objective == Objective::CrossEntropy {
+            let score = tasks.evaluate(model, &[0, 1]).unwrap();
+            assert!((value - 2.0 * score.loss).abs() < 1e-4, "{value} vs 2 × {}", score.loss);
+        }
+        let mut worst = 0f64;
         for (name, g) in order.iter().zip(&grads.unwrap()) {
             let flat: Vec<f32> = g.flatten_all().unwrap().to_vec1().unwrap();
             let (at, &biggest) = flat
@@ -324,10 +342,7 @@ mod tests {
                 v[at] += d;
                 let shape = t.dims().to_vec();
                 m.insert(name.clone(), Tensor::from_vec(v, shape, &Device::Cpu).unwrap());
-                tasks
-                    .objective(&m, &order, &[0, 1], Objective::CrossEntropy, false)
-                    .unwrap()
-                    .0
+                tasks.objective(&m, &order, &[0, 1], objective, false).unwrap().0
             };
             let fd = (shifted(h) - shifted(-h)) / (2.0 * f64::from(h));
             let g = f64::from(biggest);
@@ -335,7 +350,9 @@ mod tests {
                 (fd - g).abs() < 0.02 * g.abs() + 1e-4,
                 "{name}[{at}]: autograd {g}, finite difference {fd}"
             );
+            worst = worst.max((fd - g).abs() / g.abs());
         }
+        worst
     }
 
     /// Gradients reach every layer of a BERT encoder, the first included (candle-nn's fused
@@ -454,5 +471,174 @@ mod tests {
             .unwrap();
         let first: Vec<f32> = fisher[0].flatten_all().unwrap().to_vec1().unwrap();
         assert!(first.iter().all(|v| *v >= 0.0) && first.iter().any(|v| *v > 0.0));
+    }
+
+    /// A two-task causal-lm suite of the tiny `arch` model of the fixtures (`llama`, `qwen2`):
+    /// its multiple-choice questions and its text, calibrating and training on the same files,
+    /// with `model` keys added to `[model]`.
+    fn lm_tasks(dir: &Path, arch: &str, model: &str) -> (Box<dyn CalibrationTasks>, Suite, PathBuf) {
+        let fx = fixtures().join(format!("../{arch}-tiny"));
+        let p = |s: &str| fx.join(s).to_string_lossy().replace('\\', "/");
+        let task = |name: &str, file: &str| {
+            format!(
+                "[[task]]\nname = \"{name}\"\ndata = \"{d}\"\ncalibration = \"{d}\"\ntrain = \"{d}\"\n",
+                d = p(file)
+            )
+        };
+        let path = dir.join(format!("{arch}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "name = \"lm\"\n[model]\nfamily = \"causal-lm\"\n{model}\n{}{}",
+                task("mc", "mc.jsonl"),
+                task("text", "text.txt")
+            ),
+        )
+        .unwrap();
+        let suite = Suite::load(&path).unwrap();
+        let tasks = suite
+            .calibration_tasks(&fx, &[fx.clone(), fx.clone()], &Device::Cpu)
+            .unwrap();
+        (tasks, suite, fx)
+    }
+
+    fn lm_model(fx: &Path) -> Params {
+        hf::load_weights(fx, &Device::Cpu).unwrap().into_iter().collect()
+    }
+
+    /// The tensors whose gradients the causal-LM tests check: the embeddings, the first layer's
+    /// attention and norm, the last layer's MLP, the final norm and the output head.
+    const LM_TENSORS: &[&str] = &[
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.1.mlp.down_proj.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    ];
+
+    /// On a causal LM the calibration scores are what the suite's evaluation reports (the
+    /// multiple-choice accuracy is acc_norm, the text's loss its mean next-token NLL), also when
+    /// windows cut the questions' context and the text into pieces that batches pad; and both
+    /// objectives' gradients (in one pass, and through the key-value cache of a Llama with rope
+    /// scaling) agree with finite differences in every layer.
+    #[test]
+    fn causal_lm_scores_match_evaluation_and_gradients_match_finite_differences() {
+        // The tiny Llama with Llama 3's rope scaling, which keeps candle's stepped Llama.
+        let scaled = tempfile::tempdir().unwrap();
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixtures().join("../llama-tiny/config.json")).unwrap())
+                .unwrap();
+        config["rope_scaling"] = serde_json::json!({
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16
+        });
+        let scaled_config = scaled.path().join("config.json");
+        std::fs::write(&scaled_config, config.to_string()).unwrap();
+        let stepped = format!("config = \"{}\"", scaled_config.to_string_lossy().replace('\\', "/"));
+        for (arch, model) in [
+            ("llama", ""),
+            ("llama", "max_length = 8\nbatch_size = 2"),
+            ("llama", stepped.as_str()),
+            ("qwen2", ""),
+            ("qwen2", "max_length = 8\nbatch_size = 2"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let (tasks, suite, fx) = lm_tasks(dir.path(), arch, model);
+            assert_eq!(tasks.task_names(), ["mc", "text"]);
+            let base = lm_model(&fx);
+            let report = suite
+                .evaluator(None, &Device::Cpu)
+                .unwrap()
+                .evaluate_file(&fx, &AtomicBool::new(false))
+                .unwrap();
+            let (mc, text) = (report.task("mc").unwrap(), report.task("text").unwrap());
+            let s = tasks.evaluate(&base, &[0]).unwrap();
+            assert_eq!(s.accuracy, mc.metrics["acc_norm"], "{arch} {model}");
+            assert_eq!(s.examples, 6);
+            let s = tasks.evaluate(&base, &[1]).unwrap();
+            assert_eq!(s.accuracy, text.accuracy, "{arch} {model}");
+            assert_eq!(s.examples as usize, text.examples, "{arch} {model}");
+            assert!(
+                (s.loss - text.loss.unwrap()).abs() < 1e-5,
+                "{arch} {model}: {} vs {:?}",
+                s.loss,
+                text.loss
+            );
+            let t = std::time::Instant::now();
+            let ce = check_objective_gradients(tasks.as_ref(), &base, LM_TENSORS, Objective::CrossEntropy);
+            let entropy = check_objective_gradients(tasks.as_ref(), &base, LM_TENSORS, Objective::Entropy);
+            println!(
+                "{arch}-tiny [{}]: worst relative gradient error: cross-entropy {ce:.1e}, entropy {entropy:.1e} ({:.1} s)",
+                model.replace('\n', ", "),
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    /// The transformers reference of the fixtures: the calibration accuracy of the questions is
+    /// its acc_norm, the text's loss its mean NLL.
+    #[test]
+    fn causal_lm_calibration_scores_match_transformers() {
+        for arch in ["llama", "qwen2"] {
+            let dir = tempfile::tempdir().unwrap();
+            let (tasks, _, fx) = lm_tasks(dir.path(), arch, "");
+            let r: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(fx.join("reference.json")).unwrap()).unwrap();
+            let base = lm_model(&fx);
+            assert_eq!(
+                tasks.evaluate(&base, &[0]).unwrap().accuracy,
+                r["acc_norm"].as_f64().unwrap()
+            );
+            let text = tasks.evaluate(&base, &[1]).unwrap();
+            assert!(
+                (text.loss - r["text_nll"].as_f64().unwrap()).abs() < 1e-5,
+                "{arch}: {}",
+                text.loss
+            );
+        }
+    }
+
+    /// Fine-tuning a causal LM on a task's train examples lowers its loss (the answers' under
+    /// the softmax over choices; the text's next-token NLL); the diagonal Fisher of either task
+    /// is finite, non-negative and non-zero in the first layer.
+    #[test]
+    fn causal_lm_fine_tuning_learns_and_the_fisher_is_positive() {
+        for arch in ["llama", "qwen2"] {
+            let dir = tempfile::tempdir().unwrap();
+            let (tasks, _, fx) = lm_tasks(dir.path(), arch, "batch_size = 3");
+            let base = lm_model(&fx);
+            let cfg = TrainConfig {
+                optim: train::OptimConfig::adamw(1e-2, 0.0),
+                batch: BatchSize::Size(3),
+                budget: train::Budget::Steps(10),
+                seed: 1,
+                augment_shift: 0,
+            };
+            for task in [0, 1] {
+                let before = tasks.evaluate(&base, &[task]).unwrap().loss;
+                let t = std::time::Instant::now();
+                let tuned = tasks
+                    .finetune(&base, task, &cfg, &Device::Cpu, &AtomicBool::new(false))
+                    .unwrap();
+                let after = tasks.evaluate(&tuned, &[task]).unwrap().loss;
+                println!(
+                    "{arch}-tiny task {task}: train loss {before:.4} -> {after:.4} in 10 steps ({:.1} s)",
+                    t.elapsed().as_secs_f64()
+                );
+                assert!(after < before - 0.05, "{arch} task {task}: loss {before} -> {after}");
+                let order: Vec<String> = LM_TENSORS.iter().map(|s| (*s).to_owned()).collect();
+                for predicted in [false, true] {
+                    let fisher = tasks
+                        .diag_fisher(&base, &order, task, predicted, &AtomicBool::new(false))
+                        .unwrap();
+                    for (name, f) in order.iter().zip(&fisher) {
+                        let v: Vec<f32> = f.flatten_all().unwrap().to_vec1().unwrap();
+                        assert!(v.iter().all(|x| x.is_finite() && *x >= 0.0), "{arch} {name}");
+                        assert!(v.iter().any(|x| *x > 0.0), "{arch} {name}: all zero");
+                    }
+                }
+            }
+        }
     }
 }

@@ -92,17 +92,32 @@ pub(crate) trait ScoresWeights: Clone + Send + Sync + 'static {
     ) -> Result<EvalReport>;
 }
 
-/// A classification family (BERT, CLIP): a network built from one model's weights gives logits
-/// for any examples of a task. Scoring ([`score_classifier`]) and the data-driven methods' losses,
-/// gradients and fine-tuning ([`family_calibration`]) are both computed from it.
+/// A classification family (BERT, CLIP; causal LMs, whose multiple-choice questions are
+/// classified by their choices' log-likelihoods and texts token by token): a network built from
+/// one model's weights gives logits for any examples of a task. Scoring ([`score_classifier`])
+/// and the data-driven methods' losses, gradients and fine-tuning ([`family_calibration`]) are
+/// both computed from it.
 pub(crate) trait ClassifierFamily: ScoresWeights {
     /// The network of one model: encoder and the tasks' heads.
     type Net;
     /// Builds the network from `weights` (`source` names the model in errors). Tensors are
     /// used as given, so weights that track gradients give logits that do.
     fn build(&self, inputs: &Self::Inputs, weights: HashMap<String, Tensor>, source: &Path) -> Result<Self::Net>;
+    /// Readies what [`ClassifierFamily::examples`] and [`ClassifierFamily::logits`] read for
+    /// models like the checkpoint at `like` (a causal LM's tasks are tokenised here); called once
+    /// before either.
+    fn prepare(&mut self, like: &Path) -> Result<()> {
+        let _ = like;
+        Ok(())
+    }
     /// Examples of task `task`.
     fn examples(&self, task: usize) -> usize;
+    /// Rows of logits the examples `indices` of task `task` give: what its mean loss averages
+    /// over (one per example, except a causal LM's text windows: one per predicted token).
+    fn rows(&self, task: usize, indices: &[usize]) -> usize {
+        let _ = task;
+        indices.len()
+    }
     /// Examples per forward pass.
     fn batch_size(&self) -> usize;
     /// Logits `[n, classes]` of the examples `indices` of task `task`, and their labels.

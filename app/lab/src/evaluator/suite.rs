@@ -29,7 +29,9 @@
 //!                                    # else beside the [models] base
 //! tokenizer = "models/base/tokenizer.json" # default: the same way
 //! max_length = 128                   # tokens kept per example (default 128; causal-lm 2048)
-//! batch_size = 32                    # examples per forward pass (default 32)
+//! batch_size = 32                    # examples per forward pass (default 32; causal-lm:
+//!                                    # questions, all their choices together, or text
+//!                                    # windows, default 4)
 //!
 //! [[task]]
 //! name = "sst2"
@@ -37,6 +39,8 @@
 //! calibration = "data/sst2-val.jsonl" # optional: what `compare` searches λ and model-level
 //!                                    # methods (AdaMerging, Frank-Wolfe, Fisher) learn on
 //! train = "data/sst2-train.jsonl"    # optional: what MIMA fine-tunes on
+//!                                    # (causal-lm: both in the format of data, .jsonl
+//!                                    # questions or a .txt text)
 //! head = "models/sst2"               # its fine-tuned model (its classifier: classifier.*,
 //!                                    # DistilBERT's pre_classifier.* too);
 //!                                    # default: the evaluated checkpoint's own head (the
@@ -133,12 +137,19 @@ struct ModelTable {
     tokenizer: Option<String>,
     #[serde(default)]
     max_length: Option<usize>,
-    #[serde(default = "default_batch_size")]
-    batch_size: usize,
+    #[serde(default)]
+    batch_size: Option<usize>,
     #[serde(default)]
     zeroshot_from: Option<String>,
     #[serde(default)]
     templates: Option<Vec<String>>,
+}
+
+impl ModelTable {
+    /// Examples per forward pass: the suite's, else the family's default.
+    fn batch_size(&self) -> usize {
+        self.batch_size.unwrap_or_else(|| default_batch_size(&self.family))
+    }
 }
 
 /// `[[task]]`: one task of a family suite.
@@ -159,8 +170,10 @@ struct TaskTable {
     templates: Option<Vec<String>>,
 }
 
-fn default_batch_size() -> usize {
-    32
+/// Examples per forward pass unless the suite says otherwise: a causal LM's are questions with
+/// all their choices, or windows of up to `max_length` tokens, each scored over the vocabulary.
+fn default_batch_size(family: &str) -> usize {
+    if family == "causal-lm" { 4 } else { 32 }
 }
 
 /// Every task paired with the file `pick` names for it (its calibration or train data), when
@@ -487,7 +500,7 @@ impl Suite {
             config: model.config.as_ref().map(|p| dir.join(p)),
             tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
             zeroshot_from: model.zeroshot_from.as_ref().map(|p| dir.join(p)),
-            batch_size: model.batch_size,
+            batch_size: model.batch_size(),
             base: self.base_model(),
         };
         ImageClassifierEvaluator::new(self.name.clone(), spec, task_list, device)
@@ -509,6 +522,7 @@ impl Suite {
             tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
             max_length: model.max_length.unwrap_or(2048),
             base: self.base_model(),
+            batch_size: model.batch_size(),
         };
         LmEvaluator::new(self.name.clone(), spec, task_list, device)
     }
@@ -547,7 +561,7 @@ impl Suite {
             config: model.config.as_ref().map(|p| dir.join(p)),
             tokenizer: model.tokenizer.as_ref().map(|p| dir.join(p)),
             max_length: model.max_length.unwrap_or(128),
-            batch_size: model.batch_size,
+            batch_size: model.batch_size(),
             base: self.base_model(),
         };
         TextClassifierEvaluator::new(self.name.clone(), spec, task_list, device)
@@ -559,20 +573,14 @@ impl Suite {
         self.model_level_tables().err().map(|e| e.to_string())
     }
 
-    /// The family and tasks of a suite model-level methods can run on: a classification family
-    /// whose every task has calibration data.
+    /// The family and tasks of a suite model-level methods can run on: a family suite whose
+    /// every task has calibration data.
     fn model_level_tables(&self) -> Result<(&ModelTable, &[TaskTable])> {
         let (model, tables) = match &self.kind {
-            SuiteKind::Family { model, tasks } if model.family != "causal-lm" => (model, tasks),
-            SuiteKind::Family { .. } => {
-                return Err(EngineError::Param(format!(
-                    "suite '{}': model-level methods run on classification families (bert, clip); for a causal LM tune a per-tensor method's coefficients with `mergescope search`",
-                    self.path.display()
-                )));
-            }
+            SuiteKind::Family { model, tasks } => (model, tasks),
             SuiteKind::Command(_) => {
                 return Err(EngineError::Param(format!(
-                    "suite '{}' scores models with an external command, which gives no gradients: model-level methods need a family suite ([model] family = \"bert\" or \"clip\") with calibration data; or tune a per-tensor method with `mergescope search`",
+                    "suite '{}' scores models with an external command, which gives no gradients: model-level methods need a family suite ([model] family = \"bert\", \"clip\" or \"causal-lm\") with calibration data; or tune a per-tensor method with `mergescope search`",
                     self.path.display()
                 )));
             }
@@ -595,7 +603,9 @@ impl Suite {
     /// The tasks a model-level (data-driven) method runs on for `base` and `experts` (one per
     /// task, in the suite's order): each task's `calibration` examples score and differentiate
     /// the candidates, its `train` examples (when every task has some) are what fine-tuning
-    /// steps on. A BERT task without a head uses its expert's.
+    /// steps on. A BERT task without a head uses its expert's. A causal LM's multiple-choice
+    /// questions are classified by their choices' length-normalised log-likelihoods, its texts
+    /// token by token (see [`LmEvaluator`]).
     pub fn calibration_tasks(
         &self,
         base: &Path,
@@ -617,6 +627,11 @@ impl Suite {
         if model.family == "clip" {
             let train = train.map(|t| self.clip_evaluator(model, &t, device)).transpose()?;
             let cal = self.clip_evaluator(model, &calibration, device)?;
+            return Ok(Box::new(FamilyCalibration::new(cal, train, base)?));
+        }
+        if model.family == "causal-lm" {
+            let train = train.map(|t| self.lm_evaluator(model, &t, device)).transpose()?;
+            let cal = self.lm_evaluator(model, &calibration, device)?;
             return Ok(Box::new(FamilyCalibration::new(cal, train, base)?));
         }
         let train = train
@@ -829,5 +844,43 @@ mod tests {
         assert!(e.contains("'a' is listed twice"), "{e}");
         let e = Suite::load(&dir.path().join("missing.toml")).unwrap_err().to_string();
         assert!(e.contains("missing.toml"), "{e}");
+    }
+
+    /// Model-level methods take a causal-lm suite whose tasks have calibration data; without
+    /// it the refusal names the task and what to add; an external command is refused with the
+    /// families that give gradients.
+    #[test]
+    fn causal_lm_suites_take_model_level_methods_given_calibration_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/llama-tiny");
+        let p = |s: &str| fx.join(s).to_string_lossy().replace('\\', "/");
+        let suite = |extra: &str| {
+            let path = write(
+                dir.path(),
+                "lm.toml",
+                &format!(
+                    "name = \"lm\"\n[model]\nfamily = \"causal-lm\"\n[[task]]\nname = \"mc\"\ndata = \"{}\"\n{extra}",
+                    p("mc.jsonl")
+                ),
+            );
+            Suite::load(&path).unwrap()
+        };
+        let e = suite("").model_level_unavailable().unwrap();
+        assert!(e.contains("mc") && e.contains("calibration = "), "{e}");
+        let s = suite(&format!("calibration = \"{}\"\n", p("mc.jsonl")));
+        assert_eq!(s.model_level_unavailable(), None);
+        assert_eq!(
+            s.calibration_tasks(&fx, std::slice::from_ref(&fx), &Device::Cpu)
+                .unwrap()
+                .task_names(),
+            ["mc"]
+        );
+        let command = write(
+            dir.path(),
+            "cmd.toml",
+            "name = \"c\"\n[evaluator]\ncommand = [\"s\", \"{model}\"]\ntasks = [\"a\"]\n",
+        );
+        let e = Suite::load(&command).unwrap().model_level_unavailable().unwrap();
+        assert!(e.contains("gradients") && e.contains("causal-lm"), "{e}");
     }
 }

@@ -128,7 +128,8 @@ pub enum CausalLm {
         /// Where it runs.
         device: Device,
     },
-    /// Qwen2: every position's hidden state in one pass, then the output head.
+    /// Qwen2 (or a Llama loaded for gradients, see [`CausalLm::load_for_gradients`]): every
+    /// position's hidden state in one pass, then the output head.
     Qwen2 {
         /// The decoder.
         model: Box<qwen2::Model>,
@@ -214,8 +215,92 @@ impl CausalLm {
         }
     }
 
+    /// [`CausalLm::load`] for differentiating every position's log-probabilities: a Llama or
+    /// Mistral without rope scaling runs as candle's Qwen2 (the same decoder, given zero
+    /// attention biases) so that [`CausalLm::logits`] takes one pass, and its autograd graph
+    /// holds one pass's activations rather than a key-value cache copied at every token.
+    /// Llama 3's rope scaling, which only candle's Llama computes, keeps the stepped model.
+    pub fn load_for_gradients(
+        config: &LmConfig,
+        mut weights: HashMap<String, Tensor>,
+        device: &Device,
+        source: &Path,
+    ) -> Result<CausalLm> {
+        let LmConfig::Llama(c) = config else {
+            return Self::load(config, weights, device, source);
+        };
+        if c.rope_scaling
+            .as_ref()
+            .is_some_and(|r| !matches!(r.rope_type, llama::Llama3RopeType::Default))
+        {
+            return Self::load(config, weights, device, source);
+        }
+        let head_dim = c.hidden_size / c.num_attention_heads.max(1);
+        for i in 0..c.num_hidden_layers {
+            for (proj, heads) in [
+                ("q_proj", c.num_attention_heads),
+                ("k_proj", c.num_key_value_heads),
+                ("v_proj", c.num_key_value_heads),
+            ] {
+                let name = format!("model.layers.{i}.self_attn.{proj}.bias");
+                if let std::collections::hash_map::Entry::Vacant(e) = weights.entry(name) {
+                    e.insert(Tensor::zeros(heads * head_dim, DType::F32, device)?);
+                }
+            }
+        }
+        let one_pass = qwen2::Config {
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            num_hidden_layers: c.num_hidden_layers,
+            num_attention_heads: c.num_attention_heads,
+            num_key_value_heads: c.num_key_value_heads,
+            max_position_embeddings: c.max_position_embeddings,
+            // candle's Llama attends to every earlier position.
+            sliding_window: c.max_position_embeddings.max(1 << 20),
+            max_window_layers: 0,
+            tie_word_embeddings: c.tie_word_embeddings,
+            rope_theta: f64::from(c.rope_theta),
+            rms_norm_eps: c.rms_norm_eps,
+            use_sliding_window: false,
+            hidden_act: candle_nn::Activation::Silu,
+        };
+        Self::load(&LmConfig::Qwen2(one_pass), weights, device, source)
+    }
+
+    /// The logits `[batch, len - first, vocab]` (f32) that positions `first..len` of `tokens`
+    /// `[batch, len]` give for the token after them, in one differentiable pass (Qwen2, and
+    /// Llamas from [`CausalLm::load_for_gradients`]) or stepped through the key-value cache from
+    /// `first` on (candle's Llama gives the last position's logits only). Attention is causal,
+    /// so sequences padded on the right score their own tokens as if alone. Tensors the model
+    /// was built from that track gradients give logits that do.
+    pub fn logits(&self, tokens: &Tensor, first: usize) -> Result<Tensor> {
+        let (_, len) = tokens.dims2()?;
+        if first >= len {
+            return Err(EngineError::Bug(format!("logits from position {first} of {len}")));
+        }
+        match self {
+            CausalLm::Llama { model, config, device } => {
+                let mut cache = llama::Cache::new(true, DType::F32, config, device)?;
+                let mut rows = Vec::with_capacity(len - first);
+                rows.push(model.forward(&tokens.narrow(1, 0, first + 1)?, 0, &mut cache)?);
+                for i in first + 1..len {
+                    rows.push(model.forward(&tokens.narrow(1, i, 1)?, i, &mut cache)?);
+                }
+                Ok(Tensor::stack(&rows, 1)?)
+            }
+            CausalLm::Qwen2 { model, lm_head } => {
+                // A copy (its tensors shared) with its own, fresh key-value cache.
+                let mut model = (**model).clone();
+                let hidden = model.forward(tokens, 0, None)?.narrow(1, first, len - first)?;
+                Ok(lm_head.forward(&hidden)?.to_dtype(DType::F32)?)
+            }
+        }
+    }
+
     /// For each position `i` in `from..tokens.len()` (`from` ≥ 1): the log-probability of
-    /// `tokens[i]` after `tokens[..i]`, and whether it was the most likely token.
+    /// `tokens[i]` after `tokens[..i]`, and whether it was the most likely token (from
+    /// [`CausalLm::logits`]).
     pub fn score_tokens(&mut self, tokens: &[u32], from: usize) -> Result<Vec<(f64, bool)>> {
         if from == 0 || from > tokens.len() {
             return Err(EngineError::Bug(format!(
@@ -223,39 +308,81 @@ impl CausalLm {
                 tokens.len()
             )));
         }
-        let pick = |row: &Tensor, target: u32| -> Result<(f64, bool)> {
-            let lp = candle_nn::ops::log_softmax(&row.to_dtype(DType::F32)?, D::Minus1)?.to_vec1::<f32>()?;
-            let best = lp
-                .iter()
-                .enumerate()
-                .fold((0, f32::NEG_INFINITY), |b, (i, v)| if *v > b.1 { (i, *v) } else { b })
-                .0;
-            Ok((f64::from(lp[target as usize]), best == target as usize))
-        };
-        let mut out = Vec::with_capacity(tokens.len() - from);
-        match self {
-            CausalLm::Llama { model, config, device } => {
-                let mut cache = llama::Cache::new(true, DType::F32, config, device)?;
-                let input = Tensor::new(&tokens[..from], device)?.unsqueeze(0)?;
-                let mut logits = model.forward(&input, 0, &mut cache)?;
-                for i in from..tokens.len() {
-                    out.push(pick(&logits.squeeze(0)?, tokens[i])?);
-                    if i + 1 < tokens.len() {
-                        let next = Tensor::new(&tokens[i..i + 1], device)?.unsqueeze(0)?;
-                        logits = model.forward(&next, i, &mut cache)?;
-                    }
-                }
-            }
-            CausalLm::Qwen2 { model, lm_head } => {
-                let input = Tensor::new(tokens, lm_head.weight().device())?.unsqueeze(0)?;
-                let hidden = model.forward(&input, 0, None);
-                model.clear_kv_cache();
-                let logits = lm_head.forward(&hidden?.squeeze(0)?)?;
-                for (i, t) in tokens.iter().enumerate().skip(from) {
-                    out.push(pick(&logits.get(i - 1)?, *t)?);
-                }
-            }
+        if from == tokens.len() {
+            return Ok(Vec::new());
         }
-        Ok(out)
+        let device = match self {
+            CausalLm::Llama { device, .. } => device.clone(),
+            CausalLm::Qwen2 { lm_head, .. } => lm_head.weight().device().clone(),
+        };
+        // Position i - 1 predicts token i.
+        let input = Tensor::new(&tokens[..tokens.len() - 1], &device)?.unsqueeze(0)?;
+        let log_p = candle_nn::ops::log_softmax(&self.logits(&input, from - 1)?.squeeze(0)?, D::Minus1)?;
+        let targets = Tensor::new(&tokens[from..], &device)?;
+        let picked = log_p.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?.to_vec1::<f32>()?;
+        let best = log_p.argmax(D::Minus1)?.to_vec1::<u32>()?;
+        Ok(picked
+            .iter()
+            .zip(&best)
+            .zip(&tokens[from..])
+            .map(|((lp, b), t)| (f64::from(*lp), b == t))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn fixture(arch: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/families/{arch}-tiny"))
+    }
+
+    /// A tiny Llama loaded for gradients (one pass, as Qwen2 with zero attention biases) gives
+    /// the logits of candle's Llama stepped through its cache, for two sequences padded on the
+    /// right, and the log-probabilities `score_tokens` reports.
+    #[test]
+    fn a_llama_in_one_pass_gives_the_stepped_logits() {
+        let dir = fixture("llama");
+        let dev = Device::Cpu;
+        let config = read_config(&dir.join("config.json")).unwrap();
+        let weights = hf::load_weights(&dir, &dev).unwrap();
+        let mut stepped = CausalLm::load(&config, weights.clone(), &dev, &dir).unwrap();
+        let one_pass = CausalLm::load_for_gradients(&config, weights, &dev, &dir).unwrap();
+        assert!(matches!(stepped, CausalLm::Llama { .. }) && matches!(one_pass, CausalLm::Qwen2 { .. }));
+        let seqs: [[u32; 7]; 2] = [[1, 5, 9, 3, 7, 2, 4], [1, 6, 8, 0, 0, 0, 0]];
+        let tokens = Tensor::new(&seqs, &dev).unwrap();
+        for first in [0, 3] {
+            let a = stepped.logits(&tokens, first).unwrap();
+            let b = one_pass.logits(&tokens, first).unwrap();
+            assert_eq!(a.dims(), [2, 7 - first, 34]);
+            let diff = (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            println!("first {first}: max |Δ logit| {diff:.1e}");
+            assert!(diff < 1e-4, "first {first}: max |Δ logit| {diff}");
+        }
+        let log_p = candle_nn::ops::log_softmax(&one_pass.logits(&tokens, 0).unwrap(), D::Minus1).unwrap();
+        let want = stepped.score_tokens(&seqs[0], 1).unwrap();
+        for (i, (lp, _)) in want.iter().enumerate() {
+            let got = f64::from(
+                log_p
+                    .get(0)
+                    .unwrap()
+                    .get(i)
+                    .unwrap()
+                    .get(seqs[0][i + 1] as usize)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap(),
+            );
+            assert!((got - lp).abs() < 1e-5, "token {}: {got} vs {lp}", i + 1);
+        }
     }
 }
