@@ -37,7 +37,7 @@ pub fn read_config(path: &Path) -> Result<Config> {
     if let Some(t) = hf::model_type(path)?
         && t != "bert"
     {
-        return Err(super::encoder::unknown_model_type(path, &t));
+        return Err(super::kind::unknown_model_type(path, &t));
     }
     hf::read_config(path, &config_defaults())
 }

@@ -10,7 +10,7 @@
 //! A head is read from a fine-tuned checkpoint or from a file holding just those tensors; the
 //! tensors present say which architecture it belongs to.
 
-use super::encoder::EncoderKind;
+use super::kind::EncoderKind;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Linear, Module};
 use mergescope_engine::checkpoint::Checkpoint;
