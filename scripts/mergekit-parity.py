@@ -12,6 +12,11 @@ What it makes, under OUT_DIR:
                                            settings, and per merge its method, parameters,
                                            models, output files and every output tensor's
                                            shape and dtype
+  tokenizer_union/                         the same for models whose tokenizers differ (added
+                                           tokens, a permuted vocabulary) merged with
+                                           tokenizer_source: union and the tokenizer block:
+                                           inputs/ (with tokenizer.json), mergekit/ (outputs with
+                                           tokenizer files), manifest.json (each output's vocab)
 
 Why: mergescope's tests compare its merges (linear, task arithmetic, TIES, DARE, SLERP,
 Model Stock, NuSLERP, Breadcrumbs) with mergekit's on these inputs (DARE's random masks
@@ -20,13 +25,14 @@ the tests and CI need no Python; this script only has to be run again to regener
 (for instance against a newer mergekit), and the diff of manifest.json shows what changed.
 
 How to run:
-  python3 scripts/mergekit-parity.py OUT_DIR [--venv DIR] [--mergekit VERSION]
+  python3 scripts/mergekit-parity.py OUT_DIR [--venv DIR] [--mergekit VERSION] [--only tokenizer-union]
 
 It creates a virtualenv (default ~/.cache/mergescope/mergekit-venv, reused when present),
 pip-installs mergekit into it from the default package index (that pulls torch), then runs
 itself again inside that virtualenv to generate the inputs, run `mergekit-yaml` on the CPU
-for every config and write the manifest. OUT_DIR's inputs/, mergekit/ and manifest.json
-are replaced; nothing else in OUT_DIR is touched. Any failure exits non-zero.
+for every config and write the manifest. OUT_DIR's inputs/, mergekit/, manifest.json and
+tokenizer_union/ are replaced (with --only tokenizer-union: tokenizer_union/ only); nothing
+else in OUT_DIR is touched. Any failure exits non-zero.
 """
 
 from __future__ import annotations
@@ -590,6 +596,193 @@ def inside_venv(out: Path, venv: Path) -> None:
     print(f"  manifest: {out / 'manifest.json'}")
 
 
+# --- tokenizer union: models whose vocabularies differ ----------------------------------------
+# A separate case under OUT_DIR/tokenizer_union/ (inputs, mergekit outputs, manifest), so the
+# fixtures above stay as they are. Three tiny Llamas with byte-level-free BPE tokenizers (one
+# character per token, no merges):
+#   base     <unk> <s> </s> + a-z A-Z 0-8                     (64 tokens, vocab_size 64)
+#   expert1  the base's tokens + added <|im_start|> <|im_end|> (66, vocab_size 66)
+#   expert2  the base's characters in reverse order, without 'Z' but with '@', + added
+#            <|im_end|>                                        (65, vocab_size 65)
+# so the union has tokens every model has (rows permuted for expert2), tokens only one model
+# has, one two models have, and one ('Z') that expert2 lacks.
+TOK_SPECIALS = ["<unk>", "<s>", "</s>"]
+TOK_CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678")
+TOK_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+)
+TOK_MODELS = {
+    # name: (regular tokens in id order, added special tokens, chat template)
+    "base": (TOK_SPECIALS + TOK_CHARS, [], None),
+    "expert1": (TOK_SPECIALS + TOK_CHARS, ["<|im_start|>", "<|im_end|>"], TOK_CHAT_TEMPLATE),
+    "expert2": (TOK_SPECIALS + [c for c in reversed(TOK_CHARS) if c != "Z"] + ["@"], ["<|im_end|>"],
+                TOK_CHAT_TEMPLATE),
+}
+TOK_SEEDS = {"base": 10, "expert1": 11, "expert2": 12}
+
+
+def tokenizer_union_configs() -> dict[str, dict]:
+    dtypes = {"dtype": "float32", "out_dtype": "float32"}
+    base = "inputs/base"
+    return {
+        # No base model: tokens some models lack take the mean of the models that have them.
+        "linear_union": {
+            "merge_method": "linear",
+            "models": [{"model": f"inputs/{n}", "parameters": {"weight": w}}
+                       for n, w in [("base", 1.0), ("expert1", 2.0), ("expert2", 1.0)]],
+            "parameters": {"normalize": True},
+            "tokenizer_source": "union",
+            **dtypes,
+        },
+        # With a base: the base's row where it has the token.
+        "task_arithmetic_union": {
+            "merge_method": "task_arithmetic",
+            "base_model": base,
+            "models": [{"model": f"inputs/{n}", "parameters": {"weight": 0.5}} for n in ("expert1", "expert2")],
+            "tokenizer_source": "union",
+            **dtypes,
+        },
+        # The tokenizer block: per-token sources, a new token, padding, and the chat template
+        # the inputs agree on.
+        "task_arithmetic_tokenizer_block": {
+            "merge_method": "task_arithmetic",
+            "base_model": base,
+            "models": [{"model": f"inputs/{n}", "parameters": {"weight": 0.5}} for n in ("expert1", "expert2")],
+            "tokenizer": {
+                "source": "union",
+                "pad_to_multiple_of": 8,
+                "tokens": {
+                    "<|im_end|>": {"source": {"kind": "model_token", "model": "inputs/expert1", "token": "</s>"},
+                                   "force": True},
+                    "<|im_start|>": {"source": "inputs/expert1"},
+                    "<new>": {"source": {"kind": "zero"}},
+                },
+            },
+            "chat_template": "auto",
+            **dtypes,
+        },
+    }
+
+
+def generate_tokenizer_inputs(inputs: Path) -> dict:
+    import numpy as np
+    import torch
+    from tokenizers import AddedToken, Tokenizer
+    from tokenizers import models as tok_models
+    from transformers import PreTrainedTokenizerFast
+
+    def bf16_round(a):
+        return torch.from_numpy(a).to(torch.bfloat16).to(torch.float32).numpy()
+
+    h = ARCH["hidden_size"]
+    shapes = [(n, s) for n, s in tensor_shapes() if n not in ("model.embed_tokens.weight", "lm_head.weight")]
+    rng = np.random.default_rng(BASE_SEED)
+    base_vocab = TOK_MODELS["base"][0]
+    base_rows = {name: {t: rng.normal(0.0, BASE_STD, size=(h,)).astype(np.float32) for t in base_vocab}
+                 for name in ("model.embed_tokens.weight", "lm_head.weight")}
+    base_other = {}
+    for name, shape in shapes:
+        a = 1.0 + rng.normal(0.0, NORM_STD, size=shape) if len(shape) == 1 else rng.normal(0.0, BASE_STD, size=shape)
+        base_other[name] = bf16_round(a.astype(np.float32))
+    described = {}
+    for model, (regular, added, template) in TOK_MODELS.items():
+        folder = inputs / model
+        folder.mkdir(parents=True)
+        rng = np.random.default_rng(TOK_SEEDS[model])
+        delta = 0.0 if model == "base" else DELTA_STD
+        tensors = {}
+        for name, shape in shapes:
+            tensors[name] = base_other[name] + rng.normal(0.0, delta, size=shape).astype(np.float32) * (delta > 0)
+        order = regular + added
+        for name, rows in base_rows.items():
+            m = np.stack([
+                (rows[t] + rng.normal(0.0, delta, size=(h,)).astype(np.float32) * (delta > 0)) if t in rows
+                else rng.normal(0.0, BASE_STD, size=(h,)).astype(np.float32)
+                for t in order
+            ])
+            tensors[name] = bf16_round(m)
+        config = dict(ARCH, vocab_size=len(order))
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        to_bf16_file(tensors, folder / "model.safetensors")
+
+        tok = Tokenizer(tok_models.BPE(vocab={t: i for i, t in enumerate(regular)}, merges=[], unk_token="<unk>"))
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TOK_SPECIALS + added])
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+        if template:
+            fast.chat_template = template
+        fast.save_pretrained(str(folder))
+        described[model] = {"vocab_size": len(order), "regular_tokens": regular, "added_tokens": added,
+                            "chat_template": template}
+    return {
+        "architecture": ARCH,
+        "models": described,
+        "generator": "as the main inputs; embed_tokens/lm_head rows per token: the base's row "
+        "(+ N(0, delta_std) for the experts) for a token the base has, else N(0, std)",
+        "seeds": TOK_SEEDS,
+    }
+
+
+def inside_venv_tokenizer_union(out: Path, venv: Path) -> None:
+    import importlib.metadata as md
+
+    import yaml
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    root = out / "tokenizer_union"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    versions = {p: md.version(p) for p in ("mergekit", "torch", "safetensors", "transformers", "tokenizers")}
+    versions["python"] = platform.python_version()
+    inputs = generate_tokenizer_inputs(root / "inputs")
+    mergekit_yaml = venv / "bin" / "mergekit-yaml"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    flags = [f for f in MERGEKIT_FLAGS if f != "--no-copy-tokenizer"]
+    (root / "mergekit").mkdir()
+    results = []
+    for name, cfg in tokenizer_union_configs().items():
+        rel_yaml, rel_out = f"mergekit/{name}.yml", f"mergekit/{name}"
+        (root / rel_yaml).write_text(yaml.safe_dump(cfg, sort_keys=False))
+        r = run([mergekit_yaml, rel_yaml, rel_out, *flags], cwd=root, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.stderr.write(r.stdout + r.stderr)
+            die(f"mergekit-yaml failed for tokenizer_union/{name} (exit {r.returncode})")
+        folder = root / rel_out
+        for junk in ("README.md",):
+            (folder / junk).unlink(missing_ok=True)
+        tok = AutoTokenizer.from_pretrained(str(folder))
+        vocab = tok.get_vocab()
+        tensors = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    tensors[k] = list(fh.get_tensor(k).shape)
+        results.append({
+            "name": name,
+            "config": rel_yaml,
+            "output": rel_out,
+            "files": sorted(p.name for p in folder.iterdir()),
+            "vocab": dict(sorted(vocab.items(), key=lambda kv: kv[1])),
+            "vocab_size_in_config": json.loads((folder / "config.json").read_text()).get("vocab_size"),
+            "chat_template": tok.chat_template,
+            "tensors": tensors,
+        })
+    manifest = {
+        "about": "mergekit's merges of models with different tokenizers (tokenizer_source: union), made by "
+        "scripts/mergekit-parity.py; paths are relative to this file's folder.",
+        "versions": versions,
+        "mergekit_yaml_flags": flags,
+        "inputs": inputs,
+        "configs": results,
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    print(f"\nTokenizer union: {len(results)} merges, {size} bytes under {root}")
+    for r in results:
+        print(f"  {r['name']:<34} vocab {len(r['vocab'])} (config {r['vocab_size_in_config']})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", type=Path, help="where inputs/, mergekit/ and manifest.json go")
@@ -598,16 +791,23 @@ def main() -> None:
     ap.add_argument("--mergekit", metavar="VERSION", default=None,
                     help="install exactly this mergekit version (default: the latest, or "
                     "whatever the reused virtualenv has)")
+    ap.add_argument("--only", choices=["tokenizer-union"], default=None,
+                    help="make only this case (tokenizer-union: OUT_DIR/tokenizer_union/, leaving "
+                    "the other fixtures as they are); default: every fixture")
     args = ap.parse_args()
     out, venv = args.out_dir.resolve(), args.venv.expanduser().absolute()
 
     if Path(sys.prefix).resolve() == venv.resolve():
-        inside_venv(out, venv)
+        if args.only is None:
+            inside_venv(out, venv)
+        inside_venv_tokenizer_union(out, venv)
         return
     if sys.version_info < (3, 10):
         die("Python 3.10 or newer is needed (mergekit requires it)")
     py = ensure_venv(venv, args.mergekit)
     argv = [str(py), str(Path(__file__).resolve()), str(out), "--venv", str(venv)]
+    if args.only:
+        argv += ["--only", args.only]
     sys.stdout.flush()
     os.execv(str(py), argv)
 

@@ -102,6 +102,42 @@ impl LowRank {
     }
 }
 
+/// Where one row of a tensor read through a [`RowMap`] comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RowFrom {
+    /// A row of the stored tensor.
+    Stored(usize),
+    /// A row of the map's `fill` table.
+    Fill(usize),
+    /// Zeros.
+    Zero,
+    /// The map's `pad` row.
+    Pad,
+}
+
+/// A tensor read with its rows (first axis) rearranged: vocabulary-indexed tensors of a model
+/// aligned to another vocabulary ([`crate::tokenizer_union`]). The rows are formed for the range
+/// being read, never for the whole tensor.
+#[derive(Clone, Debug)]
+pub struct RowMap {
+    /// The tensor as stored.
+    pub stored: TensorEntry,
+    /// Where each row of the tensor as read comes from.
+    pub rows: Vec<RowFrom>,
+    /// Rows given by value (`cols` values each), shared by the models aligned together.
+    pub fill: std::sync::Arc<Vec<f32>>,
+    /// The padding row (`cols` values; empty when no row is `Pad`).
+    pub pad: Vec<f32>,
+}
+
+impl RowMap {
+    /// Values per row.
+    pub fn cols(&self) -> usize {
+        let rows = self.stored.shape.first().copied().unwrap_or(1).max(1);
+        self.stored.numel() / rows
+    }
+}
+
 /// One shard file, open for positioned reads.
 #[derive(Debug)]
 pub struct ShardFile {
@@ -126,6 +162,8 @@ pub struct Checkpoint {
     /// Low-rank updates added to some tensors when they are read (a LoRA adapter applied to a
     /// base, [`crate::lora`]); empty for a plain checkpoint.
     deltas: BTreeMap<String, LowRank>,
+    /// Tensors read with their rows rearranged ([`RowMap`]); empty for a plain checkpoint.
+    row_maps: BTreeMap<String, RowMap>,
     /// Whether the model was saved in shards (for an assembled or adapted checkpoint: whether one
     /// of the models it was made from was); its own `files` may also hold an adapter's file or
     /// several models' files.
@@ -580,6 +618,7 @@ impl Checkpoint {
             files,
             tensors,
             deltas: BTreeMap::new(),
+            row_maps: BTreeMap::new(),
         })
     }
 
@@ -643,8 +682,89 @@ impl Checkpoint {
             files,
             tensors,
             deltas,
+            row_maps: BTreeMap::new(),
             sharded,
         }
+    }
+
+    /// Makes tensor `name` read through `map` (its shape becomes the map's row count times the
+    /// stored row shape); the stored tensor must be `map.stored`.
+    pub fn map_rows(&mut self, name: &str, map: RowMap) -> Result<()> {
+        let Some(entry) = self.tensors.get_mut(name) else {
+            return Err(EngineError::bad(&self.path, format!("has no tensor '{name}'")));
+        };
+        let cols = map.cols();
+        let mut shape = map.stored.shape.clone();
+        match shape.first_mut() {
+            Some(first) => *first = map.rows.len(),
+            None => shape.push(map.rows.len()),
+        }
+        entry.shape = shape;
+        entry.len = (map.rows.len() * cols * entry.dtype.size()) as u64;
+        self.row_maps.insert(name.to_owned(), map);
+        Ok(())
+    }
+
+    /// Whether tensor `name` is read with its rows rearranged.
+    pub fn has_row_map(&self, name: &str) -> bool {
+        self.row_maps.contains_key(name)
+    }
+
+    /// Elements `[from, from + len)` of a tensor read through `map` (whose `stored` tensor is one
+    /// of this checkpoint's): runs of consecutive stored
+    /// rows are read at once.
+    pub fn read_mapped(&self, map: &RowMap, from: usize, len: usize) -> Result<Vec<f32>> {
+        let cols = map.cols().max(1);
+        let mut out = Vec::with_capacity(len);
+        let end = from + len;
+        let mut row = from / cols;
+        while out.len() < len {
+            let row_start = row * cols;
+            let lo = from.max(row_start);
+            match map.rows.get(row).copied() {
+                Some(RowFrom::Stored(s)) => {
+                    // Extend the run while the stored rows follow on.
+                    let mut last = row;
+                    while (last + 1) * cols < end
+                        && map.rows.get(last + 1) == Some(&RowFrom::Stored(s + last + 1 - row))
+                    {
+                        last += 1;
+                    }
+                    let hi = end.min((last + 1) * cols);
+                    let values = self.read_unmapped_range(&map.stored, s * cols + (lo - row_start), hi - lo)?;
+                    out.extend_from_slice(&values);
+                    row = last + 1;
+                    continue;
+                }
+                Some(RowFrom::Fill(k)) => {
+                    let hi = end.min(row_start + cols);
+                    let src = map
+                        .fill
+                        .get(k * cols + (lo - row_start)..k * cols + (hi - row_start))
+                        .ok_or_else(|| {
+                            EngineError::Invalid(format!("tensor '{}': fill row {k} out of range", map.stored.name))
+                        })?;
+                    out.extend_from_slice(src);
+                }
+                Some(RowFrom::Pad) if map.pad.len() == cols => {
+                    let hi = end.min(row_start + cols);
+                    out.extend_from_slice(&map.pad[lo - row_start..hi - row_start]);
+                }
+                Some(RowFrom::Zero | RowFrom::Pad) => {
+                    let hi = end.min(row_start + cols);
+                    out.resize(out.len() + (hi - lo), 0.0);
+                }
+                None => {
+                    return Err(EngineError::Invalid(format!(
+                        "tensor '{}': read past its {} rows",
+                        map.stored.name,
+                        map.rows.len()
+                    )));
+                }
+            }
+            row += 1;
+        }
+        Ok(out)
     }
 
     /// Whether the model was saved in shards (see the field); a merge's output is sharded like
@@ -688,7 +808,7 @@ impl Checkpoint {
     /// Raw bytes of a tensor, as stored (with its low-rank update, if it has one, encoded in
     /// its dtype).
     pub fn raw_bytes(&self, t: &TensorEntry) -> Result<Vec<u8>> {
-        if self.deltas.contains_key(&t.name) {
+        if self.deltas.contains_key(&t.name) || self.row_maps.contains_key(&t.name) {
             let mut out = Vec::with_capacity(t.len as usize);
             crate::dtype::encode_f32(t.dtype, &self.read_f32(t)?, &mut out);
             return Ok(out);
@@ -699,8 +819,16 @@ impl Checkpoint {
     }
 
     /// Reads elements `[from, from + len)` of a float tensor as f32 (with its low-rank update,
-    /// if it has one).
+    /// if it has one, and its rows rearranged, if it has a [`RowMap`]).
     pub fn read_f32_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<Vec<f32>> {
+        if let Some(map) = self.row_maps.get(&t.name) {
+            return self.read_mapped(map, from, len);
+        }
+        self.read_unmapped_range(t, from, len)
+    }
+
+    /// Elements of the tensor as stored, with its low-rank update.
+    fn read_unmapped_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<Vec<f32>> {
         let mut values = self.read_stored_f32_range(t, from, len)?;
         if let Some(d) = self.deltas.get(&t.name) {
             let a = self.read_stored_f32_range(&d.a, 0, d.a.numel())?;

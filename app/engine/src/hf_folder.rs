@@ -5,6 +5,7 @@
 
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
+use crate::tokenizer_union::{ChatTemplate, TokenizerSpec, VocabPlan, chat_template_of};
 use crate::writer::ExtraFile;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,12 @@ pub struct FolderOutput {
     /// A recipe the merge came from, kept in the folder and quoted in the card: (file name, text),
     /// e.g. `("mergekit_config.yml", yaml)`.
     pub source_recipe: Option<(String, String)>,
+    /// An output vocabulary built from the inputs' tokenizers (mergekit's `tokenizer_source:
+    /// union` or `tokenizer:` block): its tokenizer files are written, the vocabulary tensors
+    /// are aligned to it and `config.json` gets its size ([`crate::tokenizer_union`]).
+    pub tokenizer: Option<TokenizerSpec>,
+    /// A chat template for the output's tokenizer (mergekit's `chat_template`).
+    pub chat_template: Option<ChatTemplate>,
 }
 
 /// What the model card says about a merge.
@@ -66,10 +73,11 @@ fn read(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| EngineError::io("cannot read", path, e))
 }
 
-/// `config.json` with the output's dtype and layer count written in (other keys as they were).
-fn adapted_config(path: &Path, dtype: Option<DType>, layers: Option<usize>) -> Result<Vec<u8>> {
+/// `config.json` with the output's dtype, layer count and vocabulary size written in (other keys
+/// as they were).
+fn adapted_config(path: &Path, dtype: Option<DType>, layers: Option<usize>, vocab: Option<usize>) -> Result<Vec<u8>> {
     let bytes = read(path)?;
-    if dtype.is_none() && layers.is_none() {
+    if dtype.is_none() && layers.is_none() && vocab.is_none() {
         return Ok(bytes);
     }
     let mut config: Value = serde_json::from_slice(&bytes).map_err(|e| {
@@ -107,6 +115,19 @@ fn adapted_config(path: &Path, dtype: Option<DType>, layers: Option<usize>) -> R
         for key in LAYER_COUNT_KEYS {
             if object.get(*key).is_some_and(Value::is_u64) {
                 object.insert((*key).to_owned(), n.into());
+            }
+        }
+    }
+    if let Some(n) = vocab {
+        // mergekit's _update_config_vocab: `vocab_size`, or the text model's for multimodal
+        // configurations that keep it only there.
+        let top = object.contains_key("vocab_size");
+        match object.get_mut("text_config").and_then(Value::as_object_mut) {
+            Some(text) if !top && text.contains_key("vocab_size") => {
+                text.insert("vocab_size".to_owned(), n.into());
+            }
+            _ => {
+                object.insert("vocab_size".to_owned(), n.into());
             }
         }
     }
@@ -158,6 +179,13 @@ pub fn folder_files(
 ) -> Result<(Vec<ExtraFile>, Vec<String>)> {
     let mut files = Vec::new();
     let mut notes = Vec::new();
+    let plan = match &spec.tokenizer {
+        Some(t) => {
+            let paths: Vec<PathBuf> = inputs.iter().map(|p| p.to_path_buf()).collect();
+            VocabPlan::build(t, &paths)?
+        }
+        None => None,
+    };
     let config_dir = match &spec.config_from {
         Some(dir) => {
             let dir = folder_of(dir);
@@ -178,7 +206,7 @@ pub fn folder_files(
         Some(dir) => {
             files.push(ExtraFile {
                 name: "config.json".to_owned(),
-                bytes: adapted_config(&dir.join("config.json"), dtype, layers)?,
+                bytes: adapted_config(&dir.join("config.json"), dtype, layers, plan.as_ref().map(|p| p.rows))?,
             });
             let generation = dir.join("generation_config.json");
             if generation.is_file() {
@@ -195,7 +223,11 @@ pub fn folder_files(
         ),
     }
     let tokenizer_dir = spec.tokenizer_from.as_deref().map(folder_of).or(config_dir);
-    if let Some(dir) = &tokenizer_dir {
+    if let Some(plan) = plan.as_ref().filter(|p| p.changed) {
+        for (name, bytes) in plan.tokenizer_files()? {
+            files.push(ExtraFile { name, bytes });
+        }
+    } else if let Some(dir) = &tokenizer_dir {
         let before = files.len();
         for name in TOKENIZER_FILES {
             let p = dir.join(name);
@@ -213,6 +245,9 @@ pub fn folder_files(
             )));
         }
     }
+    if let Some(template) = &spec.chat_template {
+        set_chat_template(&mut files, template, spec, inputs, &mut notes)?;
+    }
     if let Some((name, text)) = &spec.source_recipe {
         files.push(ExtraFile {
             name: name.clone(),
@@ -224,6 +259,63 @@ pub fn folder_files(
         bytes: model_card(card, spec.source_recipe.as_ref()).into_bytes(),
     });
     Ok((files, notes))
+}
+
+/// Sets the output tokenizer's chat template (mergekit's `_set_chat_template`; transformers 5
+/// keeps it in `chat_template.jinja`, so any copy in `tokenizer_config.json` is dropped).
+fn set_chat_template(
+    files: &mut Vec<ExtraFile>,
+    template: &ChatTemplate,
+    spec: &FolderOutput,
+    inputs: &[&Path],
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let text = match template {
+        ChatTemplate::Literal(t) => t.clone(),
+        ChatTemplate::Auto => {
+            let (models, base) = match &spec.tokenizer {
+                Some(t) => (t.models.clone(), t.base_model.clone()),
+                None => (inputs.iter().map(|p| p.to_path_buf()).collect(), None),
+            };
+            match VocabPlan::auto_chat_template(&models, base.as_deref())? {
+                Some(t) => t,
+                None => {
+                    notes.push("chat_template: auto found no chat template among the inputs; none was set".to_owned());
+                    return Ok(());
+                }
+            }
+        }
+    };
+    if !files
+        .iter()
+        .any(|f| f.name == "tokenizer.json" || f.name == "tokenizer_config.json")
+    {
+        notes.push(
+            "chat_template is set but the output has no tokenizer files, so the template was not saved (as mergekit)"
+                .to_owned(),
+        );
+        return Ok(());
+    }
+    if let Some(f) = files.iter_mut().find(|f| f.name == "tokenizer_config.json")
+        && let Ok(Value::Object(mut config)) = serde_json::from_slice::<Value>(&f.bytes)
+        && config.remove("chat_template").is_some()
+    {
+        let mut bytes = serde_json::to_vec_pretty(&Value::Object(config))
+            .map_err(|e| EngineError::Invalid(format!("cannot encode tokenizer_config.json: {e}")))?;
+        bytes.push(b'\n');
+        f.bytes = bytes;
+    }
+    files.retain(|f| f.name != "chat_template.jinja");
+    files.push(ExtraFile {
+        name: "chat_template.jinja".to_owned(),
+        bytes: text.into_bytes(),
+    });
+    Ok(())
+}
+
+/// The chat template of a tokenizer folder, for callers that show it.
+pub fn chat_template_in(dir: &Path) -> Result<Option<String>> {
+    chat_template_of(dir)
 }
 
 #[cfg(test)]
@@ -239,12 +331,22 @@ mod tests {
             r#"{"model_type": "llama", "num_hidden_layers": 2, "torch_dtype": "float32", "hidden_size": 32}"#,
         )
         .unwrap();
-        let out: Value = serde_json::from_slice(&adapted_config(&p, Some(DType::BF16), Some(5)).unwrap()).unwrap();
+        let out: Value =
+            serde_json::from_slice(&adapted_config(&p, Some(DType::BF16), Some(5), Some(72)).unwrap()).unwrap();
         assert_eq!(out["torch_dtype"], "bfloat16");
         assert_eq!(out["num_hidden_layers"], 5);
         assert_eq!(out["hidden_size"], 32);
+        assert_eq!(out["vocab_size"], 72);
+        // A multimodal configuration keeps the vocabulary size in its text model's.
+        let q = dir.path().join("mm.json");
+        std::fs::write(&q, r#"{"text_config": {"vocab_size": 64}}"#).unwrap();
+        let out: Value = serde_json::from_slice(&adapted_config(&q, None, None, Some(80)).unwrap()).unwrap();
+        assert_eq!(out, serde_json::json!({"text_config": {"vocab_size": 80}}));
         // Unchanged output: the file's own bytes.
-        assert_eq!(adapted_config(&p, None, None).unwrap(), std::fs::read(&p).unwrap());
+        assert_eq!(
+            adapted_config(&p, None, None, None).unwrap(),
+            std::fs::read(&p).unwrap()
+        );
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub mod role;
 pub mod slices;
 pub mod synthetic;
 pub mod sys;
+pub mod tokenizer_union;
 pub mod writer;
 
 pub use error::{EngineError, Result};

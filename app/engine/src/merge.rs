@@ -553,14 +553,30 @@ pub fn open_expert(path: &Path, base: Option<&Path>) -> Result<Checkpoint> {
 /// Opens the inputs of `req`: the base (when given) and the experts, whole or assembled from
 /// their layer slices.
 pub fn open_inputs(req: &MergeRequest) -> Result<(Option<Checkpoint>, Vec<Checkpoint>)> {
+    let tokenizer = req.folder.as_ref().and_then(|f| f.tokenizer.as_ref());
     if req.slices.is_empty() {
-        let base = req.base.as_deref().map(Checkpoint::open).transpose()?;
-        let experts = req
+        let mut base = req.base.as_deref().map(Checkpoint::open).transpose()?;
+        let mut experts: Vec<Checkpoint> = req
             .experts
             .iter()
             .map(|p| open_expert(p, req.base.as_deref()))
             .collect::<Result<_>>()?;
+        // Inputs with different tokenizers: their vocabulary tensors read aligned to the output's.
+        if let Some(spec) = tokenizer {
+            let paths: Vec<PathBuf> = req.base.iter().chain(req.experts.iter()).cloned().collect();
+            if let Some(plan) = crate::tokenizer_union::VocabPlan::build(spec, &paths)? {
+                let mut all: Vec<&mut Checkpoint> = base.iter_mut().chain(experts.iter_mut()).collect();
+                plan.align(&mut all)?;
+            }
+        }
         return Ok((base, experts));
+    }
+    if tokenizer.is_some() {
+        return Err(EngineError::Invalid(
+            "aligning vocabularies (mergekit's tokenizer_source or tokenizer block) is not supported with slices yet; \
+             merge models that share a tokenizer, or use the models form"
+                .to_owned(),
+        ));
     }
     let has_base = usize::from(req.base.is_some());
     let inputs = has_base + req.experts.len();

@@ -207,7 +207,7 @@ impl Recipe {
             req.folder = Some(FolderOutput {
                 config_from: self.config_from.clone(),
                 tokenizer_from: self.tokenizer_from.clone(),
-                source_recipe: None,
+                ..FolderOutput::default()
             });
         }
         req.slices = self.slices.clone();

@@ -21,6 +21,7 @@ mod golden_ties;
 mod golden_weight_average;
 mod lora;
 mod mergekit_parity;
+mod mergekit_tokenizer;
 mod mergekit_yaml;
 mod model_level;
 mod model_level_lm;

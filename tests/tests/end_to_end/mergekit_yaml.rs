@@ -217,7 +217,7 @@ fn bad_configs_name_the_key_and_the_fix() {
         ),
         (
             "merge_method: linear\nmodels: [inputs/expert1]\ntokenizer_source: union\n",
-            &["union", "not supported yet"],
+            &["union", "tokenizer.json", "save_pretrained"],
         ),
         (
             "merge_method: linear\nmodels: [inputs/expert1]\nmodules: {}\n",

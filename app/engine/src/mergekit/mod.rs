@@ -4,8 +4,9 @@
 //!
 //! The supported subset is the one model cards use: `merge_method`, `base_model`, `models` (each
 //! with `parameters`), or `slices` (layer ranges of several models, mergekit's frankenmerges),
-//! shared `parameters` with filters and gradients, `dtype`, `out_dtype` and `tokenizer_source`
-//! (`base` or a model). Every key is checked: an unknown one, or one mergescope does not do
+//! shared `parameters` with filters and gradients, `dtype`, `out_dtype`, `tokenizer_source`
+//! (`union`, `base` or a model), the `tokenizer` block (`source`, per-token `tokens`,
+//! `pad_to_multiple_of`) and `chat_template` ([`crate::tokenizer_union`]). Every key is checked: an unknown one, or one mergescope does not do
 //! yet, is an error naming it. Each mergekit method maps to a mergescope plugin with the
 //! parameters that reproduce it ([`methods`]).
 
@@ -19,6 +20,9 @@ use crate::dtype::OutDType;
 use crate::error::{EngineError, Result};
 use crate::recipe::{Recipe, params_to_toml};
 use crate::slices::{Slice, SliceSource};
+use crate::tokenizer_union::{
+    ChatTemplate, EmbeddingSource, Source, TokenEmbedding, TokenRef, TokenizerSpec, VocabPlan,
+};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -32,23 +36,15 @@ const TOP_KEYS: &[&str] = &[
     "dtype",
     "out_dtype",
     "tokenizer_source",
+    "tokenizer",
+    "chat_template",
 ];
 
 /// Keys mergekit has that mergescope does not do yet, and why.
-const UNSUPPORTED_KEYS: &[(&str, &str)] = &[
-    (
-        "modules",
-        "per-module merges of multimodal models are not supported yet; use `models` or `slices`",
-    ),
-    (
-        "tokenizer",
-        "tokenizer surgery (added tokens, union vocabularies) is not supported yet; use tokenizer_source: base",
-    ),
-    (
-        "chat_template",
-        "setting a chat template is not supported yet; remove the key and edit tokenizer_config.json afterwards",
-    ),
-];
+const UNSUPPORTED_KEYS: &[(&str, &str)] = &[(
+    "modules",
+    "per-module merges of multimodal models are not supported yet; use `models` or `slices`",
+)];
 
 /// A mergekit configuration turned into a mergescope recipe.
 #[derive(Clone, Debug)]
@@ -59,6 +55,11 @@ pub struct Converted {
     pub notes: Vec<String>,
     /// The configuration's text, kept in the output folder as `mergekit_config.yml`.
     pub text: String,
+    /// The output vocabulary to build from the inputs' tokenizers (`tokenizer_source` or the
+    /// `tokenizer` block); a recipe cannot hold it, so only the YAML run does it.
+    pub tokenizer: Option<TokenizerSpec>,
+    /// The `chat_template` to set.
+    pub chat_template: Option<ChatTemplate>,
 }
 
 impl Converted {
@@ -67,6 +68,8 @@ impl Converted {
         let mut req = self.recipe.to_request(overwrite)?;
         if let Some(folder) = req.folder.as_mut() {
             folder.source_recipe = Some(("mergekit_config.yml".to_owned(), self.text.clone()));
+            folder.tokenizer = self.tokenizer.clone();
+            folder.chat_template = self.chat_template.clone();
         }
         Ok(req)
     }
@@ -206,21 +209,48 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         Some(d) => Some(d),
         None => dtype("dtype")?,
     };
-    let tokenizer_from = match top.get("tokenizer_source") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s == "base" => Some(
+    let tokenizer = read_tokenizer(file, &top, base.as_deref(), &entries, &slices, &model_ref)?;
+    let tokenizer_from = match &tokenizer {
+        Some(TokenizerSpec {
+            source: Source::Base, ..
+        }) => Some(
             base.clone()
                 .ok_or_else(|| invalid(file, "tokenizer_source: base needs a base_model"))?,
         ),
-        Some(Value::String(s)) if s == "union" => {
+        Some(TokenizerSpec {
+            source: Source::Model(m),
+            ..
+        }) => Some(m.clone()),
+        _ => None,
+    };
+    // Slices take the tokenizer's files only (aligning vocabularies needs whole models).
+    let tokenizer = tokenizer.filter(|t| slices.is_empty() || t.source == Source::Union);
+    if tokenizer.as_ref().is_some_and(|t| t.source == Source::Union) && !slices.is_empty() {
+        return Err(invalid(
+            file,
+            "tokenizer_source union with 'slices' is not supported yet; merge models that share a tokenizer, or use \
+             the 'models' form",
+        ));
+    }
+    let chat_template = match top.get("chat_template") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => {
+            Some(ChatTemplate::parse(s).map_err(|e| invalid(file, format!("chat_template: {e}")))?)
+        }
+        Some(other) => {
             return Err(invalid(
                 file,
-                "tokenizer_source: union (a merged vocabulary) is not supported yet; use tokenizer_source: base or a \
-                 model whose tokenizer all inputs share",
+                format!("chat_template must be 'auto' or a Jinja template, not {other}"),
             ));
         }
-        Some(v) => Some(model_ref("tokenizer_source", v)?),
     };
+    if tokenizer.is_some() {
+        notes.push(
+            "the inputs' vocabulary tensors are aligned to the output tokenizer (tokenizer_source / tokenizer), \
+             which a TOML recipe cannot hold yet: `recipe convert` drops it, so run this YAML itself"
+                .to_owned(),
+        );
+    }
     let recipe = Recipe {
         method: mapping.plugin.to_owned(),
         base: base_path,
@@ -237,11 +267,201 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         tokenizer_from,
         slices: slice_layout(&slices, base_entry, &experts),
     };
+    if let Some(spec) = &tokenizer {
+        // Checked now, so that a tokenizer that cannot be read fails before any merge starts.
+        let inputs: Vec<PathBuf> = recipe.base.iter().chain(recipe.experts.iter()).cloned().collect();
+        VocabPlan::build(spec, &inputs)?;
+    }
     Ok(Converted {
         recipe,
         notes,
         text: text.to_owned(),
+        tokenizer,
+        chat_template,
     })
+}
+
+/// The `tokenizer_source` or `tokenizer` block, as a [`TokenizerSpec`] over the configuration's
+/// models (the base first).
+fn read_tokenizer(
+    file: &Path,
+    top: &Map<String, Value>,
+    base: Option<&Path>,
+    entries: &[Entry],
+    slices: &[Slice],
+    model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>,
+) -> Result<Option<TokenizerSpec>> {
+    let given = |k: &str| top.get(k).filter(|v| !v.is_null());
+    let source_of = |key: &str, v: &Value| -> Result<Source> {
+        match v {
+            Value::String(s) if s == "union" => Ok(Source::Union),
+            Value::String(s) if s == "base" => Ok(Source::Base),
+            Value::String(_) => Ok(Source::Model(model_ref(key, v)?)),
+            other => Err(invalid(
+                file,
+                format!("{key} must be union, base or a model, not {other}"),
+            )),
+        }
+    };
+    let (source, tokens, pad) = match (given("tokenizer_source"), given("tokenizer")) {
+        (None, None) => return Ok(None),
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                file,
+                "has both tokenizer_source and tokenizer; give one (tokenizer: {source: ...} holds the source)",
+            ));
+        }
+        (Some(v), None) => (source_of("tokenizer_source", v)?, Vec::new(), None),
+        (None, Some(block)) => {
+            let obj = block.as_object().ok_or_else(|| {
+                invalid(
+                    file,
+                    format!("'tokenizer' must be a mapping with source, tokens, pad_to_multiple_of, not {block}"),
+                )
+            })?;
+            check_keys(file, "tokenizer", obj, &["source", "tokens", "pad_to_multiple_of"])?;
+            let source = match obj.get("source").filter(|v| !v.is_null()) {
+                None => Source::Union,
+                Some(v) => source_of("tokenizer.source", v)?,
+            };
+            let pad = match obj.get("pad_to_multiple_of").filter(|v| !v.is_null()) {
+                None => None,
+                Some(v) => Some(v.as_u64().filter(|n| *n > 0).ok_or_else(|| {
+                    invalid(
+                        file,
+                        format!("tokenizer.pad_to_multiple_of must be a positive integer, not {v}"),
+                    )
+                })? as usize),
+            };
+            let tokens = match obj.get("tokens").filter(|v| !v.is_null()) {
+                None => Vec::new(),
+                Some(Value::Object(m)) => m
+                    .iter()
+                    .map(|(tok, cfg)| Ok((tok.clone(), token_embedding(file, tok, cfg, model_ref)?)))
+                    .collect::<Result<Vec<_>>>()?,
+                Some(other) => {
+                    return Err(invalid(
+                        file,
+                        format!("tokenizer.tokens must be a mapping of token to {{source, force}}, not {other}"),
+                    ));
+                }
+            };
+            (source, tokens, pad)
+        }
+    };
+    if source == Source::Base && base.is_none() {
+        return Err(invalid(file, "tokenizer_source: base needs a base_model"));
+    }
+    let mut models: Vec<PathBuf> = base.iter().map(|b| b.to_path_buf()).collect();
+    let listed = entries
+        .iter()
+        .flat_map(|e| std::iter::once(e.model.clone()).chain(e.sources.iter().map(|s| s.model.clone())))
+        .chain(slices.iter().flat_map(|s| s.sources.iter().map(|x| x.model.clone())));
+    for m in listed {
+        if !models.contains(&m) {
+            models.push(m);
+        }
+    }
+    Ok(Some(TokenizerSpec {
+        source,
+        tokens,
+        pad_to_multiple_of: pad,
+        base_model: base.map(Path::to_path_buf),
+        models,
+        origin: format!("mergekit config '{}'", file.display()),
+    }))
+}
+
+/// One `tokenizer.tokens` entry: `{source: ..., force: ...}`.
+fn token_embedding(
+    file: &Path,
+    token: &str,
+    cfg: &Value,
+    model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>,
+) -> Result<TokenEmbedding> {
+    let what = format!("tokenizer.tokens['{token}']");
+    let obj = match cfg {
+        Value::Null => {
+            return Ok(TokenEmbedding {
+                source: None,
+                force: false,
+            });
+        }
+        Value::Object(o) => o,
+        other => {
+            return Err(invalid(
+                file,
+                format!("{what} must be a mapping with source and force, not {other}"),
+            ));
+        }
+    };
+    check_keys(file, &what, obj, &["source", "force"])?;
+    let force = match obj.get("force") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(invalid(
+                file,
+                format!("{what}.force must be true or false, not {other}"),
+            ));
+        }
+    };
+    let source = match obj.get("source") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::String(_)) => Some(EmbeddingSource::Model(model_ref(&format!("{what}.source"), v)?)),
+        Some(Value::Object(src)) => {
+            let kind = src.get("kind").and_then(Value::as_str);
+            match kind {
+                Some("zero") => {
+                    check_keys(file, &format!("{what}.source"), src, &["kind"])?;
+                    Some(EmbeddingSource::Zero)
+                }
+                Some("model_token") => {
+                    check_keys(
+                        file,
+                        &format!("{what}.source"),
+                        src,
+                        &["kind", "model", "token_id", "token"],
+                    )?;
+                    let model = src
+                        .get("model")
+                        .ok_or_else(|| invalid(file, format!("{what}.source (model_token) has no 'model'")))?;
+                    let model = model_ref(&format!("{what}.source.model"), model)?;
+                    let token = match (src.get("token_id"), src.get("token")) {
+                        (Some(id), None) => TokenRef::Id(id.as_u64().ok_or_else(|| {
+                            invalid(file, format!("{what}.source.token_id must be a row number, not {id}"))
+                        })? as usize),
+                        (None, Some(Value::String(t))) => TokenRef::Text(t.clone()),
+                        _ => {
+                            return Err(invalid(
+                                file,
+                                format!(
+                                    "{what}.source (model_token) needs exactly one of token_id and token (a string)"
+                                ),
+                            ));
+                        }
+                    };
+                    Some(EmbeddingSource::ModelToken { model, token })
+                }
+                _ => {
+                    return Err(invalid(
+                        file,
+                        format!(
+                            "{what}.source: kind must be model_token or zero (or give a model path), not {}",
+                            src.get("kind").map_or_else(|| "missing".to_owned(), Value::to_string)
+                        ),
+                    ));
+                }
+            }
+        }
+        Some(other) => {
+            return Err(invalid(
+                file,
+                format!("{what}.source must be a model, {{kind: model_token, ...}} or {{kind: zero}}, not {other}"),
+            ));
+        }
+    };
+    Ok(TokenEmbedding { source, force })
 }
 
 /// One input model as the configuration lists it.
