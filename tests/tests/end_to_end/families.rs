@@ -390,13 +390,14 @@ fn clip_zero_shot_logits_match_transformers() {
     assert!((again.tasks[0].loss.unwrap() - t.loss.unwrap()).abs() < 1e-6);
 }
 
-/// Tiny Llama and Qwen2 models from transformers: every choice's log-likelihood agrees with
-/// transformers' (candle's Llama stepped through its key-value cache, Qwen2 in one pass), and a
-/// causal-lm suite reports the same acc, acc_norm, perplexity and next-token accuracy.
+/// Tiny Llama, Qwen2 and GPT-2 models from transformers: every choice's log-likelihood agrees
+/// with transformers' (candle's Llama stepped through its key-value cache, Qwen2 and GPT-2 in
+/// one pass), and a causal-lm suite reports the same acc, acc_norm, perplexity and next-token
+/// accuracy.
 #[test]
 fn causal_lm_log_likelihoods_match_transformers() {
     use mergescope_lab::family::causal_lm::{CausalLm, read_config};
-    for arch in ["llama", "qwen2"] {
+    for arch in ["llama", "qwen2", "gpt2"] {
         let dir = fixtures().join(format!("{arch}-tiny"));
         let r = json(&dir.join("reference.json"));
         let dev = Device::Cpu;
@@ -447,5 +448,43 @@ fn causal_lm_log_likelihoods_match_transformers() {
         let ppl = r["text_perplexity"].as_f64().unwrap();
         assert!((text.metrics["perplexity"] - ppl).abs() < 1e-4 * ppl, "{arch}");
         assert_eq!(text.examples, r["text_tokens"].as_u64().unwrap() as usize - 1);
+    }
+}
+
+/// The tiny GPT-2 (candle's Whisper text decoder under GPT-2's tensors) gives transformers'
+/// logits at every real position of a right-padded batch (`reference/batch.safetensors`), loaded for
+/// evaluation and for gradients.
+#[test]
+fn gpt2_padded_batch_logits_match_transformers() {
+    use candle_core::{DType, IndexOp};
+    use mergescope_lab::family::causal_lm::{CausalLm, read_config};
+    let dir = fixtures().join("gpt2-tiny");
+    let dev = Device::Cpu;
+    let r = candle_core::safetensors::load(dir.join("reference/batch.safetensors"), &dev).unwrap();
+    let ids = r["input_ids"].to_dtype(DType::U32).unwrap();
+    let mask: Vec<Vec<i64>> = r["attention_mask"].to_vec2().unwrap();
+    let config = read_config(&dir.join("config.json")).unwrap();
+    let weights = hf::load_weights(&dir, &dev).unwrap();
+    for lm in [
+        CausalLm::load(&config, weights.clone(), &dev, &dir).unwrap(),
+        CausalLm::load_for_gradients(&config, weights.clone(), &dev, &dir).unwrap(),
+    ] {
+        let logits = lm.logits(&ids, 0).unwrap();
+        assert_eq!(logits.dims(), r["logits"].dims());
+        let mut worst = 0f32;
+        for (b, row) in mask.iter().enumerate() {
+            let real = row.iter().filter(|m| **m == 1).count();
+            let diff = (logits.i((b, ..real)).unwrap() - r["logits"].i((b, ..real)).unwrap())
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            worst = worst.max(diff);
+        }
+        println!("gpt2-tiny padded batch: max |logit - transformers| = {worst:.2e}");
+        assert!(worst <= 1e-4, "max |diff| {worst}");
     }
 }

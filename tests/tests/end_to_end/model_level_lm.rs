@@ -1,4 +1,4 @@
-//! Model-level methods on causal LMs: a causal-lm suite of the tiny Llama and Qwen2 of the
+//! Model-level methods on causal LMs: a causal-lm suite of the tiny Llama, Qwen2 and GPT-2 of the
 //! fixtures (a multiple-choice task and a text), two experts fine-tuned from the base on each
 //! task's train data through the suite's own calibration tasks, and AdaMerging, Frank-Wolfe,
 //! Fisher merging and MIMA run in a real session on them. Checks with numbers: AdaMerging lowers
@@ -28,7 +28,7 @@ struct LmFixture {
     experts: Vec<Vec<Tensor>>,
 }
 
-/// The suite of the tiny `arch` model (`llama`, `qwen2`): tasks "mc" and "text", each
+/// The suite of the tiny `arch` model (`llama`, `qwen2`, `gpt2`): tasks "mc" and "text", each
 /// calibrating and training on its own file; experts fine-tuned from the base on each.
 fn lm_fixture(arch: &str) -> LmFixture {
     let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/families/{arch}-tiny"));
@@ -126,7 +126,7 @@ fn assert_finite(out: ModelRunOutput, f: &LmFixture, what: &str) -> Vec<Tensor> 
 
 #[test]
 fn data_driven_methods_run_on_causal_lm_suites() {
-    for arch in ["llama", "qwen2"] {
+    for arch in ["llama", "qwen2", "gpt2"] {
         let t = std::time::Instant::now();
         let f = lm_fixture(arch);
         eprintln!("{arch}-tiny: experts fine-tuned in {:.1} s", t.elapsed().as_secs_f64());

@@ -60,7 +60,7 @@ fn a_model_of_another_family_is_refused_by_name() {
         &env,
         &lm,
         &f("bert-tiny"),
-        &["'bert' model", "llama, mistral and qwen2"],
+        &["'bert' model", "llama, mistral, qwen2 and gpt2"],
     );
 }
 

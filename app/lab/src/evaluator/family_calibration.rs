@@ -473,7 +473,8 @@ mod tests {
         assert!(first.iter().all(|v| *v >= 0.0) && first.iter().any(|v| *v > 0.0));
     }
 
-    /// A two-task causal-lm suite of the tiny `arch` model of the fixtures (`llama`, `qwen2`):
+    /// A two-task causal-lm suite of the tiny `arch` model of the fixtures (`llama`, `qwen2`,
+    /// `gpt2`):
     /// its multiple-choice questions and its text, calibrating and training on the same files,
     /// with `model` keys added to `[model]`.
     fn lm_tasks(dir: &Path, arch: &str, model: &str) -> (Box<dyn CalibrationTasks>, Suite, PathBuf) {
@@ -506,16 +507,31 @@ mod tests {
         hf::load_weights(fx, &Device::Cpu).unwrap().into_iter().collect()
     }
 
-    /// The tensors whose gradients the causal-LM tests check: the embeddings, the first layer's
-    /// attention and norm, the last layer's MLP, the final norm and the output head.
-    const LM_TENSORS: &[&str] = &[
-        "model.embed_tokens.weight",
-        "model.layers.0.self_attn.q_proj.weight",
-        "model.layers.0.input_layernorm.weight",
-        "model.layers.1.mlp.down_proj.weight",
-        "model.norm.weight",
-        "lm_head.weight",
-    ];
+    /// The tensors of `arch` whose gradients the causal-LM tests check: the embeddings, the
+    /// first layer's attention and norm, the last layer's MLP, the final norm and the output
+    /// head (GPT-2's is the token embeddings; its positions and packed attention instead).
+    fn lm_tensors(arch: &str) -> &'static [&'static str] {
+        if arch == "gpt2" {
+            &[
+                "transformer.wte.weight",
+                "transformer.wpe.weight",
+                "transformer.h.0.attn.c_attn.weight",
+                "transformer.h.0.attn.c_attn.bias",
+                "transformer.h.0.ln_1.weight",
+                "transformer.h.1.mlp.c_proj.weight",
+                "transformer.ln_f.weight",
+            ]
+        } else {
+            &[
+                "model.embed_tokens.weight",
+                "model.layers.0.self_attn.q_proj.weight",
+                "model.layers.0.input_layernorm.weight",
+                "model.layers.1.mlp.down_proj.weight",
+                "model.norm.weight",
+                "lm_head.weight",
+            ]
+        }
+    }
 
     /// On a causal LM the calibration scores are what the suite's evaluation reports (the
     /// multiple-choice accuracy is acc_norm, the text's loss its mean next-token NLL), also when
@@ -542,6 +558,8 @@ mod tests {
             ("llama", stepped.as_str()),
             ("qwen2", ""),
             ("qwen2", "max_length = 8\nbatch_size = 2"),
+            ("gpt2", ""),
+            ("gpt2", "max_length = 8\nbatch_size = 2"),
         ] {
             let dir = tempfile::tempdir().unwrap();
             let (tasks, suite, fx) = lm_tasks(dir.path(), arch, model);
@@ -566,8 +584,8 @@ mod tests {
                 text.loss
             );
             let t = std::time::Instant::now();
-            let ce = check_objective_gradients(tasks.as_ref(), &base, LM_TENSORS, Objective::CrossEntropy);
-            let entropy = check_objective_gradients(tasks.as_ref(), &base, LM_TENSORS, Objective::Entropy);
+            let ce = check_objective_gradients(tasks.as_ref(), &base, lm_tensors(arch), Objective::CrossEntropy);
+            let entropy = check_objective_gradients(tasks.as_ref(), &base, lm_tensors(arch), Objective::Entropy);
             println!(
                 "{arch}-tiny [{}]: worst relative gradient error: cross-entropy {ce:.1e}, entropy {entropy:.1e} ({:.1} s)",
                 model.replace('\n', ", "),
@@ -580,7 +598,7 @@ mod tests {
     /// its acc_norm, the text's loss its mean NLL.
     #[test]
     fn causal_lm_calibration_scores_match_transformers() {
-        for arch in ["llama", "qwen2"] {
+        for arch in ["llama", "qwen2", "gpt2"] {
             let dir = tempfile::tempdir().unwrap();
             let (tasks, _, fx) = lm_tasks(dir.path(), arch, "");
             let r: serde_json::Value =
@@ -604,7 +622,7 @@ mod tests {
     /// is finite, non-negative and non-zero in the first layer.
     #[test]
     fn causal_lm_fine_tuning_learns_and_the_fisher_is_positive() {
-        for arch in ["llama", "qwen2"] {
+        for arch in ["llama", "qwen2", "gpt2"] {
             let dir = tempfile::tempdir().unwrap();
             let (tasks, _, fx) = lm_tasks(dir.path(), arch, "batch_size = 3");
             let base = lm_model(&fx);
@@ -627,7 +645,7 @@ mod tests {
                     t.elapsed().as_secs_f64()
                 );
                 assert!(after < before - 0.05, "{arch} task {task}: loss {before} -> {after}");
-                let order: Vec<String> = LM_TENSORS.iter().map(|s| (*s).to_owned()).collect();
+                let order: Vec<String> = lm_tensors(arch).iter().map(|s| (*s).to_owned()).collect();
                 for predicted in [false, true] {
                     let fisher = tasks
                         .diag_fisher(&base, &order, task, predicted, &AtomicBool::new(false))

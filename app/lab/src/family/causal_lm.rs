@@ -1,8 +1,9 @@
-//! Causal language models (`model_type` `llama`, `mistral` — Llama's architecture — and
-//! `qwen2`), run with candle-transformers, for what their evaluation needs: the log-probability
-//! the model gives each token of a sequence after the ones before it (multiple-choice
-//! log-likelihood, perplexity, next-token accuracy).
+//! Causal language models (`model_type` `llama`, `mistral` — Llama's architecture —, `qwen2`
+//! and `gpt2`, see [`super::gpt2`]), run with candle-transformers, for what their evaluation
+//! needs: the log-probability the model gives each token of a sequence after the ones before it
+//! (multiple-choice log-likelihood, perplexity, next-token accuracy).
 
+use super::gpt2::{self, Gpt2, Gpt2Config};
 use super::hf;
 use candle_core::{D, DType, Device, Tensor};
 use candle_nn::{Linear, Module};
@@ -19,6 +20,8 @@ pub enum LmConfig {
     Llama(llama::Config),
     /// Qwen2 (Llama with biases on the attention projections).
     Qwen2(qwen2::Config),
+    /// GPT-2.
+    Gpt2(Gpt2Config),
 }
 
 impl LmConfig {
@@ -27,6 +30,7 @@ impl LmConfig {
         match self {
             LmConfig::Llama(c) => c.num_hidden_layers,
             LmConfig::Qwen2(c) => c.num_hidden_layers,
+            LmConfig::Gpt2(c) => c.layers,
         }
     }
 
@@ -35,6 +39,7 @@ impl LmConfig {
         match self {
             LmConfig::Llama(c) => c.max_position_embeddings,
             LmConfig::Qwen2(c) => c.max_position_embeddings,
+            LmConfig::Gpt2(c) => c.positions,
         }
     }
 }
@@ -109,8 +114,9 @@ pub fn read_config(path: &Path) -> Result<LmConfig> {
             }
             Ok(LmConfig::Qwen2(serde_json::from_value(v).map_err(bad)?))
         }
+        "gpt2" => Ok(LmConfig::Gpt2(gpt2::read_config(path, map)?)),
         other => Err(EngineError::invalid(format!(
-            "'{}' is a '{other}' model; the causal-lm family reads model_type llama, mistral and qwen2",
+            "'{}' is a '{other}' model; the causal-lm family reads model_type llama, mistral, qwen2 and gpt2",
             path.display()
         ))),
     }
@@ -136,6 +142,8 @@ pub enum CausalLm {
         /// The output head (tied to the embeddings when the checkpoint has none).
         lm_head: Linear,
     },
+    /// GPT-2: every position's logits in one pass.
+    Gpt2(Box<Gpt2>),
 }
 
 /// The tensors every decoder layer must have (candle's Llama loader does not report a missing
@@ -161,6 +169,9 @@ impl CausalLm {
         device: &Device,
         source: &Path,
     ) -> Result<CausalLm> {
+        if let LmConfig::Gpt2(c) = config {
+            return Ok(CausalLm::Gpt2(Box::new(Gpt2::load(c, &weights, device, source)?)));
+        }
         let missing: Vec<String> = (0..config.layers())
             .flat_map(|i| LAYER_TENSORS.iter().map(move |t| format!("model.layers.{i}.{t}")))
             .chain(["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()])
@@ -212,6 +223,7 @@ impl CausalLm {
                     lm_head: Linear::new(head, None),
                 })
             }
+            LmConfig::Gpt2(_) => Err(EngineError::Bug("GPT-2 is loaded above".into())),
         }
     }
 
@@ -269,8 +281,8 @@ impl CausalLm {
     }
 
     /// The logits `[batch, len - first, vocab]` (f32) that positions `first..len` of `tokens`
-    /// `[batch, len]` give for the token after them, in one differentiable pass (Qwen2, and
-    /// Llamas from [`CausalLm::load_for_gradients`]) or stepped through the key-value cache from
+    /// `[batch, len]` give for the token after them, in one differentiable pass (Qwen2, GPT-2,
+    /// and Llamas from [`CausalLm::load_for_gradients`]) or stepped through the key-value cache from
     /// `first` on (candle's Llama gives the last position's logits only). Attention is causal,
     /// so sequences padded on the right score their own tokens as if alone. Tensors the model
     /// was built from that track gradients give logits that do.
@@ -295,6 +307,7 @@ impl CausalLm {
                 let hidden = model.forward(tokens, 0, None)?.narrow(1, first, len - first)?;
                 Ok(lm_head.forward(&hidden)?.to_dtype(DType::F32)?)
             }
+            CausalLm::Gpt2(model) => Ok(model.forward(tokens)?.narrow(1, first, len - first)?),
         }
     }
 
@@ -314,6 +327,7 @@ impl CausalLm {
         let device = match self {
             CausalLm::Llama { device, .. } => device.clone(),
             CausalLm::Qwen2 { lm_head, .. } => lm_head.weight().device().clone(),
+            CausalLm::Gpt2(model) => model.device().clone(),
         };
         // Position i - 1 predicts token i.
         let input = Tensor::new(&tokens[..tokens.len() - 1], &device)?.unsqueeze(0)?;
