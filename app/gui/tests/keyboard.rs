@@ -7,7 +7,7 @@ mod common;
 
 use common::{app, harness};
 use egui::{Key, Modifiers};
-use egui_kittest::kittest::Queryable as _;
+use egui_kittest::kittest::{NodeT as _, Queryable as _};
 use mergescope_gui::settings::Theme;
 use mergescope_gui::ui::actions::Action;
 use std::collections::HashSet;
@@ -109,4 +109,28 @@ fn menu_entries_show_their_shortcuts() {
             action.label()
         );
     }
+}
+
+/// Tab visits an input row's buttons in the order they read: rename, move up, remove (they are
+/// right-aligned, which used to make Tab visit them right to left).
+#[test]
+fn tab_visits_an_input_rows_buttons_left_to_right() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut h = harness(app(runs.path(), Theme::Light));
+    h.run_steps(3);
+    // The second expert's row (the base's and the first expert's come before it).
+    h.get_all_by_label("✏").nth(2).unwrap().focus();
+    h.run_steps(2);
+    let focused = |h: &egui_kittest::Harness<'static, mergescope_gui::MergescopeApp>| {
+        h.query_all(egui_kittest::kittest::by())
+            .find(|n| n.accesskit_node().is_focused())
+            .map(|n| n.accesskit_node().label().unwrap_or_default())
+    };
+    assert_eq!(focused(&h).as_deref(), Some("✏"));
+    h.key_press(Key::Tab);
+    h.run_steps(2);
+    assert_eq!(focused(&h).as_deref(), Some("⏶"));
+    h.key_press(Key::Tab);
+    h.run_steps(2);
+    assert_eq!(focused(&h).as_deref(), Some("🗑"));
 }

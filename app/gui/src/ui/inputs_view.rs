@@ -72,19 +72,31 @@ fn input_row(
             ui.label(RichText::new(&file.label).strong())
                 .on_hover_text(file.path.display().to_string());
         }
-        ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
-            if !is_base {
-                if ui.small_button("🗑").on_hover_text("Remove this expert").clicked() {
-                    action = Some(RowAction::Remove);
-                }
-                if index > 0 && ui.small_button("⏶").on_hover_text("Move up").clicked() {
-                    action = Some(RowAction::Up);
-                }
-            }
+        // The buttons sit at the row's right edge but are made left to right, so that Tab
+        // visits them in the order they read (rename, move up, remove): their width is the one
+        // measured on the previous frame (at first a generous guess, so the row never grows the
+        // panel; that frame is discarded).
+        let width_id = egui::Id::unique(("input-row-buttons", is_base, index));
+        let width: f32 = ui.ctx().data(|d| d.get_temp(width_id)).unwrap_or(120.0);
+        ui.add_space((ui.available_width() - width).max(0.0));
+        let buttons = ui.horizontal(|ui| {
             if ui.small_button("✏").on_hover_text("Rename").clicked() {
                 view.renaming = Some((is_base, index));
             }
+            if !is_base {
+                if index > 0 && ui.small_button("⏶").on_hover_text("Move up").clicked() {
+                    action = Some(RowAction::Up);
+                }
+                if ui.small_button("🗑").on_hover_text("Remove this expert").clicked() {
+                    action = Some(RowAction::Remove);
+                }
+            }
         });
+        let measured = buttons.response.rect.width();
+        if (measured - width).abs() > 0.5 {
+            ui.ctx().data_mut(|d| d.insert_temp(width_id, measured));
+            ui.ctx().request_discard("the input row's buttons were measured");
+        }
     })
     .response
     .context_menu(|ui| {
