@@ -790,19 +790,46 @@ impl Checkpoint {
         let at = t.start + offset;
         read_exact_at(&shard.file, buf, at).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                let now = std::fs::metadata(&shard.path).map_or_else(|_| "is gone".to_owned(), |m| format!("has {} bytes", m.len()));
-                EngineError::Invalid(format!(
-                    "'{}' changed while mergescope was reading it: tensor '{}' needs bytes up to {} but the file now {now} \
-                     (it had {} when opened); another program is writing this input: wait until it has finished and run again",
-                    shard.path.display(),
-                    t.name,
-                    at + buf.len() as u64,
-                    shard.size
-                ))
+                self.shrunk(t, at + buf.len() as u64)
             } else {
                 EngineError::io("cannot read", &shard.path, e)
             }
         })
+    }
+
+    /// The error for an input that no longer holds byte `end` of tensor `t` (another program
+    /// rewrote it after it was opened).
+    fn shrunk(&self, t: &TensorEntry, end: u64) -> EngineError {
+        let shard = &self.files[t.file];
+        let now =
+            std::fs::metadata(&shard.path).map_or_else(|_| "is gone".to_owned(), |m| format!("has {} bytes", m.len()));
+        EngineError::Invalid(format!(
+            "'{}' changed while mergescope was reading it: tensor '{}' needs bytes up to {end} but the file now {now} \
+             (it had {} when opened); another program is writing this input: wait until it has finished and run again",
+            shard.path.display(),
+            t.name,
+            shard.size
+        ))
+    }
+
+    /// Decodes `n` bytes at byte `offset` of tensor `t`'s data to f32 straight from a memory map
+    /// of the file (no copy into a buffer first); `None` where mapping is not available. An input
+    /// that has shrunk since it was opened is an error here, before anything is mapped.
+    fn decode_mapped(&self, t: &TensorEntry, offset: u64, n: usize) -> Result<Option<Vec<f32>>> {
+        let shard = &self.files[t.file];
+        let at = t.start + offset;
+        let end = at + n as u64;
+        let now = shard
+            .file
+            .metadata()
+            .map_err(|e| EngineError::io("cannot read", &shard.path, e))?
+            .len();
+        if now < end {
+            return Err(self.shrunk(t, end));
+        }
+        Ok(crate::mapped_read::with_mapped(&shard.file, at, n, |bytes| {
+            decode_f32_vec(t.dtype, bytes)
+        }))
     }
 
     /// Raw bytes of a tensor, as stored (with its low-rank update, if it has one, encoded in
@@ -852,6 +879,9 @@ impl Checkpoint {
             return Ok(v);
         }
         let n = len * es;
+        if let Some(values) = self.decode_mapped(t, (from * es) as u64, n)? {
+            return Ok(values);
+        }
         if n > MAX_SCRATCH_BYTES {
             let mut bytes = vec![0u8; n];
             self.read_into(t, (from * es) as u64, &mut bytes)?;
@@ -914,6 +944,44 @@ mod tests {
         assert_eq!(c.read_f32(t).unwrap(), vec![1.0, 2.0, 3.0]);
         assert_eq!(c.metadata()["k"], "v");
         assert_eq!(c.read_f32_range(t, 1, 2).unwrap(), vec![2.0, 3.0]);
+    }
+
+    /// bf16 ranges (decoded from a memory map) read the same values as by position, at every
+    /// offset, and a file that shrank since it was opened is an error before anything is mapped.
+    #[test]
+    fn bf16_ranges_read_the_same_mapped_or_not_and_a_shrunk_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("b.safetensors");
+        let values: Vec<f32> = (0..3000).map(|i| (i as f32 - 1500.0) / 7.0).collect();
+        let data: Vec<u8> = values
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        let header = format!(
+            r#"{{"w":{{"dtype":"BF16","shape":[3000],"data_offsets":[0,{}]}}}}"#,
+            data.len()
+        );
+        write(&p, &file_with_header(&header, &data));
+        let c = Checkpoint::open(&p).unwrap();
+        let t = &c.tensors["w"];
+        let want: Vec<f32> = values.iter().map(|v| half::bf16::from_f32(*v).to_f32()).collect();
+        for (from, len) in [(0, 3000), (1, 2047), (2047, 3), (2999, 1), (1000, 1000)] {
+            assert_eq!(
+                c.read_f32_range(t, from, len).unwrap(),
+                want[from..from + len],
+                "{from}+{len}"
+            );
+        }
+        let size = std::fs::metadata(&p).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(size - 100)
+            .unwrap();
+        let e = c.read_f32_range(t, 2900, 100).unwrap_err().to_string();
+        assert!(e.contains("changed while mergescope was reading it"), "{e}");
+        assert_eq!(c.read_f32_range(t, 0, 10).unwrap(), want[..10]);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! mergescope's core: merging checkpoint files, with no knowledge of neural networks or
 //! training (those live in `mergescope-lab`).
 //!
-//! - [`checkpoint`]: safetensors files and sharded folders, read with positioned reads.
+//! - [`checkpoint`]: safetensors files and sharded folders, read with positioned reads (bf16
+//!   and f16 ranges decoded straight from a short-lived memory map, [`mapped_read`]).
 //! - [`plugin`]: discovery, approval, loading and validation of method plugins, the host
 //!   tensor table (over candle) they call back into, and their instances.
 //! - [`merge`] / [`executor`]: validated merge requests streamed tensor by tensor on worker
@@ -25,6 +26,7 @@ pub mod finite;
 pub mod hf_folder;
 pub mod layered;
 pub mod lora;
+pub mod mapped_read;
 pub mod merge;
 pub mod mergekit;
 pub mod plugin;

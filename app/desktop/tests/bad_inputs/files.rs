@@ -428,8 +428,8 @@ fn repeated_and_unrepresentable_parameters_are_refused() {
     merge(&["lambda=1e39"], &["'lambda'", "1e39", "f32 range"]);
 }
 
-/// Positioned reads notice an input that shrinks under them (another program rewriting it),
-/// where a memory map would die with SIGBUS.
+/// Reads notice an input that shrinks under them (another program rewriting it): its size is
+/// checked before every range, before a memory map could die with SIGBUS.
 #[test]
 fn an_input_that_shrinks_while_open_is_an_error_naming_it() {
     let env = Env::new();
