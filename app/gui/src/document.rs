@@ -10,6 +10,7 @@ use mergescope_engine::compat::MissingPolicy;
 use mergescope_engine::device::DeviceChoice;
 use mergescope_engine::dtype::OutDType;
 use mergescope_engine::error::{EngineError, Result};
+use mergescope_engine::hf_folder::FolderOutput;
 use mergescope_engine::merge::MergeRequest;
 use mergescope_engine::plugin::{Approvals, Plugin, PluginDirs, PluginOrigin, Registry};
 use mergescope_lab::demo::{self, Benchmark};
@@ -71,6 +72,23 @@ pub struct BuildState {
     pub live: Live,
 }
 
+/// The tokenizer settings of an opened recipe (its `[tokenizer]` table and `chat_template`, or a
+/// mergekit configuration's `tokenizer_source`, `tokenizer` and `chat_template`), which the
+/// method form cannot show: the runs of the recipe's inputs align the inputs' vocabularies and
+/// write a Hugging Face folder (weights, config, tokenizer, chat template), as `mergescope merge`
+/// does with the recipe.
+#[derive(Clone, Debug)]
+pub struct RecipeTokenizer {
+    /// The recipe file.
+    pub recipe: PathBuf,
+    /// Its base: the settings apply while the inputs are the recipe's.
+    pub base: Option<PathBuf>,
+    /// Its experts, in order.
+    pub experts: Vec<PathBuf>,
+    /// The folder output of its runs, as the recipe's merge request has it.
+    pub folder: FolderOutput,
+}
+
 /// The doc.
 pub struct Document {
     /// Base and experts.
@@ -91,6 +109,8 @@ pub struct Document {
     pub device: DeviceChoice,
     /// Output dtype of the next runs (an opened recipe's `dtype`); `None`: as the inputs.
     pub out_dtype: Option<OutDType>,
+    /// An opened recipe's tokenizer settings, applied to the runs of its inputs.
+    pub recipe_tokenizer: Option<RecipeTokenizer>,
     /// All runs, oldest first.
     pub runs: Vec<RunRecord>,
     /// Demo build in progress.
@@ -148,6 +168,7 @@ impl Document {
             seed: 0,
             device: DeviceChoice::Cpu,
             out_dtype: None,
+            recipe_tokenizer: None,
             runs: Vec::new(),
             build: None,
             log: Vec::new(),
@@ -309,7 +330,8 @@ impl Document {
 
     /// Opens a recipe: a mergescope TOML recipe or a mergekit YAML configuration. Its base and
     /// experts become the inputs, its method is selected and its parameters fill the form (the
-    /// layer-wise ones are kept beside it); what cannot be shown is an error in the log.
+    /// layer-wise ones are kept beside it); its tokenizer settings are kept for the runs of its
+    /// inputs ([`RecipeTokenizer`]); what cannot be shown is an error in the log.
     pub fn open_recipe(&mut self, path: &Path) {
         match self.try_open_recipe(path) {
             Ok(method) => {
@@ -324,11 +346,16 @@ impl Document {
     }
 
     fn try_open_recipe(&mut self, path: &Path) -> Result<String> {
-        let (recipe, notes) = if mergescope_engine::mergekit::is_mergekit_config(path) {
+        // The merge request the recipe describes is what `mergescope merge` runs; its folder
+        // output carries the tokenizer settings the form cannot show.
+        let (recipe, notes, request) = if mergescope_engine::mergekit::is_mergekit_config(path) {
             let c = mergescope_engine::mergekit::load(path, &self.runs_dir)?;
-            (c.recipe, c.notes)
+            let request = c.to_request(false)?;
+            (c.recipe, c.notes, request)
         } else {
-            (mergescope_engine::recipe::Recipe::load(path)?, Vec::new())
+            let r = mergescope_engine::recipe::Recipe::load(path)?;
+            let request = r.to_request(false)?;
+            (r, Vec::new(), request)
         };
         if !recipe.slices.is_empty() {
             return Err(EngineError::Invalid(format!(
@@ -359,6 +386,40 @@ impl Document {
         }
         self.seed = recipe.seed;
         self.out_dtype = recipe.dtype;
+        self.recipe_tokenizer = request
+            .folder
+            .filter(|f| f.tokenizer.is_some() || f.chat_template.is_some())
+            .map(|folder| RecipeTokenizer {
+                recipe: path.to_path_buf(),
+                base: recipe.base.clone(),
+                experts: recipe.experts.clone(),
+                folder,
+            });
+        if let Some(t) = &self.recipe_tokenizer {
+            let what = match (&t.folder.tokenizer, &t.folder.chat_template) {
+                (Some(spec), _) => format!(
+                    "its vocabularies are aligned to the {} tokenizer{}",
+                    match &spec.source {
+                        mergescope_engine::tokenizer_union::Source::Union => "union".to_owned(),
+                        mergescope_engine::tokenizer_union::Source::Base => "base's".to_owned(),
+                        mergescope_engine::tokenizer_union::Source::Model(m) => format!("'{}'", m.display()),
+                    },
+                    if t.folder.chat_template.is_some() {
+                        " and the chat template is set"
+                    } else {
+                        ""
+                    }
+                ),
+                (None, _) => "the chat template is set".to_owned(),
+            };
+            self.note(
+                Level::Info,
+                format!(
+                    "the recipe's tokenizer settings apply to its runs from this window: {what}, and each run writes \
+                     a Hugging Face folder (weights, config, tokenizer) while the inputs are the recipe's"
+                ),
+            );
+        }
         if let Some(d) = recipe.dtype {
             self.note(
                 Level::Info,
@@ -455,10 +516,52 @@ impl Document {
         self.note(Level::Info, format!("building the {arch} demo benchmark (seed {seed})"));
     }
 
+    /// The opened recipe's tokenizer settings when the inputs are still the recipe's.
+    fn applied_recipe_tokenizer(&self) -> Option<&RecipeTokenizer> {
+        let t = self.recipe_tokenizer.as_ref()?;
+        let base = self.inputs.base.as_ref().map(|b| &b.path);
+        let experts = self.inputs.experts.iter().map(|e| &e.path);
+        (base == t.base.as_ref() && experts.eq(t.experts.iter())).then_some(t)
+    }
+
+    /// Whether the inputs can be merged once the recipe's tokenizer settings align their
+    /// vocabularies: as [`Inputs::ready`], but the vocabulary tensors may differ in size.
+    fn ready_with_aligned_vocabularies(&self) -> Result<()> {
+        use mergescope_engine::tokenizer_union::VOCAB_TENSORS;
+        if self.inputs.experts.is_empty() {
+            return Err(EngineError::invalid("add at least one expert checkpoint"));
+        }
+        let all: Vec<_> = self.inputs.base.iter().chain(&self.inputs.experts).collect();
+        let mut descs = Vec::with_capacity(all.len());
+        for f in &all {
+            let summary = f
+                .summary
+                .as_ref()
+                .map_err(|_| EngineError::Invalid(format!("'{}' cannot be read; remove or replace it", f.label)))?;
+            let mut desc = summary.desc.clone();
+            desc.retain(|name, _| !VOCAB_TENSORS.contains(&name.as_str()));
+            descs.push(desc);
+        }
+        let labels: Vec<String> = all.iter().map(|f| f.label.clone()).collect();
+        let others: Vec<_> = descs.iter().skip(1).collect();
+        if let Some(reference) = descs.first() {
+            mergescope_engine::compat::check(&labels, reference, &others, MissingPolicy::Error)
+                .map_err(EngineError::Incompatible)?;
+        }
+        Ok(())
+    }
+
     /// Checks what a run needs; the message says what to fix.
     pub fn can_run(&self) -> Result<()> {
         self.plugin().ok_or_else(|| EngineError::invalid("choose a method"))?;
-        self.inputs.ready()?;
+        if self
+            .applied_recipe_tokenizer()
+            .is_some_and(|t| t.folder.tokenizer.is_some())
+        {
+            self.ready_with_aligned_vocabularies()?;
+        } else {
+            self.inputs.ready()?;
+        }
         if let Some(f) = &self.form {
             f.validate(self.inputs.experts.len())?;
         }
@@ -472,7 +575,25 @@ impl Document {
         let params = self.form.as_ref().map(ParamForm::to_json).unwrap_or_default();
         let id = self.next_run;
         self.next_run += 1;
-        let output = self.runs_dir.join(format!("merge-{id:03}-{}.safetensors", plugin.id()));
+        // An opened recipe's tokenizer settings: a Hugging Face folder, as `mergescope merge`
+        // writes it from the recipe.
+        let folder = self.applied_recipe_tokenizer().map(|t| t.folder.clone());
+        if folder.is_none()
+            && let Some(t) = self.recipe_tokenizer.take()
+        {
+            self.note(
+                Level::Warn,
+                format!(
+                    "run {id} and the next ones do not apply the tokenizer settings of the recipe '{}': its inputs \
+                     were changed; open the recipe again to apply them",
+                    t.recipe.display()
+                ),
+            );
+        }
+        let output = match &folder {
+            Some(_) => self.runs_dir.join(format!("merge-{id:03}-{}", plugin.id())),
+            None => self.runs_dir.join(format!("merge-{id:03}-{}.safetensors", plugin.id())),
+        };
         std::fs::create_dir_all(&self.runs_dir)
             .map_err(|e| EngineError::io("cannot create the runs folder", &self.runs_dir, e))?;
         let (base, experts) = self.inputs.refs();
@@ -481,6 +602,7 @@ impl Document {
             .with_params(Value::Object(params.clone()))
             .with_seed(self.seed);
         request.out_dtype = self.out_dtype;
+        request.folder = folder;
         let job = self.jobs.submit(Job::Merge(Box::new(MergeJob {
             plugin: plugin.clone(),
             request,
@@ -831,6 +953,14 @@ impl Document {
             return Err(EngineError::Invalid(format!(
                 "'{}' is one of the inputs; mergescope never writes over an input",
                 dest.display()
+            )));
+        }
+        if r.output.is_dir() {
+            return Err(EngineError::Invalid(format!(
+                "{} wrote a Hugging Face model folder (its recipe's tokenizer settings): copy the folder '{}' itself, \
+                 or run the recipe with `mergescope merge RECIPE --out FOLDER`",
+                r.title(),
+                r.output.display()
             )));
         }
         let bytes = std::fs::read(&r.output).map_err(|e| {

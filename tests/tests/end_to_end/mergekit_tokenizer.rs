@@ -10,6 +10,7 @@
 
 use mergescope_engine::merge::MemModel;
 use mergescope_engine::mergekit;
+use mergescope_engine::recipe::Recipe;
 use mergescope_tests::{assert_contains, merge_to_files, read_model as read};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -260,4 +261,101 @@ fn a_literal_chat_template_is_written_and_auto_takes_the_shared_one() {
     let cfg: Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["vocab_size"], 64);
     assert_eq!(read(&out)["lm_head.weight"].shape, [64, 32]);
+}
+
+/// Every file of a folder output but the ones that name where the merge came from (the YAML kept
+/// as `mergekit_config.yml` and the model card quoting it): name → bytes. The shard index lists
+/// the folder's other files: it is kept without `mergekit_config.yml`.
+fn weights_and_tokenizer_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !["mergekit_config.yml", "README.md"].contains(&p.file_name().unwrap().to_str().unwrap()))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap().to_owned();
+            let mut bytes = std::fs::read(&p).unwrap();
+            if name == "model.safetensors.index.json" {
+                let mut index: Value = serde_json::from_slice(&bytes).unwrap();
+                for list in index["metadata"].as_object_mut().unwrap().values_mut() {
+                    if let Value::Array(files) = list {
+                        files.retain(|f| f != "mergekit_config.yml");
+                    }
+                }
+                bytes = serde_json::to_vec(&index).unwrap();
+            }
+            (name, bytes)
+        })
+        .collect()
+}
+
+/// `recipe convert` keeps the tokenizer settings (issue #22): a configuration and the recipe it
+/// converts to (written as TOML and read back, as `mergescope recipe convert` then `mergescope
+/// merge recipe.toml` do) write byte-identical weights, config, tokenizer and chat template.
+#[test]
+fn a_converted_recipe_keeps_the_tokenizer_settings_and_writes_the_same_files() {
+    let manifest: Value = serde_json::from_slice(&std::fs::read(fixtures().join("manifest.json")).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cases: Vec<(String, String)> = manifest["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let text = std::fs::read_to_string(fixtures().join(c["config"].as_str().unwrap())).unwrap();
+            (c["name"].as_str().unwrap().to_owned(), text)
+        })
+        .collect();
+    // A method without a base role whose base_model is the tokenizer's ([tokenizer] base), a
+    // base source with a token it lacks, padding and a literal template.
+    cases.push((
+        "linear_base_source".to_owned(),
+        "merge_method: linear\nbase_model: inputs/base\nmodels: [inputs/base, inputs/expert1, inputs/expert2]\n\
+         tokenizer:\n  source: base\n  pad_to_multiple_of: 48\n  tokens:\n    '<|im_start|>': {source: inputs/expert1}\n\
+         chat_template: \"{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}\"\n"
+            .to_owned(),
+    ));
+    for (case, text) in &cases {
+        let from_yaml = dir.path().join(format!("{case}-yaml"));
+        run_yaml(text, &from_yaml).unwrap_or_else(|e| panic!("{case}: {e}"));
+
+        let from_toml = dir.path().join(format!("{case}-toml"));
+        let converted = mergekit::convert(text, &fixtures().join("merge.yml"), &from_toml).unwrap();
+        let recipe_file = dir.path().join(format!("{case}.toml"));
+        let toml_text = converted.recipe.to_toml().unwrap();
+        assert!(toml_text.contains("[tokenizer]"), "{case}:\n{toml_text}");
+        assert_eq!(
+            toml_text.contains("chat_template"),
+            text.contains("chat_template"),
+            "{case}:\n{toml_text}"
+        );
+        assert!(
+            !converted.notes.iter().any(|n| n.contains("tokenizer")),
+            "{case}: {:?}",
+            converted.notes
+        );
+        std::fs::write(&recipe_file, &toml_text).unwrap();
+        let recipe = Recipe::load(&recipe_file).unwrap();
+        assert_eq!(recipe, converted.recipe, "{case}");
+        let lib = format!("mergescope_plugin_{}", recipe.method.replace('-', "_"));
+        merge_to_files(&lib, &recipe.to_request(false).unwrap()).unwrap_or_else(|e| panic!("{case}: {e}"));
+
+        let (a, b) = (
+            weights_and_tokenizer_files(&from_yaml),
+            weights_and_tokenizer_files(&from_toml),
+        );
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "{case}");
+        for (name, bytes) in &a {
+            assert!(*bytes == b[name], "{case}: {name} differs");
+        }
+        assert!(a.contains_key("tokenizer.json"), "{case}: {:?}", a.keys());
+        println!(
+            "{case}: {} files byte-identical: {:?}",
+            a.len(),
+            a.keys().collect::<Vec<_>>()
+        );
+    }
+    // The base-source case: its vocabulary is the base's plus the token, padded to 96 rows.
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("linear_base_source-toml/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(cfg["vocab_size"], 96);
 }

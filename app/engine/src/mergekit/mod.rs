@@ -6,9 +6,10 @@
 //! with `parameters`), or `slices` (layer ranges of several models, mergekit's frankenmerges),
 //! shared `parameters` with filters and gradients, `dtype`, `out_dtype`, `tokenizer_source`
 //! (`union`, `base` or a model), the `tokenizer` block (`source`, per-token `tokens`,
-//! `pad_to_multiple_of`) and `chat_template` ([`crate::tokenizer_union`]). Every key is checked: an unknown one, or one mergescope does not do
-//! yet, is an error naming it. Each mergekit method maps to a mergescope plugin with the
-//! parameters that reproduce it ([`methods`]).
+//! `pad_to_multiple_of`) and `chat_template` ([`crate::tokenizer_union`]), all kept in the recipe
+//! (its `[tokenizer]` table and `chat_template`). Every key is checked: an unknown one, or one
+//! mergescope does not do yet, is an error naming it. Each mergekit method maps to a mergescope
+//! plugin with the parameters that reproduce it ([`methods`]).
 
 mod methods;
 mod models;
@@ -18,7 +19,7 @@ pub use models::resolve_model;
 
 use crate::dtype::OutDType;
 use crate::error::{EngineError, Result};
-use crate::recipe::{Recipe, params_to_toml};
+use crate::recipe::{Recipe, TokenOverride, TokenizerTable, VocabSource, params_to_toml};
 use crate::slices::{Slice, SliceSource};
 use crate::tokenizer_union::{
     ChatTemplate, EmbeddingSource, Source, TokenEmbedding, TokenRef, TokenizerSpec, VocabPlan,
@@ -55,21 +56,21 @@ pub struct Converted {
     pub notes: Vec<String>,
     /// The configuration's text, kept in the output folder as `mergekit_config.yml`.
     pub text: String,
-    /// The output vocabulary to build from the inputs' tokenizers (`tokenizer_source` or the
-    /// `tokenizer` block); a recipe cannot hold it, so only the YAML run does it.
-    pub tokenizer: Option<TokenizerSpec>,
-    /// The `chat_template` to set.
-    pub chat_template: Option<ChatTemplate>,
+    /// How messages name the configuration ("mergekit config 'merge.yml'").
+    origin: String,
 }
 
 impl Converted {
-    /// The merge request: the recipe's, with the configuration kept in the output folder.
+    /// The merge request: the recipe's (its `[tokenizer]` table and `chat_template` included,
+    /// so that a converted recipe runs the same merge), with the configuration kept in the
+    /// output folder.
     pub fn to_request(&self, overwrite: bool) -> Result<crate::merge::MergeRequest> {
         let mut req = self.recipe.to_request(overwrite)?;
         if let Some(folder) = req.folder.as_mut() {
             folder.source_recipe = Some(("mergekit_config.yml".to_owned(), self.text.clone()));
-            folder.tokenizer = self.tokenizer.clone();
-            folder.chat_template = self.chat_template.clone();
+            if let Some(t) = folder.tokenizer.as_mut() {
+                t.origin.clone_from(&self.origin);
+            }
         }
         Ok(req)
     }
@@ -210,28 +211,31 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         None => dtype("dtype")?,
     };
     let tokenizer = read_tokenizer(file, &top, base.as_deref(), &entries, &slices, &model_ref)?;
-    let tokenizer_from = match &tokenizer {
-        Some(TokenizerSpec {
-            source: Source::Base, ..
-        }) => Some(
-            base.clone()
-                .ok_or_else(|| invalid(file, "tokenizer_source: base needs a base_model"))?,
-        ),
-        Some(TokenizerSpec {
-            source: Source::Model(m),
-            ..
-        }) => Some(m.clone()),
-        _ => None,
-    };
     // Slices take the tokenizer's files only (aligning vocabularies needs whole models).
-    let tokenizer = tokenizer.filter(|t| slices.is_empty() || t.source == Source::Union);
-    if tokenizer.as_ref().is_some_and(|t| t.source == Source::Union) && !slices.is_empty() {
-        return Err(invalid(
-            file,
-            "tokenizer_source union with 'slices' is not supported yet; merge models that share a tokenizer, or use \
-             the 'models' form",
-        ));
+    let mut tokenizer_from = None;
+    if !slices.is_empty()
+        && let Some(spec) = &tokenizer
+    {
+        tokenizer_from = match &spec.source {
+            Source::Union => {
+                return Err(invalid(
+                    file,
+                    "tokenizer_source union with 'slices' is not supported yet; merge models that share a tokenizer, \
+                     or use the 'models' form",
+                ));
+            }
+            Source::Base => spec.base_model.clone(),
+            Source::Model(m) => Some(m.clone()),
+        };
+        if !spec.tokens.is_empty() || spec.pad_to_multiple_of.is_some() {
+            notes.push(
+                "with 'slices' only the tokenizer source's files are copied: tokenizer.tokens and \
+                 pad_to_multiple_of are not applied (aligning vocabularies needs whole models)"
+                    .to_owned(),
+            );
+        }
     }
+    let tokenizer = tokenizer.filter(|_| slices.is_empty());
     let chat_template = match top.get("chat_template") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => {
@@ -244,13 +248,7 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
             ));
         }
     };
-    if tokenizer.is_some() {
-        notes.push(
-            "the inputs' vocabulary tensors are aligned to the output tokenizer (tokenizer_source / tokenizer), \
-             which a TOML recipe cannot hold yet: `recipe convert` drops it, so run this YAML itself"
-                .to_owned(),
-        );
-    }
+    let base_path_for_table = base_path.clone();
     let recipe = Recipe {
         method: mapping.plugin.to_owned(),
         base: base_path,
@@ -265,9 +263,23 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         hf_folder: true,
         config_from: None,
         tokenizer_from,
+        chat_template,
+        tokenizer: tokenizer
+            .as_ref()
+            .map(|spec| tokenizer_table(spec, base_path_for_table.as_deref())),
         slices: slice_layout(&slices, base_entry, &experts),
     };
+    let origin = format!("mergekit config '{}'", file.display());
     if let Some(spec) = &tokenizer {
+        // The recipe's table must stand for the configuration exactly: the YAML run and a
+        // converted recipe's run both go through it.
+        if recipe.tokenizer_spec(&origin)?.as_ref() != Some(spec) {
+            return Err(EngineError::Bug(format!(
+                "{origin}: the tokenizer settings do not survive the conversion to a recipe's [tokenizer] table \
+                 ({:?})",
+                recipe.tokenizer
+            )));
+        }
         // Checked now, so that a tokenizer that cannot be read fails before any merge starts.
         let inputs: Vec<PathBuf> = recipe.base.iter().chain(recipe.experts.iter()).cloned().collect();
         VocabPlan::build(spec, &inputs)?;
@@ -276,9 +288,36 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         recipe,
         notes,
         text: text.to_owned(),
-        tokenizer,
-        chat_template,
+        origin,
     })
+}
+
+/// A [`TokenizerSpec`] read from a configuration as a recipe's `[tokenizer]` table (whose
+/// [`Recipe::tokenizer_spec`] gives it back): `base` only where mergekit's `base_model` is not
+/// the recipe's base.
+fn tokenizer_table(spec: &TokenizerSpec, recipe_base: Option<&Path>) -> TokenizerTable {
+    TokenizerTable {
+        source: match &spec.source {
+            Source::Union => VocabSource::Union,
+            Source::Base => VocabSource::Base,
+            Source::Model(m) => VocabSource::Model(m.clone()),
+        },
+        base: spec.base_model.clone().filter(|b| Some(b.as_path()) != recipe_base),
+        pad_to_multiple_of: spec.pad_to_multiple_of,
+        tokens: spec
+            .tokens
+            .iter()
+            .map(|(token, e)| {
+                (
+                    token.clone(),
+                    TokenOverride {
+                        source: e.source.clone(),
+                        force: e.force,
+                    },
+                )
+            })
+            .collect(),
+    }
 }
 
 /// The `tokenizer_source` or `tokenizer` block, as a [`TokenizerSpec`] over the configuration's
