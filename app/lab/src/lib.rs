@@ -19,6 +19,7 @@ pub mod demo;
 pub mod evaluate;
 pub mod evaluator;
 pub mod family;
+pub mod grid;
 pub mod model_merge;
 pub mod nn;
 pub mod run;

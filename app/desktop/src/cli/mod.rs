@@ -14,6 +14,7 @@ mod plugins;
 mod recipe;
 mod search;
 mod sweep;
+mod sweep_slurm;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};

@@ -10,6 +10,7 @@ use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::resolve_benchmark;
+use mergescope_lab::grid::ExecutorKind;
 use mergescope_lab::nn::Arch;
 use mergescope_lab::scaling::sweep::run::{RESULTS_FILE, SPEC_FILE};
 use mergescope_lab::scaling::sweep::store::{Row, read_rows};
@@ -21,7 +22,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct SweepArgs {
+    #[command(subcommand)]
+    pub command: Option<SweepCommand>,
     /// The sweep's TOML specification (see `--print-spec` for a commented starting point).
     #[arg(value_name = "SPEC.toml", conflicts_with = "preset")]
     pub spec: Option<PathBuf>,
@@ -50,6 +54,25 @@ pub struct SweepArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Where the cells run: `local` (this process, one after another) or `slurm` (one Slurm
+    /// array job, a task per missing cell; see docs/slurm.md).
+    #[arg(long, default_value = "local", value_name = "local|slurm")]
+    pub executor: String,
+    #[command(flatten)]
+    pub slurm: super::sweep_slurm::SlurmArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SweepCommand {
+    /// Run one cell of a grid submitted with `--executor slurm` (what each array task runs):
+    /// its rows go to the work folder's cells/INDEX.out, an error to cells/INDEX.failed.
+    RunCell {
+        /// The grid's job file (`grid.json` in the work folder).
+        #[arg(value_name = "GRID.json")]
+        job: PathBuf,
+        /// The cell's index (the array task id).
+        index: usize,
+    },
 }
 
 fn spec_of(args: &SweepArgs) -> anyhow::Result<(SweepSpec, String)> {
@@ -110,6 +133,13 @@ fn plots(out: &Path, spec: &SweepSpec, rows: Option<&[Row]>, (w, h): (u32, u32))
 }
 
 pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode> {
+    if let Some(SweepCommand::RunCell { job, index }) = &args.command {
+        return super::sweep_slurm::run_cell(plugin_dirs, job, *index);
+    }
+    let executor = ExecutorKind::parse(&args.executor).context("--executor")?;
+    if executor == ExecutorKind::Local && args.slurm.dry_run {
+        bail!("--dry-run prints the Slurm batch script: add --executor slurm");
+    }
     let wh = size(&args.size)?;
     if args.plots_only {
         let Some(out) = &args.out else {
@@ -160,6 +190,26 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         device,
         ..ExecOptions::default()
     };
+    if executor == ExecutorKind::Slurm {
+        let inputs = SweepInputs {
+            spec: &spec,
+            bench: &bench,
+            tasks: &tasks,
+            plugins: &plugins,
+            out_dir: &out,
+            opts: &opts,
+        };
+        let draw = |rows: &[Row]| plots(&out, &spec, Some(rows), wh);
+        let run = super::sweep_slurm::SlurmRun {
+            args: &args.slurm,
+            plugin_dirs,
+            device: &args.device,
+            quiet: args.quiet,
+            name: &name,
+            draw: &draw,
+        };
+        return super::sweep_slurm::run(&run, &inputs, cancel);
+    }
     let bar = super::progress_bar(args.quiet);
     let progress = |p: &SweepProgress| {
         bar.set_position((p.fraction() * 1000.0) as u64);

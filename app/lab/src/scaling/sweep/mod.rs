@@ -4,9 +4,11 @@
 //!
 //! [`spec`] says what is varied (TOML, the `paper-002` preset), `cells` plans the work, [`run`] does it and
 //! resumes a killed sweep from [`store`]'s results file, [`plots`] turns the rows into the
-//! paper's plots with the laws fitted.
+//! paper's plots with the laws fitted. [`executor`] runs the cells elsewhere (a Slurm array job)
+//! through the same per-cell code and gathers their rows into the same results file.
 
 mod cells;
+pub mod executor;
 pub mod plots;
 pub mod run;
 pub mod spec;
@@ -14,5 +16,5 @@ pub mod store;
 
 pub use cells::{diverged_file, expert_file};
 pub use plots::{VariableResult, analyse, figures, fits_markdown, write_plots};
-pub use run::{SweepInputs, SweepProgress, SweepSummary, run_sweep};
+pub use run::{CellRun, SweepInputs, SweepProgress, SweepSummary, prepare_cells, run_one_cell, run_sweep};
 pub use spec::{SweepSpec, Variable};

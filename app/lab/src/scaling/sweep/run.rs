@@ -168,11 +168,7 @@ pub fn run_sweep(
     cancel: &AtomicBool,
 ) -> Result<SweepSummary> {
     let SweepInputs {
-        spec,
-        bench,
-        out_dir,
-        opts,
-        ..
+        spec, bench, out_dir, ..
     } = *inputs;
     let pool: Vec<String> = bench.task_names().iter().map(|s| (*s).to_owned()).collect();
     let data = check_inputs(inputs, &pool)?;
@@ -185,7 +181,7 @@ pub fn run_sweep(
     let done: BTreeSet<String> = rows.iter().map(Row::cell).collect();
     let is_done = |c: &Cell| done.contains(&c.key(spec, &pool));
     let reused = cells.iter().filter(|c| is_done(c)).count();
-    let mut needed = runs_needed(spec, &pool, cells.iter().filter(|c| !is_done(c)), &models);
+    let needed = runs_needed(spec, &pool, cells.iter().filter(|c| !is_done(c)), &models);
     let tracker = Tracker {
         started: Instant::now(),
         cells: cells.len(),
@@ -198,39 +194,16 @@ pub fn run_sweep(
     };
     tracker.report(if reused > 0 { "resuming" } else { "starting" });
 
-    let device = &opts.device;
-    let mut run = SweepRun {
-        inputs,
-        pool: &pool,
-        data,
-        models: &models,
-        base: load_params(&bench.base_path(), device)?,
-        heads: bench.heads(device)?,
-        evaluators: HashMap::new(),
-        tracker: &tracker,
-        cancel,
-    };
+    let mut run = SweepRun::new(inputs, &pool, data, &models, &tracker, cancel)?;
     let mut runs_trained = 0;
     for cell in cells.iter().filter(|c| !is_done(c)) {
         if cancel.load(Ordering::Relaxed) {
             return Err(EngineError::Cancelled);
         }
-        let hyper = cell.hyper();
-        let jobs: Vec<(usize, RunJob)> = cell
-            .tasks()
-            .iter()
-            .filter_map(|&t| needed.remove(&(hyper.run_id(), t)).map(|j| (t, j)))
-            .collect();
-        runs_trained += run.train(hyper, &jobs)?;
-        let t0 = Instant::now();
-        let new_rows = run.cell_rows(cell, t0)?;
+        let (trained, new_rows) = run.run_cell(cell)?;
+        runs_trained += trained;
         file.append(&new_rows)?;
         rows.extend(new_rows);
-        {
-            let mut c = tracker.cell_seconds.lock().unwrap_or_else(|e| e.into_inner());
-            c.0 += t0.elapsed().as_secs_f64();
-            c.1 += 1;
-        }
         tracker.cells_done.fetch_add(1, Ordering::Relaxed);
         tracker.report("cell finished");
     }
@@ -247,7 +220,7 @@ pub fn run_sweep(
 
 /// Rows a finished cell has in the results file: one for an expert, one per group task for a
 /// merge (a cell with fewer rows was cut off and is run again).
-fn rows_per_cell(r: &Row) -> Option<usize> {
+pub(super) fn rows_per_cell(r: &Row) -> Option<usize> {
     if r.method == EXPERT {
         Some(1)
     } else {
@@ -286,6 +259,86 @@ fn check_inputs<'a>(inputs: &SweepInputs<'a>, pool: &[String]) -> Result<Vec<&'a
         .collect()
 }
 
+/// One cell of a sweep run on its own, as a Slurm array task runs it.
+#[derive(Clone, Debug)]
+pub struct CellRun {
+    /// The cell's key in the results file.
+    pub key: String,
+    /// The cell's rows.
+    pub rows: Vec<Row>,
+    /// Fine-tuning runs this cell made (0 when another cell had made them).
+    pub runs_trained: usize,
+}
+
+/// The keys of the sweep's cells in run order (the order of the results file), after checking
+/// the inputs and preparing `out_dir` as [`run_sweep`] does (the specification is written there,
+/// the base and heads linked), for an executor that runs the cells elsewhere.
+pub fn prepare_cells(inputs: &SweepInputs<'_>) -> Result<Vec<String>> {
+    let pool: Vec<String> = inputs.bench.task_names().iter().map(|s| (*s).to_owned()).collect();
+    check_inputs(inputs, &pool)?;
+    prepare_folder(inputs.spec, inputs.bench, inputs.out_dir)?;
+    Ok(plan_cells(inputs.spec, &pool)
+        .iter()
+        .map(|c| c.key(inputs.spec, &pool))
+        .collect())
+}
+
+/// Runs cell `index` of the sweep alone (through the same code as [`run_sweep`]) and returns
+/// its rows without touching the results file; the folder must have been prepared by
+/// [`prepare_cells`]. Several cells may run at once on one shared folder: each fine-tuning run
+/// is made under a file lock by the first cell that needs it, and each cell merges into its
+/// own file. `expected_key` (the key the cell had when the grid was submitted) guards against
+/// a specification changed in between.
+pub fn run_one_cell(
+    inputs: &SweepInputs<'_>,
+    index: usize,
+    expected_key: &str,
+    progress: &(dyn Fn(&SweepProgress) + Sync),
+    cancel: &AtomicBool,
+) -> Result<CellRun> {
+    let SweepInputs {
+        spec, bench, out_dir, ..
+    } = *inputs;
+    let pool: Vec<String> = bench.task_names().iter().map(|s| (*s).to_owned()).collect();
+    let data = check_inputs(inputs, &pool)?;
+    check_folder(spec, out_dir)?;
+    let cells = plan_cells(spec, &pool);
+    let cell = cells.get(index).ok_or_else(|| {
+        EngineError::Param(format!(
+            "cell {index} is out of range: the sweep in '{}' has {} cells; submit the grid again",
+            out_dir.display(),
+            cells.len()
+        ))
+    })?;
+    let key = cell.key(spec, &pool);
+    if key != expected_key {
+        return Err(EngineError::Param(format!(
+            "cell {index} of the sweep in '{}' is now '{key}', not '{expected_key}' as submitted: the specification changed; submit the grid again",
+            out_dir.display()
+        )));
+    }
+    let models = out_dir.join("models");
+    let tracker = Tracker {
+        started: Instant::now(),
+        cells: 1,
+        cells_done: AtomicUsize::new(0),
+        steps: AtomicUsize::new(0),
+        steps_done: AtomicUsize::new(0),
+        train_seconds: Mutex::new(0.0),
+        cell_seconds: Mutex::new((0.0, 0)),
+        progress,
+    };
+    let mut run = SweepRun::new(inputs, &pool, data, &models, &tracker, cancel)?;
+    run.shared = true;
+    run.merge_file = out_dir.join("merges").join(format!("cell-{index}.safetensors"));
+    let (runs_trained, rows) = run.run_cell(cell)?;
+    Ok(CellRun {
+        key,
+        rows,
+        runs_trained,
+    })
+}
+
 /// What the cells of a running sweep share.
 struct SweepRun<'a, 'i> {
     inputs: &'a SweepInputs<'i>,
@@ -298,9 +351,91 @@ struct SweepRun<'a, 'i> {
     evaluators: HashMap<Vec<usize>, BackboneEvaluator>,
     tracker: &'a Tracker<'a>,
     cancel: &'a AtomicBool,
+    /// Other processes may run cells of the same folder: fine-tuning runs are made under locks.
+    shared: bool,
+    /// Where merges are written (and deleted once evaluated).
+    merge_file: PathBuf,
 }
 
-impl SweepRun<'_, '_> {
+impl<'a, 'i> SweepRun<'a, 'i> {
+    fn new(
+        inputs: &'a SweepInputs<'i>,
+        pool: &'a [String],
+        data: Vec<&'i TaskData>,
+        models: &'a Path,
+        tracker: &'a Tracker<'a>,
+        cancel: &'a AtomicBool,
+    ) -> Result<Self> {
+        let device = &inputs.opts.device;
+        Ok(SweepRun {
+            inputs,
+            pool,
+            data,
+            models,
+            base: load_params(&inputs.bench.base_path(), device)?,
+            heads: inputs.bench.heads(device)?,
+            evaluators: HashMap::new(),
+            tracker,
+            cancel,
+            shared: false,
+            merge_file: inputs.out_dir.join("merges").join("current.safetensors"),
+        })
+    }
+
+    /// The one door every executor runs a cell through: makes the fine-tuning runs the cell
+    /// still needs (as the checkpoints on disk say; under a lock per run when the folder is
+    /// shared), then evaluates the cell. Returns the runs made and the cell's rows.
+    fn run_cell(&mut self, cell: &Cell) -> Result<(usize, Vec<Row>)> {
+        let SweepInputs { spec, .. } = *self.inputs;
+        let locks = if self.shared { self.lock_runs(cell)? } else { Vec::new() };
+        let jobs: Vec<(usize, RunJob)> = runs_needed(spec, self.pool, std::iter::once(cell), self.models)
+            .into_iter()
+            .map(|((_, t), j)| (t, j))
+            .collect();
+        let trained = self.train(cell.hyper(), &jobs)?;
+        drop(locks);
+        let t0 = Instant::now();
+        let rows = self.cell_rows(cell, t0)?;
+        let mut c = self.tracker.cell_seconds.lock().unwrap_or_else(|e| e.into_inner());
+        c.0 += t0.elapsed().as_secs_f64();
+        c.1 += 1;
+        Ok((trained, rows))
+    }
+
+    /// Locks (blocking, in one global order, so cells never deadlock) the fine-tuning runs of
+    /// `cell`'s tasks: a second cell needing a run waits for the first to make it, then finds
+    /// its checkpoints on disk.
+    fn lock_runs(&self, cell: &Cell) -> Result<Vec<std::fs::File>> {
+        let dir = self.models.join("locks");
+        std::fs::create_dir_all(&dir).map_err(|e| EngineError::io("cannot create", &dir, e))?;
+        let mut names: Vec<String> = cell
+            .task_names(self.pool)
+            .iter()
+            .map(|t| format!("{}.{t}.lock", cell.hyper().run_id()))
+            .collect();
+        names.sort();
+        names
+            .iter()
+            .map(|n| {
+                let path = dir.join(n);
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| EngineError::io("cannot open the lock file", &path, e))?;
+                f.lock().map_err(|e| {
+                    EngineError::io(
+                        "cannot lock (the sweep folder must be on a file system with locks, e.g. NFSv4 or Lustre)",
+                        &path,
+                        e,
+                    )
+                })?;
+                Ok(f)
+            })
+            .collect()
+    }
+
     /// Fine-tunes the runs `jobs` of `hyper` (one per task, in parallel); returns how many.
     fn train(&self, hyper: &Hyper, jobs: &[(usize, RunJob)]) -> Result<usize> {
         if jobs.is_empty() {
@@ -372,8 +507,8 @@ impl SweepRun<'_, '_> {
             bench,
             tasks,
             plugins,
-            out_dir,
             opts,
+            ..
         } = *self.inputs;
         let m = &spec.methods[method];
         let stage = format!(
@@ -391,7 +526,7 @@ impl SweepRun<'_, '_> {
         })?;
         let names = cell.task_names(self.pool);
         let group_bench = group_benchmark(bench, self.models, hyper, &names);
-        let out = out_dir.join("merges").join("current.safetensors");
+        let out = self.merge_file.clone();
         let req = MergeRequest::new(group_bench.expert_paths(), out.clone())
             .with_base(Some(bench.base_path()))
             .with_params(m.params_for(names.len()))
@@ -454,21 +589,7 @@ fn prepare_folder(spec: &SweepSpec, bench: &Benchmark, out_dir: &Path) -> Result
     std::fs::create_dir_all(out_dir.join("merges")).map_err(|e| EngineError::io("cannot create", out_dir, e))?;
     let spec_path = out_dir.join(SPEC_FILE);
     if spec_path.exists() {
-        let text = std::fs::read_to_string(&spec_path).map_err(|e| EngineError::io("cannot read", &spec_path, e))?;
-        let old = SweepSpec::from_toml(&text)?;
-        let differs = [
-            ("arch", old.arch != spec.arch),
-            ("benchmark", old.benchmark != spec.benchmark),
-            ("seed", old.seed != spec.seed),
-            ("eval_examples", old.eval_examples != spec.eval_examples),
-            ("methods", old.methods != spec.methods),
-        ];
-        if let Some((what, _)) = differs.iter().find(|(_, d)| *d) {
-            return Err(EngineError::Param(format!(
-                "'{}' holds a sweep with a different {what}; its results cannot be reused: choose another --out folder",
-                out_dir.display()
-            )));
-        }
+        check_folder(spec, out_dir)?;
     } else if std::fs::read_dir(out_dir)
         .map(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name() != "models" && e.file_name() != "merges")))
         .unwrap_or(false)
@@ -487,6 +608,28 @@ fn prepare_folder(spec: &SweepSpec, bench: &Benchmark, out_dir: &Path) -> Result
         if !to.exists() && std::fs::hard_link(&from, &to).is_err() {
             std::fs::copy(&from, &to).map_err(|e| EngineError::io("cannot copy", &from, e))?;
         }
+    }
+    Ok(())
+}
+
+/// Checks that the sweep in `out_dir` is `spec`'s (same benchmark, seed, evaluation and methods:
+/// a grid may grow), so its results can be reused.
+fn check_folder(spec: &SweepSpec, out_dir: &Path) -> Result<()> {
+    let spec_path = out_dir.join(SPEC_FILE);
+    let text = std::fs::read_to_string(&spec_path).map_err(|e| EngineError::io("cannot read", &spec_path, e))?;
+    let old = SweepSpec::from_toml(&text)?;
+    let differs = [
+        ("arch", old.arch != spec.arch),
+        ("benchmark", old.benchmark != spec.benchmark),
+        ("seed", old.seed != spec.seed),
+        ("eval_examples", old.eval_examples != spec.eval_examples),
+        ("methods", old.methods != spec.methods),
+    ];
+    if let Some((what, _)) = differs.iter().find(|(_, d)| *d) {
+        return Err(EngineError::Param(format!(
+            "'{}' holds a sweep with a different {what}; its results cannot be reused: choose another --out folder",
+            out_dir.display()
+        )));
     }
     Ok(())
 }

@@ -192,12 +192,7 @@ impl ResultsFile {
             rewrite |= rows.len() != before;
         }
         if rewrite {
-            let mut text = format!("{HEADER}\n");
-            for r in &rows {
-                text.push_str(&r.to_line());
-                text.push('\n');
-            }
-            mergescope_engine::writer::write_atomic(path, text.as_bytes())?;
+            write_rows(path, &rows)?;
         }
         let file = std::fs::OpenOptions::new()
             .append(true)
@@ -222,9 +217,29 @@ impl ResultsFile {
     }
 }
 
+/// `rows` as the text of a results file: the header, then one line per row.
+pub fn rows_text(rows: &[Row]) -> String {
+    let mut text = format!("{HEADER}\n");
+    for r in rows {
+        text.push_str(&r.to_line());
+        text.push('\n');
+    }
+    text
+}
+
+/// Writes `rows` as a whole results file at `path`, atomically.
+pub fn write_rows(path: &Path, rows: &[Row]) -> Result<()> {
+    mergescope_engine::writer::write_atomic(path, rows_text(rows).as_bytes())
+}
+
 /// Reads a results file (complete lines only), for plotting.
 pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
     let text = std::fs::read_to_string(path).map_err(|e| EngineError::io("cannot read", path, e))?;
+    parse_rows(&text, path)
+}
+
+/// The rows of a results file's text `text` (read from `path`, named in errors).
+pub fn parse_rows(text: &str, path: &Path) -> Result<Vec<Row>> {
     let mut lines = text.lines();
     if lines.next() != Some(HEADER) {
         return Err(EngineError::Invalid(format!(
