@@ -128,11 +128,12 @@ pub fn apply(base: Checkpoint, dir: &Path) -> Result<Checkpoint> {
                 (h.1, h.2) = (Some(moved(entry)), true);
             }
             Part::Full(target) => {
-                // modules_to_save: a full replacement of a base tensor.
+                // modules_to_save: a full replacement of a base tensor (with as many rows as
+                // the adapter's vocabulary, for a vocabulary-indexed tensor of a resized one).
                 let Some(old) = base.tensors.get(&target) else {
                     return Err(unfitting(dir, name, &format!("the base has no tensor '{target}'")));
                 };
-                if old.shape != entry.shape {
+                if old.shape != entry.shape && !vocab_resized(&target, &entry.shape, &old.shape) {
                     return Err(unfitting(
                         dir,
                         name,
@@ -224,14 +225,41 @@ fn unfitting(dir: &Path, tensor: &str, why: &str) -> EngineError {
     ))
 }
 
+/// What [`extract_with`] does besides the rank (mergekit-extract-lora's flags).
+#[derive(Clone, Debug, Default)]
+pub struct ExtractOptions {
+    /// LoRA rank r (matrices smaller than r keep their full rank).
+    pub rank: usize,
+    /// LoRA for the input embeddings (`lora_embedding_A/B`) and the output head (a linear pair)
+    /// instead of saving them whole (`--embed-lora`); ignored, with a note, when the vocabulary
+    /// sizes of the models differ.
+    pub embed_lora: bool,
+    /// Modules saved whole whatever they are (`--modules-to-save`), matched as PEFT matches
+    /// `modules_to_save`: a module whose name ends with one of these.
+    pub modules_to_save: Vec<String>,
+    /// Replace `out` if it is an adapter folder.
+    pub overwrite: bool,
+}
+
 /// What [`extract`] wrote.
 #[derive(Clone, Debug)]
 pub struct Extracted {
-    /// Weights given a LoRA pair.
+    /// Weights given a LoRA pair (layer matrices; with `embed_lora`, also the embeddings and the
+    /// output head).
     pub adapted: usize,
-    /// Tensors that differ between the models but are not in the adapter (embeddings, norms, the
-    /// output head: not layer matrices).
+    /// The weights among them given PEFT's embedding layout (`lora_embedding_A/B`).
+    pub embedding_lora: Vec<String>,
+    /// Tensors saved whole in the adapter (PEFT's modules_to_save): every tensor that differs
+    /// from the base and has no LoRA pair, and every tensor of a module named to save.
+    pub saved_in_full: Vec<String>,
+    /// The adapter_config.json `modules_to_save` list.
+    pub modules_to_save: Vec<String>,
+    /// Tensors that differ but cannot be in a PEFT adapter (not inside a module: a bare
+    /// top-level parameter), so the adapter leaves them out.
     pub left_out: Vec<String>,
+    /// What the extraction decided that the user should know (a vocabulary change, a module
+    /// saved whole because its bias changed).
+    pub notes: Vec<String>,
     /// The adapter folder.
     pub out: PathBuf,
 }
@@ -241,18 +269,137 @@ fn adaptable(name: &str, shape: &[usize]) -> bool {
     shape.len() == 2 && name.ends_with(".weight") && crate::layered::layer_index(name).is_some()
 }
 
-/// Extracts a rank-`rank` LoRA adapter of `model` over `base` into the folder `out`
-/// (mergekit-extract-lora's job): for every layer matrix, the task vector Δ = W_model − W_base is
-/// truncated by SVD to U_r S_r V_rᵀ and written as B = U_r √S_r, A = √S_r V_rᵀ with
-/// lora_alpha = r (scale 1), in the model's dtype. One matrix is in memory at a time.
+/// Output heads: linear layers from the hidden size to the vocabulary.
+const OUTPUT_HEADS: &[&str] = &[
+    "lm_head.weight",
+    "embed_out.weight",
+    "output.weight",
+    "transformer.output_layer.weight",
+    "lm_head.decoder.weight",
+    "lm_head.linear.weight",
+    "vocab_projector.weight",
+    "cls.predictions.decoder.weight",
+];
+
+fn is_output_head(name: &str, shape: &[usize]) -> bool {
+    shape.len() == 2 && OUTPUT_HEADS.contains(&name)
+}
+
+/// Whether `name` is an embedding table outside the layers (token or position embeddings:
+/// PEFT's `nn.Embedding` LoRA).
+fn is_input_embedding(name: &str, shape: &[usize]) -> bool {
+    shape.len() == 2
+        && name.ends_with(".weight")
+        && !is_output_head(name, shape)
+        && crate::layered::layer_index(name).is_none()
+        && crate::role::role_of(name, shape) == mergescope_plugin_api::abi::ROLE_EMBEDDING
+}
+
+/// Whether a tensor of these shapes is the same vocabulary-indexed tensor with another number
+/// of tokens (rows).
+fn vocab_resized(name: &str, model: &[usize], base: &[usize]) -> bool {
+    (crate::tokenizer_union::VOCAB_TENSORS.contains(&name)
+        || is_input_embedding(name, model)
+        || is_output_head(name, model))
+        && model.len() == base.len()
+        && !model.is_empty()
+        && model[1..] == base[1..]
+}
+
+/// The module a tensor belongs to (its name less the last part), if any.
+fn module_of(name: &str) -> Option<&str> {
+    name.rsplit_once('.').map(|(m, _)| m)
+}
+
+/// Whether PEFT's modules_to_save `names` wrap a module holding `tensor`: PEFT wraps every
+/// module whose name ends with one of the names, and saves all of its tensors.
+fn saved_by(tensor: &str, names: &[String]) -> bool {
+    tensor
+        .match_indices('.')
+        .map(|(i, _)| &tensor[..i])
+        .any(|module| names.iter().any(|n| module.ends_with(n.as_str())))
+}
+
+/// Whether two tensors of one length hold the same values (read a block at a time).
+fn same_values(model: &Checkpoint, t: &TensorEntry, base: &Checkpoint, b: &TensorEntry) -> Result<bool> {
+    const BLOCK: usize = 1 << 20;
+    let n = t.numel();
+    let mut from = 0;
+    while from < n {
+        let len = BLOCK.min(n - from);
+        if model.read_f32_range(t, from, len)? != base.read_f32_range(b, from, len)? {
+            return Ok(false);
+        }
+        from += len;
+    }
+    Ok(true)
+}
+
+/// How one tensor goes into the adapter.
+#[derive(Clone, Copy, PartialEq)]
+enum How {
+    /// A LoRA pair of rank k (`embedding`: PEFT's lora_embedding_A/B layout).
+    Lora { k: usize, embedding: bool },
+    /// Saved whole (modules_to_save).
+    Full,
+}
+
+/// [`extract_with`] with rank `rank`, the default options and `overwrite`.
 pub fn extract(base: &Checkpoint, model: &Checkpoint, rank: usize, out: &Path, overwrite: bool) -> Result<Extracted> {
+    extract_with(
+        base,
+        model,
+        out,
+        &ExtractOptions {
+            rank,
+            overwrite,
+            ..ExtractOptions::default()
+        },
+    )
+}
+
+/// Extracts a rank-r LoRA adapter of `model` over `base` into the folder `out`
+/// (mergekit-extract-lora's job). For every layer matrix (and, with `embed_lora`, the input
+/// embeddings and the output head) the task vector Δ = W_model − W_base is truncated by SVD to
+/// U_r S_r V_rᵀ and written as B = U_r √S_r, A = √S_r V_rᵀ (for an embedding, PEFT's
+/// lora_embedding_A = √S_r U_rᵀ, lora_embedding_B = V_r √S_r: the transposed layout) with
+/// lora_alpha = r (scale 1), in the model's dtype. Every other tensor that differs from the base
+/// (embeddings, output head, norms, biases), and every tensor of a module named in
+/// `modules_to_save`, is saved whole as PEFT saves modules_to_save (`base_model.model.NAME`),
+/// its module listed in adapter_config.json's `modules_to_save`; a module with a LoRA pair whose
+/// other tensors (a bias) changed is saved whole instead. Tensors equal to the base's are left
+/// out. One matrix is in memory at a time.
+pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: &ExtractOptions) -> Result<Extracted> {
     use crate::plugin::host_ext::linalg::truncated_svd;
     use crate::writer::{OutputTensor, OutputWriter};
+    let rank = options.rank;
     if rank == 0 {
         return Err(EngineError::Invalid("--rank must be at least 1".to_owned()));
     }
-    let mut plan = Vec::new();
-    let mut left_out = Vec::new();
+    let mut notes = Vec::new();
+    // Names to save whole as PEFT matches them: module names, not tensor names.
+    let mut names: Vec<String> = Vec::new();
+    for given in &options.modules_to_save {
+        let n = given
+            .strip_prefix(PEFT_PREFIX)
+            .unwrap_or(given)
+            .trim_end_matches(".weight")
+            .trim_end_matches(".bias")
+            .to_owned();
+        if n.is_empty() || !model.tensors.keys().any(|t| saved_by(t, std::slice::from_ref(&n))) {
+            return Err(EngineError::Invalid(format!(
+                "--modules-to-save '{given}' names no module of '{}'; give a module name as PEFT takes it, such as \
+                 lm_head, embed_tokens or model.layers.0.input_layernorm (a tensor's name without .weight)",
+                model.path.display()
+            )));
+        }
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    // Shapes: one architecture, or a vocabulary of another size.
+    let mut resized = Vec::new();
+    let mut pairs = Vec::new();
     for (name, t) in &model.tensors {
         let Some(b) = base.tensors.get(name) else {
             return Err(EngineError::Invalid(format!(
@@ -262,41 +409,121 @@ pub fn extract(base: &Checkpoint, model: &Checkpoint, rank: usize, out: &Path, o
             )));
         };
         if b.shape != t.shape {
-            return Err(EngineError::Invalid(format!(
-                "tensor '{name}' is {:?} in '{}' but {:?} in the base; the models must have one architecture",
-                t.shape,
-                model.path.display(),
-                b.shape
-            )));
+            if !vocab_resized(name, &t.shape, &b.shape) {
+                return Err(EngineError::Invalid(format!(
+                    "tensor '{name}' is {:?} in '{}' but {:?} in the base; the models must have one architecture",
+                    t.shape,
+                    model.path.display(),
+                    b.shape
+                )));
+            }
+            resized.push(format!("'{name}' {:?} -> {:?}", b.shape, t.shape));
         }
-        if adaptable(name, &t.shape) {
-            let k = rank.min(t.shape[0]).min(t.shape[1]);
-            plan.push((name.clone(), t.clone(), b.clone(), k));
-        } else if model.read_f32(t)? != base.read_f32(b)? {
+        pairs.push((name, t, b));
+    }
+    let mut embed_lora = options.embed_lora;
+    if !resized.is_empty() {
+        notes.push(format!(
+            "the vocabulary size differs from the base's ({}): those tensors are saved whole{}; load the adapter on \
+             the base after resizing its token embeddings (PEFT: model.resize_token_embeddings)",
+            resized.join(", "),
+            if embed_lora {
+                ", not as LoRA (--embed-lora is ignored, as mergekit-extract-lora does)"
+            } else {
+                ""
+            }
+        ));
+        embed_lora = false;
+    }
+    // What each tensor becomes; modules of differing tensors without LoRA join `names`.
+    let named = names.len();
+    let mut plan: Vec<(&String, &TensorEntry, &TensorEntry, How)> = Vec::new();
+    let mut left_out = Vec::new();
+    for &(name, t, b) in &pairs {
+        let k = || rank.min(t.shape[0]).min(t.shape[1]);
+        let how = if saved_by(name, &names[..named]) {
+            How::Full
+        } else if adaptable(name, &t.shape) || (embed_lora && is_output_head(name, &t.shape)) {
+            How::Lora {
+                k: k(),
+                embedding: false,
+            }
+        } else if embed_lora && is_input_embedding(name, &t.shape) {
+            How::Lora {
+                k: k(),
+                embedding: true,
+            }
+        } else if t.shape == b.shape && same_values(model, t, base, b)? {
+            continue;
+        } else if let Some(module) = module_of(name) {
+            if !names.iter().any(|n| n == module) {
+                names.push(module.to_owned());
+            }
+            How::Full
+        } else {
             left_out.push(name.clone());
+            continue;
+        };
+        plan.push((name, t, b, how));
+    }
+    // PEFT saves every tensor of a wrapped module: a LoRA-adapted module whose bias changed is
+    // saved whole, and every tensor a name reaches is saved.
+    for (name, _, _, how) in &mut plan {
+        if *how != How::Full && saved_by(name, &names) {
+            notes.push(format!(
+                "'{name}' is saved whole, not as LoRA: another tensor of its module (a bias) differs from the base, \
+                 and PEFT saves a module whole or not at all"
+            ));
+            *how = How::Full;
         }
     }
-    if plan.is_empty() {
+    let listed: std::collections::BTreeSet<&String> = plan.iter().map(|p| p.0).collect();
+    for &(name, t, b) in &pairs {
+        if !listed.contains(name) && saved_by(name, &names) {
+            plan.push((name, t, b, How::Full));
+        }
+    }
+    plan.sort_by(|x, y| x.0.cmp(y.0));
+    if !plan.iter().any(|p| matches!(p.3, How::Lora { .. })) {
         return Err(EngineError::Invalid(format!(
             "'{}' has no layer matrices (names with layers.N and .weight) to extract a LoRA adapter from",
             model.path.display()
         )));
     }
-    let mut specs = Vec::new();
-    for (name, t, _, k) in &plan {
+    let lora_name = |name: &str, half: &str, embedding: bool| {
         let module = name.strip_suffix(".weight").unwrap_or(name);
-        specs.push(OutputTensor {
-            name: format!("{PEFT_PREFIX}{module}.lora_A.weight"),
-            dtype: t.dtype,
-            shape: vec![*k, t.shape[1]],
-        });
-        specs.push(OutputTensor {
-            name: format!("{PEFT_PREFIX}{module}.lora_B.weight"),
-            dtype: t.dtype,
-            shape: vec![t.shape[0], *k],
-        });
+        if embedding {
+            format!("{PEFT_PREFIX}{module}.lora_embedding_{half}")
+        } else {
+            format!("{PEFT_PREFIX}{module}.lora_{half}.weight")
+        }
+    };
+    let mut specs = Vec::new();
+    for (name, t, _, how) in &plan {
+        match *how {
+            How::Full => specs.push(OutputTensor {
+                name: format!("{PEFT_PREFIX}{name}"),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+            }),
+            How::Lora { k, embedding } => {
+                let (rows, cols) = (t.shape[0], t.shape[1]);
+                let (a, b) = if embedding {
+                    (vec![k, rows], vec![cols, k])
+                } else {
+                    (vec![k, cols], vec![rows, k])
+                };
+                for (half, shape) in [("A", a), ("B", b)] {
+                    specs.push(OutputTensor {
+                        name: lora_name(name, half, embedding),
+                        dtype: t.dtype,
+                        shape,
+                    });
+                }
+            }
+        }
     }
-    if out.exists() && !(overwrite && is_adapter(out)) {
+    if out.exists() && !(options.overwrite && is_adapter(out)) {
         return Err(EngineError::Invalid(format!(
             "'{}' already exists; choose another --out{}",
             out.display(),
@@ -315,35 +542,71 @@ pub fn extract(base: &Checkpoint, model: &Checkpoint, rank: usize, out: &Path, o
     let writer = OutputWriter::create(&tmp.path().join(WEIGHTS_FILE), &specs, &metadata, None, false)?;
     let mut ranks = BTreeMap::new();
     let mut targets = std::collections::BTreeSet::new();
-    for (name, t, b, k) in &plan {
+    let mut adapted_modules = Vec::new();
+    let (mut saved_in_full, mut embedding_lora) = (Vec::new(), Vec::new());
+    for (name, t, b, how) in &plan {
+        let How::Lora { k, embedding } = *how else {
+            writer.write(&format!("{PEFT_PREFIX}{name}"), 0, &model.raw_bytes(t)?)?;
+            saved_in_full.push((*name).clone());
+            continue;
+        };
         let (rows, cols) = (t.shape[0], t.shape[1]);
         let mut delta = model.read_f32(t)?;
         for (d, x) in delta.iter_mut().zip(base.read_f32(b)?) {
             *d -= x;
         }
         let (u, s, vt) =
-            truncated_svd(&delta, rows, cols, *k).map_err(|e| EngineError::Invalid(format!("tensor '{name}': {e}")))?;
+            truncated_svd(&delta, rows, cols, k).map_err(|e| EngineError::Invalid(format!("tensor '{name}': {e}")))?;
         drop(delta);
         let root: Vec<f64> = s.iter().map(|x| x.sqrt()).collect();
-        let a: Vec<f32> = (0..k * cols).map(|x| (root[x / cols] * vt[x]) as f32).collect();
-        let bm: Vec<f32> = (0..rows * k).map(|x| (u[x] * root[x % k]) as f32).collect();
+        let (a, bm): (Vec<f32>, Vec<f32>) = if embedding {
+            // Δᵀ = V S Uᵀ: A = √S Uᵀ (k × rows), B = V √S (cols × k).
+            (
+                (0..k * rows)
+                    .map(|x| (root[x / rows] * u[(x % rows) * k + x / rows]) as f32)
+                    .collect(),
+                (0..cols * k)
+                    .map(|x| (vt[(x % k) * cols + x / k] * root[x % k]) as f32)
+                    .collect(),
+            )
+        } else {
+            (
+                (0..k * cols).map(|x| (root[x / cols] * vt[x]) as f32).collect(),
+                (0..rows * k).map(|x| (u[x] * root[x % k]) as f32).collect(),
+            )
+        };
+        writer.write_values(&lora_name(name, "A", embedding), 0, &a)?;
+        writer.write_values(&lora_name(name, "B", embedding), 0, &bm)?;
         let module = name.strip_suffix(".weight").unwrap_or(name);
-        writer.write_values(&format!("{PEFT_PREFIX}{module}.lora_A.weight"), 0, &a)?;
-        writer.write_values(&format!("{PEFT_PREFIX}{module}.lora_B.weight"), 0, &bm)?;
-        if *k != rank {
-            ranks.insert(module.to_owned(), *k);
+        if k != rank {
+            ranks.insert(module.to_owned(), k);
         }
         if let Some(last) = module.rsplit('.').next() {
             targets.insert(last.to_owned());
         }
+        adapted_modules.push(module.to_owned());
+        if embedding {
+            embedding_lora.push((*name).clone());
+        }
     }
     writer.commit()?;
+    // PEFT puts LoRA on every module whose name ends with a target; where a short target would
+    // also reach a module saved whole, name the adapted modules in full.
+    let clashes = saved_in_full
+        .iter()
+        .filter_map(|n| module_of(n))
+        .any(|m| targets.iter().any(|t| m == t || m.ends_with(&format!(".{t}"))));
+    let target_modules: Vec<String> = if clashes {
+        adapted_modules.clone()
+    } else {
+        targets.into_iter().collect()
+    };
     let config = serde_json::json!({
         "base_model_name_or_path": base.path.display().to_string(),
         "peft_type": "LORA",
         "use_rslora": false,
-        "target_modules": targets,
-        "modules_to_save": null,
+        "target_modules": target_modules,
+        "modules_to_save": names,
         "task_type": "CAUSAL_LM",
         "r": rank,
         "lora_alpha": rank,
@@ -363,8 +626,12 @@ pub fn extract(base: &Checkpoint, model: &Checkpoint, rank: usize, out: &Path, o
     let kept = tmp.keep();
     std::fs::rename(&kept, out).map_err(|e| EngineError::io("cannot move the adapter to", out, e))?;
     Ok(Extracted {
-        adapted: plan.len(),
+        adapted: adapted_modules.len(),
+        embedding_lora,
+        saved_in_full,
+        modules_to_save: names,
         left_out,
+        notes,
         out: out.to_path_buf(),
     })
 }

@@ -1,5 +1,7 @@
 //! `mergescope extract-lora`: a PEFT LoRA adapter of a fine-tuned model over its base, by
-//! truncated SVD of each layer matrix's task vector (mergekit-extract-lora's job).
+//! truncated SVD of each layer matrix's task vector, with every other tensor that differs
+//! (embeddings, output head, norms) saved whole as PEFT's modules_to_save
+//! (mergekit-extract-lora's job).
 
 use anyhow::Context as _;
 use clap::Args;
@@ -9,6 +11,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
+#[command(
+    after_help = "As mergekit-extract-lora does: each layer matrix's difference from the base, truncated to \
+rank r by SVD, becomes a LoRA pair; every other tensor that differs from the base (embeddings, output head, norms, \
+biases) is saved whole in the adapter as PEFT's modules_to_save (listed in adapter_config.json), so that base + \
+adapter gives the model back up to the rank truncation. Tensors equal to the base's are left out."
+)]
 pub struct ExtractLoraArgs {
     /// The base model (checkpoint file or Hugging Face folder).
     #[arg(long)]
@@ -22,30 +30,66 @@ pub struct ExtractLoraArgs {
     /// Output folder (adapter_config.json + adapter_model.safetensors, as PEFT saves them).
     #[arg(long)]
     pub out: PathBuf,
+    /// LoRA for the input embeddings too (PEFT's lora_embedding_A/B) and a LoRA pair for the
+    /// output head (lm_head), instead of saving them whole; when the vocabulary sizes differ
+    /// they are saved whole anyway, with a note (as mergekit does).
+    #[arg(long)]
+    pub embed_lora: bool,
+    /// Save this module whole (PEFT modules_to_save; no LoRA for it), e.g. lm_head or
+    /// model.layers.0.input_layernorm; PEFT takes every module whose name ends with it.
+    /// Repeatable.
+    #[arg(long = "modules-to-save", visible_alias = "save-module", value_name = "MODULE")]
+    pub modules_to_save: Vec<String>,
     /// Replace --out if it is an adapter folder.
     #[arg(long)]
     pub overwrite: bool,
+}
+
+fn listed(names: &[String]) -> String {
+    let shown: Vec<&str> = names.iter().take(5).map(String::as_str).collect();
+    format!("{}{}", shown.join(", "), if names.len() > 5 { ", ..." } else { "" })
 }
 
 pub fn run(args: &ExtractLoraArgs) -> anyhow::Result<ExitCode> {
     let base = Checkpoint::open(&args.base)?;
     let model = Checkpoint::open(&args.model)?;
     let started = std::time::Instant::now();
-    let report = lora::extract(&base, &model, args.rank, &args.out, args.overwrite)
+    let options = lora::ExtractOptions {
+        rank: args.rank,
+        embed_lora: args.embed_lora,
+        modules_to_save: args.modules_to_save.clone(),
+        overwrite: args.overwrite,
+    };
+    let report = lora::extract_with(&base, &model, &args.out, &options)
         .with_context(|| format!("extracting a rank-{} adapter of '{}'", args.rank, args.model.display()))?;
-    if !report.left_out.is_empty() {
-        let shown: Vec<&str> = report.left_out.iter().take(5).map(String::as_str).collect();
+    for note in &report.notes {
+        eprintln!("note: {note}");
+    }
+    if !report.saved_in_full.is_empty() {
         eprintln!(
-            "note: {} tensors differ from the base but are not layer matrices, so the adapter leaves them out: {}{}",
+            "saved whole (modules_to_save {}): {} tensors: {}",
+            listed(&report.modules_to_save),
+            report.saved_in_full.len(),
+            listed(&report.saved_in_full)
+        );
+    }
+    if !report.left_out.is_empty() {
+        eprintln!(
+            "note: {} tensors differ from the base but belong to no module, which a PEFT adapter cannot hold, so \
+             it leaves them out: {}",
             report.left_out.len(),
-            shown.join(", "),
-            if report.left_out.len() > 5 { ", ..." } else { "" }
+            listed(&report.left_out)
         );
     }
     eprintln!(
-        "extracted rank-{} LoRA of {} matrices in {:.2} s -> {}",
+        "extracted rank-{} LoRA of {} matrices{} in {:.2} s -> {}",
         args.rank,
         report.adapted,
+        if report.embedding_lora.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} embeddings)", report.embedding_lora.len())
+        },
         started.elapsed().as_secs_f64(),
         report.out.display()
     );
