@@ -3,17 +3,23 @@
 //! background thread (progress, cancel; Resume starts it again on the same folder, which
 //! reuses every finished cell), and the scaling results read back from the folder's results
 //! file whenever cells finish, so the plots fill in while it runs. The work is
-//! `engine::scaling::sweep`, the same code as `mergescope sweep`.
+//! `engine::scaling::sweep`, the same code as `mergescope sweep`. The cells run in this
+//! process (the local executor) or as one Slurm array job ([`ExecutorKind::Slurm`], the lab's
+//! [`SlurmSweep`], the same door as `mergescope sweep --executor slurm`), whose state the
+//! window follows.
 
 use crate::jobs::{Background, Notify, TaskMessage};
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::ExecOptions;
-use mergescope_engine::plugin::{Plugin, Registry};
+use mergescope_engine::plugin::{Plugin, PluginOrigin, Registry};
 use mergescope_figures::Figure;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::{Benchmark, resolve_benchmark};
+pub use mergescope_lab::grid::ExecutorKind;
+use mergescope_lab::grid::slurm::{SlurmOptions, SlurmProgress};
 use mergescope_lab::nn::Arch;
+use mergescope_lab::scaling::sweep::executor::{SlurmSweep, SlurmSweepSettings, mergescope_env};
 use mergescope_lab::scaling::sweep::plots::PLOTS_DIR;
 use mergescope_lab::scaling::sweep::run::RESULTS_FILE;
 use mergescope_lab::scaling::sweep::spec::{Grid, MethodSpec};
@@ -136,6 +142,17 @@ pub enum Outcome {
         /// The plots folder written, or why it could not be.
         plots: std::result::Result<PathBuf, String>,
     },
+    /// The Slurm executor's run ended (every cell finished, or some failed).
+    OnSlurm {
+        /// Cells in the sweep.
+        cells: usize,
+        /// Cells without a result.
+        missing: usize,
+        /// How many cells ran where, as `mergescope sweep` says it.
+        summary: String,
+        /// The plots folder written, or why it could not be.
+        plots: std::result::Result<PathBuf, String>,
+    },
     /// Cancelled; the finished cells stay in the results file.
     Cancelled {
         /// Cells finished.
@@ -159,6 +176,12 @@ impl Outcome {
                 "done: {cells} cells ({reused} reused from the folder), {runs_trained} fine-tuning runs in {}",
                 crate::text::duration_text(*seconds)
             ),
+            Outcome::OnSlurm {
+                missing: 0, summary, ..
+            } => format!("done on Slurm: {summary}"),
+            Outcome::OnSlurm { cells, missing, .. } => format!(
+                "{missing} of {cells} cells have no result: fix what their logs say (below) and Resume: only they are submitted"
+            ),
             Outcome::Cancelled { cells_done, cells } => format!(
                 "cancelled at {cells_done} of {cells} cells: the finished ones stay in {RESULTS_FILE}; Resume continues from there"
             ),
@@ -178,12 +201,160 @@ pub struct SweepJob {
     pub folder: PathBuf,
     /// Where tensors live.
     pub device: DeviceChoice,
+    /// On Slurm: how the array job is asked for and what the cells run; `None`: locally.
+    pub slurm: Option<(SlurmOptions, SlurmSweepSettings)>,
+}
+
+/// The Slurm executor's fields as the window edits them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlurmForm {
+    /// `--partition`; empty: the cluster's default.
+    pub partition: String,
+    /// Time limit per cell as sbatch takes it (`00:30:00`); empty: the partition's.
+    pub time: String,
+    /// CPUs per cell.
+    pub cpus_per_cell: usize,
+    /// GPUs per cell; 0: none.
+    pub gpus_per_cell: u32,
+    /// At most this many cells at once; 0: no limit.
+    pub max_parallel: usize,
+    /// The shared work folder; empty: `<sweep folder>/slurm`.
+    pub workdir: String,
+    /// A shell line each cell runs first (`module load cuda`); empty: none.
+    pub setup: String,
+    /// Seconds between two looks at the queue.
+    pub poll_seconds: f64,
+    /// The `mergescope` binary the nodes run; `None`: the one beside this executable.
+    pub bin: Option<PathBuf>,
+}
+
+impl Default for SlurmForm {
+    fn default() -> Self {
+        SlurmForm {
+            partition: String::new(),
+            time: String::new(),
+            cpus_per_cell: 1,
+            gpus_per_cell: 0,
+            max_parallel: 0,
+            workdir: String::new(),
+            setup: String::new(),
+            poll_seconds: 2.0,
+            bin: None,
+        }
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    let s = s.trim();
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+impl SlurmForm {
+    /// The array job's options; the error names the field to fix.
+    pub fn options(&self) -> Result<SlurmOptions> {
+        if !(self.poll_seconds.is_finite() && self.poll_seconds > 0.0) {
+            return Err(EngineError::Param(format!(
+                "Slurm poll interval {}: give a positive number of seconds",
+                self.poll_seconds
+            )));
+        }
+        if let Some(t) = non_empty(&self.time)
+            && !t.chars().all(|c| c.is_ascii_digit() || c == ':' || c == '-')
+        {
+            return Err(EngineError::Param(format!(
+                "Slurm time limit '{t}': write it as sbatch takes it, e.g. 00:30:00 or 1-00:00:00"
+            )));
+        }
+        Ok(SlurmOptions {
+            partition: non_empty(&self.partition),
+            time: non_empty(&self.time),
+            cpus_per_task: self.cpus_per_cell.max(1),
+            gpus: (self.gpus_per_cell > 0).then_some(self.gpus_per_cell),
+            array_parallelism: (self.max_parallel > 0).then_some(self.max_parallel),
+            poll: Duration::from_secs_f64(self.poll_seconds),
+            job_name: "mergescope-sweep".to_owned(),
+            setup: non_empty(&self.setup).into_iter().collect(),
+            ..SlurmOptions::default()
+        })
+    }
+
+    /// The work folder for the sweep in `folder`.
+    pub fn workdir(&self, folder: &Path) -> PathBuf {
+        non_empty(&self.workdir).map_or_else(|| folder.join("slurm"), PathBuf::from)
+    }
+}
+
+/// The `mergescope` binary beside this executable: this executable when it is `mergescope`
+/// (the window runs as `mergescope gui`), else one named so in its folder or the folder above
+/// (a test binary in `target/<profile>/deps`).
+pub fn mergescope_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe()
+        .map_err(|e| EngineError::Invalid(format!("cannot find this executable's path ({e})")))?;
+    if exe.file_stem().is_some_and(|s| s == "mergescope") {
+        return Ok(exe);
+    }
+    let name = format!("mergescope{}", std::env::consts::EXE_SUFFIX);
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join(&name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            EngineError::Invalid(format!(
+                "no '{name}' binary beside '{}' for the Slurm nodes to run: build it (cargo build -p mergescope) or run the window as 'mergescope gui'",
+                exe.display()
+            ))
+        })
+}
+
+/// Whether `sbatch` is on `PATH`; otherwise what to do.
+pub fn sbatch_missing() -> Option<String> {
+    let name = format!("sbatch{}", std::env::consts::EXE_SUFFIX);
+    let found = std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(&name).is_file()));
+    (!found).then(|| {
+        "sbatch is not on PATH: install Slurm's client tools (or run the window where they are), or choose Local"
+            .to_owned()
+    })
+}
+
+fn device_name(d: DeviceChoice) -> &'static str {
+    match d {
+        DeviceChoice::Cpu => "cpu",
+        DeviceChoice::Cuda => "cuda",
+        DeviceChoice::Metal => "metal",
+    }
+}
+
+/// Where the Slurm job of the running (or last) sweep stands, as the window shows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SlurmStatus {
+    /// The array jobs submitted, in order (one per retry round).
+    pub jobs: Vec<String>,
+    /// Cells in the sweep.
+    pub cells: usize,
+    /// Cells found finished before the run.
+    pub reused: usize,
+    /// Cells finished (reused ones included).
+    pub done: usize,
+    /// Cells running now.
+    pub running: usize,
+    /// Cells waiting in the queue.
+    pub pending: usize,
+    /// Cells submitted again after the scheduler killed them.
+    pub retried: usize,
+    /// The executor's events (submissions, retries), oldest first.
+    pub events: Vec<String>,
+    /// The cells that did not finish: key, Slurm state, error and log, as the CLI prints them.
+    pub failures: Vec<String>,
+    /// Seconds from the first submission to the first cell's result.
+    pub first_result: Option<f64>,
 }
 
 /// What the sweep thread reports while it runs.
 enum Update {
     Progress(SweepProgress),
     Results(Vec<Row>, Vec<VariableResult>),
+    Slurm(SlurmStatus),
 }
 
 /// The Experiments panel's state: the sweep being edited, its folder, the job in flight and
@@ -215,6 +386,14 @@ pub struct Experiments {
     pub figures: Vec<[(String, Figure); 2]>,
     /// The variable whose plots are shown.
     pub variable: Option<Variable>,
+    /// Where the cells run.
+    pub executor: ExecutorKind,
+    /// The Slurm executor's fields.
+    pub slurm: SlurmForm,
+    /// Why the Slurm executor cannot run here (no `sbatch`), checked when it is chosen.
+    pub slurm_warning: Option<String>,
+    /// The Slurm job of the running (or last) sweep.
+    pub slurm_status: Option<SlurmStatus>,
     sweeps_root: PathBuf,
     configured: bool,
     notes: Vec<(bool, String)>,
@@ -255,6 +434,10 @@ impl Experiments {
             results: Vec::new(),
             figures: Vec::new(),
             variable: None,
+            executor: ExecutorKind::Local,
+            slurm: SlurmForm::default(),
+            slurm_warning: None,
+            slurm_status: None,
             sweeps_root,
             configured: false,
             notes: Vec::new(),
@@ -462,13 +645,52 @@ impl Experiments {
             .iter()
             .map(|m| registry.find(&m.plugin).map_err(EngineError::Param))
             .collect::<Result<Vec<_>>>()?;
+        let slurm = match self.executor {
+            ExecutorKind::Local => None,
+            ExecutorKind::Slurm => {
+                let opts = self.slurm.options()?;
+                let bin = match &self.slurm.bin {
+                    Some(b) => b.clone(),
+                    None => mergescope_binary()?,
+                };
+                // Bundled plugins and the user's folder are found by the cells as here; the
+                // folders given with --plugin-dir travel with the job.
+                let mut plugin_dirs: Vec<PathBuf> = Vec::new();
+                for p in plugins.iter().filter(|p| p.origin == PluginOrigin::Extra) {
+                    if let Some(d) = p.path.parent()
+                        && !plugin_dirs.iter().any(|x| x == d)
+                    {
+                        plugin_dirs.push(d.to_path_buf());
+                    }
+                }
+                let settings = SlurmSweepSettings {
+                    workdir: Some(self.slurm.workdir(&self.folder)),
+                    bin,
+                    plugin_dirs,
+                    device: device_name(device).to_owned(),
+                    env: mergescope_env(),
+                };
+                Some((opts, settings))
+            }
+        };
         Ok(SweepJob {
             spec: self.spec.clone(),
             benchmark,
             plugins,
             folder: self.folder.clone(),
             device,
+            slurm,
         })
+    }
+
+    /// Runs the cells with `executor` from now on; choosing Slurm checks that `sbatch` is
+    /// there.
+    pub fn set_executor(&mut self, executor: ExecutorKind) {
+        self.executor = executor;
+        self.slurm_warning = match executor {
+            ExecutorKind::Local => None,
+            ExecutorKind::Slurm => sbatch_missing(),
+        };
     }
 
     /// Starts `job` on a background thread (after cancelling any sweep in flight); `notify`
@@ -477,11 +699,15 @@ impl Experiments {
         self.error = None;
         self.outcome = None;
         self.progress = None;
+        self.slurm_status = None;
         let started = self.task.start(
             "mergescope-sweep",
             notify,
             "the sweep panicked; please report it with the log",
-            move |cancel, send| work(&job, cancel, send),
+            move |cancel, send| match job.slurm.clone() {
+                None => work(&job, cancel, send),
+                Some((opts, settings)) => work_on_slurm(&job, &opts, &settings, cancel, send),
+            },
         );
         if let Err(e) = started {
             self.error = Some(format!("cannot start the sweep thread: {e}"));
@@ -505,6 +731,7 @@ impl Experiments {
         for m in messages {
             match m {
                 TaskMessage::Update(Update::Progress(p)) => self.progress = Some(p),
+                TaskMessage::Update(Update::Slurm(s)) => self.slurm_status = Some(s),
                 TaskMessage::Update(Update::Results(rows, results)) => {
                     self.rows = rows;
                     self.set_results(results);
@@ -514,8 +741,13 @@ impl Experiments {
                     match r {
                         Ok(outcome) => {
                             self.notes.push((false, format!("sweep: {}", outcome.text())));
-                            if let Outcome::Finished { plots: Err(e), .. } = &outcome {
+                            if let Outcome::Finished { plots: Err(e), .. } | Outcome::OnSlurm { plots: Err(e), .. } =
+                                &outcome
+                            {
                                 self.notes.push((true, format!("sweep plots not written: {e}")));
+                            }
+                            for f in self.slurm_status.iter().flat_map(|s| &s.failures) {
+                                self.notes.push((true, format!("sweep {f}")));
                             }
                             self.outcome = Some(outcome);
                         }
@@ -561,6 +793,8 @@ fn for_window(e: &EngineError) -> String {
             "choose an empty or new --out folder",
             "pick an empty or new sweep folder (Folder…)",
         )
+        .replace("or use --executor local", "or choose the Local executor")
+        .replace("give --mergescope-bin", "run the window as 'mergescope gui'")
 }
 
 /// What the progress callback has already passed on.
@@ -581,6 +815,11 @@ fn send_results(job: &SweepJob, send: &(dyn Fn(Update) + Sync)) -> Option<Vec<Va
 /// Runs the sweep, passing on progress (at most every 0.1 s, and every new stage) and the
 /// results whenever a cell finishes.
 fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Update) + Sync)) -> Result<Outcome> {
+    with_inputs(job, |inputs| work_local(job, inputs, cancel, send))
+}
+
+/// Calls `f` with the sweep's inputs.
+fn with_inputs<T>(job: &SweepJob, f: impl FnOnce(&SweepInputs<'_>) -> Result<T>) -> Result<T> {
     let tasks = benchmark_tasks(None)?;
     let (device, _) = open_device(job.device);
     let opts = ExecOptions {
@@ -596,6 +835,15 @@ fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Update) + Sync)) -> 
         out_dir: &job.folder,
         opts: &opts,
     };
+    f(&inputs)
+}
+
+fn work_local(
+    job: &SweepJob,
+    inputs: &SweepInputs<'_>,
+    cancel: &AtomicBool,
+    send: &(dyn Fn(Update) + Sync),
+) -> Result<Outcome> {
     let relay = Mutex::new(Relay {
         sent: Instant::now(),
         cells_read: None,
@@ -614,7 +862,7 @@ fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Update) + Sync)) -> 
             send(Update::Progress(p.clone()));
         }
     };
-    let outcome = run_sweep(&inputs, &progress, cancel);
+    let outcome = run_sweep(inputs, &progress, cancel);
     let last = relay.into_inner().unwrap_or_else(|e| e.into_inner()).last;
     if let Some(p) = &last {
         send(Update::Progress(p.clone()));
@@ -641,9 +889,157 @@ fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Update) + Sync)) -> 
     }
 }
 
+fn plots_of(job: &SweepJob, results: &[VariableResult]) -> std::result::Result<PathBuf, String> {
+    write_plots(&job.folder, results, PLOT_SIZE.0, PLOT_SIZE.1)
+        .map(|_| job.folder.join(PLOTS_DIR))
+        .map_err(|e| e.to_string())
+}
+
+/// Runs the sweep's missing cells as a Slurm array job (the lab's [`SlurmSweep`], as
+/// `mergescope sweep --executor slurm`), passing on the job's state and, whenever cells
+/// finish, the gathered results.
+fn work_on_slurm(
+    job: &SweepJob,
+    opts: &SlurmOptions,
+    settings: &SlurmSweepSettings,
+    cancel: &AtomicBool,
+    send: &(dyn Fn(Update) + Sync),
+) -> Result<Outcome> {
+    let started = Instant::now();
+    let sweep = with_inputs(job, |inputs| SlurmSweep::prepare(inputs, settings))
+        .map_err(|e| EngineError::Invalid(for_window(&e)))?;
+    let cells = sweep.cells();
+    let status = Mutex::new((
+        SlurmStatus {
+            cells,
+            reused: sweep.reused(),
+            done: sweep.reused(),
+            pending: sweep.todo.len(),
+            ..SlurmStatus::default()
+        },
+        sweep.reused(),
+    ));
+    let stage = |s: &SlurmStatus| SweepProgress {
+        stage: match s.jobs.last() {
+            Some(j) => format!("Slurm job {j}: {} running, {} pending", s.running, s.pending),
+            None if sweep.todo.is_empty() => "every cell is finished".to_owned(),
+            None => "submitting to Slurm".to_owned(),
+        },
+        cells_done: s.done,
+        cells,
+        steps_done: 0,
+        steps: 0,
+        elapsed: started.elapsed().as_secs_f64(),
+        eta: None,
+    };
+    {
+        let s = &status.lock().unwrap_or_else(|e| e.into_inner()).0;
+        send(Update::Progress(stage(s)));
+        send(Update::Slurm(s.clone()));
+    }
+    let progress = |p: &SlurmProgress| {
+        let mut guard = status.lock().unwrap_or_else(|e| e.into_inner());
+        let (s, base) = &mut *guard;
+        // A retry round counts its own cells: the ones finished before it are the base.
+        if s.jobs.last() != Some(&p.job) {
+            s.jobs.push(p.job.clone());
+            *base = s.done;
+        }
+        let done = *base + p.done;
+        if done != s.done
+            && let Ok((rows, _)) = sweep.gather()
+        {
+            let results = analyse(&job.spec, &rows);
+            send(Update::Results(rows, results));
+        }
+        s.done = done;
+        s.running = p.running;
+        s.pending = p.pending;
+        if let Some(e) = &p.event {
+            if e.contains("submitting it again") {
+                s.retried += 1;
+            }
+            s.events.push(e.clone());
+        }
+        send(Update::Progress(stage(s)));
+        send(Update::Slurm(s.clone()));
+    };
+    let outcome = sweep
+        .run(opts, &progress, cancel)
+        .map_err(|e| EngineError::Invalid(for_window(&e)))?;
+    let results = analyse(&job.spec, &outcome.rows);
+    send(Update::Results(outcome.rows.clone(), results.clone()));
+    let mut s = status.into_inner().unwrap_or_else(|e| e.into_inner()).0;
+    s.done = cells - outcome.missing.len();
+    s.running = 0;
+    s.pending = 0;
+    if let Some(run) = &outcome.run {
+        s.retried = run.retried;
+        s.first_result = run.first_result;
+        for j in &run.jobs {
+            if !s.jobs.contains(j) {
+                s.jobs.push(j.clone());
+            }
+        }
+    }
+    s.failures = outcome.failures();
+    send(Update::Progress(SweepProgress {
+        stage: if outcome.cancelled {
+            "cancelled".to_owned()
+        } else {
+            "finished".to_owned()
+        },
+        ..stage(&s)
+    }));
+    send(Update::Slurm(s));
+    if outcome.cancelled {
+        return Ok(Outcome::Cancelled {
+            cells_done: cells - outcome.missing.len(),
+            cells,
+        });
+    }
+    Ok(Outcome::OnSlurm {
+        cells,
+        missing: outcome.missing.len(),
+        summary: outcome.summary(),
+        plots: plots_of(job, &results),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_slurm_fields_make_the_array_jobs_options_and_name_what_is_wrong() {
+        let mut f = SlurmForm::default();
+        let o = f.options().unwrap();
+        assert_eq!(
+            (o.partition, o.time, o.gpus, o.array_parallelism),
+            (None, None, None, None)
+        );
+        assert!(o.setup.is_empty());
+        f.partition = " gpu ".into();
+        f.time = "1-00:00:00".into();
+        f.gpus_per_cell = 2;
+        f.max_parallel = 8;
+        f.setup = "module load cuda".into();
+        let o = f.options().unwrap();
+        assert_eq!(o.partition.as_deref(), Some("gpu"));
+        assert_eq!((o.gpus, o.array_parallelism), (Some(2), Some(8)));
+        assert_eq!(o.setup, ["module load cuda"]);
+        assert_eq!(f.workdir(Path::new("/s")), Path::new("/s/slurm"));
+        f.workdir = "/shared/w".into();
+        assert_eq!(f.workdir(Path::new("/s")), Path::new("/shared/w"));
+        f.time = "30 min".into();
+        let e = f.options().unwrap_err().to_string();
+        assert!(e.contains("'30 min'") && e.contains("00:30:00"), "{e}");
+        let mut x = Experiments::new(PathBuf::from("/tmp/sweeps"));
+        x.set_executor(ExecutorKind::Slurm);
+        assert_eq!(x.slurm_warning, sbatch_missing());
+        x.set_executor(ExecutorKind::Local);
+        assert_eq!(x.slurm_warning, None);
+    }
 
     #[test]
     fn grids_parse_from_text_and_name_the_field_that_does_not() {

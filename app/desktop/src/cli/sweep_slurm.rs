@@ -11,11 +11,13 @@ use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::Benchmark;
-use mergescope_lab::grid::slurm::{SlurmGrid, SlurmOptions, SlurmProgress, run_array, sbatch_script};
-use mergescope_lab::scaling::sweep::executor::{SweepGrid, SweepJob, write_cell_result};
+use mergescope_lab::grid::slurm::{SlurmOptions, SlurmProgress};
+use mergescope_lab::scaling::sweep::executor::{
+    SlurmSweep, SlurmSweepSettings, SweepJob, mergescope_env, write_cell_result,
+};
 use mergescope_lab::scaling::sweep::run::SPEC_FILE;
 use mergescope_lab::scaling::sweep::store::Row;
-use mergescope_lab::scaling::sweep::{SweepInputs, SweepProgress, SweepSpec, prepare_cells, run_one_cell};
+use mergescope_lab::scaling::sweep::{SweepInputs, SweepProgress, SweepSpec, run_one_cell};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -109,7 +111,8 @@ pub struct SlurmRun<'a> {
     pub draw: &'a dyn Fn(&[Row]) -> anyhow::Result<()>,
 }
 
-/// Runs the sweep `inputs` on Slurm: submits its missing cells, watches them, gathers the rows.
+/// Runs the sweep `inputs` on Slurm: submits its missing cells, watches them, gathers the rows
+/// (the work is the lab's [`SlurmSweep`]; this prints it).
 pub fn run(r: &SlurmRun<'_>, inputs: &SweepInputs<'_>, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
     let SlurmRun {
         args: a,
@@ -120,142 +123,75 @@ pub fn run(r: &SlurmRun<'_>, inputs: &SweepInputs<'_>, cancel: &AtomicBool) -> a
         draw,
     } = *r;
     let opts = options(a)?;
-    let keys = prepare_cells(inputs)?;
-    let out = absolute(inputs.out_dir)?;
-    let workdir = absolute(&a.workdir.clone().unwrap_or_else(|| out.join("slurm")))?;
-    let job = SweepJob {
-        out_dir: out.clone(),
-        workdir: workdir.clone(),
-        benchmark: absolute(&inputs.bench.dir)?,
-        plugin_dirs: plugin_dirs.iter().map(|p| absolute(p)).collect::<anyhow::Result<_>>()?,
-        device: device.to_owned(),
-        cells: keys.clone(),
-    };
-    let files = job.files();
-    let grid = SweepGrid::open(&out, keys, files)?;
-    let todo = grid.todo();
-    let reused = grid.len() - todo.len();
     let bin = match &a.mergescope_bin {
         Some(b) => absolute(b)?,
         None => std::env::current_exe().context("cannot find this executable's path: give --mergescope-bin")?,
     };
-    let job_path = workdir.join(mergescope_lab::scaling::sweep::executor::JOB_FILE);
-    let state = |i: usize| grid.state(i);
-    let slurm_grid = SlurmGrid {
-        workdir: &workdir,
-        command: vec![
-            bin.to_string_lossy().into_owned(),
-            "sweep".into(),
-            "run-cell".into(),
-            job_path.to_string_lossy().into_owned(),
-        ],
-        // What locates data, plugins and caches travels with the job.
-        env: std::env::vars().filter(|(k, _)| k.starts_with("MERGESCOPE_")).collect(),
-        state: &state,
+    let settings = SlurmSweepSettings {
+        workdir: a.workdir.clone(),
+        bin,
+        plugin_dirs: plugin_dirs.to_vec(),
+        device: device.to_owned(),
+        env: mergescope_env(),
     };
+    let sweep = SlurmSweep::prepare(inputs, &settings)?;
+    let cells = sweep.cells();
     if a.dry_run {
-        job.write()?;
-        if todo.is_empty() {
-            eprintln!("all {} cells are finished: nothing to submit", grid.len());
+        let script = sweep.dry_run(&opts)?;
+        if sweep.todo.is_empty() {
+            eprintln!("all {cells} cells are finished: nothing to submit");
         } else {
             eprintln!(
-                "{} of {} cells to submit (job file {}); the script sbatch would get:",
-                todo.len(),
-                grid.len(),
-                job_path.display()
+                "{} of {cells} cells to submit (job file {}); the script sbatch would get:",
+                sweep.todo.len(),
+                sweep.job_path().display()
             );
-            print!("{}", sbatch_script(&opts, &slurm_grid, &todo));
+            print!("{script}");
         }
         return Ok(ExitCode::SUCCESS);
     }
     eprintln!(
         "sweep '{name}' into {} on Slurm (work folder {})",
-        out.display(),
-        workdir.display()
+        sweep.job.out_dir.display(),
+        sweep.job.workdir.display()
     );
-    let outcome = if todo.is_empty() {
-        None
-    } else {
-        job.write()?;
-        let bar = super::progress_bar(quiet);
-        let progress = |p: &SlurmProgress| {
-            if let Some(e) = &p.event {
-                bar.suspend(|| eprintln!("{e}"));
-            }
-            let done = reused + p.done;
-            bar.set_position((done * 1000 / grid.len().max(1)) as u64);
-            bar.set_message(format!(
-                "{done}/{} cells (job {}: {} running, {} pending)",
-                grid.len(),
-                p.job,
-                p.running,
-                p.pending
-            ));
-        };
-        let r = run_array(&opts, &slurm_grid, &todo, &progress, cancel);
-        bar.finish_and_clear();
-        Some(r)
-    };
-    let (rows, missing) = grid.gather()?;
-    let results = out.join(mergescope_lab::scaling::sweep::run::RESULTS_FILE);
-    let outcome = match outcome {
-        None => {
-            eprintln!(
-                "all {} cells were finished already -> {}",
-                grid.len(),
-                results.display()
-            );
-            draw(&rows)?;
-            return Ok(ExitCode::SUCCESS);
+    let reused = sweep.reused();
+    let bar = super::progress_bar(quiet || sweep.todo.is_empty());
+    let progress = |p: &SlurmProgress| {
+        if let Some(e) = &p.event {
+            bar.suspend(|| eprintln!("{e}"));
         }
-        Some(Err(EngineError::Cancelled)) => {
-            eprintln!(
-                "cancelled (the array job was cancelled): {} of {} cells are in {}; run the same command again to resume",
-                grid.len() - missing.len(),
-                grid.len(),
-                results.display()
-            );
-            return Ok(ExitCode::from(130));
-        }
-        Some(Err(e)) => return Err(e.into()),
-        Some(Ok(o)) => o,
+        let done = reused + p.done;
+        bar.set_position((done * 1000 / cells.max(1)) as u64);
+        bar.set_message(format!(
+            "{done}/{cells} cells (job {}: {} running, {} pending)",
+            p.job, p.running, p.pending
+        ));
     };
-    eprintln!(
-        "{} cells ({reused} reused from an earlier run, {} run in Slurm job{} {}{}) -> {}",
-        grid.len(),
-        outcome.submitted.len(),
-        if outcome.jobs.len() == 1 { "" } else { "s" },
-        outcome.jobs.join(", "),
-        if outcome.retried > 0 {
-            format!(", {} resubmitted after the scheduler killed them", outcome.retried)
-        } else {
-            String::new()
-        },
-        results.display()
-    );
-    if let Some(s) = outcome.first_result {
+    let outcome = sweep.run(&opts, &progress, cancel);
+    bar.finish_and_clear();
+    let outcome = outcome?;
+    eprintln!("{}", outcome.summary());
+    if outcome.cancelled {
+        return Ok(ExitCode::from(130));
+    }
+    let Some(run) = &outcome.run else {
+        draw(&outcome.rows)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    if let Some(s) = run.first_result {
         eprintln!("first cell result {s:.1} s after submission");
     }
-    for f in &outcome.failed {
-        let what = f.error.as_deref().unwrap_or("no result and no error written");
-        eprintln!(
-            "cell {} ({}) failed: {} after {} tr{}: {what}\n  log: {}",
-            f.index,
-            job.cells.get(f.index).map_or("?", String::as_str),
-            f.state,
-            f.tries,
-            if f.tries == 1 { "y" } else { "ies" },
-            f.log.display()
-        );
+    for f in outcome.failures() {
+        eprintln!("{f}");
     }
-    draw(&rows)?;
-    if missing.is_empty() {
+    draw(&outcome.rows)?;
+    if outcome.missing.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
         eprintln!(
-            "{} of {} cells have no result; fix what their logs say and run the same command again: only they are submitted",
-            missing.len(),
-            grid.len()
+            "{} of {cells} cells have no result; fix what their logs say and run the same command again: only they are submitted",
+            outcome.missing.len(),
         );
         Ok(ExitCode::FAILURE)
     }

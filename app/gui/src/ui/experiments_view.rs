@@ -1,10 +1,11 @@
 //! The Experiments window: a fine-tuning sweep (seed 002) specified in a compact form, run
 //! off the UI thread with progress, Cancel and Resume, and its scaling plots filling in as
 //! cells finish: accuracy and loss per swept variable with standard-error bars, the fitted
-//! laws, and the paper's prediction with each method's verdict.
+//! laws, and the paper's prediction with each method's verdict. The cells run here or on a
+//! Slurm cluster (the Executor choice), whose job the window follows.
 
 use crate::document::{Document, Level};
-use crate::experiments::short_label;
+use crate::experiments::{ExecutorKind, SlurmStatus, short_label};
 use crate::text::time_text;
 use crate::ui::{dialogs, figure_view};
 use egui::{Context, RichText, Ui};
@@ -53,12 +54,15 @@ fn installed(doc: &Document) -> Vec<String> {
     doc.registry.plugins.iter().map(|p| p.id().to_owned()).collect()
 }
 
-/// The specification: preset, benchmark, folder, TOML, hyperparameters, evaluation, methods.
+/// The specification: preset, benchmark, folder, TOML, executor, hyperparameters, evaluation,
+/// methods.
 fn form_ui(ui: &mut Ui, doc: &mut Document) {
     let running = doc.experiments.running();
     ui.add_enabled_ui(!running, |ui| {
         let before = doc.experiments.spec.clone();
         source_ui(ui, doc);
+        ui.separator();
+        executor_ui(ui, doc);
         ui.separator();
         hyper_ui(ui, doc);
         ui.separator();
@@ -402,6 +406,116 @@ fn methods_ui(ui: &mut Ui, doc: &mut Document) {
     }
 }
 
+/// A labelled single-line text field of the Slurm form.
+fn text_field(ui: &mut Ui, label: &str, value: &mut String, hint: &str, hover: &str) {
+    let l = ui.label(label);
+    ui.add(egui::TextEdit::singleline(value).hint_text(hint).desired_width(200.0))
+        .labelled_by(l.id)
+        .on_hover_text(hover);
+    ui.end_row();
+}
+
+/// Where the cells run: here, or as one Slurm array job with its options.
+fn executor_ui(ui: &mut Ui, doc: &mut Document) {
+    let e = &mut doc.experiments;
+    ui.horizontal(|ui| {
+        ui.label(RichText::new("Executor").strong());
+        let mut kind = e.executor;
+        ui.radio_value(&mut kind, ExecutorKind::Local, "Local")
+            .on_hover_text("The cells run in this process, one after another");
+        ui.radio_value(&mut kind, ExecutorKind::Slurm, "Slurm")
+            .on_hover_text("The missing cells run as one Slurm array job, a task per cell (docs/slurm.md)");
+        if kind != e.executor {
+            e.set_executor(kind);
+        }
+    });
+    if e.executor != ExecutorKind::Slurm {
+        return;
+    }
+    let f = &mut e.slurm;
+    egui::Grid::new("sweep-slurm")
+        .num_columns(2)
+        .spacing([8.0, 4.0])
+        .show(ui, |ui| {
+            text_field(
+                ui,
+                "partition",
+                &mut f.partition,
+                "cluster default",
+                "sbatch --partition",
+            );
+            text_field(
+                ui,
+                "time limit",
+                &mut f.time,
+                "partition's limit",
+                "Per cell, as sbatch takes it: 00:30:00 or 1-00:00:00",
+            );
+            let l = ui.label("CPUs per cell");
+            ui.add(egui::DragValue::new(&mut f.cpus_per_cell).range(1..=256))
+                .labelled_by(l.id)
+                .on_hover_text("sbatch --cpus-per-task; also the cell's thread count");
+            ui.end_row();
+            let l = ui.label("GPUs per cell");
+            ui.add(egui::DragValue::new(&mut f.gpus_per_cell).range(0..=16))
+                .labelled_by(l.id)
+                .on_hover_text("--gres=gpu:G; 0: none (pick the CUDA device for the cells to use them)");
+            ui.end_row();
+            let l = ui.label("max parallel cells");
+            ui.add(egui::DragValue::new(&mut f.max_parallel).range(0..=10_000))
+                .labelled_by(l.id)
+                .on_hover_text("--array=…%K; 0: as many as the cluster gives");
+            ui.end_row();
+            text_field(
+                ui,
+                "work folder",
+                &mut f.workdir,
+                "<sweep folder>/slurm",
+                "Job file, batch script, logs and cell results; every node must see it at the same path",
+            );
+            text_field(
+                ui,
+                "setup line",
+                &mut f.setup,
+                "e.g. module load cuda",
+                "A shell line each cell runs first",
+            );
+        });
+    if let Some(w) = &e.slurm_warning {
+        ui.label(RichText::new(w).color(ui.visuals().warn_fg_color).small());
+    }
+    if let Err(why) = e.slurm.options() {
+        ui.label(
+            RichText::new(why.to_string())
+                .color(ui.visuals().error_fg_color)
+                .small(),
+        );
+    }
+}
+
+/// The Slurm job's state: its ids, cells done, running, pending and retried, the executor's
+/// events, and at the end the cells that failed with their state, error and log.
+fn slurm_status_ui(ui: &mut Ui, s: &SlurmStatus) {
+    let jobs = if s.jobs.is_empty() {
+        "not submitted yet".to_owned()
+    } else {
+        format!("job{} {}", if s.jobs.len() == 1 { "" } else { "s" }, s.jobs.join(", "))
+    };
+    ui.label(RichText::new(format!(
+        "Slurm {jobs}: {} / {} cells done ({} reused), {} running, {} pending, {} retried",
+        s.done, s.cells, s.reused, s.running, s.pending, s.retried
+    )));
+    if let Some(t) = s.first_result {
+        ui.label(RichText::new(format!("first cell result {t:.1} s after submission")).weak());
+    }
+    for e in s.events.iter().rev().take(4).rev() {
+        ui.label(RichText::new(e).weak().small());
+    }
+    for f in &s.failures {
+        ui.label(RichText::new(f).color(ui.visuals().error_fg_color).small());
+    }
+}
+
 /// Run, Resume, Cancel, the progress, and how the last sweep ended.
 fn run_ui(ui: &mut Ui, doc: &mut Document) {
     let ids = installed(doc);
@@ -424,7 +538,9 @@ fn run_ui(ui: &mut Ui, doc: &mut Document) {
         }
         if ui
             .add_enabled(running, egui::Button::new("■ Cancel"))
-            .on_hover_text("Stop after the current step; the finished cells stay in the folder")
+            .on_hover_text(
+                "Stop after the current step (on Slurm: cancel the array job); the finished cells stay in the folder",
+            )
             .clicked()
         {
             doc.experiments.cancel();
@@ -445,6 +561,9 @@ fn run_ui(ui: &mut Ui, doc: &mut Document) {
             ui.label(RichText::new(format!("{} / {} cells", p.cells_done, p.cells)).strong());
             ui.label(RichText::new(time_text(p.elapsed, p.eta.filter(|_| running))).weak());
         });
+    }
+    if let Some(s) = &e.slurm_status {
+        slurm_status_ui(ui, s);
     }
     if let Some(o) = &e.outcome {
         ui.label(RichText::new(o.text()).weak());

@@ -2,14 +2,16 @@
 //! file a cell reads on its node, each cell's rows in its own result file, and the gathering of
 //! every finished cell into the results file, in the order the local executor writes it.
 
-use super::run::{CellRun, RESULTS_FILE, rows_per_cell};
+use super::run::{CellRun, RESULTS_FILE, SweepInputs, prepare_cells, rows_per_cell};
 use super::store::{ResultsFile, Row, parse_rows, rows_text, write_rows};
+use crate::grid::slurm::{CellFailure, SlurmGrid, SlurmOptions, SlurmOutcome, SlurmProgress, run_array, sbatch_script};
 use crate::grid::{CellFiles, CellState};
 use mergescope_engine::error::{EngineError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
 
 /// The job file's name in the work folder.
 pub const JOB_FILE: &str = "grid.json";
@@ -171,6 +173,245 @@ impl SweepGrid {
     }
 }
 
+/// Where and how a sweep's cells run on Slurm, besides the [`SlurmOptions`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SlurmSweepSettings {
+    /// Shared folder for the job file, batch script, logs and cell results (default:
+    /// `<sweep folder>/slurm`); every node must see it at the same path.
+    pub workdir: Option<PathBuf>,
+    /// The `mergescope` binary the compute nodes run.
+    pub bin: PathBuf,
+    /// Plugin folders the cells search besides the standard ones.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// `cpu`, `cuda` or `metal`, for the cells.
+    pub device: String,
+    /// Environment the cells get (exported by the batch script).
+    pub env: Vec<(String, String)>,
+}
+
+/// The `MERGESCOPE_*` variables of this process: what locates data, plugins and caches, which
+/// travels with the job.
+pub fn mergescope_env() -> Vec<(String, String)> {
+    std::env::vars().filter(|(k, _)| k.starts_with("MERGESCOPE_")).collect()
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).map_err(|e| EngineError::io("cannot make absolute", p, e))
+}
+
+/// A sweep made ready for the Slurm executor: its cells planned, the finished ones found.
+pub struct SlurmSweep {
+    /// The job file's contents.
+    pub job: SweepJob,
+    grid: SweepGrid,
+    /// The cells still to run.
+    pub todo: Vec<usize>,
+    command: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+/// What a sweep on Slurm came to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlurmSweepOutcome {
+    /// Cells in the sweep.
+    pub cells: usize,
+    /// Cells finished before this run.
+    pub reused: usize,
+    /// What the executor did; `None` when every cell was finished already.
+    pub run: Option<SlurmOutcome>,
+    /// Whether the run was cancelled (the array job then was too).
+    pub cancelled: bool,
+    /// The results file the rows were gathered into.
+    pub results: PathBuf,
+    /// Every finished cell's rows, in the cells' order.
+    pub rows: Vec<Row>,
+    /// The cells without a result.
+    pub missing: Vec<usize>,
+    /// Every cell's key, by index.
+    pub keys: Vec<String>,
+}
+
+impl SlurmSweepOutcome {
+    /// The line saying how many cells ran where, as `mergescope sweep` prints it.
+    pub fn summary(&self) -> String {
+        let Some(o) = &self.run else {
+            return format!(
+                "all {} cells were finished already -> {}",
+                self.cells,
+                self.results.display()
+            );
+        };
+        if self.cancelled {
+            return format!(
+                "cancelled (the array job was cancelled): {} of {} cells are in {}; run the same command again to resume",
+                self.cells - self.missing.len(),
+                self.cells,
+                self.results.display()
+            );
+        }
+        format!(
+            "{} cells ({} reused from an earlier run, {} run in Slurm job{} {}{}) -> {}",
+            self.cells,
+            self.reused,
+            o.submitted.len(),
+            if o.jobs.len() == 1 { "" } else { "s" },
+            o.jobs.join(", "),
+            if o.retried > 0 {
+                format!(", {} resubmitted after the scheduler killed them", o.retried)
+            } else {
+                String::new()
+            },
+            self.results.display()
+        )
+    }
+
+    /// What became of a cell that did not finish: its key, Slurm state, tries, error and log.
+    pub fn failure_text(&self, f: &CellFailure) -> String {
+        let what = f.error.as_deref().unwrap_or("no result and no error written");
+        format!(
+            "cell {} ({}) failed: {} after {} tr{}: {what}\n  log: {}",
+            f.index,
+            self.keys.get(f.index).map_or("?", String::as_str),
+            f.state,
+            f.tries,
+            if f.tries == 1 { "y" } else { "ies" },
+            f.log.display()
+        )
+    }
+
+    /// The cells that failed, as [`Self::failure_text`] says them.
+    pub fn failures(&self) -> Vec<String> {
+        self.run
+            .iter()
+            .flat_map(|o| &o.failed)
+            .map(|f| self.failure_text(f))
+            .collect()
+    }
+}
+
+impl SlurmSweep {
+    /// Plans the cells of `inputs` (preparing the sweep folder) and finds the finished ones.
+    pub fn prepare(inputs: &SweepInputs<'_>, settings: &SlurmSweepSettings) -> Result<SlurmSweep> {
+        let keys = prepare_cells(inputs)?;
+        let out = absolute(inputs.out_dir)?;
+        let workdir = absolute(&settings.workdir.clone().unwrap_or_else(|| out.join("slurm")))?;
+        let job = SweepJob {
+            out_dir: out.clone(),
+            workdir,
+            benchmark: absolute(&inputs.bench.dir)?,
+            plugin_dirs: settings
+                .plugin_dirs
+                .iter()
+                .map(|p| absolute(p))
+                .collect::<Result<_>>()?,
+            device: settings.device.clone(),
+            cells: keys.clone(),
+        };
+        let grid = SweepGrid::open(&out, keys, job.files())?;
+        let todo = grid.todo();
+        let bin = absolute(&settings.bin)?;
+        let command = vec![
+            bin.to_string_lossy().into_owned(),
+            "sweep".into(),
+            "run-cell".into(),
+            job.workdir.join(JOB_FILE).to_string_lossy().into_owned(),
+        ];
+        Ok(SlurmSweep {
+            job,
+            grid,
+            todo,
+            command,
+            env: settings.env.clone(),
+        })
+    }
+
+    /// Cells in the sweep.
+    pub fn cells(&self) -> usize {
+        self.grid.len()
+    }
+
+    /// Cells finished before any executor ran.
+    pub fn reused(&self) -> usize {
+        self.grid.len() - self.todo.len()
+    }
+
+    /// The job file's path.
+    pub fn job_path(&self) -> PathBuf {
+        self.job.workdir.join(JOB_FILE)
+    }
+
+    fn with_grid<T>(&self, f: impl FnOnce(&SlurmGrid<'_>) -> T) -> T {
+        let state = |i: usize| self.grid.state(i);
+        let g = SlurmGrid {
+            workdir: &self.job.workdir,
+            command: self.command.clone(),
+            env: self.env.clone(),
+            state: &state,
+        };
+        f(&g)
+    }
+
+    /// Writes every finished cell's rows to the results file now (while the job runs, for
+    /// plots that fill in); returns the rows and the cells missing.
+    pub fn gather(&self) -> Result<(Vec<Row>, Vec<usize>)> {
+        self.grid.gather()
+    }
+
+    /// Writes the job file and returns the batch script of the cells still to run (submits
+    /// nothing).
+    pub fn dry_run(&self, opts: &SlurmOptions) -> Result<String> {
+        self.job.write()?;
+        Ok(self.with_grid(|g| sbatch_script(opts, g, &self.todo)))
+    }
+
+    /// Submits the cells still to run as one array job, watches it (`progress` hears each
+    /// poll; `cancel` cancels the job), and gathers every finished cell's rows into the
+    /// results file. A cancelled run is an outcome, not an error.
+    pub fn run(
+        &self,
+        opts: &SlurmOptions,
+        progress: &dyn Fn(&SlurmProgress),
+        cancel: &AtomicBool,
+    ) -> Result<SlurmSweepOutcome> {
+        let ran = if self.todo.is_empty() {
+            None
+        } else {
+            self.job.write()?;
+            Some(self.with_grid(|g| run_array(opts, g, &self.todo, progress, cancel)))
+        };
+        let gathered = self.grid.gather();
+        let (run, cancelled) = match ran {
+            None => (None, false),
+            Some(Ok(o)) => (Some(o), false),
+            Some(Err(EngineError::Cancelled)) => (Some(SlurmOutcome::default()), true),
+            Some(Err(e)) => return Err(e),
+        };
+        let (rows, missing) = gathered?;
+        Ok(SlurmSweepOutcome {
+            cells: self.grid.len(),
+            reused: self.reused(),
+            run,
+            cancelled,
+            results: self.job.out_dir.join(RESULTS_FILE),
+            rows,
+            missing,
+            keys: self.job.cells.clone(),
+        })
+    }
+}
+
+/// Runs the sweep `inputs` on Slurm: its missing cells as one array job running
+/// `settings.bin sweep run-cell`, watched until done (see [`SlurmSweep::run`]).
+pub fn run_on_slurm(
+    inputs: &SweepInputs<'_>,
+    opts: &SlurmOptions,
+    settings: &SlurmSweepSettings,
+    progress: &dyn Fn(&SlurmProgress),
+    cancel: &AtomicBool,
+) -> Result<SlurmSweepOutcome> {
+    SlurmSweep::prepare(inputs, settings)?.run(opts, progress, cancel)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +464,49 @@ mod tests {
         assert_eq!(gathered, [rows[0].clone(), rows[2].clone(), rows[3].clone()]);
         let text = std::fs::read_to_string(dir.path().join(RESULTS_FILE)).unwrap();
         assert_eq!(text, rows_text(&gathered));
+    }
+
+    /// The lines the CLI prints and the window shows, for each way a run ends.
+    #[test]
+    fn an_outcome_says_what_ran_where_and_why_cells_failed() {
+        let mut o = SlurmSweepOutcome {
+            cells: 4,
+            reused: 1,
+            run: None,
+            cancelled: false,
+            results: PathBuf::from("/s/results.csv"),
+            rows: vec![],
+            missing: vec![],
+            keys: vec!["a".into(), "b".into(), "c".into(), "d".into()],
+        };
+        assert_eq!(o.summary(), "all 4 cells were finished already -> /s/results.csv");
+        o.run = Some(SlurmOutcome {
+            jobs: vec!["7".into(), "8".into()],
+            submitted: vec![1, 2, 3],
+            retried: 1,
+            failed: vec![CellFailure {
+                index: 2,
+                state: "FAILED".into(),
+                error: Some("bad lambda".into()),
+                log: PathBuf::from("/w/logs/cell-2.7.log"),
+                tries: 1,
+            }],
+            first_result: Some(0.5),
+        });
+        o.missing = vec![2];
+        assert_eq!(
+            o.summary(),
+            "4 cells (1 reused from an earlier run, 3 run in Slurm jobs 7, 8, 1 resubmitted after the scheduler killed them) -> /s/results.csv"
+        );
+        assert_eq!(
+            o.failures(),
+            ["cell 2 (c) failed: FAILED after 1 try: bad lambda\n  log: /w/logs/cell-2.7.log"]
+        );
+        o.cancelled = true;
+        assert!(
+            o.summary()
+                .starts_with("cancelled (the array job was cancelled): 3 of 4 cells are in")
+        );
     }
 
     #[test]
