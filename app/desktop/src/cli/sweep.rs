@@ -190,15 +190,15 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         device,
         ..ExecOptions::default()
     };
+    let inputs = SweepInputs {
+        spec: &spec,
+        bench: &bench,
+        tasks: &tasks,
+        plugins: &plugins,
+        out_dir: &out,
+        opts: &opts,
+    };
     if executor == ExecutorKind::Slurm {
-        let inputs = SweepInputs {
-            spec: &spec,
-            bench: &bench,
-            tasks: &tasks,
-            plugins: &plugins,
-            out_dir: &out,
-            opts: &opts,
-        };
         let draw = |rows: &[Row]| plots(&out, &spec, Some(rows), wh);
         let run = super::sweep_slurm::SlurmRun {
             args: &args.slurm,
@@ -217,14 +217,6 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         bar.set_message(format!("{}/{} cells{eta}: {}", p.cells_done, p.cells, p.stage));
     };
     eprintln!("sweep '{}' into {}", name, out.display());
-    let inputs = SweepInputs {
-        spec: &spec,
-        bench: &bench,
-        tasks: &tasks,
-        plugins: &plugins,
-        out_dir: &out,
-        opts: &opts,
-    };
     let outcome = run_sweep(&inputs, &progress, cancel);
     bar.finish_and_clear();
     match outcome {
