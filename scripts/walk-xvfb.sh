@@ -11,7 +11,9 @@
 #
 #   scripts/walk-xvfb.sh [OUTDIR]        (default OUTDIR: docs/screenshots/walk)
 #
-# Environment: MERGESCOPE_BIN (default: the newer of target/release and target/debug).
+# Environment: MERGESCOPE_BIN (default: the newer of target/release and target/debug). Build
+# with `cargo build` first: the window loads the plugin libraries beside its binary (a plain
+# `cargo test` leaves them in target/debug/deps, and the walk then fails at its first check).
 # Needs the Debian packages xvfb, x11-apps (xwd), imagemagick, xdotool, zenity,
 # mesa-vulkan-drivers and libvulkan1. Clicks are at positions in a 1360×820 window with the
 # default font: if the layout changes, a step fails naming what it did not find; read the
