@@ -5,7 +5,8 @@
 //!   SGD/AdamW training.
 //! - [`evaluator`]: the one evaluation door (the `Evaluator` trait, the demo benchmark's and an
 //!   external command's, suites, and the differentiable calibration side), chosen by
-//!   [`evaluate::open`]; [`demo`]: cached benchmark builds.
+//!   [`evaluate::open`]; [`demo`]: cached benchmark builds; [`text_bench`]: the text benchmark
+//!   on a pretrained MiniLM (five registry-shipped text tasks, fine-tuned experts, a suite).
 //! - [`session`]: the host side of model-level methods (ABI 1.1) over a benchmark's tasks;
 //!   [`model_merge`]: such merges of checkpoint files, with their trajectories.
 //! - [`run`]: the one merge door (per-tensor or model-level by the plugin's kind).
@@ -26,6 +27,7 @@ pub mod run;
 pub mod scaling;
 pub mod search;
 pub mod session;
+pub mod text_bench;
 pub mod train;
 
 pub use mergescope_engine::{EngineError, Result};

@@ -123,6 +123,11 @@ impl Optimizer {
         })
     }
 
+    /// Sets the learning rate of the next steps (for a schedule such as a warm-up).
+    pub fn set_lr(&mut self, lr: f64) {
+        self.cfg.lr = lr;
+    }
+
     /// One update from the gradients of the last backward pass (variables without a gradient
     /// are left alone).
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {

@@ -11,16 +11,29 @@ use mergescope_lab::nn::Arch;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+#[path = "demo_text.rs"]
+mod text;
+
 #[derive(Subcommand, Debug)]
 pub enum DemoCommand {
     /// Build base, heads and one expert per task (cached: later runs reuse the build).
-    Build(BuildArgs),
+    Build(Box<BuildArgs>),
     /// List the built demo benchmarks with their per-task accuracies.
     List,
 }
 
 #[derive(Args, Debug)]
 pub struct BuildArgs {
+    /// Which benchmark: `image` (the seven 28×28 tasks on a small backbone trained here) or
+    /// `text` (five text tasks on a pretrained all-MiniLM-L6-v2; needs --backbone).
+    #[arg(long, default_value = "image", value_parser = ["image", "text"])]
+    pub benchmark: String,
+    /// The text benchmark's pretrained backbone: a Hugging Face BERT folder
+    /// (scripts/fetch-minilm.sh puts all-MiniLM-L6-v2 in ~/.cache/mergescope/all-minilm-l6-v2).
+    #[arg(long, value_name = "DIR")]
+    pub backbone: Option<PathBuf>,
+    #[command(flatten)]
+    pub text: text::TextArgs,
     /// Backbone architecture: mlp, cnn, vit, or all.
     #[arg(long, default_value = "cnn")]
     pub arch: String,
@@ -57,6 +70,7 @@ pub fn run(command: DemoCommand) -> anyhow::Result<ExitCode> {
                     Some(why) => println!("outdated: {why}"),
                 }
             }
+            text::list_text_builds()?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -72,6 +86,12 @@ fn archs(s: &str) -> anyhow::Result<Vec<Arch>> {
 }
 
 fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
+    if args.benchmark == "text" {
+        return text::run_text_build(args);
+    }
+    if args.backbone.is_some() || args.text.is_set() {
+        anyhow::bail!("--backbone and the --text-* options are for the text benchmark: add --benchmark text");
+    }
     let archs = archs(&args.arch)?;
     if args.out.is_some() && archs.len() > 1 {
         anyhow::bail!("--out takes one architecture; pass --arch mlp, cnn or vit");

@@ -1,0 +1,194 @@
+//! `mergescope demo build --benchmark text --backbone DIR`: the text benchmark on a pretrained
+//! BERT-family backbone (mergescope_lab::text_bench), built into the cache or --out.
+
+use super::BuildArgs;
+use anyhow::Context as _;
+use clap::Args;
+use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_lab::demo::BuildProgress;
+use mergescope_lab::text_bench::{TextBenchmark, TextRecipe, build_text, builtin_tasks, text_demo_dir};
+
+/// Options of the text benchmark's recipe (defaults: `TextRecipe::default_for`).
+#[derive(Args, Debug, Default)]
+pub struct TextArgs {
+    /// Text benchmark: fine-tuning steps per expert.
+    #[arg(long, value_name = "N")]
+    pub text_steps: Option<usize>,
+    /// Text benchmark: peak learning rate of the experts.
+    #[arg(long, value_name = "LR")]
+    pub text_lr: Option<f64>,
+    /// Text benchmark: examples per fine-tuning step.
+    #[arg(long, value_name = "N")]
+    pub text_batch: Option<usize>,
+    /// Text benchmark: tokens kept per example (at most 128).
+    #[arg(long, value_name = "N")]
+    pub text_max_length: Option<usize>,
+    /// Text benchmark: train each linear probe on this many examples per class, or `all` for
+    /// the whole train split (default: 10).
+    #[arg(long, value_name = "N|all")]
+    pub text_head_shots: Option<String>,
+    /// Text benchmark: keep at most N train examples per task (a quick, reduced build).
+    #[arg(long, value_name = "N")]
+    pub text_max_train: Option<usize>,
+    /// Text benchmark: keep at most N calibration and N test examples per task.
+    #[arg(long, value_name = "N")]
+    pub text_max_eval: Option<usize>,
+    /// Text benchmark: only these tasks (comma-separated).
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    pub text_tasks: Vec<String>,
+}
+
+impl TextArgs {
+    /// Whether any text option was given.
+    pub fn is_set(&self) -> bool {
+        self.text_steps.is_some()
+            || self.text_lr.is_some()
+            || self.text_batch.is_some()
+            || self.text_max_length.is_some()
+            || self.text_head_shots.is_some()
+            || self.text_max_train.is_some()
+            || self.text_max_eval.is_some()
+            || !self.text_tasks.is_empty()
+    }
+
+    fn recipe(&self, seed: u64) -> anyhow::Result<TextRecipe> {
+        let mut r = TextRecipe::default_for(seed);
+        if let Some(n) = self.text_steps {
+            r.expert_steps = n;
+            r.warmup_steps = r.warmup_steps.min(n / 10);
+        }
+        if let Some(lr) = self.text_lr {
+            r.lr = lr;
+        }
+        if let Some(b) = self.text_batch {
+            r.batch_size = b;
+        }
+        if let Some(n) = self.text_max_length {
+            r.max_length = n;
+        }
+        match self.text_head_shots.as_deref() {
+            None => {}
+            Some("all") => r.head_shots = None,
+            Some(n) => {
+                r.head_shots = Some(n.parse().ok().filter(|n| *n > 0).with_context(|| {
+                    format!("--text-head-shots '{n}': give a number of examples per class (1 or more) or `all`")
+                })?)
+            }
+        }
+        r.max_train = self.text_max_train.or(r.max_train);
+        r.max_eval = self.text_max_eval.or(r.max_eval);
+        Ok(r)
+    }
+}
+
+pub fn run_text_build(args: &BuildArgs) -> anyhow::Result<std::process::ExitCode> {
+    let backbone = args.backbone.as_deref().context(
+        "--benchmark text needs --backbone DIR: the all-MiniLM-L6-v2 folder (run scripts/fetch-minilm.sh, then pass --backbone ~/.cache/mergescope/all-minilm-l6-v2)",
+    )?;
+    if args.arch != "cnn" || args.data.is_some() {
+        anyhow::bail!("--arch and --data are for the image benchmark; the text benchmark takes --backbone");
+    }
+    let mut tasks = builtin_tasks()?;
+    if !args.text.text_tasks.is_empty() {
+        let known: Vec<String> = tasks.iter().map(|t| t.name.clone()).collect();
+        if let Some(bad) = args.text.text_tasks.iter().find(|n| !known.contains(n)) {
+            anyhow::bail!(
+                "--text-tasks: unknown task '{bad}'; the text tasks are {}",
+                known.join(", ")
+            );
+        }
+        tasks.retain(|t| args.text.text_tasks.contains(&t.name));
+    }
+    let recipe = args.text.recipe(args.seed)?;
+    let dir = match &args.out {
+        Some(d) => d.clone(),
+        None => text_demo_dir(args.seed)?,
+    };
+    if let Ok(b) = TextBenchmark::open(&dir)
+        && b.is_current()
+        && b.manifest.recipe == recipe
+        && !args.force
+    {
+        eprintln!("text: already built in '{}' (--force rebuilds it)", dir.display());
+        print_text(&b);
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    if dir.exists() && !args.force && TextBenchmark::open(&dir).is_err() {
+        anyhow::bail!(
+            "'{}' exists and is not a text benchmark; choose another --out or pass --force to replace it (nothing was written)",
+            dir.display()
+        );
+    }
+    let (device, _) = open_device(DeviceChoice::Cpu);
+    let cancel = super::super::cancel_on_ctrl_c();
+    let bar = super::super::progress_bar(args.quiet);
+    let mut on_progress = |p: &BuildProgress| {
+        bar.set_length(p.total as u64);
+        bar.set_position(p.done as u64);
+        let loss = p.loss.map(|l| format!(" loss {l:.3}")).unwrap_or_default();
+        bar.set_message(format!("text: {}{loss}", p.stage));
+    };
+    let clock = std::time::Instant::now();
+    let built = build_text(backbone, &tasks, &recipe, &dir, &device, &mut on_progress, cancel);
+    bar.finish_and_clear();
+    let b = built?;
+    eprintln!("text: built in {:.0} s", clock.elapsed().as_secs_f64());
+    print_text(&b);
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Prints the text benchmarks built in the cache (`<cache>/demo/text-*`).
+pub fn list_text_builds() -> anyhow::Result<()> {
+    let root = mergescope_lab::demo::cache_dir()?.join("demo");
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Ok(());
+    };
+    let mut dirs: Vec<std::path::PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("text-")))
+        .collect();
+    dirs.sort();
+    for d in dirs {
+        match TextBenchmark::open(&d) {
+            Ok(b) if b.is_current() => print_text(&b),
+            Ok(_) => println!(
+                "outdated: the text benchmark in '{}' was built by another recipe: rebuild it with `mergescope demo build --benchmark text --backbone DIR --force`",
+                d.display()
+            ),
+            Err(e) => println!("{e}"),
+        }
+    }
+    Ok(())
+}
+
+fn print_text(b: &TextBenchmark) {
+    let m = &b.manifest;
+    println!(
+        "\ntext benchmark on {}, seed {}: {}",
+        m.backbone,
+        m.recipe.seed,
+        b.dir.display()
+    );
+    println!("  {:<18} {:>8} {:>8}", "task (test)", "probe", "expert");
+    let get = |a: &std::collections::BTreeMap<String, f64>| a.get("test").copied().unwrap_or(f64::NAN);
+    for t in &m.tasks {
+        println!(
+            "  {:<18} {:>7.1}% {:>7.1}%",
+            t.name,
+            100.0 * get(&t.base_accuracy),
+            100.0 * get(&t.expert_accuracy)
+        );
+    }
+    let n = m.tasks.len().max(1) as f64;
+    println!(
+        "  {:<18} {:>7.1}% {:>7.1}%",
+        "mean",
+        100.0 * m.tasks.iter().map(|t| get(&t.base_accuracy)).sum::<f64>() / n,
+        100.0 * m.tasks.iter().map(|t| get(&t.expert_accuracy)).sum::<f64>() / n
+    );
+    println!(
+        "  compare merges on it: mergescope compare --benchmark {} --out-dir compare-text",
+        b.suite_path().display()
+    );
+}

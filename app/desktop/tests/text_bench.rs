@@ -1,0 +1,172 @@
+//! The text benchmark (issue #23) end to end through the binary, on the real all-MiniLM-L6-v2:
+//! a reduced `demo build --benchmark text` (two tasks, few examples, four steps), its suite
+//! read by `eval` (the expert's accuracy as the build measured it) and `merge --eval`, and
+//! the cache reused. CI fetches the model (scripts/fetch-minilm.sh) and sets
+//! MERGESCOPE_REQUIRE_MINILM; elsewhere the test says how to fetch it and passes without it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::Env;
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn minilm() -> Option<PathBuf> {
+    let dir = std::env::var_os("MERGESCOPE_MINILM_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mergescope/all-minilm-l6-v2")))?;
+    if dir.join("model.safetensors").is_file() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var_os("MERGESCOPE_REQUIRE_MINILM").is_none(),
+        "MERGESCOPE_REQUIRE_MINILM is set but all-MiniLM-L6-v2 is not in {}: run scripts/fetch-minilm.sh",
+        dir.display()
+    );
+    eprintln!(
+        "all-MiniLM-L6-v2 not found in {}: run scripts/fetch-minilm.sh to test the text benchmark",
+        dir.display()
+    );
+    None
+}
+
+#[test]
+fn a_reduced_text_benchmark_builds_and_its_suite_evaluates_and_merges() {
+    let env = Env::new();
+    let e = env.fails(&["demo", "build", "--benchmark", "text"]);
+    assert!(e.contains("--backbone") && e.contains("fetch-minilm.sh"), "{e}");
+    let e = env.fails(&["demo", "build", "--backbone", "x"]);
+    assert!(e.contains("--benchmark text"), "{e}");
+    let e = env.fails(&[
+        "demo",
+        "build",
+        "--benchmark",
+        "text",
+        "--backbone",
+        "x",
+        "--text-head-shots",
+        "some",
+    ]);
+    assert!(e.contains("--text-head-shots 'some'") && e.contains("`all`"), "{e}");
+    let e = env.fails(&["demo", "build", "--benchmark", "text", "--backbone", "nowhere"]);
+    assert!(e.contains("'nowhere'") && e.contains("fetch-minilm.sh"), "{e}");
+    let Some(model) = minilm() else { return };
+    let model = model.to_string_lossy().into_owned();
+    // In the cache, where `demo list` finds it.
+    let dir = env.path("cache/demo/text-reduced");
+    let out = dir.to_string_lossy().into_owned();
+    let build = [
+        "demo",
+        "build",
+        "--benchmark",
+        "text",
+        "--backbone",
+        &model,
+        "--out",
+        &out,
+        "--text-tasks",
+        "name_gender,word_sentiment",
+        "--text-steps",
+        "4",
+        "--text-batch",
+        "8",
+        "--text-max-train",
+        "48",
+        "--text-max-eval",
+        "32",
+        "-q",
+    ];
+    let clock = Instant::now();
+    let printed = env.ok(&build);
+    let build_s = clock.elapsed().as_secs_f64();
+    assert!(
+        printed.contains("name_gender") && printed.contains("word_sentiment"),
+        "{printed}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let tasks = manifest["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2);
+    assert_eq!(tasks[0]["examples"]["test"].as_u64(), Some(32));
+    for f in [
+        "suite.toml",
+        "base/model.safetensors",
+        "base/config.json",
+        "base/tokenizer.json",
+        "experts/name_gender/model.safetensors",
+        "experts/word_sentiment/model.safetensors",
+        "heads/name_gender.safetensors",
+        "data/word_sentiment.test.jsonl",
+    ] {
+        assert!(dir.join(f).is_file(), "{f} is missing");
+    }
+    // Golden: the build is a function of its seed on one matrix-kernel path (the same bytes
+    // twice on x86_64-fma, whatever the thread count); the mean loss of each expert's last
+    // steps fingerprints the whole run (probe, batches, every update).
+    if manifest["kernel_path"] == "x86_64-fma" {
+        let losses: Vec<f64> = tasks.iter().map(|t| t["expert_final_loss"].as_f64().unwrap()).collect();
+        assert_eq!(
+            losses,
+            [0.48482586815953255, 0.43186018243432045],
+            "the reduced build changed"
+        );
+    } else {
+        eprintln!(
+            "kernel path {}: the golden losses are those of x86_64-fma; not compared",
+            manifest["kernel_path"]
+        );
+    }
+    let listed = env.ok(&["demo", "list"]);
+    assert!(
+        listed.contains("text-reduced") && listed.contains("word_sentiment"),
+        "{listed}"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(env.path("cache/demo"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".building"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // The suite scores the expert on its own task as the build measured it (the evaluator
+    // batches differently: allow one example of float noise at the decision boundary).
+    let suite = dir.join("suite.toml").to_string_lossy().into_owned();
+    let clock = Instant::now();
+    let expert = dir.join("experts/name_gender").to_string_lossy().into_owned();
+    let j: serde_json::Value =
+        serde_json::from_str(&env.ok(&["eval", "--benchmark", &suite, "--checkpoint", &expert, "--json"])).unwrap();
+    let eval_s = clock.elapsed().as_secs_f64();
+    let got = j["tasks"]["name_gender"]["accuracy"].as_f64().unwrap();
+    let want = tasks[0]["expert_accuracy"]["test"].as_f64().unwrap();
+    assert!((got - want).abs() <= 1.0 / 32.0 + 1e-9, "suite {got}, build {want}");
+
+    // The suite's [models] are the merge's inputs; the merge is scored on both tasks.
+    let merged = env.path("ta.safetensors").to_string_lossy().into_owned();
+    let text = env.ok(&[
+        "merge",
+        "--method",
+        "task-arithmetic",
+        "--param",
+        "lambda=0.5",
+        "--benchmark",
+        &suite,
+        "--out",
+        &merged,
+        "--eval",
+        "--json",
+        "-q",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for t in ["name_gender", "word_sentiment"] {
+        let a = j["eval"]["tasks"][t]["accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&a), "{t}: {text}");
+    }
+
+    // A second build with the same recipe reuses the cache.
+    let clock = Instant::now();
+    let o = env.run(&build);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already built"));
+    assert!(clock.elapsed().as_secs_f64() < 30.0);
+    eprintln!("reduced text benchmark: build {build_s:.1} s, eval of one model {eval_s:.1} s");
+}

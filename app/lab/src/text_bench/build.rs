@@ -1,0 +1,797 @@
+//! Building the text benchmark on a pretrained BERT-family backbone (all-MiniLM-L6-v2), the
+//! demo's protocol on a real transformer:
+//! 1. **Heads**: a linear probe per task on the frozen backbone's pooled features
+//!    (`tanh(W h[CLS] + b)`, what `BertForSequenceClassification` reads), trained with AdamW on
+//!    [`TEXT_HEAD_SHOTS`] examples per class of the train split (or all of it), then frozen. The
+//!    base with these heads is the linear-probe baseline.
+//! 2. **Experts**: full fine-tuning of the encoder and pooler on each task through its frozen
+//!    head (AdamW, linear warm-up then linear decay, seeded minibatches), so task vectors live
+//!    in the encoder only.
+//!
+//! A build folder holds `base/` and `experts/<task>/` (Hugging Face folders: `config.json`,
+//! `tokenizer.json`, `model.safetensors` with the backbone's tensor names), `heads/<task>.safetensors`
+//! (`classifier.weight`, `classifier.bias`: what [`ClassifierHead`](crate::family::head::ClassifierHead)
+//! reads), `data/<task>.<split>.jsonl`, `suite.toml` (a `bert` suite over all of it) and
+//! `manifest.json`. It is written into a temporary sibling folder and renamed into place.
+
+use super::data::{TextSplit, TextTask, Tokenized};
+use crate::demo::{BuildProgress, kernel_path, save_params};
+use crate::family::bert::{self, BertEncoder, TokenBatch};
+use crate::family::hf;
+use crate::nn::{Params, cross_entropy};
+use crate::train::{BatchSize, Batcher, OptimConfig, Optimizer, to_vars};
+use candle_core::{D, DType, Device, Tensor, Var};
+use candle_transformers::models::bert::Config;
+use mergescope_engine::error::{EngineError, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Version of the text build recipe: a build by another version is rebuilt.
+pub const TEXT_RECIPE_VERSION: u32 = 1;
+
+/// Examples per class the default recipe trains each linear probe on: few-shot heads, weak the
+/// way the zero-shot heads of the task-vector papers are (the demo's recipe, [`crate::demo::HEAD_SHOTS`]).
+/// Measured (docs/text-benchmark.md): with 10-shot probes the experts gain 21–26 points and task
+/// arithmetic beats weight averaging by 8; with probes on the whole train split the experts gain
+/// 4–10 points and task arithmetic ties weight averaging.
+pub const TEXT_HEAD_SHOTS: usize = 10;
+
+/// Settings of a text-benchmark build.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TextRecipe {
+    /// Tokens kept per example (at most 128).
+    pub max_length: usize,
+    /// Full-batch AdamW steps of each linear probe.
+    pub head_steps: usize,
+    /// Learning rate of the probes.
+    pub head_lr: f64,
+    /// Examples per class each probe is trained on (the first ones of each class of the train
+    /// split); `None`: the whole train split.
+    pub head_shots: Option<usize>,
+    /// Fine-tuning steps of each expert.
+    pub expert_steps: usize,
+    /// Examples per fine-tuning step.
+    pub batch_size: usize,
+    /// Peak learning rate of the experts' AdamW.
+    pub lr: f64,
+    /// AdamW's decoupled weight decay.
+    pub weight_decay: f64,
+    /// Steps of linear warm-up from 0 to `lr` (then linear decay to 0).
+    pub warmup_steps: usize,
+    /// Keep at most this many train examples per task (`None`: all).
+    pub max_train: Option<usize>,
+    /// Keep at most this many calibration and test examples per task (`None`: all).
+    pub max_eval: Option<usize>,
+    /// Seed of head initialisation and minibatch order.
+    pub seed: u64,
+}
+
+impl TextRecipe {
+    /// The default recipe for `seed`.
+    pub fn default_for(seed: u64) -> TextRecipe {
+        TextRecipe {
+            max_length: 32,
+            head_steps: 300,
+            head_lr: 1e-2,
+            head_shots: Some(TEXT_HEAD_SHOTS),
+            expert_steps: 120,
+            batch_size: 32,
+            lr: 1e-4,
+            weight_decay: 0.01,
+            warmup_steps: 12,
+            max_train: None,
+            max_eval: None,
+            seed,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(EngineError::Param(format!("text benchmark recipe: {m}")));
+        if !(1..=128).contains(&self.max_length) {
+            return bad(format!("max_length {} must be between 1 and 128", self.max_length));
+        }
+        if self.batch_size == 0 || self.head_shots == Some(0) {
+            return bad("batch_size and head_shots must be at least 1".into());
+        }
+        if !(self.lr > 0.0 && self.head_lr > 0.0) {
+            return bad("learning rates must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The learning rate of step `step` (0-based): linear warm-up, then linear decay.
+    pub fn lr_at(&self, step: usize) -> f64 {
+        let s = step as f64 + 1.0;
+        if step < self.warmup_steps {
+            return self.lr * s / self.warmup_steps as f64;
+        }
+        let rest = (self.expert_steps.saturating_sub(self.warmup_steps)).max(1) as f64;
+        self.lr * (1.0 - (s - 1.0 - self.warmup_steps as f64) / rest).max(0.0)
+    }
+}
+
+/// One task of a built text benchmark.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TextBenchTask {
+    /// Task name.
+    pub name: String,
+    /// Class names.
+    pub classes: Vec<String>,
+    /// Examples per split (train, calibration, test) used.
+    pub examples: BTreeMap<String, usize>,
+    /// The base's (linear probe's) accuracy, per split.
+    pub base_accuracy: BTreeMap<String, f64>,
+    /// The expert's accuracy on its own task, per split.
+    pub expert_accuracy: BTreeMap<String, f64>,
+    /// Mean loss of the expert's last 10 steps.
+    pub expert_final_loss: f64,
+}
+
+/// `manifest.json` of a text benchmark.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TextManifest {
+    /// Recipe version.
+    pub recipe_version: u32,
+    /// mergescope version that built it.
+    pub mergescope_version: String,
+    /// The backbone folder it was built from, and the SHA-256 of its weights file.
+    pub backbone: String,
+    /// SHA-256 of the backbone's weights.
+    pub backbone_sha256: String,
+    /// The recipe.
+    pub recipe: TextRecipe,
+    /// Tasks, in suite order.
+    pub tasks: Vec<TextBenchTask>,
+    /// Seconds per stage (tokenise, heads, experts with their evaluation, write) and of each
+    /// expert's fine-tuning alone (`fine-tune <task>`).
+    pub seconds: BTreeMap<String, f64>,
+    /// The CPU matrix-kernel path ([`kernel_path`]).
+    pub kernel_path: String,
+}
+
+/// A loaded backbone: config, tokenizer and float weights.
+pub struct Backbone {
+    /// Its folder.
+    pub dir: PathBuf,
+    /// The BERT config.
+    pub config: Config,
+    /// Tokenizer, truncating to the recipe's length.
+    pub tokenizer: tokenizers::Tokenizer,
+    /// Every float tensor (f32), by the names the checkpoint uses.
+    pub weights: Params,
+}
+
+impl Backbone {
+    /// Loads a Hugging Face BERT folder (`config.json`, `tokenizer.json`, `model.safetensors`),
+    /// truncating inputs to `max_length` tokens.
+    pub fn load(dir: &Path, max_length: usize, device: &Device) -> Result<Backbone> {
+        let fix = "point --backbone at the all-MiniLM-L6-v2 folder that scripts/fetch-minilm.sh unpacks (~/.cache/mergescope/all-minilm-l6-v2)";
+        for f in ["config.json", "tokenizer.json", "model.safetensors"] {
+            if !dir.join(f).is_file() {
+                return Err(EngineError::invalid(format!(
+                    "the backbone folder '{}' has no {f}; {fix}",
+                    dir.display()
+                )));
+            }
+        }
+        let config = bert::read_config(&dir.join("config.json"))?;
+        let tokenizer = hf::load_tokenizer(&dir.join("tokenizer.json"), max_length)?;
+        let weights: Params = hf::load_weights(&dir.join("model.safetensors"), device)?
+            .into_iter()
+            .collect();
+        if !weights.contains_key("pooler.dense.weight") {
+            return Err(EngineError::invalid(format!(
+                "'{}' has no pooler.dense.weight (or uses the bert. prefix of a task model); the text benchmark needs a bare BERT model with its pooler; {fix}",
+                dir.join("model.safetensors").display()
+            )));
+        }
+        Ok(Backbone {
+            dir: dir.to_owned(),
+            config,
+            tokenizer,
+            weights,
+        })
+    }
+
+    fn encoder(&self, weights: &Params, device: &Device) -> Result<BertEncoder> {
+        let map: HashMap<String, Tensor> = weights.iter().map(|(k, t)| (k.clone(), t.clone())).collect();
+        BertEncoder::load(&self.config, map, device, &self.dir)
+    }
+
+    fn pad_id(&self) -> u32 {
+        self.config.pad_token_id as u32
+    }
+}
+
+/// A frozen linear head: logits = x Wᵀ + b.
+#[derive(Clone, Debug)]
+pub struct LinearHead {
+    /// `[classes, hidden]`.
+    pub weight: Tensor,
+    /// `[classes]`.
+    pub bias: Tensor,
+}
+
+impl LinearHead {
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.matmul(&self.weight.t()?)?.broadcast_add(&self.bias)?)
+    }
+}
+
+fn pooled(encoder: &BertEncoder, batch: &TokenBatch) -> Result<Tensor> {
+    encoder
+        .pooled(batch)?
+        .ok_or_else(|| EngineError::Bug("the pooler vanished after loading".into()))
+}
+
+/// Batches of indices of `tok`, longest first (less padding); order does not change accuracy.
+fn eval_batches(tok: &Tokenized, size: usize) -> Vec<Vec<usize>> {
+    let mut idx: Vec<usize> = (0..tok.len()).collect();
+    idx.sort_by_key(|&i| std::cmp::Reverse(tok.ids[i].len()));
+    idx.chunks(size.max(1)).map(<[usize]>::to_vec).collect()
+}
+
+/// Pooled features of every example of `tok`, `[n, hidden]`, in example order.
+fn features(backbone: &Backbone, weights: &Params, tok: &Tokenized, device: &Device) -> Result<Tensor> {
+    let encoder = backbone.encoder(weights, device)?;
+    let mut parts = Vec::new();
+    for chunk in (0..tok.len()).collect::<Vec<_>>().chunks(64) {
+        let (batch, _) = tok.batch(chunk, backbone.pad_id(), device)?;
+        parts.push(pooled(&encoder, &batch)?);
+    }
+    Ok(Tensor::cat(&parts, 0)?.detach())
+}
+
+/// Accuracy of `weights` with `head` on `tok`.
+pub fn accuracy(
+    backbone: &Backbone,
+    weights: &Params,
+    head: &LinearHead,
+    tok: &Tokenized,
+    device: &Device,
+) -> Result<f64> {
+    let encoder = backbone.encoder(weights, device)?;
+    let mut right = 0usize;
+    for idx in eval_batches(tok, 64) {
+        let (batch, labels) = tok.batch(&idx, backbone.pad_id(), device)?;
+        let pred = head.logits(&pooled(&encoder, &batch)?)?.argmax(D::Minus1)?;
+        right += pred.eq(&labels)?.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()? as usize;
+    }
+    Ok(right as f64 / tok.len().max(1) as f64)
+}
+
+/// Deterministic uniform init in ±1/√hidden (PyTorch's `nn.Linear` range) from `seed`.
+fn init_head(classes: usize, hidden: usize, seed: u64, device: &Device) -> Result<LinearHead> {
+    let mut rng = mergescope_engine::rng::SplitMix64::new(seed);
+    let bound = 1.0 / (hidden as f64).sqrt();
+    let mut draw = |n: usize| -> Vec<f32> { (0..n).map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32).collect() };
+    Ok(LinearHead {
+        weight: Tensor::from_vec(draw(classes * hidden), (classes, hidden), device)?,
+        bias: Tensor::from_vec(draw(classes), classes, device)?,
+    })
+}
+
+/// Indices of the examples a probe is trained on: all, or the first `shots` of each class.
+fn head_indices(tok: &Tokenized, classes: usize, shots: Option<usize>) -> Vec<usize> {
+    let Some(k) = shots else {
+        return (0..tok.len()).collect();
+    };
+    let mut taken = vec![0usize; classes];
+    (0..tok.len())
+        .filter(|&i| {
+            let n = &mut taken[tok.labels[i] as usize];
+            *n += 1;
+            *n <= k
+        })
+        .collect()
+}
+
+/// Trains a linear probe on fixed features (full-batch AdamW).
+fn train_head(
+    feats: &Tensor,
+    labels: &Tensor,
+    classes: usize,
+    recipe: &TextRecipe,
+    stream: u64,
+    on_step: &mut dyn FnMut(f32),
+    cancel: &AtomicBool,
+) -> Result<LinearHead> {
+    let init = init_head(classes, feats.dim(1)?, recipe.seed ^ stream, feats.device())?;
+    let (w, b) = (Var::from_tensor(&init.weight)?, Var::from_tensor(&init.bias)?);
+    let mut opt = Optimizer::new(OptimConfig::adamw(recipe.head_lr, 1e-4), vec![w.clone(), b.clone()])?;
+    for _ in 0..recipe.head_steps {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(EngineError::Cancelled);
+        }
+        let head = LinearHead {
+            weight: w.as_tensor().clone(),
+            bias: b.as_tensor().clone(),
+        };
+        let loss = cross_entropy(&head.logits(feats)?, labels)?;
+        opt.step(&loss.backward()?)?;
+        on_step(loss.to_scalar::<f32>()?);
+    }
+    Ok(LinearHead {
+        weight: w.as_tensor().detach(),
+        bias: b.as_tensor().detach(),
+    })
+}
+
+/// Fine-tunes every weight of the backbone on `tok` through the frozen `head`.
+#[allow(clippy::too_many_arguments)]
+fn fine_tune(
+    backbone: &Backbone,
+    head: &LinearHead,
+    tok: &Tokenized,
+    recipe: &TextRecipe,
+    stream: u64,
+    device: &Device,
+    on_step: &mut dyn FnMut(f32),
+    cancel: &AtomicBool,
+) -> Result<(Params, f64)> {
+    let vars = to_vars(&backbone.weights)?;
+    let mut opt = Optimizer::new(
+        OptimConfig::adamw(recipe.lr, recipe.weight_decay),
+        vars.iter().map(|(_, v)| v.clone()).collect(),
+    )?;
+    let mut batcher = Batcher::new(tok.len(), BatchSize::Size(recipe.batch_size), recipe.seed, stream);
+    let mut last = Vec::new();
+    for step in 0..recipe.expert_steps {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(EngineError::Cancelled);
+        }
+        opt.set_lr(recipe.lr_at(step));
+        let (batch, labels) = tok.batch(&batcher.next_batch(), backbone.pad_id(), device)?;
+        let current: Params = vars.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
+        let encoder = backbone.encoder(&current, device)?;
+        let loss = cross_entropy(&head.logits(&pooled(&encoder, &batch)?)?, &labels)?;
+        let value = loss.to_scalar::<f32>()?;
+        if !value.is_finite() {
+            return Err(EngineError::Diverged {
+                step: step + 1,
+                loss: value,
+                lr: recipe.lr,
+            });
+        }
+        opt.step(&loss.backward()?)?;
+        last.push(f64::from(value));
+        on_step(value);
+    }
+    let tail = &last[last.len().saturating_sub(10)..];
+    let mean = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
+    Ok((crate::train::detached(&vars), mean))
+}
+
+fn io(what: &'static str, path: &Path, e: std::io::Error) -> EngineError {
+    EngineError::io(what, path, e)
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).map_err(|e| io("cannot write", path, e))
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).map_err(|e| io("cannot read", path, e))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(|e| io("cannot read", path, e))?;
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// Writes a Hugging Face folder: the backbone's config and tokenizer and `weights`.
+fn write_model(dir: &Path, backbone: &Backbone, weights: &Params, role: &str) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| io("cannot create", dir, e))?;
+    for f in ["config.json", "tokenizer.json"] {
+        let from = backbone.dir.join(f);
+        std::fs::copy(&from, dir.join(f)).map_err(|e| io("cannot copy", &from, e))?;
+    }
+    let meta: BTreeMap<String, String> = [
+        ("format", "pt".to_owned()),
+        ("mergescope.version", env!("CARGO_PKG_VERSION").to_owned()),
+        ("mergescope.text_bench.role", role.to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    save_params(&dir.join("model.safetensors"), weights, &meta)
+}
+
+fn toml_string(s: &str) -> String {
+    let escaped: String = s
+        .chars()
+        .flat_map(|c| match c {
+            '"' => vec!['\\', '"'],
+            '\\' => vec!['\\', '\\'],
+            c => vec![c],
+        })
+        .collect();
+    format!("\"{escaped}\"")
+}
+
+/// The suite TOML over a build folder (paths relative to it).
+pub fn suite_toml(name: &str, tasks: &[TextTask], max_length: usize) -> String {
+    let mut s = format!(
+        "# The text benchmark built by `mergescope demo build --benchmark text` (see manifest.json).\nname = {}\n\n[model]\nfamily = \"bert\"\nmax_length = {max_length}\nbatch_size = 64\n",
+        toml_string(name)
+    );
+    for t in tasks {
+        let labels: Vec<String> = t.classes.iter().map(|c| toml_string(c)).collect();
+        s.push_str(&format!(
+            "\n[[task]]\nname = {}\ndata = \"data/{}\"\ncalibration = \"data/{}\"\ntrain = \"data/{}\"\nhead = \"heads/{}.safetensors\"\nlabels = [{}]\n",
+            toml_string(&t.name),
+            t.file_name(TextSplit::Test),
+            t.file_name(TextSplit::Calibration),
+            t.file_name(TextSplit::Train),
+            t.name,
+            labels.join(", ")
+        ));
+    }
+    let experts: Vec<String> = tasks
+        .iter()
+        .map(|t| toml_string(&format!("experts/{}", t.name)))
+        .collect();
+    s.push_str(&format!(
+        "\n[models]\nbase = \"base\"\nexperts = [{}]\n",
+        experts.join(", ")
+    ));
+    s
+}
+
+/// A built text benchmark on disk.
+#[derive(Clone, Debug)]
+pub struct TextBenchmark {
+    /// Its folder.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: TextManifest,
+}
+
+impl TextBenchmark {
+    /// Opens a built text benchmark, checking that its suite and models are there.
+    pub fn open(dir: &Path) -> Result<TextBenchmark> {
+        let path = dir.join("manifest.json");
+        let bytes = std::fs::read(&path).map_err(|e| io("cannot read", &path, e))?;
+        let manifest: TextManifest = serde_json::from_slice(&bytes).map_err(|e| {
+            EngineError::invalid(format!(
+                "'{}' is not a text benchmark manifest ({e}); rebuild it with `mergescope demo build --benchmark text --force`",
+                path.display()
+            ))
+        })?;
+        let b = TextBenchmark {
+            dir: dir.to_owned(),
+            manifest,
+        };
+        let mut needed = vec![b.suite_path(), dir.join("base/model.safetensors")];
+        for t in &b.manifest.tasks {
+            needed.push(dir.join("experts").join(&t.name).join("model.safetensors"));
+            needed.push(dir.join("heads").join(format!("{}.safetensors", t.name)));
+        }
+        if let Some(p) = needed.iter().find(|p| !p.is_file()) {
+            return Err(EngineError::invalid(format!(
+                "the text benchmark in '{}' is incomplete: '{}' is missing; rebuild it with `mergescope demo build --benchmark text --force`",
+                dir.display(),
+                p.display()
+            )));
+        }
+        Ok(b)
+    }
+
+    /// Its suite file.
+    pub fn suite_path(&self) -> PathBuf {
+        self.dir.join("suite.toml")
+    }
+
+    /// Whether the current recipe built it.
+    pub fn is_current(&self) -> bool {
+        self.manifest.recipe_version == TEXT_RECIPE_VERSION
+    }
+}
+
+/// The cache folder of the text benchmark of `seed`: `<cache>/demo/text-minilm-seed<N>`.
+pub fn text_demo_dir(seed: u64) -> Result<PathBuf> {
+    Ok(crate::demo::cache_dir()?
+        .join("demo")
+        .join(format!("text-minilm-seed{seed}")))
+}
+
+/// Builds the text benchmark of `tasks` on `backbone_dir` into `dir`. It is written into a
+/// temporary sibling folder and renamed into place once complete; an existing `dir` is
+/// replaced only then (a failed or cancelled build leaves it as it was).
+pub fn build_text(
+    backbone_dir: &Path,
+    tasks: &[TextTask],
+    recipe: &TextRecipe,
+    dir: &Path,
+    device: &Device,
+    progress: &mut dyn FnMut(&BuildProgress),
+    cancel: &AtomicBool,
+) -> Result<TextBenchmark> {
+    recipe.validate()?;
+    if tasks.is_empty() {
+        return Err(EngineError::invalid("a text benchmark needs at least one task"));
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| io("cannot create", &parent, e))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".building-text-")
+        .tempdir_in(&parent)
+        .map_err(|e| io("cannot create a folder in", &parent, e))?;
+    let manifest = build_into(backbone_dir, tasks, recipe, tmp.path(), device, progress, cancel)?;
+    let staged = tmp.keep();
+    if dir.exists()
+        && let Err(e) = std::fs::remove_dir_all(dir)
+    {
+        let _ = std::fs::remove_dir_all(&staged);
+        return Err(io("cannot replace", dir, e));
+    }
+    if let Err(e) = std::fs::rename(&staged, dir) {
+        let _ = std::fs::remove_dir_all(&staged);
+        return Err(io("cannot move the build to", dir, e));
+    }
+    Ok(TextBenchmark {
+        dir: dir.to_owned(),
+        manifest,
+    })
+}
+
+fn build_into(
+    backbone_dir: &Path,
+    tasks: &[TextTask],
+    recipe: &TextRecipe,
+    out: &Path,
+    device: &Device,
+    progress: &mut dyn FnMut(&BuildProgress),
+    cancel: &AtomicBool,
+) -> Result<TextManifest> {
+    let mut seconds = BTreeMap::new();
+    let clock = Instant::now();
+    let backbone = Backbone::load(backbone_dir, recipe.max_length, device)?;
+    let mut tasks: Vec<TextTask> = tasks.to_vec();
+    for t in &mut tasks {
+        if let Some(n) = recipe.max_train {
+            t.truncate(TextSplit::Train, n);
+        }
+        if let Some(n) = recipe.max_eval {
+            t.truncate(TextSplit::Calibration, n);
+            t.truncate(TextSplit::Test, n);
+        }
+    }
+    let tokenized: Vec<BTreeMap<TextSplit, Tokenized>> = tasks
+        .iter()
+        .map(|t| {
+            TextSplit::ALL
+                .iter()
+                .map(|&s| Ok((s, Tokenized::new(&backbone.tokenizer, t.split(s))?)))
+                .collect::<Result<_>>()
+        })
+        .collect::<Result<_>>()?;
+    seconds.insert("load_and_tokenise".to_owned(), clock.elapsed().as_secs_f64());
+
+    let total = tasks.len() * (recipe.head_steps + recipe.expert_steps) + 1;
+    let mut done = 0usize;
+    let mut report = |stage: &str, done: usize, loss: Option<f32>| {
+        progress(&BuildProgress {
+            stage: stage.to_owned(),
+            done,
+            total,
+            loss,
+        })
+    };
+    let tok = |i: usize, s: TextSplit| -> Result<&Tokenized> {
+        tokenized[i]
+            .get(&s)
+            .ok_or_else(|| EngineError::Bug(format!("split {s:?} was not tokenised")))
+    };
+
+    // 1. Linear probes on the frozen backbone's pooled features.
+    let clock = Instant::now();
+    let mut heads = Vec::new();
+    for (i, t) in tasks.iter().enumerate() {
+        let train = tok(i, TextSplit::Train)?;
+        let idx = head_indices(train, t.classes.len(), recipe.head_shots);
+        let (ids, type_ids) = (
+            idx.iter().map(|&j| train.ids[j].clone()).collect(),
+            idx.iter().map(|&j| train.type_ids[j].clone()).collect(),
+        );
+        let labels: Vec<u32> = idx.iter().map(|&j| train.labels[j]).collect();
+        let subset = Tokenized {
+            ids,
+            type_ids,
+            labels: labels.clone(),
+        };
+        let feats = features(&backbone, &backbone.weights, &subset, device)?;
+        let labels = Tensor::from_vec(labels, idx.len(), device)?;
+        let stage = format!("head {}", t.name);
+        let head = train_head(
+            &feats,
+            &labels,
+            t.classes.len(),
+            recipe,
+            0x7E57 + i as u64,
+            &mut |l| {
+                done += 1;
+                report(&stage, done, Some(l));
+            },
+            cancel,
+        )?;
+        heads.push(head);
+    }
+    seconds.insert("heads".to_owned(), clock.elapsed().as_secs_f64());
+
+    // 2. Experts, and the accuracies of base and expert per task.
+    let clock = Instant::now();
+    let mut results = Vec::new();
+    for (i, t) in tasks.iter().enumerate() {
+        let stage = format!("expert {}", t.name);
+        let task_clock = Instant::now();
+        let (weights, final_loss) = fine_tune(
+            &backbone,
+            &heads[i],
+            tok(i, TextSplit::Train)?,
+            recipe,
+            0xE0 + i as u64,
+            device,
+            &mut |l| {
+                done += 1;
+                report(&stage, done, Some(l));
+            },
+            cancel,
+        )?;
+        seconds.insert(format!("fine-tune {}", t.name), task_clock.elapsed().as_secs_f64());
+        let mut base_accuracy = BTreeMap::new();
+        let mut expert_accuracy = BTreeMap::new();
+        for s in [TextSplit::Calibration, TextSplit::Test] {
+            let data = tok(i, s)?;
+            base_accuracy.insert(
+                s.name().to_owned(),
+                accuracy(&backbone, &backbone.weights, &heads[i], data, device)?,
+            );
+            expert_accuracy.insert(
+                s.name().to_owned(),
+                accuracy(&backbone, &weights, &heads[i], data, device)?,
+            );
+        }
+        write_model(
+            &out.join("experts").join(&t.name),
+            &backbone,
+            &weights,
+            &format!("expert {}", t.name),
+        )?;
+        results.push(TextBenchTask {
+            name: t.name.clone(),
+            classes: t.classes.clone(),
+            examples: TextSplit::ALL
+                .iter()
+                .map(|&s| (s.name().to_owned(), t.split(s).len()))
+                .collect(),
+            base_accuracy,
+            expert_accuracy,
+            expert_final_loss: final_loss,
+        });
+    }
+    seconds.insert("experts".to_owned(), clock.elapsed().as_secs_f64());
+
+    // 3. Base, heads, data, suite and manifest.
+    if cancel.load(Ordering::Relaxed) {
+        return Err(EngineError::Cancelled);
+    }
+    let clock = Instant::now();
+    write_model(&out.join("base"), &backbone, &backbone.weights, "base")?;
+    let heads_dir = out.join("heads");
+    let data_dir = out.join("data");
+    for d in [&heads_dir, &data_dir] {
+        std::fs::create_dir_all(d).map_err(|e| io("cannot create", d, e))?;
+    }
+    for (t, h) in tasks.iter().zip(&heads) {
+        let p: Params = [
+            (bert::HEAD_WEIGHT.to_owned(), h.weight.clone()),
+            (bert::HEAD_BIAS.to_owned(), h.bias.clone()),
+        ]
+        .into_iter()
+        .collect();
+        let meta = [("format".to_owned(), "pt".to_owned())].into_iter().collect();
+        save_params(&heads_dir.join(format!("{}.safetensors", t.name)), &p, &meta)?;
+        for s in TextSplit::ALL {
+            let text = t.files.get(&s).map(String::as_str).unwrap_or("");
+            write_file(&data_dir.join(t.file_name(s)), text.as_bytes())?;
+        }
+    }
+    let name = format!("text-minilm-seed{}", recipe.seed);
+    write_file(
+        &out.join("suite.toml"),
+        suite_toml(&name, &tasks, recipe.max_length).as_bytes(),
+    )?;
+    seconds.insert("write".to_owned(), clock.elapsed().as_secs_f64());
+    let manifest = TextManifest {
+        recipe_version: TEXT_RECIPE_VERSION,
+        mergescope_version: env!("CARGO_PKG_VERSION").to_owned(),
+        backbone: backbone_dir.display().to_string(),
+        backbone_sha256: sha256_file(&backbone_dir.join("model.safetensors"))?,
+        recipe: recipe.clone(),
+        tasks: results,
+        seconds,
+        kernel_path: kernel_path(),
+    };
+    let json = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| EngineError::Bug(format!("cannot serialise the manifest: {e}")))?;
+    write_file(&out.join("manifest.json"), &json)?;
+    done += 1;
+    report("done", done, None);
+    Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text_bench::data::builtin_tasks;
+
+    #[test]
+    fn the_learning_rate_warms_up_then_decays_to_zero() {
+        let mut r = TextRecipe::default_for(0);
+        (r.expert_steps, r.warmup_steps, r.lr) = (10, 2, 1.0);
+        let lrs: Vec<f64> = (0..10).map(|s| r.lr_at(s)).collect();
+        assert_eq!(lrs[..3], [0.5, 1.0, 1.0]);
+        assert!(lrs.windows(2).skip(2).all(|w| w[1] < w[0]), "{lrs:?}");
+        assert!(lrs[9] > 0.0 && lrs[9] < 0.2, "{lrs:?}");
+        r.warmup_steps = 0;
+        assert_eq!(r.lr_at(0), 1.0);
+    }
+
+    #[test]
+    fn probes_take_the_first_shots_of_each_class() {
+        let tok = Tokenized {
+            ids: vec![vec![1]; 6],
+            type_ids: vec![vec![0]; 6],
+            labels: vec![0, 0, 1, 0, 1, 1],
+        };
+        assert_eq!(head_indices(&tok, 2, Some(2)), [0, 1, 2, 4]);
+        assert_eq!(head_indices(&tok, 2, None).len(), 6);
+    }
+
+    #[test]
+    fn the_suite_names_every_task_with_its_files_and_labels() {
+        let dir = tempfile::tempdir().unwrap();
+        let tasks = builtin_tasks().unwrap();
+        std::fs::write(dir.path().join("suite.toml"), suite_toml("s \"q\"", &tasks, 32)).unwrap();
+        // The suite parses with the evaluator's own reader (files are not needed to parse).
+        let text = std::fs::read_to_string(dir.path().join("suite.toml")).unwrap();
+        let v: toml::Value = toml::from_str(&text).unwrap();
+        assert_eq!(v["name"].as_str(), Some("s \"q\""));
+        let t = v["task"].as_array().unwrap();
+        assert_eq!(t.len(), 5);
+        assert_eq!(t[0]["head"].as_str(), Some("heads/emoji_group.safetensors"));
+        assert_eq!(t[0]["labels"].as_array().unwrap().len(), 8);
+        assert_eq!(v["models"]["experts"].as_array().unwrap().len(), 5);
+    }
+
+    #[test]
+    fn a_folder_without_the_model_says_how_to_fetch_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Backbone::load(dir.path(), 32, &Device::Cpu).err().unwrap().to_string();
+        assert!(
+            e.contains("config.json") && e.contains("scripts/fetch-minilm.sh"),
+            "{e}"
+        );
+        let mut r = TextRecipe::default_for(0);
+        r.max_length = 512;
+        let e = build_text(
+            dir.path(),
+            &builtin_tasks().unwrap(),
+            &r,
+            &dir.path().join("out"),
+            &Device::Cpu,
+            &mut |_| {},
+            &AtomicBool::new(false),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("max_length 512"), "{e}");
+        assert!(!dir.path().join("out").exists());
+    }
+}
