@@ -244,6 +244,23 @@ fn the_executor_is_chosen_in_the_window_and_a_slurm_sweep_shows_its_job_and_the_
             return;
         }
     };
+    // The cells load the sweep's plugins beside that binary, where `cargo build` puts them
+    // (`cargo test` alone leaves them in target/<profile>/deps).
+    let plugin = bin.with_file_name(format!(
+        "{}mergescope_plugin_task_arithmetic{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    if !plugin.is_file() {
+        let why = format!(
+            "no plugin libraries beside {} for the Slurm cells ({} is missing): run `cargo build` first",
+            bin.display(),
+            plugin.display()
+        );
+        assert!(!required(), "{why}");
+        eprintln!("SKIPPED the Slurm run: {why}");
+        return;
+    }
     eprintln!("Slurm at {conf}; the nodes run {}", bin.display());
     std::fs::remove_file(&results_file).unwrap();
     let e = &mut h.state_mut().doc.experiments;
