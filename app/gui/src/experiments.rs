@@ -1034,7 +1034,7 @@ mod tests {
         f.time = "30 min".into();
         let e = f.options().unwrap_err().to_string();
         assert!(e.contains("'30 min'") && e.contains("00:30:00"), "{e}");
-        let mut x = Experiments::new(PathBuf::from("/tmp/sweeps"));
+        let mut x = Experiments::new(PathBuf::from("sweeps"));
         x.set_executor(ExecutorKind::Slurm);
         assert_eq!(x.slurm_warning, sbatch_missing());
         x.set_executor(ExecutorKind::Local);
