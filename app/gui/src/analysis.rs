@@ -7,19 +7,19 @@ use crate::jobs::{Background, Notify, TaskMessage};
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_figures::Figure;
-use mergescope_lab::analysis::landscape::{Metric, MetricKind};
-use mergescope_lab::analysis::landscape_run::{LandscapeKind, LandscapeSource, LandscapeSpec, prepare_landscape};
-use mergescope_lab::analysis::spectrum::{matrix_names, task_spectra};
-use mergescope_lab::analysis::views::{
-    Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
-};
-use mergescope_lab::analysis::{checkpoint_label, gram_of_files};
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::Benchmark;
 use mergescope_lab::evaluate::{EvaluatorSpec, open_normalised};
 use mergescope_lab::evaluator::EvalReport;
 use mergescope_lab::evaluator::Evaluator;
-use mergescope_lab::scaling::views::{
+use mergescope_studies::analysis::landscape::{Metric, MetricKind};
+use mergescope_studies::analysis::landscape_run::{LandscapeKind, LandscapeSource, LandscapeSpec, prepare_landscape};
+use mergescope_studies::analysis::spectrum::{matrix_names, task_spectra};
+use mergescope_studies::analysis::views::{
+    Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
+};
+use mergescope_studies::analysis::{checkpoint_label, gram_of_files};
+use mergescope_studies::scaling::views::{
     BoundSettings, Mask, bound_figure, bound_of_files, heterogeneity_figure, heterogeneity_of_files, train_facts,
     weights_figure,
 };

@@ -16,18 +16,18 @@ use mergescope_engine::plugin::{Plugin, PluginOrigin, Registry};
 use mergescope_figures::Figure;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::{Benchmark, resolve_benchmark};
-pub use mergescope_lab::grid::ExecutorKind;
-use mergescope_lab::grid::slurm::{SlurmOptions, SlurmProgress};
 use mergescope_lab::nn::Arch;
-use mergescope_lab::scaling::sweep::executor::{SlurmSweep, SlurmSweepSettings, mergescope_env};
-use mergescope_lab::scaling::sweep::plots::PLOTS_DIR;
-use mergescope_lab::scaling::sweep::run::RESULTS_FILE;
-use mergescope_lab::scaling::sweep::spec::{Grid, MethodSpec};
-use mergescope_lab::scaling::sweep::store::{Row, read_rows};
-use mergescope_lab::scaling::sweep::{
+use mergescope_lab::train::OptimizerKind;
+pub use mergescope_studies::grid::ExecutorKind;
+use mergescope_studies::grid::slurm::{SlurmOptions, SlurmProgress};
+use mergescope_studies::scaling::sweep::executor::{SlurmSweep, SlurmSweepSettings, mergescope_env};
+use mergescope_studies::scaling::sweep::plots::PLOTS_DIR;
+use mergescope_studies::scaling::sweep::run::RESULTS_FILE;
+use mergescope_studies::scaling::sweep::spec::{Grid, MethodSpec};
+use mergescope_studies::scaling::sweep::store::{Row, read_rows};
+use mergescope_studies::scaling::sweep::{
     SweepInputs, SweepProgress, SweepSpec, Variable, VariableResult, analyse, figures, run_sweep, write_plots,
 };
-use mergescope_lab::train::OptimizerKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};

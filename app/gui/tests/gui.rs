@@ -442,7 +442,7 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     h.snapshot("analysis_spectrum_light");
     // The λ line of one task's loss.
     h.state_mut().doc.analysis.options.task = Some("mnist".into());
-    h.state_mut().doc.analysis.options.metric = mergescope_lab::analysis::landscape::MetricKind::Loss;
+    h.state_mut().doc.analysis.options.metric = mergescope_studies::analysis::landscape::MetricKind::Loss;
     let Figure::Lines(l) = open(&mut h, "λ line") else {
         panic!("λ line")
     };
@@ -477,11 +477,11 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     };
     let inputs = h.state().doc.analysis.inputs.clone();
     let experts: Vec<std::path::PathBuf> = inputs.experts.iter().map(|(_, p)| p.clone()).collect();
-    let direct = mergescope_lab::scaling::views::heterogeneity_of_files(
+    let direct = mergescope_studies::scaling::views::heterogeneity_of_files(
         inputs.base.as_ref().unwrap(),
         &experts,
         None,
-        mergescope_lab::scaling::views::Mask::Ties { density: 0.2 },
+        mergescope_studies::scaling::views::Mask::Ties { density: 0.2 },
     )
     .unwrap();
     assert_eq!(het.series[0].1, direct.before);
@@ -517,7 +517,7 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
     assert_eq!((settings.smoothness, settings.lr), (2.0, Some(1e-3)));
     let edited = h.state().doc.analysis.figure.clone().unwrap();
     let bench = h.state().doc.benchmark.clone().unwrap();
-    let direct = mergescope_lab::scaling::views::bound_of_files(
+    let direct = mergescope_studies::scaling::views::bound_of_files(
         &bench,
         &mergescope_lab::data::benchmark_tasks(None).unwrap(),
         inputs.base.as_ref().unwrap(),
@@ -526,7 +526,10 @@ fn analysis_views_open_from_a_result_and_show_its_trajectory() {
         &std::sync::atomic::AtomicBool::new(false),
     )
     .unwrap();
-    assert_eq!(edited, mergescope_lab::scaling::views::bound_figure(&direct.variants));
+    assert_eq!(
+        edited,
+        mergescope_studies::scaling::views::bound_figure(&direct.variants)
+    );
     assert_ne!(edited, Figure::Bars(b));
 }
 

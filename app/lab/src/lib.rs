@@ -10,22 +10,18 @@
 //! - [`session`]: the host side of model-level methods (ABI 1.1) over a benchmark's tasks;
 //!   [`model_merge`]: such merges of checkpoint files, with their trajectories.
 //! - [`run`]: the one merge door (per-tensor or model-level by the plugin's kind).
-//! - [`compare`], [`analysis`], [`scaling`]: results tables, the analyses and figures, the
-//!   fine-tuning sweeps and scaling laws.
+//!
+//! Results tables, analyses, searches, sweeps and grids built on these live in
+//! `mergescope-studies`.
 
-pub mod analysis;
-pub mod compare;
 pub mod data;
 pub mod demo;
 pub mod evaluate;
 pub mod evaluator;
 pub mod family;
-pub mod grid;
 pub mod model_merge;
 pub mod nn;
 pub mod run;
-pub mod scaling;
-pub mod search;
 pub mod session;
 pub mod text_bench;
 pub mod train;

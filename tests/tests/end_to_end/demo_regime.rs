@@ -8,11 +8,11 @@
 //! that leaves this regime fails here, not in a user's first comparison.
 
 use mergescope_engine::device::{DeviceChoice, open_device};
-use mergescope_lab::analysis::landscape::AffineFamily;
-use mergescope_lab::compare::{CompareConfig, CompareInputs, choose_lambda, compare, default_lambda_grid};
 use mergescope_lab::data::{SplitKind, demo_tasks};
 use mergescope_lab::demo::{Benchmark, BuildRecipe, build, load_params};
 use mergescope_lab::nn::{Arch, Params};
+use mergescope_studies::analysis::landscape::AffineFamily;
+use mergescope_studies::compare::{CompareConfig, CompareInputs, choose_lambda, compare, default_lambda_grid};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 

@@ -16,7 +16,7 @@ use mergescope_lab::data::{SplitKind, benchmark_tasks};
 use mergescope_lab::evaluator::Evaluator;
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::run;
-use mergescope_lab::search::coefficients::{SearchSpec, Searched, search_coefficients};
+use mergescope_studies::search::coefficients::{SearchSpec, Searched, search_coefficients};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -150,7 +150,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SearchArgs) -> anyhow::Result<ExitCode
     let cancel = super::cancel_on_ctrl_c();
     let started = std::time::Instant::now();
     let quiet = args.quiet;
-    let mut progress = |p: &mergescope_lab::search::coefficients::SearchProgress<'_>| {
+    let mut progress = |p: &mergescope_studies::search::coefficients::SearchProgress<'_>| {
         if !quiet {
             let c = p.candidate;
             let what = match &c.error {

@@ -10,11 +10,11 @@ use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::resolve_benchmark;
-use mergescope_lab::grid::ExecutorKind;
 use mergescope_lab::nn::Arch;
-use mergescope_lab::scaling::sweep::run::{RESULTS_FILE, SPEC_FILE};
-use mergescope_lab::scaling::sweep::store::{Row, read_rows};
-use mergescope_lab::scaling::sweep::{
+use mergescope_studies::grid::ExecutorKind;
+use mergescope_studies::scaling::sweep::run::{RESULTS_FILE, SPEC_FILE};
+use mergescope_studies::scaling::sweep::store::{Row, read_rows};
+use mergescope_studies::scaling::sweep::{
     SweepInputs, SweepProgress, SweepSpec, analyse, fits_markdown, run_sweep, write_plots,
 };
 use std::path::{Path, PathBuf};

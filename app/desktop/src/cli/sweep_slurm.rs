@@ -11,13 +11,13 @@ use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::Benchmark;
-use mergescope_lab::grid::slurm::{SlurmOptions, SlurmProgress};
-use mergescope_lab::scaling::sweep::executor::{
+use mergescope_studies::grid::slurm::{SlurmOptions, SlurmProgress};
+use mergescope_studies::scaling::sweep::executor::{
     SlurmSweep, SlurmSweepSettings, SweepJob, mergescope_env, write_cell_result,
 };
-use mergescope_lab::scaling::sweep::run::SPEC_FILE;
-use mergescope_lab::scaling::sweep::store::Row;
-use mergescope_lab::scaling::sweep::{SweepInputs, SweepProgress, SweepSpec, run_one_cell};
+use mergescope_studies::scaling::sweep::run::SPEC_FILE;
+use mergescope_studies::scaling::sweep::store::Row;
+use mergescope_studies::scaling::sweep::{SweepInputs, SweepProgress, SweepSpec, run_one_cell};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -6,7 +6,7 @@ use crate::analysis::ViewKind;
 use crate::document::Document;
 use crate::ui::{ViewState, dialogs, figure_view};
 use egui::RichText;
-use mergescope_lab::analysis::landscape::MetricKind;
+use mergescope_studies::analysis::landscape::MetricKind;
 
 /// What a view shows, for its button's tooltip.
 fn hint(kind: ViewKind) -> &'static str {

@@ -9,9 +9,9 @@ use crate::experiments::{ExecutorKind, SlurmStatus, short_label};
 use crate::text::time_text;
 use crate::ui::{dialogs, figure_view};
 use egui::{Context, RichText, Ui};
-use mergescope_lab::scaling::fit::Direction;
-use mergescope_lab::scaling::sweep::spec::{Aggregate, Mode};
-use mergescope_lab::scaling::sweep::{SweepSpec, Variable};
+use mergescope_studies::scaling::fit::Direction;
+use mergescope_studies::scaling::sweep::spec::{Aggregate, Mode};
+use mergescope_studies::scaling::sweep::{SweepSpec, Variable};
 use serde_json::Value;
 use std::time::Duration;
 

@@ -7,10 +7,10 @@ use crate::cli::{cancel_on_ctrl_c, progress_bar};
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use mergescope_engine::error::EngineError;
-use mergescope_lab::analysis::landscape::Metric;
-use mergescope_lab::analysis::landscape_run::{LandscapeKind, LandscapeSource, LandscapeSpec, prepare_landscape};
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::evaluator::suite::is_suite_path;
+use mergescope_studies::analysis::landscape::Metric;
+use mergescope_studies::analysis::landscape_run::{LandscapeKind, LandscapeSource, LandscapeSpec, prepare_landscape};
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -132,7 +132,7 @@ impl Common {
 }
 
 /// A file's name without `.safetensors` (and `.trajectory`).
-pub use mergescope_lab::analysis::checkpoint_label as short_name;
+pub use mergescope_studies::analysis::checkpoint_label as short_name;
 
 pub fn run(command: &AnalyzeCommand) -> anyhow::Result<ExitCode> {
     match command {

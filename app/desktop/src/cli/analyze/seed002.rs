@@ -6,7 +6,7 @@ use super::{Common, short_name};
 use anyhow::bail;
 use clap::{Args, ValueEnum};
 use mergescope_lab::data::benchmark_tasks;
-use mergescope_lab::scaling::views::{
+use mergescope_studies::scaling::views::{
     BoundSettings, Mask, bound_figure, bound_of_files, heterogeneity_figure, heterogeneity_of_files, train_facts,
     weights_figure,
 };

@@ -3,9 +3,9 @@
 use super::{Common, short_name};
 use anyhow::{Context as _, bail};
 use clap::Args;
-use mergescope_lab::analysis::gram_of_files;
-use mergescope_lab::analysis::spectrum::{matrix_names, task_spectra};
-use mergescope_lab::analysis::views::{
+use mergescope_studies::analysis::gram_of_files;
+use mergescope_studies::analysis::spectrum::{matrix_names, task_spectra};
+use mergescope_studies::analysis::views::{
     Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
 };
 use std::path::PathBuf;

@@ -2,16 +2,16 @@
 //! its λ chosen on calibration data where it has one, evaluated per task on the test split.
 //! Each merge goes through the same code as `mergescope merge` and is kept on disk.
 
-use crate::data::{SplitKind, TaskData};
-use crate::demo::Benchmark;
-use crate::evaluator::suite::Suite;
-use crate::evaluator::{EvalReport, Evaluator, Normalised};
-use crate::run::{self, TaskSource};
 use candle_core::Device;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Progress};
 use mergescope_engine::plugin::loader::Plugin;
 use mergescope_engine::plugin::schema::ParamType;
+use mergescope_lab::data::{SplitKind, TaskData};
+use mergescope_lab::demo::Benchmark;
+use mergescope_lab::evaluator::suite::Suite;
+use mergescope_lab::evaluator::{EvalReport, Evaluator, Normalised};
+use mergescope_lab::run::{self, TaskSource};
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

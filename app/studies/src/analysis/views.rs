@@ -4,11 +4,11 @@
 use super::landscape::{LandscapeGrid, Metric};
 use super::spectrum::MatrixSpectra;
 use super::{PointSet, Projection};
-use crate::evaluator::EvalReport;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_figures::{
     Axis, Bars, Better, ColorScale, Figure, Heatmap, Lines, Path, Point, Radar, Scatter, Series, Side, format_number,
 };
+use mergescope_lab::evaluator::EvalReport;
 
 /// How a point of a PCA view is drawn: its group (colour) by role.
 #[derive(Clone, Debug, PartialEq, Eq)]

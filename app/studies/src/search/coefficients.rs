@@ -5,13 +5,13 @@
 //! for every installed method.
 
 use super::cmaes::CmaEs;
-use crate::evaluator::Evaluator;
-use crate::run;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::executor::{ExecOptions, Observer};
 use mergescope_engine::merge::MergeRequest;
 use mergescope_engine::plugin::Plugin;
 use mergescope_engine::plugin::schema::{ParamSchema, ParamType};
+use mergescope_lab::evaluator::Evaluator;
+use mergescope_lab::run;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};

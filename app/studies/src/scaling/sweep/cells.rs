@@ -4,7 +4,7 @@
 
 use super::spec::{EXPERT, Hyper, SweepSpec, task_groups};
 use super::store::{CellKey, Row, cell_key, expert_cell_key};
-use crate::evaluator::EvalReport;
+use mergescope_lab::evaluator::EvalReport;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -218,9 +218,9 @@ pub(super) fn runs_needed<'c>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::SplitKind;
-    use crate::evaluator::{TaskScore, summarise};
-    use crate::nn::Arch;
+    use mergescope_lab::data::SplitKind;
+    use mergescope_lab::evaluator::{TaskScore, summarise};
+    use mergescope_lab::nn::Arch;
 
     /// The Experiments window test's tiny sweep: K ∈ {2, 4} around 6, N ∈ {2, 3} around 2,
     /// two groups, task arithmetic and TIES, on three tasks.

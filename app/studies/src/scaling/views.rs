@@ -6,13 +6,13 @@
 use super::bound::{Bound, BoundInputs, ChiSquare, TaskTerms, bound};
 use super::estimate::gradient_statistics;
 use super::heterogeneity::{Heterogeneity, dare_masks, heterogeneity, ties_masks};
-use crate::data::TaskData;
-use crate::demo::Benchmark;
-use crate::demo::load_params;
-use crate::train::STEPS_KEY;
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_figures::{Bars, Figure, format_number};
+use mergescope_lab::data::TaskData;
+use mergescope_lab::demo::Benchmark;
+use mergescope_lab::demo::load_params;
+use mergescope_lab::train::STEPS_KEY;
 use std::path::{Path, PathBuf};
 
 /// Which mask the heterogeneity proxy is measured under.
@@ -46,7 +46,7 @@ impl Mask {
 pub fn task_vectors(base: &Path, experts: &[PathBuf]) -> Result<Vec<Vec<f32>>> {
     let device = candle_core::Device::Cpu;
     let flat = |p: &Path| -> Result<Vec<f32>> {
-        let host = crate::nn::to_host(&load_params(p, &device)?)?;
+        let host = mergescope_lab::nn::to_host(&load_params(p, &device)?)?;
         Ok(host.into_values().flat_map(|(_, v)| v).collect())
     };
     let b = flat(base)?;

@@ -497,8 +497,8 @@ pub fn write_plots(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nn::Arch;
     use crate::scaling::sweep::spec::{Grid, MethodSpec};
+    use mergescope_lab::nn::Arch;
 
     fn row(h: &Hyper, group: Option<usize>, method: &str, task: &str, acc: f64, loss: f64, n: usize) -> Row {
         Row {

@@ -215,7 +215,7 @@ pub fn gram_of_files(
 
 /// Every iterate of a trajectory file as parameters (label, tensors by the stored layout), in
 /// order: for projecting a trajectory onto a landscape's plane.
-pub fn read_iterates(path: &Path, device: &candle_core::Device) -> Result<Vec<(String, crate::nn::Params)>> {
+pub fn read_iterates(path: &Path, device: &candle_core::Device) -> Result<Vec<(String, mergescope_lab::nn::Params)>> {
     let c = Checkpoint::open(path)?;
     let layout = trajectory_layout(&c)?;
     iterates(&c)
@@ -231,7 +231,7 @@ pub fn read_iterates(path: &Path, device: &candle_core::Device) -> Result<Vec<(S
                 )));
             }
             let mut offset = 0;
-            let mut params = crate::nn::Params::new();
+            let mut params = mergescope_lab::nn::Params::new();
             for slot in &layout {
                 let v = c.read_f32_range(e, offset, slot.numel)?;
                 params.insert(

@@ -4,12 +4,12 @@
 //! checkpoints (origin, two directions) are all such families. Grids are visited coarse to
 //! fine, so a preview appears after a few evaluations, and kept in a cache keyed by the inputs.
 
-use crate::demo::cache_dir;
-use crate::evaluator::{EvalReport, InMemoryEvaluator};
-use crate::nn::Params;
 use candle_core::{Device, Tensor};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::plugin::host_ext::linalg::truncated_svd;
+use mergescope_lab::demo::cache_dir;
+use mergescope_lab::evaluator::{EvalReport, InMemoryEvaluator};
+use mergescope_lab::nn::Params;
 use mergescope_plugin_api::sdk::rank_from_ratio;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -573,9 +573,9 @@ mod tests {
     fn preview_fills_missing_cells_from_the_coarse_lattice() {
         let mut g = LandscapeGrid::new(vec![0.0, 1.0, 2.0], vec![0.0, 1.0, 2.0]);
         let report = |acc: f64| {
-            crate::evaluator::summarise(
-                crate::data::SplitKind::Test,
-                vec![crate::evaluator::TaskScore::classification(
+            mergescope_lab::evaluator::summarise(
+                mergescope_lab::data::SplitKind::Test,
+                vec![mergescope_lab::evaluator::TaskScore::classification(
                     "t",
                     acc,
                     1.0 - acc,

@@ -1,11 +1,11 @@
 //! What a sweep varies: a TOML specification (defaults, grids, task groups, methods), the
 //! `paper-002` preset, and its expansion into sweep points and seeded task groups.
 
-use crate::nn::Arch;
 use crate::scaling::fit::Law;
-use crate::train::{OptimConfig, OptimizerKind};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::rng::{SplitMix64, stream_key};
+use mergescope_lab::nn::Arch;
+use mergescope_lab::train::{OptimConfig, OptimizerKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -9,15 +9,17 @@ use super::cells::{
 };
 use super::spec::{EXPERT, Hyper, SweepSpec};
 use super::store::{ResultsFile, Row};
-use crate::data::{SplitKind, TaskData};
-use crate::demo::{Benchmark, load_params, save_params};
-use crate::evaluator::{BackboneEvaluator, Evaluator};
-use crate::nn::Params;
-use crate::run::{self, TaskSource};
-use crate::train::{BatchSize, Budget, Examples, TrainConfig, TrainTask, fine_tune_with_snapshots, train_metadata};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Progress};
 use mergescope_engine::plugin::loader::Plugin;
+use mergescope_lab::data::{SplitKind, TaskData};
+use mergescope_lab::demo::{Benchmark, load_params, save_params};
+use mergescope_lab::evaluator::{BackboneEvaluator, Evaluator};
+use mergescope_lab::nn::Params;
+use mergescope_lab::run::{self, TaskSource};
+use mergescope_lab::train::{
+    BatchSize, Budget, Examples, TrainConfig, TrainTask, fine_tune_with_snapshots, train_metadata,
+};
 use rayon::prelude::*;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -346,7 +348,7 @@ struct SweepRun<'a, 'i> {
     data: Vec<&'i TaskData>,
     models: &'a Path,
     base: Params,
-    heads: BTreeMap<String, crate::nn::Head>,
+    heads: BTreeMap<String, mergescope_lab::nn::Head>,
     /// Test evaluators by the pool indices of their tasks (their data is converted once).
     evaluators: HashMap<Vec<usize>, BackboneEvaluator>,
     tracker: &'a Tracker<'a>,
@@ -655,7 +657,7 @@ fn train_expert(
     bench: &Benchmark,
     data: &TaskData,
     base: &Params,
-    heads: &BTreeMap<String, crate::nn::Head>,
+    heads: &BTreeMap<String, mergescope_lab::nn::Head>,
     job: &RunJob,
     models: &Path,
     device: &candle_core::Device,
@@ -689,7 +691,7 @@ fn train_expert(
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| EngineError::io("cannot create", dir, e))?;
         }
-        let mut meta = crate::demo::checkpoint_metadata(arch, spec.seed, "expert");
+        let mut meta = mergescope_lab::demo::checkpoint_metadata(arch, spec.seed, "expert");
         meta.insert("mergescope.demo.task".to_owned(), data.name.clone());
         meta.insert("mergescope.train.data_ratio".to_owned(), h.data_ratio.to_string());
         meta.extend(train_metadata(&cfg, k, labels.len()));

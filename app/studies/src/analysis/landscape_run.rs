@@ -7,15 +7,15 @@ use super::landscape::{
 };
 use super::points::{checkpoint_label, read_iterates};
 use super::views::{LandscapeLabels, landscape_figure, line_figure};
-use crate::data::{SplitKind, TaskData};
-use crate::demo::{Benchmark, load_params};
-use crate::evaluator::{EvalReport, Evaluator, InMemoryEvaluator};
-use crate::nn::Params;
 use candle_core::Device;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_figures::{
     Axis, Better, Figure, Lines, Path as FigPath, Point, Series, Side, finite_range, format_number,
 };
+use mergescope_lab::data::{SplitKind, TaskData};
+use mergescope_lab::demo::{Benchmark, load_params};
+use mergescope_lab::evaluator::{EvalReport, Evaluator, InMemoryEvaluator};
+use mergescope_lab::nn::Params;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 

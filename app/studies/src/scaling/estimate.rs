@@ -4,10 +4,10 @@
 //! ζ_i² = ‖∇f_i(x) − Σ_k λ_k ∇f_k(x)‖², both at a point x (the base by default), with each
 //! task's frozen head.
 
-use crate::data::{SplitKind, TaskData};
-use crate::nn::{Arch, Head, Params, cross_entropy, images_tensor, labels_tensor};
 use candle_core::{Device, Var};
 use mergescope_engine::error::{EngineError, Result};
+use mergescope_lab::data::{SplitKind, TaskData};
+use mergescope_lab::nn::{Arch, Head, Params, cross_entropy, images_tensor, labels_tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The gradient statistics of each task at one point.
@@ -151,7 +151,7 @@ mod tests {
     #[test]
     fn noise_and_heterogeneity_on_hand_cases() {
         let dev = Device::Cpu;
-        let all = crate::data::demo_tasks().unwrap();
+        let all = mergescope_lab::data::demo_tasks().unwrap();
         let mnist = all.iter().find(|t| t.name == "mnist").unwrap();
         let letters = all.iter().find(|t| t.name == "letters").unwrap();
         let base = Arch::Mlp.init(0, &dev).unwrap();
