@@ -14,7 +14,8 @@ What it makes, under OUT_DIR:
                                            shape and dtype
   tokenizer_union/                         the same for models whose tokenizers differ (added
                                            tokens, a permuted vocabulary) merged with
-                                           tokenizer_source: union and the tokenizer block:
+                                           tokenizer_source: union and the tokenizer block
+                                           (with models, and with slices):
                                            inputs/ (with tokenizer.json), mergekit/ (outputs with
                                            tokenizer files), manifest.json (each output's vocab)
 
@@ -659,6 +660,30 @@ def tokenizer_union_configs() -> dict[str, dict]:
                 },
             },
             "chat_template": "auto",
+            **dtypes,
+        },
+        # Slices with a union: embeddings come from slices[0]'s sources and the output head from
+        # slices[-1]'s, each permuted with the tokenizer of its own model. A frankenmerge (no
+        # base_model: the tokenizer base is one of the models, in Python set order) ...
+        "passthrough_slices_union": {
+            "merge_method": "passthrough",
+            "slices": [
+                {"sources": [{"model": "inputs/expert1", "layer_range": [0, 1]}]},
+                {"sources": [{"model": "inputs/expert2", "layer_range": [1, 2]}]},
+            ],
+            "tokenizer_source": "union",
+            **dtypes,
+        },
+        # ... and a merge per slice whose experts change places between the slices.
+        "task_arithmetic_slices_union": {
+            "merge_method": "task_arithmetic",
+            "base_model": base,
+            "slices": [
+                {"sources": [{"model": m, "layer_range": [0, 1]} for m in (base, "inputs/expert1", "inputs/expert2")]},
+                {"sources": [{"model": m, "layer_range": [1, 2]} for m in (base, "inputs/expert2", "inputs/expert1")]},
+            ],
+            "parameters": {"weight": 0.5},
+            "tokenizer_source": "union",
             **dtypes,
         },
     }

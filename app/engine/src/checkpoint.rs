@@ -49,12 +49,13 @@ pub fn is_lora_adapter(path: &Path) -> bool {
 }
 
 /// The low-rank update of one weight: W += scale·B·A, or (B·A)ᵀ when `transposed` (GPT-2's
-/// Conv1D with fan_in_fan_out, and embeddings).
+/// Conv1D with fan_in_fan_out, and embeddings). When `b` is a vector, the update of a layer's
+/// bias by PEFT's `lora_B.bias` (`lora_bias=True`): bias += scale·b, and `a` is not read.
 #[derive(Clone, Debug)]
 pub struct LowRank {
-    /// A: r × in (r × rows of W when transposed).
+    /// A: r × in (r × rows of W when transposed); for a bias update, the same entry as `b`.
     pub a: TensorEntry,
-    /// B: out × r (cols of W × r when transposed).
+    /// B: out × r (cols of W × r when transposed), or the bias update (out).
     pub b: TensorEntry,
     /// alpha / r (or alpha / √r).
     pub scale: f64,
@@ -858,6 +859,13 @@ impl Checkpoint {
     fn read_unmapped_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<Vec<f32>> {
         let mut values = self.read_stored_f32_range(t, from, len)?;
         if let Some(d) = self.deltas.get(&t.name) {
+            if d.b.shape.len() == 1 {
+                let b = self.read_stored_f32_range(&d.b, from, len)?;
+                for (v, x) in values.iter_mut().zip(b) {
+                    *v = (f64::from(*v) + d.scale * f64::from(x)) as f32;
+                }
+                return Ok(values);
+            }
             let a = self.read_stored_f32_range(&d.a, 0, d.a.numel())?;
             let b = self.read_stored_f32_range(&d.b, 0, d.b.numel())?;
             let cols = t.shape.get(1).copied().unwrap_or(1);

@@ -1,6 +1,7 @@
 //! PEFT LoRA adapters (`adapter_config.json` + `adapter_model.safetensors`) as merge inputs: an
 //! adapter stands for its base model with each adapted weight W replaced by
-//! W + s·B·A (s = lora_alpha / r, or lora_alpha / √r with rsLoRA), formed per tensor range while
+//! W + s·B·A (s = lora_alpha / r, or lora_alpha / √r with rsLoRA), and with PEFT's
+//! `lora_bias=True` the layer's bias b + s·lora_B.bias, formed per tensor range while
 //! the merge streams, never for the whole model at once; and the reverse, a LoRA adapter
 //! extracted from the difference of two models by truncated SVD ([`extract`]).
 
@@ -39,6 +40,8 @@ struct AdapterConfig {
 enum Part {
     A(String),
     B(String),
+    /// `lora_B.bias` (PEFT's `lora_bias=True`): the update of the module's bias.
+    BBias(String),
     EmbeddingA(String),
     EmbeddingB(String),
     Full(String),
@@ -49,6 +52,7 @@ fn classify(name: &str) -> Part {
     for (suffix, make) in [
         (".lora_A.weight", Part::A as fn(String) -> Part),
         (".lora_B.weight", Part::B),
+        (".lora_B.bias", Part::BBias),
         (".lora_embedding_A", Part::EmbeddingA),
         (".lora_embedding_B", Part::EmbeddingB),
     ] {
@@ -114,11 +118,16 @@ pub fn apply(base: Checkpoint, dir: &Path) -> Result<Checkpoint> {
         ..e.clone()
     };
     let mut halves: BTreeMap<String, (Option<TensorEntry>, Option<TensorEntry>, bool)> = BTreeMap::new();
+    // lora_B.bias by module.
+    let mut bias_updates: BTreeMap<String, TensorEntry> = BTreeMap::new();
     let mut tensors = base.tensors.clone();
     for (name, entry) in &adapter.tensors {
         match classify(name) {
             Part::A(m) => halves.entry(format!("{m}.weight")).or_default().0 = Some(moved(entry)),
             Part::B(m) => halves.entry(format!("{m}.weight")).or_default().1 = Some(moved(entry)),
+            Part::BBias(m) => {
+                bias_updates.insert(m, moved(entry));
+            }
             Part::EmbeddingA(m) => {
                 let h = halves.entry(format!("{m}.weight")).or_default();
                 (h.0, h.2) = (Some(moved(entry)), true);
@@ -188,13 +197,48 @@ pub fn apply(base: Checkpoint, dir: &Path) -> Result<Checkpoint> {
                 ),
             ));
         }
-        let module = target.strip_suffix(".weight").unwrap_or(&target);
-        let alpha = alpha_for(&config, module);
+        let module = target.strip_suffix(".weight").unwrap_or(&target).to_owned();
+        let alpha = alpha_for(&config, &module);
         let scale = if config.use_rslora {
             alpha / (ra as f64).sqrt()
         } else {
             alpha / ra as f64
         };
+        if let Some(bias) = bias_updates.remove(&module) {
+            // PEFT's merge: bias += lora_B.bias · scaling (LoRA layers only; PEFT refuses
+            // lora_bias for embeddings).
+            let name = format!("{module}.bias");
+            let Some(base_bias) = base.tensors.get(&name) else {
+                return Err(unfitting(
+                    dir,
+                    &format!("{module}.lora_B.bias"),
+                    &format!(
+                        "the adapter updates the bias '{name}' (PEFT's lora_bias=True), but the base has no such \
+                         tensor (its layer has no bias)"
+                    ),
+                ));
+            };
+            let out = if transposed { cols } else { rows };
+            if embedding || bias.shape != [out] || base_bias.shape != [out] {
+                return Err(unfitting(
+                    dir,
+                    &format!("{module}.lora_B.bias"),
+                    &format!(
+                        "it is {:?} and the base's '{name}' {:?}, but the layer has {out} outputs",
+                        bias.shape, base_bias.shape
+                    ),
+                ));
+            }
+            deltas.insert(
+                name,
+                LowRank {
+                    a: bias.clone(),
+                    b: bias,
+                    scale,
+                    transposed: false,
+                },
+            );
+        }
         deltas.insert(
             target,
             LowRank {
@@ -204,6 +248,13 @@ pub fn apply(base: Checkpoint, dir: &Path) -> Result<Checkpoint> {
                 transposed,
             },
         );
+    }
+    if let Some(module) = bias_updates.keys().next() {
+        return Err(unfitting(
+            dir,
+            &format!("{module}.lora_B.bias"),
+            "it is a lora_B.bias without lora_A and lora_B weights for its module",
+        ));
     }
     let sharded = base.is_sharded();
     let mut files = base.files;
@@ -237,8 +288,42 @@ pub struct ExtractOptions {
     /// Modules saved whole whatever they are (`--modules-to-save`), matched as PEFT matches
     /// `modules_to_save`: a module whose name ends with one of these.
     pub modules_to_save: Vec<String>,
+    /// Singular values at or below this are dropped (`--sv-epsilon`, mergekit's: a matrix's rank
+    /// is min(rank, #singular values > sv_epsilon)); a matrix with none above it is left out of
+    /// the adapter, with a note. 0 (the default) keeps every one up to the rank.
+    pub sv_epsilon: f64,
+    /// Only modules whose name (a tensor's name without `.weight`/`.bias`) one of these regular
+    /// expressions finds somewhere in (`--include-regex`, Python's `re.search` as
+    /// mergekit-extract-lora uses it); empty: every module.
+    pub include_regex: Vec<String>,
+    /// Modules such an expression finds in are neither extracted nor saved whole
+    /// (`--exclude-regex`); this also drops the embeddings that are otherwise saved whole.
+    pub exclude_regex: Vec<String>,
     /// Replace `out` if it is an adapter folder.
     pub overwrite: bool,
+}
+
+/// Compiles `--include-regex`/`--exclude-regex` patterns, naming the bad one and the fix.
+fn compile_patterns(patterns: &[String], flag: &str) -> Result<Vec<regex::Regex>> {
+    patterns
+        .iter()
+        .map(|p| {
+            regex::Regex::new(p).map_err(|e| {
+                EngineError::Invalid(format!(
+                    "{flag} '{p}' is not a regular expression this tool reads: {e}. Write it as for Python's re without \
+                     look-around or back-references, e.g. 'self_attn\\.(q|v)_proj' or 'layers\\.(0|1)\\.'"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// A tensor's module: its name without `.weight` or `.bias`.
+fn module_name(tensor: &str) -> &str {
+    tensor
+        .strip_suffix(".weight")
+        .or_else(|| tensor.strip_suffix(".bias"))
+        .unwrap_or(tensor)
 }
 
 /// What [`extract`] wrote.
@@ -435,6 +520,21 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
         ));
         embed_lora = false;
     }
+    // mergekit-extract-lora's `_should_extract`: an include list, then an exclude list, searched
+    // in the module name. Embeddings and the output head that are saved whole (no --embed-lora)
+    // are kept unless an exclude pattern names them, as mergekit keeps them.
+    let include = compile_patterns(&options.include_regex, "--include-regex")?;
+    let exclude = compile_patterns(&options.exclude_regex, "--exclude-regex")?;
+    let excluded = |module: &str| exclude.iter().any(|r| r.is_match(module));
+    let filtered_out = |name: &str, shape: &[usize]| {
+        let module = module_name(name);
+        if excluded(module) {
+            return true;
+        }
+        let included = include.is_empty() || include.iter().any(|r| r.is_match(module));
+        !included && (embed_lora || !(is_input_embedding(name, shape) || is_output_head(name, shape)))
+    };
+    let mut filtered = std::collections::BTreeSet::new();
     // What each tensor becomes; modules of differing tensors without LoRA join `names`.
     let named = names.len();
     let mut plan: Vec<(&String, &TensorEntry, &TensorEntry, How)> = Vec::new();
@@ -443,6 +543,9 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
         let k = || rank.min(t.shape[0]).min(t.shape[1]);
         let how = if saved_by(name, &names[..named]) {
             How::Full
+        } else if filtered_out(name, &t.shape) {
+            filtered.insert(module_name(name));
+            continue;
         } else if adaptable(name, &t.shape) || (embed_lora && is_output_head(name, &t.shape)) {
             How::Lora {
                 k: k(),
@@ -484,9 +587,25 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
         }
     }
     plan.sort_by(|x, y| x.0.cmp(y.0));
+    if !filtered.is_empty() {
+        notes.push(format!(
+            "{} module(s) left out by --include-regex/--exclude-regex (neither extracted nor saved whole), e.g. {}",
+            filtered.len(),
+            filtered.iter().take(3).copied().collect::<Vec<_>>().join(", ")
+        ));
+    }
     if !plan.iter().any(|p| matches!(p.3, How::Lora { .. })) {
+        let hint = if filtered.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; --include-regex/--exclude-regex left out {} module(s): loosen them (a pattern is searched in \
+                 module names such as model.layers.0.self_attn.q_proj)",
+                filtered.len()
+            )
+        };
         return Err(EngineError::Invalid(format!(
-            "'{}' has no layer matrices (names with layers.N and .weight) to extract a LoRA adapter from",
+            "'{}' has no layer matrices (names with layers.N and .weight) to extract a LoRA adapter from{hint}",
             model.path.display()
         )));
     }
@@ -498,6 +617,78 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
             format!("{PEFT_PREFIX}{module}.lora_{half}.weight")
         }
     };
+    if !(options.sv_epsilon >= 0.0 && options.sv_epsilon.is_finite()) {
+        return Err(EngineError::Invalid(format!(
+            "--sv-epsilon {} is not a threshold; give a singular value (0, the default, keeps every one up to the \
+             rank)",
+            options.sv_epsilon
+        )));
+    }
+    // The LoRA factors, one task vector in memory at a time; the factors (the adapter's size) are
+    // kept until the output's shapes, which --sv-epsilon decides, are known.
+    let mut factors: BTreeMap<&String, (Vec<f32>, Vec<f32>)> = BTreeMap::new();
+    let mut below_epsilon = Vec::new();
+    for (name, t, b, how) in &mut plan {
+        let How::Lora { k, embedding } = how else {
+            continue;
+        };
+        let (rows, cols) = (t.shape[0], t.shape[1]);
+        let mut delta = model.read_f32(t)?;
+        for (d, x) in delta.iter_mut().zip(base.read_f32(b)?) {
+            *d -= x;
+        }
+        let (u, s, vt) =
+            truncated_svd(&delta, rows, cols, *k).map_err(|e| EngineError::Invalid(format!("tensor '{name}': {e}")))?;
+        drop(delta);
+        let full = *k;
+        // mergekit: rank = min(#(s > sv_epsilon), rank) when sv_epsilon > 0.
+        if options.sv_epsilon > 0.0 {
+            *k = s.iter().filter(|x| **x > options.sv_epsilon).count().min(full);
+        }
+        let k = *k;
+        if k == 0 {
+            below_epsilon.push((*name).clone());
+            continue;
+        }
+        let root: Vec<f64> = s.iter().map(|x| x.sqrt()).collect();
+        let (a, bm): (Vec<f32>, Vec<f32>) = if *embedding {
+            // Δᵀ = V S Uᵀ: A = √S Uᵀ (k × rows), B = V √S (cols × k).
+            (
+                (0..k * rows)
+                    .map(|x| (root[x / rows] * u[(x % rows) * full + x / rows]) as f32)
+                    .collect(),
+                (0..cols * k)
+                    .map(|x| (vt[(x % k) * cols + x / k] * root[x % k]) as f32)
+                    .collect(),
+            )
+        } else {
+            (
+                (0..k * cols).map(|x| (root[x / cols] * vt[x]) as f32).collect(),
+                (0..rows * k)
+                    .map(|x| (u[(x / k) * full + x % k] * root[x % k]) as f32)
+                    .collect(),
+            )
+        };
+        factors.insert(*name, (a, bm));
+    }
+    if !below_epsilon.is_empty() {
+        notes.push(format!(
+            "{} matrices have no singular value above --sv-epsilon {}, so the adapter leaves them out (their \
+             difference from the base is that small): {}",
+            below_epsilon.len(),
+            options.sv_epsilon,
+            below_epsilon.join(", ")
+        ));
+        plan.retain(|p| !below_epsilon.contains(p.0));
+    }
+    if !plan.iter().any(|p| matches!(p.3, How::Lora { .. })) {
+        return Err(EngineError::Invalid(format!(
+            "every layer matrix of '{}' has its singular values at or below --sv-epsilon {}, so there is nothing to \
+             extract; give a smaller --sv-epsilon",
+            model.path.display(),
+            options.sv_epsilon
+        )));
+    }
     let mut specs = Vec::new();
     for (name, t, _, how) in &plan {
         match *how {
@@ -544,41 +735,28 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
     let mut targets = std::collections::BTreeSet::new();
     let mut adapted_modules = Vec::new();
     let (mut saved_in_full, mut embedding_lora) = (Vec::new(), Vec::new());
-    for (name, t, b, how) in &plan {
+    // mergekit's r: the largest rank written (rank_pattern lists the others).
+    let max_rank = plan
+        .iter()
+        .filter_map(|p| match p.3 {
+            How::Lora { k, .. } => Some(k),
+            How::Full => None,
+        })
+        .max()
+        .unwrap_or(rank);
+    for (name, t, _, how) in &plan {
         let How::Lora { k, embedding } = *how else {
             writer.write(&format!("{PEFT_PREFIX}{name}"), 0, &model.raw_bytes(t)?)?;
             saved_in_full.push((*name).clone());
             continue;
         };
-        let (rows, cols) = (t.shape[0], t.shape[1]);
-        let mut delta = model.read_f32(t)?;
-        for (d, x) in delta.iter_mut().zip(base.read_f32(b)?) {
-            *d -= x;
-        }
-        let (u, s, vt) =
-            truncated_svd(&delta, rows, cols, k).map_err(|e| EngineError::Invalid(format!("tensor '{name}': {e}")))?;
-        drop(delta);
-        let root: Vec<f64> = s.iter().map(|x| x.sqrt()).collect();
-        let (a, bm): (Vec<f32>, Vec<f32>) = if embedding {
-            // Δᵀ = V S Uᵀ: A = √S Uᵀ (k × rows), B = V √S (cols × k).
-            (
-                (0..k * rows)
-                    .map(|x| (root[x / rows] * u[(x % rows) * k + x / rows]) as f32)
-                    .collect(),
-                (0..cols * k)
-                    .map(|x| (vt[(x % k) * cols + x / k] * root[x % k]) as f32)
-                    .collect(),
-            )
-        } else {
-            (
-                (0..k * cols).map(|x| (root[x / cols] * vt[x]) as f32).collect(),
-                (0..rows * k).map(|x| (u[x] * root[x % k]) as f32).collect(),
-            )
+        let Some((a, bm)) = factors.remove(name) else {
+            return Err(EngineError::Bug(format!("no LoRA factors for '{name}'")));
         };
         writer.write_values(&lora_name(name, "A", embedding), 0, &a)?;
         writer.write_values(&lora_name(name, "B", embedding), 0, &bm)?;
         let module = name.strip_suffix(".weight").unwrap_or(name);
-        if k != rank {
+        if k != max_rank {
             ranks.insert(module.to_owned(), k);
         }
         if let Some(last) = module.rsplit('.').next() {
@@ -608,8 +786,8 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
         "target_modules": target_modules,
         "modules_to_save": names,
         "task_type": "CAUSAL_LM",
-        "r": rank,
-        "lora_alpha": rank,
+        "r": max_rank,
+        "lora_alpha": max_rank,
         "rank_pattern": ranks,
         "alpha_pattern": ranks,
         "lora_dropout": 0.0,

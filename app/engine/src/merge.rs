@@ -571,19 +571,15 @@ pub fn open_inputs(req: &MergeRequest) -> Result<(Option<Checkpoint>, Vec<Checkp
         }
         return Ok((base, experts));
     }
-    if tokenizer.is_some() {
-        return Err(EngineError::Invalid(
-            "aligning vocabularies (mergekit's tokenizer_source or tokenizer block) is not supported with slices yet; \
-             merge models that share a tokenizer, or use the models form"
-                .to_owned(),
-        ));
-    }
     let has_base = usize::from(req.base.is_some());
     let inputs = has_base + req.experts.len();
     slices::check(&req.slices, inputs)?;
     let mut opened: Vec<Checkpoint> = (0..inputs)
         .map(|k| slices::open_input(&req.slices, k))
         .collect::<Result<_>>()?;
+    if let Some(spec) = tokenizer {
+        slices::align(&req.slices, spec, &mut opened)?;
+    }
     let experts = opened.split_off(has_base);
     Ok((opened.pop(), experts))
 }

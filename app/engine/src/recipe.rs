@@ -57,9 +57,10 @@
 //! Tokens missing from every tokenizer are added in the order of their keys (sorted), as a
 //! converted mergekit configuration adds them. `source = "base"` needs a base (the recipe's or
 //! `[tokenizer] base`); the tokenizer files of a `base` or model source are those copied when the
-//! vocabulary does not change (`tokenizer_from`, when given, overrides that folder). A
-//! `[tokenizer]` table cannot go with `[[slices]]` yet (take one model's tokenizer files with
-//! `tokenizer_from` instead).
+//! vocabulary does not change (`tokenizer_from`, when given, overrides that folder). With
+//! `[[slices]]`, the vocabulary is built from every model the slices name, and each input's
+//! embeddings and output head are aligned with the tokenizer of the model they come from
+//! ([`crate::slices::align`]).
 
 use crate::compat::MissingPolicy;
 use crate::device::DeviceChoice;
@@ -432,12 +433,6 @@ impl Recipe {
         let Some(t) = &self.tokenizer else {
             return Ok(None);
         };
-        if !self.slices.is_empty() {
-            return Err(EngineError::Invalid(format!(
-                "{origin}: a [tokenizer] table cannot go with [[slices]] yet (aligning vocabularies needs whole \
-                 models); remove it, and take one model's tokenizer files with tokenizer_from = \"<folder>\""
-            )));
-        }
         let inputs: Vec<&PathBuf> = self.base.iter().chain(self.experts.iter()).collect();
         let as_input = |p: &Path| -> PathBuf {
             inputs
@@ -479,7 +474,8 @@ impl Recipe {
             })
             .collect();
         let mut models: Vec<PathBuf> = Vec::new();
-        for m in base_model.iter().chain(inputs.iter().copied()) {
+        let sliced = self.slices.iter().flat_map(|s| s.sources.iter().map(|src| &src.model));
+        for m in base_model.iter().chain(inputs.iter().copied()).chain(sliced) {
             if !models.contains(m) {
                 models.push(m.clone());
             }
@@ -748,10 +744,6 @@ mod tests {
             (
                 "[tokenizer]\npad_to_multiple_of = 0\n",
                 &["pad_to_multiple_of", "positive"],
-            ),
-            (
-                "[tokenizer]\n[[slices]]\nsources = [{ model = \"a\", layers = [0, 1] }]\n",
-                &["slices", "tokenizer_from"],
             ),
         ];
         for (tail, needles) in at_request {

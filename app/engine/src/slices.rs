@@ -6,10 +6,17 @@
 //! across the slices) is layer `first + i` of slice s's k-th model; tensors outside the
 //! numbered layers come from the first slice's model when they are embeddings, else (final
 //! norm, output head) from the last slice's, as mergekit's architectures place them.
+//!
+//! With an output vocabulary (mergekit's `tokenizer_source` or `tokenizer:` block, built from
+//! every model the slices name), [`align`] permutes the rows of each input's embeddings with the
+//! tokenizer of the first slice's model they came from, and those of its output head with the
+//! last slice's model's, as mergekit gathers its pre-layer weights from `slices[0]`'s sources
+//! and its post-layer weights from `slices[-1]`'s.
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{EngineError, Result};
 use crate::layered::layer_position;
+use crate::tokenizer_union::{TokenizerSpec, VocabPlan};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -144,6 +151,29 @@ pub fn open_input(slices: &[Slice], k: usize) -> Result<Checkpoint> {
     }
     let parts: Vec<(Checkpoint, Vec<(String, String)>)> = opened.into_values().collect();
     Checkpoint::assemble(first.sources[k].model.clone(), parts)
+}
+
+/// Aligns the vocabulary tensors of a sliced merge's `inputs` (from [`open_input`], in order)
+/// to the output vocabulary of `spec` (see the module doc).
+pub fn align(slices: &[Slice], spec: &TokenizerSpec, inputs: &mut [Checkpoint]) -> Result<()> {
+    let (Some(first), Some(last)) = (slices.first(), slices.last()) else {
+        return Ok(());
+    };
+    for (slice, embeddings) in [(first, true), (last, false)] {
+        let models: Vec<PathBuf> = slice.sources.iter().map(|s| s.model.clone()).collect();
+        if models.len() != inputs.len() {
+            return Err(EngineError::Bug(format!(
+                "a slice has {} sources for {} inputs",
+                models.len(),
+                inputs.len()
+            )));
+        }
+        if let Some(plan) = VocabPlan::build(spec, &models)? {
+            let mut all: Vec<&mut Checkpoint> = inputs.iter_mut().collect();
+            plan.align_where(&mut all, |name| is_embedding(name) == embeddings)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -789,7 +789,14 @@ impl VocabPlan {
     /// Makes every vocabulary tensor of the `inputs` (the checkpoints of [`VocabPlan::build`]'s
     /// inputs, in that order) read aligned to the output vocabulary.
     pub fn align(&self, inputs: &mut [&mut Checkpoint]) -> Result<()> {
-        for name in VOCAB_TENSORS {
+        self.align_where(inputs, |_| true)
+    }
+
+    /// [`VocabPlan::align`] for the vocabulary tensors `which` accepts only: a sliced merge's
+    /// inputs take their embeddings from one model and their output head from another, each
+    /// aligned with the permutation of the model it came from ([`crate::slices::align`]).
+    pub fn align_where(&self, inputs: &mut [&mut Checkpoint], which: impl Fn(&str) -> bool) -> Result<()> {
+        for name in VOCAB_TENSORS.iter().filter(|n| which(n)) {
             let entries: Vec<Option<TensorEntry>> = inputs.iter().map(|c| c.tensors.get(*name).cloned()).collect();
             let Some(first) = entries.iter().flatten().next() else {
                 continue;

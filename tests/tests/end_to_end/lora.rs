@@ -203,6 +203,7 @@ fn an_extracted_adapter_saves_embeddings_head_and_norms() {
             embed_lora,
             modules_to_save: save.iter().map(|s| (*s).to_owned()).collect(),
             overwrite: false,
+            ..Default::default()
         };
         let report = lora::extract_with(&base_ck, &model, &out, &options).unwrap();
         let back = read(&open_expert(&out, Some(&base())).unwrap());

@@ -20,6 +20,7 @@ mod golden_task_arithmetic;
 mod golden_ties;
 mod golden_weight_average;
 mod lora;
+mod mergekit_lora_slices;
 mod mergekit_parity;
 mod mergekit_tokenizer;
 mod mergekit_yaml;

@@ -90,7 +90,13 @@ fn max_diff(
 fn union_vocabularies_give_mergekits_tokenizer_config_and_tensors() {
     let manifest: Value = serde_json::from_slice(&std::fs::read(fixtures().join("manifest.json")).unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let configs = manifest["configs"].as_array().unwrap();
+    // The cases with slices are compared in tests/tests/mergekit_lora_slices_parity.rs.
+    let configs: Vec<&Value> = manifest["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["name"].as_str().unwrap().contains("_slices_"))
+        .collect();
     assert_eq!(configs.len(), 3);
     let base_vocab = vocab_of(&fixtures().join("inputs/base/tokenizer.json"));
     for config in configs {

@@ -15,7 +15,8 @@ use std::process::ExitCode;
     after_help = "As mergekit-extract-lora does: each layer matrix's difference from the base, truncated to \
 rank r by SVD, becomes a LoRA pair; every other tensor that differs from the base (embeddings, output head, norms, \
 biases) is saved whole in the adapter as PEFT's modules_to_save (listed in adapter_config.json), so that base + \
-adapter gives the model back up to the rank truncation. Tensors equal to the base's are left out."
+adapter gives the model back up to the rank truncation. Tensors equal to the base's are left out. adapter_config.json's r \
+is the largest rank written (with --sv-epsilon, or matrices smaller than --rank, the others are in rank_pattern)."
 )]
 pub struct ExtractLoraArgs {
     /// The base model (checkpoint file or Hugging Face folder).
@@ -40,6 +41,19 @@ pub struct ExtractLoraArgs {
     /// Repeatable.
     #[arg(long = "modules-to-save", visible_alias = "save-module", value_name = "MODULE")]
     pub modules_to_save: Vec<String>,
+    /// Drop singular values at or below this (mergekit-extract-lora's --sv-epsilon): each
+    /// matrix gets rank min(--rank, number of singular values above it), and a matrix with none
+    /// above it is left out; 0 keeps every one up to --rank.
+    #[arg(long, value_name = "EPSILON", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub sv_epsilon: f64,
+    /// Extract only modules whose name this regular expression is found in (searched, as
+    /// mergekit-extract-lora's --include-regex; e.g. 'self_attn'). Repeatable: any one matches.
+    #[arg(long, value_name = "REGEX")]
+    pub include_regex: Vec<String>,
+    /// Leave out modules whose name this regular expression is found in: neither extracted nor
+    /// saved whole (also the embeddings otherwise saved whole). Repeatable.
+    #[arg(long, value_name = "REGEX")]
+    pub exclude_regex: Vec<String>,
     /// Replace --out if it is an adapter folder.
     #[arg(long)]
     pub overwrite: bool,
@@ -58,6 +72,9 @@ pub fn run(args: &ExtractLoraArgs) -> anyhow::Result<ExitCode> {
         rank: args.rank,
         embed_lora: args.embed_lora,
         modules_to_save: args.modules_to_save.clone(),
+        sv_epsilon: args.sv_epsilon,
+        include_regex: args.include_regex.clone(),
+        exclude_regex: args.exclude_regex.clone(),
         overwrite: args.overwrite,
     };
     let report = lora::extract_with(&base, &model, &args.out, &options)

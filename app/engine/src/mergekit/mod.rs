@@ -211,31 +211,8 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         None => dtype("dtype")?,
     };
     let tokenizer = read_tokenizer(file, &top, base.as_deref(), &entries, &slices, &model_ref)?;
-    // Slices take the tokenizer's files only (aligning vocabularies needs whole models).
-    let mut tokenizer_from = None;
-    if !slices.is_empty()
-        && let Some(spec) = &tokenizer
-    {
-        tokenizer_from = match &spec.source {
-            Source::Union => {
-                return Err(invalid(
-                    file,
-                    "tokenizer_source union with 'slices' is not supported yet; merge models that share a tokenizer, \
-                     or use the 'models' form",
-                ));
-            }
-            Source::Base => spec.base_model.clone(),
-            Source::Model(m) => Some(m.clone()),
-        };
-        if !spec.tokens.is_empty() || spec.pad_to_multiple_of.is_some() {
-            notes.push(
-                "with 'slices' only the tokenizer source's files are copied: tokenizer.tokens and \
-                 pad_to_multiple_of are not applied (aligning vocabularies needs whole models)"
-                    .to_owned(),
-            );
-        }
-    }
-    let tokenizer = tokenizer.filter(|_| slices.is_empty());
+    // With slices, every model the slices name joins the vocabulary, and each input's embeddings
+    // and output head are aligned with the model they come from (`slices::align`).
     let chat_template = match top.get("chat_template") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => {
@@ -262,7 +239,7 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         params: params_to_toml(&params),
         hf_folder: true,
         config_from: None,
-        tokenizer_from,
+        tokenizer_from: None,
         chat_template,
         tokenizer: tokenizer
             .as_ref()
@@ -272,8 +249,25 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
     let origin = format!("mergekit config '{}'", file.display());
     if let Some(spec) = &tokenizer {
         // The recipe's table must stand for the configuration exactly: the YAML run and a
-        // converted recipe's run both go through it.
-        if recipe.tokenizer_spec(&origin)?.as_ref() != Some(spec) {
+        // converted recipe's run both go through it. (With slices the models are listed in the
+        // recipe's order of inputs, which decides the tokenizer base when there is no
+        // base_model: the first input, slices[0]'s first source for a method without a base.)
+        let survives = recipe.tokenizer_spec(&origin)?.is_some_and(|r| {
+            let mut models = (r.models.clone(), spec.models.clone());
+            if !slices.is_empty() {
+                models.0.sort();
+                models.1.sort();
+            }
+            models.0 == models.1
+                && TokenizerSpec {
+                    models: Vec::new(),
+                    ..r
+                } == TokenizerSpec {
+                    models: Vec::new(),
+                    ..spec.clone()
+                }
+        });
+        if !survives {
             return Err(EngineError::Bug(format!(
                 "{origin}: the tokenizer settings do not survive the conversion to a recipe's [tokenizer] table \
                  ({:?})",
