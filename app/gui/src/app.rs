@@ -35,6 +35,7 @@ impl MergescopeApp {
         if method_view::device_compiled(settings.device) {
             doc.device = settings.device;
         }
+        doc.experiments.restore_executor(&settings.sweep_executor);
         MergescopeApp {
             doc,
             settings,
@@ -297,6 +298,7 @@ impl MergescopeApp {
         self.view.shortcuts = open;
         self.guard_close(ui);
         self.settings.device = self.doc.device;
+        self.settings.sweep_executor = self.doc.experiments.executor_settings();
         if self.doc.busy() || self.doc.experiments.running() {
             // Elapsed times tick even when no progress event comes.
             ctx.request_repaint_after(Duration::from_millis(250));

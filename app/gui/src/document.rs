@@ -16,6 +16,7 @@ use mergescope_engine::plugin::{Approvals, Plugin, PluginDirs, PluginOrigin, Reg
 use mergescope_lab::demo::{self, Benchmark};
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::nn::Arch;
+use mergescope_lab::text_bench::{TextBuildPlan, TextBuildRequest};
 use mergescope_plugin_api::abi;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -61,13 +62,32 @@ pub struct LogLine {
     pub text: String,
 }
 
-/// A demo build in progress.
+/// What a benchmark build builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuildKind {
+    /// The image demo benchmark of an architecture.
+    Demo(Arch),
+    /// The text benchmark (a pretrained BERT-family backbone).
+    Text,
+}
+
+impl BuildKind {
+    /// How the window names it: "the CNN demo benchmark", "the text benchmark".
+    pub fn title(self) -> String {
+        match self {
+            BuildKind::Demo(arch) => format!("the {} demo benchmark", arch.to_string().to_uppercase()),
+            BuildKind::Text => "the text benchmark".to_owned(),
+        }
+    }
+}
+
+/// A benchmark build in progress (demo or text).
 #[derive(Clone, Debug)]
 pub struct BuildState {
     /// Its job.
     pub job: JobId,
     /// What is built.
-    pub arch: Arch,
+    pub what: BuildKind,
     /// Progress.
     pub live: Live,
 }
@@ -506,7 +526,7 @@ impl Document {
         let job = self.jobs.submit(Job::Build(BuildJob { arch, seed, dir }));
         self.build = Some(BuildState {
             job,
-            arch,
+            what: BuildKind::Demo(arch),
             live: Live {
                 started: Instant::now(),
                 fraction: 0.0,
@@ -514,6 +534,56 @@ impl Document {
             },
         });
         self.note(Level::Info, format!("building the {arch} demo benchmark (seed {seed})"));
+    }
+
+    /// Queues the text benchmark's build as `request` asks (the window asks for every task on
+    /// the chosen backbone with the default recipe, into the cache); when it is done its suite
+    /// becomes the window's, as opening it does. A build by the same recipe already in the
+    /// folder is opened at once. The lab checks the backbone folder before it builds, and a
+    /// folder that is not a BERT model fails the build with what to choose instead. Errs (and
+    /// logs) when the request is refused; `Ok(false)` when the suite was opened without a build.
+    pub fn build_text_benchmark(&mut self, request: &TextBuildRequest) -> Result<bool> {
+        if self.build.is_some() {
+            let e = EngineError::invalid("a benchmark build is already running: wait for it, or cancel it");
+            self.note(Level::Warn, &e);
+            return Err(e);
+        }
+        let plan = request.plan().map_err(|e| {
+            let e = EngineError::invalid(format!("cannot build the text benchmark: {}", text_build_words(&e)));
+            self.note(Level::Error, &e);
+            e
+        })?;
+        let build = match plan {
+            TextBuildPlan::Built(b) => {
+                self.note(
+                    Level::Info,
+                    format!("the text benchmark is already built in '{}'", b.dir.display()),
+                );
+                self.use_suite(&b.suite_path());
+                return Ok(false);
+            }
+            TextBuildPlan::Build(build) => build,
+        };
+        self.note(
+            Level::Info,
+            format!(
+                "building the text benchmark on '{}' into '{}' ({} tasks)",
+                build.backbone.display(),
+                build.dir.display(),
+                build.tasks.len()
+            ),
+        );
+        let job = self.jobs.submit(Job::BuildText(Box::new(build)));
+        self.build = Some(BuildState {
+            job,
+            what: BuildKind::Text,
+            live: Live {
+                started: Instant::now(),
+                fraction: 0.0,
+                stage: "queued".into(),
+            },
+        });
+        Ok(true)
     }
 
     /// The opened recipe's tokenizer settings when the inputs are still the recipe's.
@@ -889,7 +959,7 @@ impl Document {
                 r.live = None;
                 notes.push((Level::Info, format!("{} cancelled", r.title())));
             }
-            Event::Built(..) => {}
+            Event::Built(..) | Event::BuiltText(..) => {}
         }
         for (lvl, text) in notes {
             self.note(lvl, text);
@@ -917,13 +987,32 @@ impl Document {
                 self.note(Level::Info, "demo benchmark built");
                 self.use_benchmark(*bench);
             }
-            Event::Failed(_, msg) => {
+            Event::BuiltText(_, bench) => {
                 self.build = None;
-                self.note(Level::Error, format!("demo build failed: {msg}"));
+                self.note(
+                    Level::Info,
+                    format!("text benchmark built in '{}'", bench.dir.display()),
+                );
+                self.use_suite(&bench.suite_path());
+            }
+            Event::Failed(_, msg) => {
+                let what = self.build.take().map(|b| b.what);
+                match what {
+                    Some(BuildKind::Text) => self.note(
+                        Level::Error,
+                        format!("text benchmark build failed: {}", text_build_words(&msg)),
+                    ),
+                    _ => self.note(Level::Error, format!("demo build failed: {msg}")),
+                }
             }
             Event::Cancelled(_) => {
-                self.build = None;
-                self.note(Level::Info, "demo build cancelled");
+                let what = self.build.take().map(|b| b.what);
+                let name = if what == Some(BuildKind::Text) {
+                    "text benchmark"
+                } else {
+                    "demo"
+                };
+                self.note(Level::Info, format!("{name} build cancelled"));
             }
             Event::Merged(..) => {}
         }
@@ -1073,6 +1162,20 @@ impl Document {
     }
 }
 
+/// The lab's text-benchmark messages, written for the command line, worded for the window.
+fn text_build_words(e: &dyn std::fmt::Display) -> String {
+    e.to_string()
+        .replace("point --backbone at", "choose")
+        .replace(
+            "choose another --out or pass --force to replace it",
+            "remove it, or rebuild it with `mergescope demo build --benchmark text --backbone DIR --force`",
+        )
+        .replace(
+            "rebuild it with `mergescope demo build --benchmark text --force`",
+            "remove it, or rebuild it with `mergescope demo build --benchmark text --backbone DIR --force`",
+        )
+}
+
 fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
         (Ok(x), Ok(y)) => x == y,
@@ -1141,10 +1244,11 @@ impl Project {
 mod tests {
     use super::*;
 
-    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    /// Writes `text` as the project file `name` in `dir` and loads it.
+    fn load_text(dir: &Path, name: &str, text: &str) -> Result<Project> {
         let p = dir.join(name);
         std::fs::write(&p, text).unwrap();
-        p
+        Project::load(&p)
     }
 
     #[test]
@@ -1166,27 +1270,22 @@ mod tests {
             device: DeviceChoice::Cpu,
             runs: Vec::new(),
         };
-        let p = write(dir.path(), "ok.msproj", &serde_json::to_string(&ok).unwrap());
-        let back = Project::load(&p).unwrap();
+        let back = load_text(dir.path(), "ok.msproj", &serde_json::to_string(&ok).unwrap()).unwrap();
         assert_eq!((back.seed, back.experts[0].label.as_str()), (3, "a"));
 
         let mut newer = serde_json::to_value(&ok).unwrap();
         newer["version"] = Value::from(PROJECT_VERSION + 1);
-        let p = write(dir.path(), "newer.msproj", &newer.to_string());
-        assert!(Project::load(&p).unwrap_err().to_string().contains("newer mergescope"));
+        let e = load_text(dir.path(), "newer.msproj", &newer.to_string()).unwrap_err();
+        assert!(e.to_string().contains("newer mergescope"));
 
         let mut other = serde_json::to_value(&ok).unwrap();
         other["format"] = Value::from("something-else");
-        let p = write(dir.path(), "other.msproj", &other.to_string());
-        assert!(
-            Project::load(&p)
-                .unwrap_err()
-                .to_string()
-                .contains("not a mergescope project")
-        );
+        let e = load_text(dir.path(), "other.msproj", &other.to_string()).unwrap_err();
+        assert!(e.to_string().contains("not a mergescope project"));
 
-        let p = write(dir.path(), "junk.msproj", "{ not json");
-        let e = Project::load(&p).unwrap_err().to_string();
+        let e = load_text(dir.path(), "junk.msproj", "{ not json")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("junk.msproj") && e.contains("not a mergescope project"),
             "{e}"

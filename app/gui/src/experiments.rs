@@ -6,7 +6,8 @@
 //! `engine::scaling::sweep`, the same code as `mergescope sweep`. The cells run in this
 //! process (the local executor) or as one Slurm array job ([`ExecutorKind::Slurm`], the lab's
 //! [`SlurmSweep`], the same door as `mergescope sweep --executor slurm`), whose state the
-//! window follows.
+//! window follows. The executor choice and the Slurm fields ([`ExecutorSettings`]) are
+//! remembered in the settings between launches.
 
 use crate::jobs::{Background, Notify, TaskMessage};
 use mergescope_engine::device::{DeviceChoice, open_device};
@@ -28,6 +29,7 @@ use mergescope_studies::scaling::sweep::store::{Row, read_rows};
 use mergescope_studies::scaling::sweep::{
     SweepInputs, SweepProgress, SweepSpec, Variable, VariableResult, analyse, figures, run_sweep, write_plots,
 };
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -205,8 +207,10 @@ pub struct SweepJob {
     pub slurm: Option<(SlurmOptions, SlurmSweepSettings)>,
 }
 
-/// The Slurm executor's fields as the window edits them.
-#[derive(Clone, Debug, PartialEq)]
+/// The Slurm executor's fields as the window edits them (remembered between launches in the
+/// [`Settings`](crate::settings::Settings), every field optional so that older settings load).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SlurmForm {
     /// `--partition`; empty: the cluster's default.
     pub partition: String,
@@ -224,8 +228,29 @@ pub struct SlurmForm {
     pub setup: String,
     /// Seconds between two looks at the queue.
     pub poll_seconds: f64,
-    /// The `mergescope` binary the nodes run; `None`: the one beside this executable.
+    /// The `mergescope` binary the nodes run; `None`: the one beside this executable (not
+    /// remembered: the window does not show it).
+    #[serde(skip)]
     pub bin: Option<PathBuf>,
+}
+
+/// [`ExecutorKind`] as the settings file writes it (`"Local"`, `"Slurm"`).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "ExecutorKind")]
+enum ExecutorKindDef {
+    Local,
+    Slurm,
+}
+
+/// The Experiments window's executor choice and Slurm fields, as the settings remember them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ExecutorSettings {
+    /// Where the cells run.
+    #[serde(with = "ExecutorKindDef")]
+    pub executor: ExecutorKind,
+    /// The Slurm executor's fields.
+    pub slurm: SlurmForm,
 }
 
 impl Default for SlurmForm {
@@ -691,6 +716,25 @@ impl Experiments {
             ExecutorKind::Local => None,
             ExecutorKind::Slurm => sbatch_missing(),
         };
+    }
+
+    /// The executor choice and the Slurm fields, for the settings.
+    pub fn executor_settings(&self) -> ExecutorSettings {
+        ExecutorSettings {
+            executor: self.executor,
+            slurm: self.slurm.clone(),
+        }
+    }
+
+    /// Takes up remembered executor settings (the binary the nodes run is kept: the settings
+    /// do not hold it).
+    pub fn restore_executor(&mut self, settings: &ExecutorSettings) {
+        let bin = self.slurm.bin.take();
+        self.slurm = SlurmForm {
+            bin,
+            ..settings.slurm.clone()
+        };
+        self.set_executor(settings.executor);
     }
 
     /// Starts `job` on a background thread (after cancelling any sweep in flight); `notify`

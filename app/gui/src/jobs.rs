@@ -1,7 +1,7 @@
-//! Long work off the UI thread: a queue of jobs (merges, demo builds) run one at a time by a
-//! worker thread, reporting through a channel. The UI polls the events each frame; the worker
-//! wakes it with `notify` so progress shows without busy repainting. Every job can be
-//! cancelled, queued or running; a panic in a job fails that job, not the app.
+//! Long work off the UI thread: a queue of jobs (merges, demo and text-benchmark builds) run one
+//! at a time by a worker thread, reporting through a channel. The UI polls the events each
+//! frame; the worker wakes it with `notify` so progress shows without busy repainting. Every
+//! job can be cancelled, queued or running; a panic in a job fails that job, not the app.
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use mergescope_engine::device::{DeviceChoice, device_name, open_device};
@@ -15,6 +15,7 @@ use mergescope_lab::evaluator::suite::Suite;
 use mergescope_lab::evaluator::{EvalReport, Evaluator};
 use mergescope_lab::nn::Arch;
 use mergescope_lab::run::{self, TaskSource};
+use mergescope_lab::text_bench::{TextBenchmark, TextBuild};
 use mergescope_plugin_api::abi;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -58,6 +59,8 @@ pub enum Job {
     Merge(Box<MergeJob>),
     /// A demo benchmark build.
     Build(BuildJob),
+    /// A text benchmark build (the lab's, as `mergescope demo build --benchmark text` runs it).
+    BuildText(Box<TextBuild>),
 }
 
 /// What a merge job produced.
@@ -98,6 +101,8 @@ pub enum Event {
     Merged(JobId, Box<MergeOutcome>),
     /// A demo build finished.
     Built(JobId, Box<Benchmark>),
+    /// A text benchmark build finished.
+    BuiltText(JobId, Box<TextBenchmark>),
     /// The job failed; the message says why and what to do.
     Failed(JobId, String),
     /// The job was cancelled (queued or running); nothing was written.
@@ -109,6 +114,7 @@ impl Event {
     pub fn id(&self) -> JobId {
         match self {
             Event::Started(id) | Event::Cancelled(id) | Event::Merged(id, _) | Event::Built(id, _) => *id,
+            Event::BuiltText(id, _) => *id,
             Event::Failed(id, _) => *id,
             Event::Progress { id, .. } | Event::Log { id, .. } => *id,
         }
@@ -272,7 +278,7 @@ impl JobQueue {
     fn forget_ended(&mut self, e: &Event) {
         if matches!(
             e,
-            Event::Merged(..) | Event::Built(..) | Event::Failed(..) | Event::Cancelled(_)
+            Event::Merged(..) | Event::Built(..) | Event::BuiltText(..) | Event::Failed(..) | Event::Cancelled(_)
         ) {
             self.cancels.remove(&e.id());
         }
@@ -335,6 +341,7 @@ impl Worker {
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &q.job {
                 Job::Merge(m) => self.merge(q.id, m, &q.cancel),
                 Job::Build(b) => self.build(q.id, b, &q.cancel),
+                Job::BuildText(b) => self.build_text(q.id, b, &q.cancel),
             }));
             let event = match outcome {
                 Ok(Ok(e)) => e,
@@ -520,8 +527,28 @@ impl Worker {
         let tasks = self.tasks.clone().unwrap_or_default();
         let recipe = demo::BuildRecipe::default_for(job.arch, job.seed);
         let (device, _) = open_device(DeviceChoice::Cpu);
+        let mut progress = self.build_progress(id, "building demo");
+        // An outdated build in `dir` is replaced only once the new one is complete.
+        let b = demo::build_replacing(&job.dir, |staging| {
+            demo::build(job.arch, &tasks, &recipe, staging, &device, &mut progress, cancel)
+        })?;
+        Ok(Event::Built(id, Box::new(b)))
+    }
+
+    /// Builds the text benchmark: the lab checks the backbone folder first, then trains the
+    /// heads and experts; the folder is replaced only once the build is complete.
+    fn build_text(&mut self, id: JobId, job: &TextBuild, cancel: &AtomicBool) -> Result<Event> {
+        let (device, _) = open_device(DeviceChoice::Cpu);
+        let mut progress = self.build_progress(id, "building text benchmark");
+        let b = job.run(&device, &mut progress, cancel)?;
+        Ok(Event::BuiltText(id, Box::new(b)))
+    }
+
+    /// A build's progress callback: an event at most every 50 ms (and at the end), its stage
+    /// after `what`.
+    fn build_progress<'a>(&'a self, id: JobId, what: &'a str) -> impl FnMut(&BuildProgress) + 'a {
         let mut last = Instant::now() - Duration::from_secs(1);
-        let mut progress = |p: &BuildProgress| {
+        move |p: &BuildProgress| {
             if last.elapsed() >= Duration::from_millis(50) || p.done == p.total {
                 last = Instant::now();
                 let fraction = if p.total == 0 {
@@ -532,14 +559,9 @@ impl Worker {
                 self.send(Event::Progress {
                     id,
                     fraction,
-                    stage: format!("building demo: {}", p.stage),
+                    stage: format!("{what}: {}", p.stage),
                 });
             }
-        };
-        // An outdated build in `dir` is replaced only once the new one is complete.
-        let b = demo::build_replacing(&job.dir, |staging| {
-            demo::build(job.arch, &tasks, &recipe, staging, &device, &mut progress, cancel)
-        })?;
-        Ok(Event::Built(id, Box::new(b)))
+        }
     }
 }

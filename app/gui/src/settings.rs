@@ -1,6 +1,10 @@
 //! What the app remembers between launches (apart from the window geometry, which eframe
-//! keeps): theme, recent projects, the device of the last run, panel visibility.
+//! keeps): theme, recent projects, the device of the last run, panel visibility, the backbone
+//! folder of the last text-benchmark build, and the Experiments window's executor (Local or
+//! Slurm with its fields). Every field has a default, so a settings file written by an older
+//! version loads.
 
+use crate::experiments::ExecutorSettings;
 use mergescope_engine::device::DeviceChoice;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -43,6 +47,10 @@ pub struct Settings {
     pub device: DeviceChoice,
     /// Whether the log panel is open.
     pub show_log: bool,
+    /// The backbone folder of the last text-benchmark build (Benchmark > Build text benchmark).
+    pub text_backbone: Option<PathBuf>,
+    /// The Experiments window's executor: Local or Slurm, and the Slurm fields.
+    pub sweep_executor: ExecutorSettings,
 }
 
 impl Settings {
@@ -60,6 +68,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::experiments::ExecutorKind;
 
     #[test]
     fn recent_projects_are_unique_newest_first_and_bounded() {
@@ -76,5 +85,43 @@ mod tests {
         assert_eq!(back, s);
         let old: Settings = serde_json::from_str(r#"{"theme":"Dark"}"#).unwrap();
         assert_eq!(old.theme, Theme::Dark);
+    }
+
+    #[test]
+    fn the_executor_and_backbone_round_trip_and_older_settings_files_load() {
+        let mut s = Settings {
+            text_backbone: Some(PathBuf::from("/models/all-minilm-l6-v2")),
+            ..Settings::default()
+        };
+        s.sweep_executor.executor = ExecutorKind::Slurm;
+        let f = &mut s.sweep_executor.slurm;
+        f.partition = "gpu".into();
+        f.time = "01:30:00".into();
+        f.cpus_per_cell = 8;
+        f.gpus_per_cell = 2;
+        f.max_parallel = 16;
+        f.workdir = "/scratch/sweeps".into();
+        f.setup = "module load cuda".into();
+        f.poll_seconds = 5.0;
+        let text = serde_json::to_string(&s).unwrap();
+        let back: Settings = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, s);
+        assert!(text.contains(r#""executor":"Slurm""#), "{text}");
+
+        // A settings file of the version before: none of the new fields.
+        let old = r#"{"theme":"Light","recent":["/p/a.msproj"],"device":"cpu","show_log":true}"#;
+        let old: Settings = serde_json::from_str(old).unwrap();
+        assert_eq!(old.theme, Theme::Light);
+        assert!(old.show_log);
+        assert_eq!(old.text_backbone, None);
+        assert_eq!(old.sweep_executor, ExecutorSettings::default());
+        assert_eq!(old.sweep_executor.executor, ExecutorKind::Local);
+        assert_eq!(old.sweep_executor.slurm.cpus_per_cell, 1);
+        // Some Slurm fields only (written by a later version that dropped others).
+        let some: Settings =
+            serde_json::from_str(r#"{"sweep_executor":{"executor":"Slurm","slurm":{"partition":"long"}}}"#).unwrap();
+        assert_eq!(some.sweep_executor.executor, ExecutorKind::Slurm);
+        assert_eq!(some.sweep_executor.slurm.partition, "long");
+        assert_eq!(some.sweep_executor.slurm.poll_seconds, 2.0);
     }
 }

@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use clap::Args;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_lab::demo::BuildProgress;
-use mergescope_lab::text_bench::{TextBenchmark, TextRecipe, build_text, builtin_tasks, text_demo_dir};
+use mergescope_lab::text_bench::{TextBenchmark, TextBuildPlan, TextBuildRequest, TextRecipe};
 
 /// Options of the text benchmark's recipe (defaults: `TextRecipe::default_for`).
 #[derive(Args, Debug, Default)]
@@ -88,37 +88,19 @@ pub fn run_text_build(args: &BuildArgs) -> anyhow::Result<std::process::ExitCode
     if args.arch != "cnn" || args.data.is_some() {
         anyhow::bail!("--arch and --data are for the image benchmark; the text benchmark takes --backbone");
     }
-    let mut tasks = builtin_tasks()?;
-    if !args.text.text_tasks.is_empty() {
-        let known: Vec<String> = tasks.iter().map(|t| t.name.clone()).collect();
-        if let Some(bad) = args.text.text_tasks.iter().find(|n| !known.contains(n)) {
-            anyhow::bail!(
-                "--text-tasks: unknown task '{bad}'; the text tasks are {}",
-                known.join(", ")
-            );
+    let mut request = TextBuildRequest::new(backbone, args.seed);
+    request.recipe = args.text.recipe(args.seed)?;
+    request.tasks = args.text.text_tasks.clone();
+    request.out = args.out.clone();
+    request.force = args.force;
+    let build = match request.plan()? {
+        TextBuildPlan::Built(b) => {
+            eprintln!("text: already built in '{}' (--force rebuilds it)", b.dir.display());
+            print_text(&b);
+            return Ok(std::process::ExitCode::SUCCESS);
         }
-        tasks.retain(|t| args.text.text_tasks.contains(&t.name));
-    }
-    let recipe = args.text.recipe(args.seed)?;
-    let dir = match &args.out {
-        Some(d) => d.clone(),
-        None => text_demo_dir(args.seed)?,
+        TextBuildPlan::Build(build) => build,
     };
-    if let Ok(b) = TextBenchmark::open(&dir)
-        && b.is_current()
-        && b.manifest.recipe == recipe
-        && !args.force
-    {
-        eprintln!("text: already built in '{}' (--force rebuilds it)", dir.display());
-        print_text(&b);
-        return Ok(std::process::ExitCode::SUCCESS);
-    }
-    if dir.exists() && !args.force && TextBenchmark::open(&dir).is_err() {
-        anyhow::bail!(
-            "'{}' exists and is not a text benchmark; choose another --out or pass --force to replace it (nothing was written)",
-            dir.display()
-        );
-    }
     let (device, _) = open_device(DeviceChoice::Cpu);
     let cancel = super::super::cancel_on_ctrl_c();
     let bar = super::super::progress_bar(args.quiet);
@@ -129,7 +111,7 @@ pub fn run_text_build(args: &BuildArgs) -> anyhow::Result<std::process::ExitCode
         bar.set_message(format!("text: {}{loss}", p.stage));
     };
     let clock = std::time::Instant::now();
-    let built = build_text(backbone, &tasks, &recipe, &dir, &device, &mut on_progress, cancel);
+    let built = build.run(&device, &mut on_progress, cancel);
     bar.finish_and_clear();
     let b = built?;
     eprintln!("text: built in {:.0} s", clock.elapsed().as_secs_f64());

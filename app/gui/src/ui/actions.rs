@@ -7,6 +7,7 @@ use crate::settings::{Settings, Theme};
 use crate::ui::{ViewState, dialogs};
 use egui::{Key, KeyboardShortcut, Modifiers, Ui};
 use mergescope_lab::nn::Arch;
+use mergescope_lab::text_bench::TextBuildRequest;
 use std::path::PathBuf;
 
 /// What an action asks of the window's project file (only the window can do that).
@@ -62,6 +63,8 @@ pub enum Action {
     Escape,
     /// Build the demo benchmark of an architecture.
     BuildDemo(Arch),
+    /// Build the text benchmark on a backbone folder the user chooses.
+    BuildText,
     /// Show or hide the analysis panel.
     ToggleAnalysis,
     /// Show or hide the log panel.
@@ -84,7 +87,7 @@ const CMD_SHIFT: Modifiers = Modifiers::COMMAND.plus(Modifiers::SHIFT);
 
 impl Action {
     /// Every action, in the order of the menus (Help > Keyboard shortcuts lists them so).
-    pub const ALL: [Action; 21] = [
+    pub const ALL: [Action; 22] = [
         Action::OpenProject,
         Action::SaveProject,
         Action::SaveProjectAs,
@@ -100,6 +103,7 @@ impl Action {
         Action::BuildDemo(Arch::ALL[0]),
         Action::BuildDemo(Arch::ALL[1]),
         Action::BuildDemo(Arch::ALL[2]),
+        Action::BuildText,
         Action::ToggleAnalysis,
         Action::ToggleLog,
         Action::CycleTheme,
@@ -127,6 +131,7 @@ impl Action {
                 let at = Arch::ALL.iter().position(|a| *a == arch).unwrap_or(0);
                 key(Modifiers::COMMAND, [Key::Num1, Key::Num2, Key::Num3][at.min(2)])
             }
+            Action::BuildText => key(Modifiers::COMMAND, Key::Num4),
             Action::ToggleAnalysis => key(CMD_SHIFT, Key::A),
             Action::ToggleLog => key(Modifiers::COMMAND, Key::L),
             Action::CycleTheme => key(CMD_SHIFT, Key::T),
@@ -152,6 +157,7 @@ impl Action {
             Action::RunMerge => "Run merge".into(),
             Action::Escape => "Cancel running".into(),
             Action::BuildDemo(arch) => format!("Build {} demo", arch.to_string().to_uppercase()),
+            Action::BuildText => "Build text benchmark…".into(),
             Action::ToggleAnalysis => "Analysis panel".into(),
             Action::ToggleLog => "Log panel".into(),
             Action::CycleTheme => "Next theme".into(),
@@ -168,6 +174,9 @@ impl Action {
             Action::CycleTheme => "Switch the theme (system, light, dark)".into(),
             Action::ToggleAnalysis => "Show or hide the analysis panel".into(),
             Action::ToggleLog => "Show or hide the log panel".into(),
+            Action::BuildText => {
+                "Build the text benchmark on a MiniLM/BERT folder, then evaluate with its suite".into()
+            }
             other => other.label().trim_end_matches('…').to_string(),
         }
     }
@@ -182,6 +191,9 @@ impl Action {
                 Some("Evaluate merges with a suite file: your model family (BERT, CLIP, causal LM) or your own command")
             }
             Action::Experiments => Some("Seed 002's sweeps: fine-tune, merge, evaluate and fit the scaling laws"),
+            Action::BuildText => Some(
+                "Choose the all-MiniLM-L6-v2 folder (scripts/fetch-minilm.sh): heads and one expert per text task are trained into the cache (minutes), then merges are evaluated with its suite",
+            ),
             _ => None,
         }
     }
@@ -202,6 +214,7 @@ impl Action {
             Action::RunMerge => app.view.start_run(app.doc),
             Action::Escape => escape(app),
             Action::BuildDemo(arch) => app.doc.build_demo(arch, 0),
+            Action::BuildText => build_text(app),
             Action::ToggleAnalysis => {
                 if app.doc.analysis.open {
                     app.doc.analysis.open = false;
@@ -237,6 +250,30 @@ impl Action {
         } else {
             None
         }
+    }
+}
+
+/// Asks for the backbone folder (starting at the last one used, else the one
+/// scripts/fetch-minilm.sh fills, when it is there), remembers it, and queues the text
+/// benchmark's build on it; a refusal goes to the status bar and the log.
+fn build_text(app: &mut MenuTarget<'_>) {
+    let start = app.settings.text_backbone.clone().or_else(|| {
+        mergescope_lab::demo::cache_dir()
+            .ok()
+            .map(|d| d.join("all-minilm-l6-v2"))
+            .filter(|d| d.is_dir())
+    });
+    let mut dialog =
+        rfd::FileDialog::new().set_title("Backbone of the text benchmark: the all-MiniLM-L6-v2 folder (a BERT model)");
+    if let Some(d) = start.filter(|d| d.is_dir()) {
+        dialog = dialog.set_directory(d);
+    }
+    let Some(dir) = dialog.pick_folder() else { return };
+    app.settings.text_backbone = Some(dir.clone());
+    match app.doc.build_text_benchmark(&TextBuildRequest::new(dir, 0)) {
+        Ok(true) => app.view.toast("building the text benchmark: see the Inputs panel"),
+        Ok(false) => app.view.toast("the text benchmark is already built: its suite is open"),
+        Err(e) => app.view.toast(e),
     }
 }
 

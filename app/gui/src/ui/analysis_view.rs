@@ -193,13 +193,12 @@ fn view_controls(ui: &mut egui::Ui, doc: &mut Document, view: &ViewState) {
                 .labelled_by(label.id)
                 .drag_stopped();
         } else {
-            let tensors = a.inputs.tensors.clone();
             changed |= optional_choice(
                 ui,
                 "cosine-tensor",
                 "Layer",
                 "whole model",
-                &tensors,
+                &a.inputs.tensors,
                 &mut a.options.tensor,
             );
         }
@@ -281,13 +280,12 @@ fn landscape_controls(ui: &mut egui::Ui, doc: &mut Document, view: &ViewState) {
         ] {
             changed |= ui.selectable_value(&mut a.options.metric, m, name).changed();
         }
-        let tasks = a.inputs.tasks.clone();
         changed |= optional_choice(
             ui,
             "landscape-task",
             "of",
             "mean over tasks",
-            &tasks,
+            &a.inputs.tasks,
             &mut a.options.task,
         );
         if a.kind == ViewKind::Plane {

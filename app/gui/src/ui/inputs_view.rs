@@ -159,8 +159,8 @@ pub fn inputs_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
     if let Some(build) = &doc.build {
         let (elapsed, left) = build.live.times();
         ui.label(format!(
-            "Building the {} demo benchmark (once; it is cached for the next launches)",
-            build.arch.to_string().to_uppercase()
+            "Building {} (once; it is cached for the next launches)",
+            build.what.title()
         ));
         ui.add(
             egui::ProgressBar::new(build.live.fraction)

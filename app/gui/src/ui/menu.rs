@@ -1,5 +1,6 @@
 //! The menu bar: draws the [`Action`] table's entries (each with its shortcut) and the lists
-//! that have no key (recent projects, built demos). The shortcuts themselves are applied by
+//! that have no key (recent projects, built demos). The Benchmark menu builds the image demos
+//! and the text benchmark. The shortcuts themselves are applied by
 //! [`actions::apply_shortcuts`](crate::ui::actions::apply_shortcuts).
 
 use crate::settings::Theme;
@@ -55,7 +56,8 @@ pub fn menu_bar(ui: &mut Ui, mut app: MenuTarget<'_>) -> Option<ProjectCommand> 
             items(ui, app, &[Action::RunMerge, Action::Escape]);
         });
         ui.menu_button("Benchmark", |ui| {
-            let builds: Vec<Action> = Arch::ALL.into_iter().map(Action::BuildDemo).collect();
+            let mut builds: Vec<Action> = Arch::ALL.into_iter().map(Action::BuildDemo).collect();
+            builds.push(Action::BuildText);
             items(ui, app, &builds);
             ui.separator();
             built_demos(ui, app);

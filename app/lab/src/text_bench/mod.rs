@@ -5,6 +5,8 @@
 
 pub mod build;
 pub mod data;
+pub mod options;
 
 pub use build::{TextBenchmark, TextManifest, TextRecipe, build_text, text_demo_dir};
 pub use data::{TextSplit, TextTask, builtin_tasks};
+pub use options::{TextBuild, TextBuildPlan, TextBuildRequest};
