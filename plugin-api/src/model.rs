@@ -33,6 +33,47 @@ impl ObjectiveChoice {
 }
 
 crate::choice_enum! {
+    /// The optimiser of the session's `finetune` (AdamW, SGD with momentum, plain SGD). Shared,
+    /// like [`ObjectiveChoice`], so that a method fine-tuning through the session offers the
+    /// host's optimisers by their names and maps none of them itself.
+    pub enum OptimizerChoice {
+        AdamW = "adamw",
+        Momentum = "momentum",
+        Sgd = "sgd",
+    }
+}
+
+impl OptimizerChoice {
+    /// The `abi::OPTIMIZER_*` of [`FinetuneOptions::optimizer`].
+    pub fn abi(self) -> abi::OptimizerKind {
+        match self {
+            OptimizerChoice::AdamW => abi::OPTIMIZER_ADAMW,
+            OptimizerChoice::Momentum => abi::OPTIMIZER_MOMENTUM,
+            OptimizerChoice::Sgd => abi::OPTIMIZER_SGD,
+        }
+    }
+}
+
+crate::choice_enum! {
+    /// Which y the session's diagonal Fisher differentiates log p(y | x) of: the calibration
+    /// label (the empirical Fisher), or the model's own prediction (no labels needed).
+    pub enum FisherLabelsChoice {
+        True = "true",
+        Predicted = "predicted",
+    }
+}
+
+impl FisherLabelsChoice {
+    /// The `abi::FISHER_LABELS_*` of [`Session::diag_fisher`].
+    pub fn abi(self) -> abi::FisherLabels {
+        match self {
+            FisherLabelsChoice::True => abi::FISHER_LABELS_TRUE,
+            FisherLabelsChoice::Predicted => abi::FISHER_LABELS_PREDICTED,
+        }
+    }
+}
+
+crate::choice_enum! {
     /// One coefficient (or vertex) per task for the whole model, or one per task and tensor.
     pub enum Granularity {
         Task = "task",

@@ -398,17 +398,7 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
         }
     };
     let fmt_y = |v: &f64| format_number(if f.log_y { 10f64.powf(*v) } else { *v });
-    chart
-        .configure_mesh()
-        .x_desc(&f.x_label)
-        .y_desc(&f.y_label)
-        .x_label_formatter(&fmt_x)
-        .y_label_formatter(&fmt_y)
-        .label_style(small(14))
-        .axis_desc_style(small(16))
-        .light_line_style(RGBColor(240, 240, 240))
-        .draw()
-        .map_err(err)?;
+    draw_mesh(&mut chart, &f.x_label, &f.y_label, Some(&fmt_x), &fmt_y)?;
     let draw = |chart: &mut Chart, i: usize, s: &crate::model::Series, y: &dyn Fn(f64) -> f64| {
         let c = rgb(series_color(s.color.unwrap_or(i)));
         let pts: Vec<(f64, f64)> = s
@@ -490,6 +480,31 @@ fn lines(root: &Area, f: &Lines) -> Result<(), FigureError> {
     Ok(())
 }
 
+/// The axes and grid of a lines or bars chart: the axis descriptions, tick labels written by
+/// `fmt_x` and `fmt_y`, and light grid lines. Without `fmt_x` (bars, whose categories are
+/// labelled apart) there are neither x tick labels nor vertical grid lines.
+fn draw_mesh(
+    chart: &mut Chart,
+    x_desc: &str,
+    y_desc: &str,
+    fmt_x: Option<&dyn Fn(&f64) -> String>,
+    fmt_y: &dyn Fn(&f64) -> String,
+) -> Result<(), FigureError> {
+    let mut mesh = chart.configure_mesh();
+    match fmt_x {
+        Some(fmt_x) => mesh.x_label_formatter(fmt_x),
+        None => mesh.disable_x_mesh().x_labels(0),
+    };
+    mesh.x_desc(x_desc)
+        .y_desc(y_desc)
+        .y_label_formatter(fmt_y)
+        .label_style(small(14))
+        .axis_desc_style(small(16))
+        .light_line_style(RGBColor(240, 240, 240))
+        .draw()
+        .map_err(err)
+}
+
 fn bars(root: &Area, f: &Bars) -> Result<(), FigureError> {
     let entries: Vec<(String, RGBColor)> = f
         .series
@@ -511,19 +526,7 @@ fn bars(root: &Area, f: &Bars) -> Result<(), FigureError> {
         .y_label_area_size(75)
         .build_cartesian_2d(-0.6..n - 0.4, (lo - if lo < 0.0 { pad } else { 0.0 })..hi + pad)
         .map_err(err)?;
-    let fmt_y = |v: &f64| format_number(*v);
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(0)
-        .y_desc(&f.y_label)
-        .x_desc(&f.x_label)
-        .y_label_formatter(&fmt_y)
-        .label_style(small(14))
-        .axis_desc_style(small(16))
-        .light_line_style(RGBColor(240, 240, 240))
-        .draw()
-        .map_err(err)?;
+    draw_mesh(&mut chart, &f.x_label, &f.y_label, None, &|v: &f64| format_number(*v))?;
     for (s, _, x0, x1, y0, y1) in f.rects() {
         let c = rgb(series_color(s));
         chart

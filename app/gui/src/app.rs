@@ -233,6 +233,7 @@ impl MergescopeApp {
     /// Draws one frame (the eframe entry point and the tests call this).
     pub fn show(&mut self, ui: &mut Ui) {
         self.doc.pump();
+        self.view.toast_new_errors(&self.doc.log);
         self.view.frames += 1;
         if self.applied_theme != Some(self.settings.theme) {
             ui.ctx().set_theme(self.settings.theme.preference());

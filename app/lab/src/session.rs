@@ -273,23 +273,31 @@ fn engine_err(e: EngineError) -> String {
     }
 }
 
-unsafe extern "C" fn s_tensor_count(ctx: *mut c_void) -> usize {
+/// Item `index` of `items`, or the error naming it as `what` `index` of their count.
+fn nth<'a, T>(items: &'a [T], index: usize, what: &str) -> std::result::Result<&'a T, String> {
+    items
+        .get(index)
+        .ok_or_else(|| format!("{what} {index} of {}", items.len()))
+}
+
+/// What `count` says of the session (0 when `ctx` is null).
+fn session_count(ctx: *mut c_void, count: impl FnOnce(&SessionCtx<'_, '_>) -> usize) -> usize {
     let mut n = 0;
     with_session(ctx, |s| {
-        n = s.model.names.len();
+        n = count(s);
         Ok(())
     });
     n
 }
 
+unsafe extern "C" fn s_tensor_count(ctx: *mut c_void) -> usize {
+    session_count(ctx, |s| s.model.names.len())
+}
+
 unsafe extern "C" fn s_tensor_info(ctx: *mut c_void, index: usize, out: *mut abi::TensorInfo) -> Status {
     with_session(ctx, |s| {
         let count = s.model.names.len();
-        let name = s
-            .model
-            .names
-            .get(index)
-            .ok_or_else(|| format!("tensor {index} of {count}"))?;
+        let name = nth(&s.model.names, index, "tensor")?;
         let shape = &s.model.shapes[index];
         write(
             out,
@@ -309,31 +317,19 @@ unsafe extern "C" fn s_tensor_info(ctx: *mut c_void, index: usize, out: *mut abi
 }
 
 unsafe extern "C" fn s_expert_count(ctx: *mut c_void) -> usize {
-    let mut n = 0;
-    with_session(ctx, |s| {
-        n = s.model.experts.len();
-        Ok(())
-    });
-    n
+    session_count(ctx, |s| s.model.experts.len())
 }
 
 unsafe extern "C" fn s_task_name(ctx: *mut c_void, task: usize, out: *mut Str) -> Status {
     with_session(ctx, |s| {
         let names = s.model.tasks.task_names();
-        let n = names.len();
-        let t = names.get(task).ok_or_else(|| format!("task {task} of {n}"))?;
-        write(out, Str::new(t))
+        write(out, Str::new(nth(&names, task, "task")?))
     })
 }
 
 unsafe extern "C" fn s_base_tensor(ctx: *mut c_void, index: usize, out: *mut TensorHandle) -> Status {
     with_session(ctx, |s| {
-        let t = s
-            .model
-            .base
-            .get(index)
-            .ok_or_else(|| format!("base tensor {index} of {}", s.model.base.len()))?
-            .clone();
+        let t = nth(&s.model.base, index, "base tensor")?.clone();
         let h = s.call_mut().insert(t);
         write(out, h)
     })
@@ -341,16 +337,8 @@ unsafe extern "C" fn s_base_tensor(ctx: *mut c_void, index: usize, out: *mut Ten
 
 unsafe extern "C" fn s_expert_tensor(ctx: *mut c_void, expert: usize, index: usize, out: *mut TensorHandle) -> Status {
     with_session(ctx, |s| {
-        let n = s.model.experts.len();
-        let e = s
-            .model
-            .experts
-            .get(expert)
-            .ok_or_else(|| format!("expert {expert} of {n}"))?;
-        let t = e
-            .get(index)
-            .ok_or_else(|| format!("tensor {index} of {}", e.len()))?
-            .clone();
+        let e = nth(&s.model.experts, expert, "expert")?;
+        let t = nth(e, index, "tensor")?.clone();
         let h = s.call_mut().insert(t);
         write(out, h)
     })

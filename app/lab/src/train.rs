@@ -637,34 +637,60 @@ mod tests {
         assert!((8..=12).contains(&y) && (8..=12).contains(&x));
     }
 
+    /// Demo task 4 with a fresh 10-class head, and the MLP base the fine-tuning tests start
+    /// from.
+    struct Fixture {
+        tasks: Vec<crate::data::TaskData>,
+        head: Head,
+        base: Params,
+    }
+
+    impl Fixture {
+        fn new(dev: &Device) -> Fixture {
+            Fixture {
+                tasks: crate::data::demo_tasks().unwrap(),
+                head: Head::init(128, 10, 1, dev).unwrap(),
+                base: Arch::Mlp.init(0, dev).unwrap(),
+            }
+        }
+
+        /// The task's first `n` training examples through the head.
+        fn task(&self, n: usize) -> TrainTask<'_> {
+            let t = &self.tasks[4];
+            TrainTask {
+                data: Examples {
+                    images: &t.train.images[..n * 784],
+                    labels: &t.train.labels[..n],
+                },
+                head: &self.head,
+            }
+        }
+    }
+
+    /// AdamW (lr 1e-3) on shuffled, shifted minibatches of 32 for `budget`.
+    fn minibatch_config(budget: Budget, seed: u64) -> TrainConfig {
+        TrainConfig {
+            optim: OptimConfig::adamw(1e-3, 0.0),
+            batch: BatchSize::Size(32),
+            budget,
+            seed,
+            augment_shift: 1,
+        }
+    }
+
     /// The intermediate checkpoint after k steps of a longer run is the model a run of exactly
     /// k steps ends at (so one run serves every smaller step count of a sweep).
     #[test]
     fn snapshots_equal_shorter_runs() {
         let dev = Device::Cpu;
-        let tasks = crate::data::demo_tasks().unwrap();
-        let t = &tasks[4];
-        let head = Head::init(128, 10, 1, &dev).unwrap();
-        let task = TrainTask {
-            data: Examples {
-                images: &t.train.images[..128 * 784],
-                labels: &t.train.labels[..128],
-            },
-            head: &head,
-        };
-        let base = Arch::Mlp.init(0, &dev).unwrap();
-        let cfg = |steps| TrainConfig {
-            optim: OptimConfig::adamw(1e-3, 0.0),
-            batch: BatchSize::Size(32),
-            budget: Budget::Steps(steps),
-            seed: 3,
-            augment_shift: 1,
-        };
+        let fixture = Fixture::new(&dev);
+        let (task, base) = (fixture.task(128), &fixture.base);
+        let cfg = |steps| minibatch_config(Budget::Steps(steps), 3);
         let no = AtomicBool::new(false);
         let mut snaps = BTreeMap::new();
         let long = fine_tune_with_snapshots(
             Arch::Mlp,
-            &base,
+            base,
             &[task],
             &cfg(9),
             &dev,
@@ -678,7 +704,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(snaps.keys().copied().collect::<Vec<_>>(), [3, 9]);
-        let short = fine_tune(Arch::Mlp, &base, &[task], &cfg(3), &dev, &mut |_| {}, &no).unwrap();
+        let short = fine_tune(Arch::Mlp, base, &[task], &cfg(3), &dev, &mut |_| {}, &no).unwrap();
         assert_eq!(snaps[&3], crate::nn::to_host(&short.backbone).unwrap());
         assert_eq!(snaps[&9], crate::nn::to_host(&long.backbone).unwrap());
         assert_ne!(snaps[&3], snaps[&9], "the snapshot owns its storage");
@@ -687,28 +713,13 @@ mod tests {
     #[test]
     fn fine_tuning_is_a_function_of_the_seed_and_cancellable() {
         let dev = Device::Cpu;
-        let tasks = crate::data::demo_tasks().unwrap();
-        let t = &tasks[4];
-        let head = Head::init(128, 10, 1, &dev).unwrap();
-        let task = TrainTask {
-            data: Examples {
-                images: &t.train.images[..256 * 784],
-                labels: &t.train.labels[..256],
-            },
-            head: &head,
-        };
-        let base = Arch::Mlp.init(0, &dev).unwrap();
-        let cfg = |seed| TrainConfig {
-            optim: OptimConfig::adamw(1e-3, 0.0),
-            batch: BatchSize::Size(32),
-            budget: Budget::Epochs(2),
-            seed,
-            augment_shift: 1,
-        };
+        let fixture = Fixture::new(&dev);
+        let (task, base) = (fixture.task(256), &fixture.base);
+        let cfg = |seed| minibatch_config(Budget::Epochs(2), seed);
         let go = |seed| {
             fine_tune(
                 Arch::Mlp,
-                &base,
+                base,
                 &[task],
                 &cfg(seed),
                 &dev,
@@ -728,11 +739,11 @@ mod tests {
         assert!(a.losses[15] < a.losses[0], "{:?}", a.losses);
         // The start point is not modified.
         assert_eq!(
-            crate::nn::to_host(&base).unwrap(),
+            crate::nn::to_host(base).unwrap(),
             crate::nn::to_host(&Arch::Mlp.init(0, &dev).unwrap()).unwrap()
         );
         let cancel = AtomicBool::new(true);
-        let e = fine_tune(Arch::Mlp, &base, &[task], &cfg(5), &dev, &mut |_| {}, &cancel).unwrap_err();
+        let e = fine_tune(Arch::Mlp, base, &[task], &cfg(5), &dev, &mut |_| {}, &cancel).unwrap_err();
         assert!(matches!(e, EngineError::Cancelled));
     }
 }

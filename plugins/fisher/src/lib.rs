@@ -3,7 +3,7 @@
 //! information on the expert's own task, computed by the host on the calibration data.
 
 use mergescope_plugin_api::abi::{self, CAP_NEEDS_BASE};
-use mergescope_plugin_api::model::{ModelMethod, Session, Tasks, combine, json_number};
+use mergescope_plugin_api::model::{FisherLabelsChoice, ModelMethod, Session, Tasks, combine, json_number};
 use mergescope_plugin_api::{CreateContext, Descriptor, Error, Host, ParamSpec, Params, Result, Tensor};
 
 const HELP: &str = "Fisher-weighted averaging (Matena & Raffel, NeurIPS 2022).\n\
@@ -25,14 +25,6 @@ pub struct Fisher {
     min_fisher: f64,
 }
 
-mergescope_plugin_api::choice_enum! {
-    /// Which y the Fisher differentiates log p(y|x) of.
-    enum Labels {
-        True = "true",
-        Predicted = "predicted",
-    }
-}
-
 impl ModelMethod for Fisher {
     fn descriptor() -> Descriptor {
         Descriptor {
@@ -45,7 +37,7 @@ impl ModelMethod for Fisher {
             params: vec![
                 ParamSpec::choice_of(
                     "labels",
-                    Labels::True,
+                    FisherLabelsChoice::True,
                     "y of log p(y|x): the calibration label, or the expert's prediction.",
                 ),
                 ParamSpec::bool("normalize", true, "Scale each expert's Fisher to unit norm first."),
@@ -56,10 +48,7 @@ impl ModelMethod for Fisher {
 
     fn create(_host: &Host<'_>, p: &Params<'_>, _ctx: CreateContext) -> Result<Self> {
         Ok(Fisher {
-            labels: match p.choice_of("labels")? {
-                Labels::True => abi::FISHER_LABELS_TRUE,
-                Labels::Predicted => abi::FISHER_LABELS_PREDICTED,
-            },
+            labels: p.choice_of::<FisherLabelsChoice>("labels")?.abi(),
             normalize: p.bool("normalize")?,
             min_fisher: p.float("min_fisher")?,
         })

@@ -7,7 +7,9 @@
 //! experts on the tasks' train splits through the session's `finetune`.
 
 use mergescope_plugin_api::abi::{self, CAP_NEEDS_BASE};
-use mergescope_plugin_api::model::{ModelMethod, Session, combine, dots, finetune_options, json_number};
+use mergescope_plugin_api::model::{
+    ModelMethod, OptimizerChoice, Session, combine, dots, finetune_options, json_number,
+};
 use mergescope_plugin_api::{CreateContext, Descriptor, Error, Host, ParamSpec, Params, Result, Tensor};
 
 const HELP: &str = "MIMA (seed 003): iterated model averaging and fine-tuning.\n\
@@ -25,15 +27,6 @@ batch 64, S = 300) are the demo experts' recipe, so N = 1 reproduces independent
 Each round reports its average θ̄⁽ⁱ⁾ as an iterate with the mean pairwise cosine of the task \
 vectors θ_t⁽ⁱ⁾ − θ0 (which rises with N: seed 003, Prop. 1 and Fig. 5) and of the round's updates \
 θ_t⁽ⁱ⁾ − θ̄⁽ⁱ⁻¹⁾. A cancelled run keeps its last average.";
-
-mergescope_plugin_api::choice_enum! {
-    /// The fine-tuning optimiser.
-    enum Optimizer {
-        AdamW = "adamw",
-        Momentum = "momentum",
-        Sgd = "sgd",
-    }
-}
 
 mergescope_plugin_api::choice_enum! {
     /// The final merge of MIMA's experts.
@@ -78,7 +71,7 @@ impl ModelMethod for Mima {
                 .range(1.0, 1_000_000.0),
                 ParamSpec::choice_of(
                     "optimizer",
-                    Optimizer::AdamW,
+                    OptimizerChoice::AdamW,
                     "Fine-tuning optimiser (fresh each round).",
                 ),
                 ParamSpec::float("lr", 5e-4, "Fine-tuning learning rate.").range(1e-7, 10.0),
@@ -104,11 +97,7 @@ impl ModelMethod for Mima {
         Ok(Mima {
             rounds,
             total_steps,
-            optimizer: match p.choice_of("optimizer")? {
-                Optimizer::Sgd => abi::OPTIMIZER_SGD,
-                Optimizer::Momentum => abi::OPTIMIZER_MOMENTUM,
-                Optimizer::AdamW => abi::OPTIMIZER_ADAMW,
-            },
+            optimizer: p.choice_of::<OptimizerChoice>("optimizer")?.abi(),
             lr: p.float("lr")?,
             batch_size: p.int("batch_size")? as u64,
             weight_decay: p.float("weight_decay")?,

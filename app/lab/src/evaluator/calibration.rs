@@ -32,6 +32,29 @@ pub struct CalibrationScore {
     pub examples: u64,
 }
 
+impl CalibrationScore {
+    /// The mean over `tasks` of each task's score, as `task` computes it in turn (its mean loss,
+    /// its accuracy); the examples add up. No task scores loss and accuracy 0.
+    pub(crate) fn mean_over(
+        tasks: &[usize],
+        mut task: impl FnMut(usize) -> Result<CalibrationScore>,
+    ) -> Result<CalibrationScore> {
+        let (mut loss, mut accuracy, mut examples) = (0.0, 0.0, 0u64);
+        for &t in tasks {
+            let s = task(t)?;
+            loss += s.loss;
+            accuracy += s.accuracy;
+            examples += s.examples;
+        }
+        let n = tasks.len().max(1) as f64;
+        Ok(CalibrationScore {
+            loss: loss / n,
+            accuracy: accuracy / n,
+            examples,
+        })
+    }
+}
+
 /// A model family's tasks as a data-driven method sees them. Task `t` belongs to expert `t`;
 /// models are tensors by name, on the session's device.
 pub trait CalibrationTasks {
@@ -119,6 +142,19 @@ impl<'a> DemoCalibration<'a> {
     }
 }
 
+/// `model` with every tensor detached from the autograd graph (scoring records no gradients).
+pub(crate) fn detached(model: &Params) -> Params {
+    model.iter().map(|(k, t)| (k.clone(), t.detach())).collect()
+}
+
+/// A zero tensor shaped like each of `vars`: the sums their gradients are added to.
+pub(crate) fn zero_grads(vars: &[Var]) -> Result<Vec<Tensor>> {
+    Ok(vars
+        .iter()
+        .map(|v| v.as_tensor().zeros_like())
+        .collect::<candle_core::Result<_>>()?)
+}
+
 /// One fresh autograd variable per tensor named in `order`, and the model that reads them.
 pub(crate) fn variables(model: &Params, order: &[String]) -> Result<(Vec<Var>, Params)> {
     let vars: Vec<Var> = order
@@ -170,10 +206,7 @@ pub(crate) fn fisher_of(
     cancel: &AtomicBool,
     mut example: impl FnMut(usize) -> Result<(Tensor, Tensor)>,
 ) -> Result<Vec<Tensor>> {
-    let mut sums: Vec<Tensor> = vars
-        .iter()
-        .map(|v| v.as_tensor().zeros_like())
-        .collect::<candle_core::Result<_>>()?;
+    let mut sums = zero_grads(vars)?;
     for i in 0..n {
         if cancel.load(Ordering::Relaxed) {
             return Err(EngineError::Cancelled);
@@ -205,20 +238,15 @@ impl CalibrationTasks for DemoCalibration<'_> {
     }
 
     fn evaluate(&self, model: &Params, tasks: &[usize]) -> Result<CalibrationScore> {
-        let model: Params = model.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
-        let (mut loss, mut acc, mut examples) = (0.0, 0.0, 0u64);
-        for &t in tasks {
+        let model = detached(model);
+        CalibrationScore::mean_over(tasks, |t| {
             let c = &self.calibration[t];
             let (correct, loss_sum, n) = super::score(self.arch, &model, &self.tasks[t].head, &c.images, &c.labels)?;
-            loss += loss_sum / n as f64;
-            acc += correct as f64 / n as f64;
-            examples += n as u64;
-        }
-        let n = tasks.len().max(1) as f64;
-        Ok(CalibrationScore {
-            loss: loss / n,
-            accuracy: acc / n,
-            examples,
+            Ok(CalibrationScore {
+                loss: loss_sum / n as f64,
+                accuracy: correct as f64 / n as f64,
+                examples: n as u64,
+            })
         })
     }
 
@@ -246,10 +274,7 @@ impl CalibrationTasks for DemoCalibration<'_> {
         if !with_grads {
             return Ok((value, None));
         }
-        let mut grads = vars
-            .iter()
-            .map(|v| v.as_tensor().zeros_like())
-            .collect::<candle_core::Result<Vec<_>>>()?;
+        let mut grads = zero_grads(&vars)?;
         add_grads(&mut grads, &total.backward()?, &vars)?;
         Ok((value, Some(grads)))
     }

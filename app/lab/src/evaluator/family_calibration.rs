@@ -8,7 +8,8 @@
 use super::ClassifierFamily;
 use super::backbone::Tally;
 use super::calibration::{
-    CalibrationScore, CalibrationTasks, Objective, add_grads, fisher_of, objective_loss, variables,
+    CalibrationScore, CalibrationTasks, Objective, add_grads, detached, fisher_of, objective_loss, variables,
+    zero_grads,
 };
 use crate::family::hf;
 use crate::nn::Params;
@@ -83,27 +84,21 @@ impl<E: ClassifierFamily> CalibrationTasks for FamilyCalibration<E> {
     }
 
     fn evaluate(&self, model: &Params, tasks: &[usize]) -> Result<CalibrationScore> {
-        let model: Params = model.iter().map(|(k, t)| (k.clone(), t.detach())).collect();
         let net = self
             .calibration
-            .build(&self.inputs, self.weights(&model, None), &self.source)?;
-        let (mut loss, mut accuracy, mut examples) = (0.0, 0.0, 0u64);
-        for &t in tasks {
+            .build(&self.inputs, self.weights(&detached(model), None), &self.source)?;
+        CalibrationScore::mean_over(tasks, |t| {
             let mut tally = Tally::default();
             for indices in super::batches(self.calibration.examples(t), self.calibration.batch_size()) {
                 let (logits, labels) = self.calibration.logits(&self.inputs, &net, t, &indices)?;
                 tally.add(&logits, labels)?;
             }
             let s = tally.score(&self.names[t]);
-            loss += s.loss.unwrap_or(f64::NAN);
-            accuracy += s.accuracy;
-            examples += s.examples as u64;
-        }
-        let n = tasks.len().max(1) as f64;
-        Ok(CalibrationScore {
-            loss: loss / n,
-            accuracy: accuracy / n,
-            examples,
+            Ok(CalibrationScore {
+                loss: s.loss.unwrap_or(f64::NAN),
+                accuracy: s.accuracy,
+                examples: s.examples as u64,
+            })
         })
     }
 
@@ -116,15 +111,7 @@ impl<E: ClassifierFamily> CalibrationTasks for FamilyCalibration<E> {
         with_grads: bool,
     ) -> Result<(f64, Option<Vec<Tensor>>)> {
         let (vars, net) = self.tracked_net(model, order)?;
-        let mut grads = if with_grads {
-            Some(
-                vars.iter()
-                    .map(|v| v.as_tensor().zeros_like())
-                    .collect::<candle_core::Result<Vec<_>>>()?,
-            )
-        } else {
-            None
-        };
+        let mut grads = if with_grads { Some(zero_grads(&vars)?) } else { None };
         let mut value = 0.0;
         for &t in tasks {
             let n = self.calibration.examples(t);
