@@ -1,59 +1,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `mergescope sweep --executor slurm` against a real Slurm: the single-node cluster of
 //! scripts/slurm-cluster.sh (installed with apt-get and started when missing), or the cluster
-//! `SLURM_CONF` already names. Without one the cluster tests print why and pass, unless
-//! MERGESCOPE_REQUIRE_SLURM=1 (CI), where they fail.
+//! `SLURM_CONF` already names (`common::slurm::cluster`). Without one the cluster tests print
+//! why and pass, unless MERGESCOPE_REQUIRE_SLURM=1 (CI), where they fail. Comparisons and
+//! landscapes on Slurm: slurm_grids/.
 
 mod common;
+mod slurm_grids;
 
+use common::slurm::*;
 use common::*;
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
-
-/// The `SLURM_CONF` of a running cluster, or why there is none.
-fn cluster() -> Option<&'static str> {
-    static CLUSTER: OnceLock<Result<String, String>> = OnceLock::new();
-    let c = CLUSTER.get_or_init(|| {
-        if let Ok(conf) = std::env::var("SLURM_CONF") {
-            return Ok(conf);
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/slurm-cluster.sh");
-        let t0 = Instant::now();
-        let o = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        let out = String::from_utf8_lossy(&o.stdout);
-        let err = String::from_utf8_lossy(&o.stderr);
-        if !o.status.success() {
-            return Err(format!("{} start failed: {}", script.display(), err.trim()));
-        }
-        eprintln!(
-            "slurm cluster ready in {:.1} s: {}",
-            t0.elapsed().as_secs_f64(),
-            err.trim()
-        );
-        out.lines()
-            .rev()
-            .find_map(|l| l.strip_prefix("export SLURM_CONF="))
-            .map(str::to_owned)
-            .ok_or_else(|| format!("{} start printed no SLURM_CONF: {out}", script.display()))
-    });
-    match c {
-        Ok(conf) => Some(conf),
-        Err(why) if std::env::var("MERGESCOPE_REQUIRE_SLURM").is_ok_and(|v| v == "1") => {
-            panic!("MERGESCOPE_REQUIRE_SLURM=1 but Slurm could not be started: {why}")
-        }
-        Err(why) => {
-            eprintln!("SKIPPED: no Slurm cluster ({why}); set MERGESCOPE_REQUIRE_SLURM=1 to fail instead");
-            None
-        }
-    }
-}
 
 /// A sweep of `mnist` and `letters` experts at K ∈ {6, 2, 4} (one group of both), merged by
 /// TA and TIES: 3 × (2 experts + 2 merges) = 12 tiny cells. `extra` is appended.
@@ -94,13 +54,6 @@ label = "TIES"
     path.to_string_lossy().into_owned()
 }
 
-/// `mergescope` talking to the cluster `conf`.
-fn slurm_cmd(env: &Env, conf: &str, args: &[&str]) -> Command {
-    let mut c = env.cmd();
-    c.env("SLURM_CONF", conf).args(args);
-    c
-}
-
 /// The results file's lines without the timing column, in file order.
 fn lines(out: &Path) -> Vec<String> {
     std::fs::read_to_string(out.join("results.csv"))
@@ -108,10 +61,6 @@ fn lines(out: &Path) -> Vec<String> {
         .lines()
         .map(|l| l.rsplit_once(',').unwrap().0.to_owned())
         .collect()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// (modification time, inode) of each cell's result file: a cell computed again gets a new file.
@@ -168,11 +117,7 @@ fn a_sweep_on_slurm_writes_exactly_the_local_results() {
         err.contains("12 cells (0 reused from an earlier run, 12 run in Slurm job"),
         "{err}"
     );
-    let first = err
-        .lines()
-        .find_map(|l| l.strip_prefix("first cell result "))
-        .unwrap_or_else(|| panic!("no submit-to-first-result line: {err}"));
-    eprintln!("MEASURED submit-to-first-result on the test cluster: {first}");
+    first_result("12-cell sweep", &err);
     assert!(slurm.join("plots").join("steps-accuracy.png").is_file());
     assert!(slurm.join("fits.md").is_file());
     // Run again: everything is finished, nothing is submitted.
@@ -378,7 +323,7 @@ fn dry_run_prints_the_batch_script_and_missing_sbatch_is_named() {
         "#SBATCH --partition=gpu\n",
         "#SBATCH --time=00:05:00\n",
         "#SBATCH --gres=gpu:1\n",
-        "exec '/shared/bin/mergescope' 'sweep' 'run-cell' '",
+        "exec '/shared/bin/mergescope' 'grid' 'run-cell' '",
         "/sweep/slurm/grid.json' \"$SLURM_ARRAY_TASK_ID\"\n",
     ] {
         assert!(o.contains(want), "{want} not in\n{o}");

@@ -10,7 +10,7 @@ use mergescope_engine::plugin::schema::ParamType;
 use mergescope_lab::data::{SplitKind, TaskData};
 use mergescope_lab::demo::Benchmark;
 use mergescope_lab::evaluator::suite::Suite;
-use mergescope_lab::evaluator::{EvalReport, Evaluator, Normalised};
+use mergescope_lab::evaluator::{EvalReport, Evaluator, Normalised, References};
 use mergescope_lab::run::{self, TaskSource};
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
@@ -129,6 +129,18 @@ impl<'a> CompareInputs<'a> {
         cancel: &AtomicBool,
     ) -> Result<Self> {
         let references = suite.expert_references(&experts, device, cancel)?;
+        Self::of_suite_with(suite, base, experts, references, device)
+    }
+
+    /// [`Self::of_suite`] with the experts' references already known (a comparison's cell on
+    /// a compute node reads them from the cell that computed them).
+    pub fn of_suite_with(
+        suite: &'a Suite,
+        base: PathBuf,
+        experts: Vec<PathBuf>,
+        references: References,
+        device: &Device,
+    ) -> Result<Self> {
         let individual = suite
             .task_names()
             .iter()
@@ -199,34 +211,20 @@ pub fn compare(
         let out = output_path(cfg, plugin);
         let mut lambda = None;
         let run = (|| -> Result<(Value, EvalReport)> {
-            let mut params = Map::new();
-            if let (Some(grid), Some(calibration)) = (lambda_grid(plugin, &cfg.lambda_grid), &inputs.calibration) {
+            if let Some(grid) = searched_lambdas(plugin, inputs, cfg) {
                 let scratch = cfg.out_dir.join(format!(".{}.lambda-search.safetensors", plugin.id()));
                 let mut tried = Vec::new();
                 for l in grid {
-                    progress(&format!("{}: λ = {l} on calibration data", plugin.id()));
-                    let p = Value::Object(Map::from_iter([(LAMBDA_PARAM.to_owned(), Value::from(l))]));
-                    run_one(plugin, inputs, p, cfg.seed, &scratch, opts, cancel, progress)?;
-                    tried.push((l, calibration.evaluate_file(&scratch, cancel)?.mean_accuracy));
+                    tried.push((
+                        l,
+                        lambda_trial(plugin, inputs, cfg, l, &scratch, opts, progress, cancel)?,
+                    ));
                 }
                 let _ = std::fs::remove_file(&scratch);
-                let choice = choose_lambda(tried);
-                params.insert(LAMBDA_PARAM.to_owned(), Value::from(choice.value));
-                lambda = Some(choice);
+                lambda = Some(choose_lambda(tried));
             }
-            progress(&format!("{}: merging", plugin.id()));
-            let resolved = run_one(
-                plugin,
-                inputs,
-                Value::Object(params),
-                cfg.seed,
-                &out,
-                opts,
-                cancel,
-                progress,
-            )?;
-            progress(&format!("{}: evaluating", plugin.id()));
-            Ok((resolved, test.evaluate_file(&out, cancel)?))
+            let chosen = lambda.as_ref().map(|l| l.value);
+            final_merge(plugin, inputs, cfg, chosen, opts, progress, cancel)
         })();
         let (params, outcome) = match run {
             Ok((p, r)) => (p, Ok(r)),
@@ -254,8 +252,73 @@ pub fn compare(
     })
 }
 
-fn output_path(cfg: &CompareConfig, plugin: &Plugin) -> PathBuf {
+/// Where `plugin`'s merge of the comparison goes.
+pub fn output_path(cfg: &CompareConfig, plugin: &Plugin) -> PathBuf {
     cfg.out_dir.join(format!("{}.safetensors", plugin.id()))
+}
+
+/// The λ values searched for `plugin` on calibration data: its grid when it has a `lambda`
+/// parameter and the inputs have calibration data, else None (it keeps its default).
+pub fn searched_lambdas(plugin: &Plugin, inputs: &CompareInputs<'_>, cfg: &CompareConfig) -> Option<Vec<f64>> {
+    inputs.calibration.as_ref()?;
+    lambda_grid(plugin, &cfg.lambda_grid)
+}
+
+/// One candidate of a λ search: `plugin` merged with λ = `lambda` into `scratch`, scored on the
+/// calibration data; returns the mean calibration accuracy.
+#[allow(clippy::too_many_arguments)]
+pub fn lambda_trial(
+    plugin: &Plugin,
+    inputs: &CompareInputs<'_>,
+    cfg: &CompareConfig,
+    lambda: f64,
+    scratch: &Path,
+    opts: &ExecOptions,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &AtomicBool,
+) -> Result<f64> {
+    let calibration = inputs.calibration.as_ref().ok_or_else(|| {
+        EngineError::Param(format!(
+            "{} has no calibration data, so no λ can be chosen on it",
+            inputs.kind
+        ))
+    })?;
+    progress(&format!("{}: λ = {lambda} on calibration data", plugin.id()));
+    let p = Value::Object(Map::from_iter([(LAMBDA_PARAM.to_owned(), Value::from(lambda))]));
+    run_one(plugin, inputs, p, cfg.seed, scratch, opts, cancel, progress)?;
+    Ok(calibration.evaluate_file(scratch, cancel)?.mean_accuracy)
+}
+
+/// The table's merge of `plugin` (with λ = `lambda` when one was chosen, else its defaults)
+/// into [`output_path`], scored on the test data; returns the resolved parameters and the
+/// report.
+pub fn final_merge(
+    plugin: &Plugin,
+    inputs: &CompareInputs<'_>,
+    cfg: &CompareConfig,
+    lambda: Option<f64>,
+    opts: &ExecOptions,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &AtomicBool,
+) -> Result<(Value, EvalReport)> {
+    let mut params = Map::new();
+    if let Some(l) = lambda {
+        params.insert(LAMBDA_PARAM.to_owned(), Value::from(l));
+    }
+    let out = output_path(cfg, plugin);
+    progress(&format!("{}: merging", plugin.id()));
+    let resolved = run_one(
+        plugin,
+        inputs,
+        Value::Object(params),
+        cfg.seed,
+        &out,
+        opts,
+        cancel,
+        progress,
+    )?;
+    progress(&format!("{}: evaluating", plugin.id()));
+    Ok((resolved, inputs.test.evaluate_file(&out, cancel)?))
 }
 
 /// The grid for `plugin`'s `lambda` parameter, cut to its range; None when it has none (or the

@@ -1,5 +1,7 @@
 //! `mergescope compare`: every installed method (or those named) on a benchmark, written as a
-//! Markdown and a CSV table of per-task, average and normalised test accuracy.
+//! Markdown and a CSV table of per-task, average and normalised test accuracy; in this process
+//! (`--executor local`) or as a grid of cells on Slurm (`--executor slurm`: each λ candidate and
+//! each method's final merge one array task, gathered into the same tables).
 
 use super::inputs::ModelArgs;
 use anyhow::{Context as _, bail};
@@ -8,14 +10,21 @@ use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
 use mergescope_lab::data::benchmark_tasks;
+use mergescope_lab::demo::Benchmark;
 use mergescope_lab::demo::resolve_benchmark;
 use mergescope_lab::evaluate::suite_models;
+use mergescope_lab::evaluator::References;
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_plugin_api::abi;
-use mergescope_studies::compare::{CompareConfig, CompareInputs, compare, default_lambda_grid};
+use mergescope_studies::compare::{
+    CompareConfig, CompareInputs, CompareTable, compare, default_lambda_grid, lambda_grid,
+};
+use mergescope_studies::grid::compare::{CompareCell, CompareJob, CompareMethod, SlurmCompare};
+use mergescope_studies::grid::{ExecutorKind, JOB_FILE, mergescope_env};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 #[derive(Args, Debug)]
 pub struct CompareArgs {
@@ -46,6 +55,12 @@ pub struct CompareArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Where the merges run: `local` (this process, one after another) or `slurm` (one Slurm
+    /// array job, a task per λ candidate and per final merge; see docs/slurm.md).
+    #[arg(long, default_value = "local", value_name = "local|slurm")]
+    pub executor: String,
+    #[command(flatten)]
+    pub slurm: Box<super::sweep_slurm::SlurmArgs>,
 }
 
 fn grid(args: &CompareArgs) -> anyhow::Result<Vec<f64>> {
@@ -65,6 +80,10 @@ fn grid(args: &CompareArgs) -> anyhow::Result<Vec<f64>> {
 }
 
 pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCode> {
+    let executor = ExecutorKind::parse(&args.executor).context("--executor")?;
+    if executor == ExecutorKind::Local && args.slurm.dry_run {
+        bail!("--dry-run prints the Slurm batch script: add --executor slurm");
+    }
     let arch = args.models.arch()?;
     let lambda_grid = grid(&args)?;
     let device_choice = DeviceChoice::parse(&args.device)
@@ -100,8 +119,11 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     }
     let md_path = args.out_dir.join("results.md");
     let csv_path = args.out_dir.join("results.csv");
+    let workdir = args.slurm.workdir.clone().unwrap_or_else(|| args.out_dir.join("slurm"));
+    // A comparison on Slurm run again resumes: its tables are rewritten with every cell.
+    let resuming = executor == ExecutorKind::Slurm && workdir.join(JOB_FILE).exists();
     for p in [&md_path, &csv_path] {
-        if p.exists() && !args.overwrite {
+        if p.exists() && !args.overwrite && !resuming {
             bail!(
                 "'{}' exists from an earlier comparison; pass --overwrite to replace it or choose another --out-dir",
                 p.display()
@@ -113,6 +135,18 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
         eprintln!("warning: {n}");
     }
     let cancel = super::cancel_on_ctrl_c();
+    if executor == ExecutorKind::Slurm {
+        let run = SlurmRun {
+            args: &args,
+            plugin_dirs,
+            suite: suite.as_ref(),
+            plugins,
+            lambda_grid,
+            workdir,
+            resuming,
+        };
+        return run_on_slurm(run, &device, cancel);
+    }
     let bench;
     let tasks;
     let inputs = match &suite {
@@ -161,6 +195,19 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     let table = compare(&plugins, &inputs, &cfg, &opts, &progress, cancel);
     bar.finish_and_clear();
     let table = table?;
+    write_tables(&table, &args.out_dir, inputs.calibration.is_some())?;
+    Ok(if table.rows.iter().any(|r| r.outcome.is_err()) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Prints each method's line and the table, and writes `results.md` and `results.csv` into
+/// `out_dir` (atomically).
+fn write_tables(table: &CompareTable, out_dir: &Path, calibration: bool) -> anyhow::Result<()> {
+    let md_path = out_dir.join("results.md");
+    let csv_path = out_dir.join("results.csv");
     for r in &table.rows {
         match &r.outcome {
             Ok(_) => eprintln!("{}: {:.1} s -> {}", r.id, r.seconds, r.output.display()),
@@ -174,7 +221,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
         "{} on '{}' (test data; {})\n",
         table.arch,
         table.benchmark.display(),
-        if inputs.calibration.is_some() {
+        if calibration {
             "λ chosen on calibration data"
         } else {
             "default λ"
@@ -182,11 +229,201 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     );
     println!("{markdown}");
     eprintln!("tables: {} and {}", md_path.display(), csv_path.display());
-    Ok(if table.rows.iter().any(|r| r.outcome.is_err()) {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
+    Ok(())
+}
+
+/// What `compare --executor slurm` found before it submits.
+struct SlurmRun<'a> {
+    args: &'a CompareArgs,
+    plugin_dirs: &'a [PathBuf],
+    suite: Option<&'a Suite>,
+    plugins: Vec<&'a Plugin>,
+    lambda_grid: Vec<f64>,
+    workdir: PathBuf,
+    resuming: bool,
+}
+
+fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
+    std::path::absolute(p).with_context(|| format!("cannot make '{}' absolute", p.display()))
+}
+
+/// Runs the comparison as a grid of cells on Slurm and writes the gathered tables.
+fn run_on_slurm(
+    r: SlurmRun<'_>,
+    device: &mergescope_engine::device::Device,
+    cancel: &AtomicBool,
+) -> anyhow::Result<ExitCode> {
+    let args = r.args;
+    let (benchmark, mut plugins, experts, calibration) = match r.suite {
+        Some(suite) => {
+            let m = suite_models(suite, args.models.base.as_deref(), &args.models.experts)?;
+            let calibration = suite.calibration_evaluator(device)?.is_some();
+            (absolute(&suite.path)?, r.plugins, m.experts.len(), calibration)
+        }
+        None => {
+            let bench = resolve_benchmark(&args.models.benchmark, Some(args.models.arch()?))?;
+            (absolute(&bench.dir)?, r.plugins, bench.expert_paths().len(), true)
+        }
+    };
+    if args.methods.is_none() && experts != 1 {
+        let why = format!("they merge the base with exactly one expert and there are {experts}");
+        leave_out(&mut plugins, |p| p.has_capability(abi::CAP_ONE_EXPERT), &why);
+    }
+    if !calibration && !r.lambda_grid.is_empty() {
+        eprintln!(
+            "note: '{}' has no calibration data (give every [[task]] a calibration file), so λ keeps each method's default",
+            benchmark.display()
+        );
+    }
+    let methods: Vec<CompareMethod> = plugins
+        .iter()
+        .map(|p| CompareMethod {
+            id: p.id().to_owned(),
+            name: p.info.name.clone(),
+            model_level: p.is_model_level(),
+            lambdas: if calibration {
+                lambda_grid(p, &r.lambda_grid)
+            } else {
+                None
+            },
+        })
+        .collect();
+    if !r.resuming
+        && !args.overwrite
+        && let Some(p) = methods
+            .iter()
+            .map(|m| args.out_dir.join(format!("{}.safetensors", m.id)))
+            .find(|p| p.exists())
+    {
+        bail!(
+            "'{}' exists from an earlier comparison; pass --overwrite to replace it or choose another --out-dir",
+            p.display()
+        );
+    }
+    std::fs::create_dir_all(&args.out_dir)
+        .with_context(|| format!("cannot create the output folder '{}'", args.out_dir.display()))?;
+    let suite_models_given = r.suite.is_some() && args.models.base.is_some();
+    let job = CompareJob {
+        out_dir: args.out_dir.clone(),
+        workdir: r.workdir,
+        benchmark: benchmark.to_string_lossy().into_owned(),
+        base: if suite_models_given {
+            args.models.base.as_deref().map(absolute).transpose()?
+        } else {
+            None
+        },
+        experts: if suite_models_given {
+            args.models
+                .experts
+                .iter()
+                .map(|p| absolute(p))
+                .collect::<anyhow::Result<_>>()?
+        } else {
+            Vec::new()
+        },
+        plugin_dirs: r.plugin_dirs.to_vec(),
+        device: args.device.clone(),
+        seed: args.seed,
+        lambda_grid: r.lambda_grid,
+        cells: CompareJob::plan_cells(&methods),
+        methods,
+    };
+    let bin = super::sweep_slurm::node_binary(&args.slurm)?;
+    let plan = SlurmCompare::prepare(job, &bin, mergescope_env())?;
+    let opts = super::sweep_slurm::options(&args.slurm, "mergescope-compare")?;
+    let headline = format!(
+        "comparison of {} methods on '{}' into {}",
+        plan.job.methods.len(),
+        benchmark.display(),
+        args.out_dir.display()
+    );
+    let Some((outcome, grid)) = super::sweep_slurm::drive(&args.slurm, &plan, &opts, &headline, args.quiet, cancel)?
+    else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    if grid.cancelled {
+        return Ok(super::sweep_slurm::exit_code(&grid));
+    }
+    match &outcome.table {
+        Some(table) => write_tables(table, &args.out_dir, calibration)?,
+        None => eprintln!("no table: the pretrained cell (0) has no result"),
+    }
+    Ok(super::sweep_slurm::exit_code(&grid))
+}
+
+/// `mergescope grid run-cell` of a comparison: one λ candidate, final merge or the base's
+/// evaluation on this node.
+pub fn run_cell(plugin_dirs: &[PathBuf], job_path: &Path, index: usize) -> anyhow::Result<ExitCode> {
+    let job = CompareJob::read(job_path)?;
+    let key = job.key(index);
+    super::sweep_slurm::cell_door(&job.files(), index, job.cells.len(), &key, || {
+        compare_cell(plugin_dirs, &job, index)
     })
+}
+
+fn compare_cell(plugin_dirs: &[PathBuf], job: &CompareJob, index: usize) -> anyhow::Result<String> {
+    let cell = job.cells.get(index).with_context(|| {
+        format!(
+            "cell {index} is out of range: the comparison has {} cells",
+            job.cells.len()
+        )
+    })?;
+    let mut dirs = plugin_dirs.to_vec();
+    dirs.extend(job.plugin_dirs.iter().cloned());
+    let chosen = match cell {
+        CompareCell::Pretrained => None,
+        CompareCell::Lambda { method, .. } | CompareCell::Final { method } => {
+            let id = &job
+                .methods
+                .get(*method)
+                .context("the job file names a method it lacks")?
+                .id;
+            Some(super::registry(&dirs)?.find(id).map_err(anyhow::Error::msg)?)
+        }
+    };
+    let choice =
+        DeviceChoice::parse(&job.device).with_context(|| format!("device '{}': use cpu, cuda or metal", job.device))?;
+    let (device, note) = open_device(choice);
+    if let Some(n) = note {
+        eprintln!("warning: {n}");
+    }
+    let cancel = super::cancel_on_ctrl_c();
+    let suite;
+    let bench;
+    let tasks;
+    let inputs = if job.is_suite() {
+        suite = Suite::load(Path::new(&job.benchmark))?;
+        let m = suite_models(&suite, job.base.as_deref(), &job.experts)?;
+        match cell {
+            CompareCell::Pretrained => CompareInputs::of_suite(&suite, m.base, m.experts, &device, cancel)?,
+            // Candidates are scored on calibration data, which no reference normalises.
+            CompareCell::Lambda { .. } => {
+                CompareInputs::of_suite_with(&suite, m.base, m.experts, References(Default::default()), &device)?
+            }
+            CompareCell::Final { .. } => {
+                CompareInputs::of_suite_with(&suite, m.base, m.experts, job.references()?, &device)?
+            }
+        }
+    } else {
+        bench = Benchmark::open(Path::new(&job.benchmark))?;
+        tasks = benchmark_tasks(None)?;
+        CompareInputs::of_benchmark(&bench, &tasks, &device)?
+    };
+    let opts = ExecOptions {
+        device,
+        ..ExecOptions::default()
+    };
+    let last = std::sync::Mutex::new(String::new());
+    let progress = |stage: &str| {
+        let mut l = last.lock().unwrap_or_else(|e| e.into_inner());
+        if *l != stage {
+            eprintln!("  {stage}");
+            stage.clone_into(&mut l);
+        }
+    };
+    let result = job.run_cell(index, chosen.as_deref(), &inputs, &opts, &progress, cancel)?;
+    job.write_result(index, &result)?;
+    Ok(job.key(index))
 }
 
 /// Writes `text` to a temporary file next to `path` and renames it into place.

@@ -77,6 +77,12 @@ pub enum Command {
     /// Fine-tuning sweeps of seed 002: experts over a hyperparameter grid, merged per task
     /// group, evaluated, with the scaling laws fitted (resumable).
     Sweep(sweep::SweepArgs),
+    /// Grids run with `--executor slurm` (sweeps, comparisons, landscapes): `grid run-cell`
+    /// is what each array task runs.
+    Grid {
+        #[command(subcommand)]
+        command: sweep_slurm::GridCommand,
+    },
     /// Open the desktop window (the default when no subcommand is given).
     Gui(gui::GuiArgs),
 }
@@ -138,6 +144,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Some(Command::Search(args)) => search::run(&cli.plugin_dirs, args),
         Some(Command::Analyze { command }) => analyze::run(&command),
         Some(Command::Sweep(args)) => sweep::run(&cli.plugin_dirs, args),
+        Some(Command::Grid { command }) => sweep_slurm::run_grid(&cli.plugin_dirs, &command),
         Some(Command::Gui(args)) => gui::run(&cli.plugin_dirs, &args),
         None => gui::run(&cli.plugin_dirs, &gui::GuiArgs::default()),
     }

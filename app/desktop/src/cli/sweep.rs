@@ -6,8 +6,6 @@
 use anyhow::{Context as _, bail};
 use clap::Args;
 use mergescope_engine::device::{DeviceChoice, open_device};
-use mergescope_engine::merge::ExecOptions;
-use mergescope_engine::plugin::loader::Plugin;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::resolve_benchmark;
 use mergescope_lab::nn::Arch;
@@ -19,7 +17,6 @@ use mergescope_studies::scaling::sweep::{
 };
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -64,8 +61,8 @@ pub struct SweepArgs {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum SweepCommand {
-    /// Run one cell of a grid submitted with `--executor slurm` (what each array task runs):
-    /// its rows go to the work folder's cells/INDEX.out, an error to cells/INDEX.failed.
+    /// Run one cell of a grid submitted with `--executor slurm`: the same as
+    /// `mergescope grid run-cell` (what each array task runs), kept for earlier scripts.
     RunCell {
         /// The grid's job file (`grid.json` in the work folder).
         #[arg(value_name = "GRID.json")]
@@ -134,7 +131,7 @@ fn plots(out: &Path, spec: &SweepSpec, rows: Option<&[Row]>, (w, h): (u32, u32))
 
 pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode> {
     if let Some(SweepCommand::RunCell { job, index }) = &args.command {
-        return super::sweep_slurm::run_cell(plugin_dirs, job, *index);
+        return super::sweep_slurm::run_grid_cell(plugin_dirs, job, *index);
     }
     let executor = ExecutorKind::parse(&args.executor).context("--executor")?;
     if executor == ExecutorKind::Local && args.slurm.dry_run {
@@ -162,13 +159,11 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         .unwrap_or_else(|| PathBuf::from("sweeps").join(format!("{name}-{}", spec.arch)));
     let device_choice = DeviceChoice::parse(&args.device)
         .with_context(|| format!("--device '{}': use cpu, cuda or metal", args.device))?;
+    // The plugins are found before anything long starts (a typo fails at once).
     let registry = super::registry(plugin_dirs)?;
-    let chosen: Vec<Arc<Plugin>> = spec
-        .methods
-        .iter()
-        .map(|m| registry.find(&m.plugin).map_err(anyhow::Error::msg))
-        .collect::<anyhow::Result<_>>()?;
-    let plugins: Vec<&Plugin> = chosen.iter().map(|p| &**p).collect();
+    for m in &spec.methods {
+        registry.find(&m.plugin).map_err(anyhow::Error::msg)?;
+    }
     let tasks = benchmark_tasks(None)?;
     let (device, note) = open_device(device_choice);
     if let Some(n) = note {
@@ -186,29 +181,40 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         }
         Err(e) => return Err(e.into()),
     };
-    let opts = ExecOptions {
-        device,
-        ..ExecOptions::default()
-    };
-    let inputs = SweepInputs {
+    let parts = super::sweep_slurm::SweepParts {
         spec: &spec,
         bench: &bench,
         tasks: &tasks,
-        plugins: &plugins,
         out_dir: &out,
-        opts: &opts,
     };
+    super::sweep_slurm::with_sweep_inputs(plugin_dirs, &parts, device, |inputs| {
+        run_with(&args, executor, plugin_dirs, &name, wh, inputs, cancel)
+    })?
+}
+
+/// Runs the sweep `inputs` with `executor`, then draws its plots.
+#[allow(clippy::too_many_arguments)]
+fn run_with(
+    args: &SweepArgs,
+    executor: ExecutorKind,
+    plugin_dirs: &[PathBuf],
+    name: &str,
+    wh: (u32, u32),
+    inputs: &SweepInputs<'_>,
+    cancel: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<ExitCode> {
+    let (out, spec) = (inputs.out_dir, inputs.spec);
     if executor == ExecutorKind::Slurm {
-        let draw = |rows: &[Row]| plots(&out, &spec, Some(rows), wh);
+        let draw = |rows: &[Row]| plots(out, spec, Some(rows), wh);
         let run = super::sweep_slurm::SlurmRun {
             args: &args.slurm,
             plugin_dirs,
             device: &args.device,
             quiet: args.quiet,
-            name: &name,
+            name,
             draw: &draw,
         };
-        return super::sweep_slurm::run(&run, &inputs, cancel);
+        return super::sweep_slurm::run(&run, inputs, cancel);
     }
     let bar = super::progress_bar(args.quiet);
     let progress = |p: &SweepProgress| {
@@ -217,7 +223,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         bar.set_message(format!("{}/{} cells{eta}: {}", p.cells_done, p.cells, p.stage));
     };
     eprintln!("sweep '{}' into {}", name, out.display());
-    let outcome = run_sweep(&inputs, &progress, cancel);
+    let outcome = run_sweep(inputs, &progress, cancel);
     bar.finish_and_clear();
     match outcome {
         Ok(s) => {
@@ -229,7 +235,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
                 minutes(s.seconds),
                 s.results.display()
             );
-            plots(&out, &spec, Some(&s.rows), wh)?;
+            plots(out, spec, Some(&s.rows), wh)?;
             Ok(ExitCode::SUCCESS)
         }
         Err(mergescope_engine::error::EngineError::Cancelled) => {
@@ -238,7 +244,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
                 out.join(RESULTS_FILE).display()
             );
             if out.join(RESULTS_FILE).exists() {
-                plots(&out, &spec, None, wh)?;
+                plots(out, spec, None, wh)?;
             }
             Ok(ExitCode::from(130))
         }

@@ -1,7 +1,10 @@
-//! `mergescope sweep --executor slurm`: the sweep's missing cells as one Slurm array job, a
-//! task per cell running `mergescope sweep run-cell GRID.json INDEX` (the same per-cell code as
-//! the local executor), watched until done, killed cells retried, every cell's rows gathered
-//! into the same results file and plots. See docs/slurm.md.
+//! The Slurm executor's door for every grid: `--executor slurm` of `mergescope sweep`,
+//! `mergescope compare` and `mergescope analyze landscape` (one set of options, [`SlurmArgs`],
+//! and one driver, [`drive`]: the grid's missing cells as one Slurm array job, watched until
+//! done, killed cells retried, failures reported with their logs), and
+//! `mergescope grid run-cell GRID.json INDEX`, what every array task runs (the job file's kind
+//! picks the sweep's, comparison's or landscape's per-cell code, the same as the local
+//! executor's). See docs/slurm.md.
 
 use anyhow::{Context as _, bail};
 use clap::Args;
@@ -9,9 +12,11 @@ use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::error::EngineError;
 use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
-use mergescope_lab::data::benchmark_tasks;
+use mergescope_lab::data::{TaskData, benchmark_tasks};
 use mergescope_lab::demo::Benchmark;
+use mergescope_studies::grid::landscape::run_landscape_cell;
 use mergescope_studies::grid::slurm::{SlurmOptions, SlurmProgress};
+use mergescope_studies::grid::{CellFiles, GridOutcome, SlurmPlan, read_job_value};
 use mergescope_studies::scaling::sweep::executor::{
     SlurmSweep, SlurmSweepSettings, SweepJob, mergescope_env, write_cell_result,
 };
@@ -73,7 +78,16 @@ fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("cannot make '{}' absolute", p.display()))
 }
 
-fn options(a: &SlurmArgs) -> anyhow::Result<SlurmOptions> {
+/// The binary the compute nodes run: --mergescope-bin, else this executable.
+pub fn node_binary(a: &SlurmArgs) -> anyhow::Result<PathBuf> {
+    match &a.mergescope_bin {
+        Some(b) => absolute(b),
+        None => std::env::current_exe().context("cannot find this executable's path: give --mergescope-bin"),
+    }
+}
+
+/// The Slurm options of `a`, for an array job named `job_name`.
+pub fn options(a: &SlurmArgs, job_name: &str) -> anyhow::Result<SlurmOptions> {
     if !(a.poll_seconds.is_finite() && a.poll_seconds > 0.0) {
         bail!("--poll-seconds {}: give a positive number of seconds", a.poll_seconds);
     }
@@ -89,7 +103,7 @@ fn options(a: &SlurmArgs) -> anyhow::Result<SlurmOptions> {
         array_parallelism: a.array_parallelism,
         max_retries: a.max_retries,
         poll: Duration::from_secs_f64(a.poll_seconds),
-        job_name: "mergescope-sweep".to_owned(),
+        job_name: job_name.to_owned(),
         setup: a.setup.clone(),
         sbatch_args: a.sbatch_args.clone(),
     })
@@ -111,6 +125,90 @@ pub struct SlurmRun<'a> {
     pub draw: &'a dyn Fn(&[Row]) -> anyhow::Result<()>,
 }
 
+/// Drives `plan` on Slurm (`headline` says what it is): with --dry-run prints the batch script
+/// and returns None; else submits the missing cells, shows their progress, and prints what
+/// became of them (the summary, the submit-to-first-result time, each failure with its log).
+/// The caller writes the gathered results and chooses the exit code (see [`exit_code`]).
+pub fn drive<P: SlurmPlan>(
+    a: &SlurmArgs,
+    plan: &P,
+    opts: &SlurmOptions,
+    headline: &str,
+    quiet: bool,
+    cancel: &AtomicBool,
+) -> anyhow::Result<Option<(P::Outcome, GridOutcome)>> {
+    let cells = plan.cells();
+    let todo = plan.todo();
+    if a.dry_run {
+        let script = plan.dry_run(opts)?;
+        if todo.is_empty() {
+            eprintln!("all {cells} cells are finished: nothing to submit");
+        } else {
+            eprintln!(
+                "{} of {cells} cells to submit (job file {}); the script sbatch would get:",
+                todo.len(),
+                plan.job_path().display()
+            );
+            print!("{script}");
+        }
+        return Ok(None);
+    }
+    eprintln!("{headline} on Slurm (work folder {})", plan.workdir().display());
+    let reused = cells - todo.len();
+    let bar = super::progress_bar(quiet || todo.is_empty());
+    // Cells done in earlier array jobs of this run (a later stage, a resubmission).
+    let jobs = std::cell::RefCell::new((String::new(), 0usize, 0usize));
+    let progress = |p: &SlurmProgress| {
+        if let Some(e) = &p.event {
+            bar.suspend(|| eprintln!("{e}"));
+        }
+        let mut j = jobs.borrow_mut();
+        if j.0 != p.job {
+            j.1 += j.2;
+            j.0.clone_from(&p.job);
+        }
+        j.2 = p.done;
+        let done = reused + j.1 + j.2;
+        bar.set_position((done * 1000 / cells.max(1)) as u64);
+        bar.set_message(format!(
+            "{done}/{cells} cells (job {}: {} running, {} pending)",
+            p.job, p.running, p.pending
+        ));
+    };
+    let outcome = plan.run(opts, &progress, cancel);
+    bar.finish_and_clear();
+    let outcome = outcome?;
+    let grid = P::grid_outcome(&outcome);
+    eprintln!("{}", grid.summary());
+    if grid.cancelled {
+        return Ok(Some((outcome, grid)));
+    }
+    if let Some(s) = grid.run.as_ref().and_then(|r| r.first_result) {
+        eprintln!("first cell result {s:.1} s after submission");
+    }
+    for f in grid.failures() {
+        eprintln!("{f}");
+    }
+    if !grid.missing.is_empty() {
+        eprintln!(
+            "{} of {cells} cells have no result; fix what their logs say and run the same command again: only they are submitted",
+            grid.missing.len(),
+        );
+    }
+    Ok(Some((outcome, grid)))
+}
+
+/// 130 when cancelled, 1 when cells have no result, else success.
+pub fn exit_code(grid: &GridOutcome) -> ExitCode {
+    if grid.cancelled {
+        ExitCode::from(130)
+    } else if grid.missing.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 /// Runs the sweep `inputs` on Slurm: submits its missing cells, watches them, gathers the rows
 /// (the work is the lab's [`SlurmSweep`]; this prints it).
 pub fn run(r: &SlurmRun<'_>, inputs: &SweepInputs<'_>, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
@@ -122,104 +220,92 @@ pub fn run(r: &SlurmRun<'_>, inputs: &SweepInputs<'_>, cancel: &AtomicBool) -> a
         name,
         draw,
     } = *r;
-    let opts = options(a)?;
-    let bin = match &a.mergescope_bin {
-        Some(b) => absolute(b)?,
-        None => std::env::current_exe().context("cannot find this executable's path: give --mergescope-bin")?,
-    };
+    let opts = options(a, "mergescope-sweep")?;
     let settings = SlurmSweepSettings {
         workdir: a.workdir.clone(),
-        bin,
+        bin: node_binary(a)?,
         plugin_dirs: plugin_dirs.to_vec(),
         device: device.to_owned(),
         env: mergescope_env(),
     };
     let sweep = SlurmSweep::prepare(inputs, &settings)?;
-    let cells = sweep.cells();
-    if a.dry_run {
-        let script = sweep.dry_run(&opts)?;
-        if sweep.todo.is_empty() {
-            eprintln!("all {cells} cells are finished: nothing to submit");
-        } else {
-            eprintln!(
-                "{} of {cells} cells to submit (job file {}); the script sbatch would get:",
-                sweep.todo.len(),
-                sweep.job_path().display()
-            );
-            print!("{script}");
-        }
+    let headline = format!("sweep '{name}' into {}", sweep.job.out_dir.display());
+    let Some((outcome, grid)) = drive(a, &sweep, &opts, &headline, quiet, cancel)? else {
         return Ok(ExitCode::SUCCESS);
-    }
-    eprintln!(
-        "sweep '{name}' into {} on Slurm (work folder {})",
-        sweep.job.out_dir.display(),
-        sweep.job.workdir.display()
-    );
-    let reused = sweep.reused();
-    let bar = super::progress_bar(quiet || sweep.todo.is_empty());
-    let progress = |p: &SlurmProgress| {
-        if let Some(e) = &p.event {
-            bar.suspend(|| eprintln!("{e}"));
-        }
-        let done = reused + p.done;
-        bar.set_position((done * 1000 / cells.max(1)) as u64);
-        bar.set_message(format!(
-            "{done}/{cells} cells (job {}: {} running, {} pending)",
-            p.job, p.running, p.pending
-        ));
     };
-    let outcome = sweep.run(&opts, &progress, cancel);
-    bar.finish_and_clear();
-    let outcome = outcome?;
-    eprintln!("{}", outcome.summary());
-    if outcome.cancelled {
-        return Ok(ExitCode::from(130));
-    }
-    let Some(run) = &outcome.run else {
+    if !grid.cancelled {
         draw(&outcome.rows)?;
-        return Ok(ExitCode::SUCCESS);
-    };
-    if let Some(s) = run.first_result {
-        eprintln!("first cell result {s:.1} s after submission");
     }
-    for f in outcome.failures() {
-        eprintln!("{f}");
-    }
-    draw(&outcome.rows)?;
-    if outcome.missing.is_empty() {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!(
-            "{} of {cells} cells have no result; fix what their logs say and run the same command again: only they are submitted",
-            outcome.missing.len(),
-        );
-        Ok(ExitCode::FAILURE)
+    Ok(exit_code(&grid))
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum GridCommand {
+    /// Run one cell of a grid submitted with `--executor slurm` (what each array task runs):
+    /// a sweep's, a comparison's or a landscape's, as its job file says. Its result goes to the
+    /// work folder's cells/INDEX.out, an error to cells/INDEX.failed.
+    RunCell {
+        /// The grid's job file (`grid.json` in the work folder).
+        #[arg(value_name = "GRID.json")]
+        job: PathBuf,
+        /// The cell's index (the array task id).
+        index: usize,
+    },
+}
+
+/// `mergescope grid ...`.
+pub fn run_grid(plugin_dirs: &[PathBuf], command: &GridCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        GridCommand::RunCell { job, index } => run_grid_cell(plugin_dirs, job, *index),
     }
 }
 
-/// `mergescope sweep run-cell GRID.json INDEX`: runs one cell on this node; its rows go to its
-/// result file, an error to its failure file (then the exit code is 1).
-pub fn run_cell(plugin_dirs: &[PathBuf], job_path: &Path, index: usize) -> anyhow::Result<ExitCode> {
-    let job = SweepJob::read(job_path)?;
-    let files = job.files();
+/// `mergescope grid run-cell GRID.json INDEX`: runs one cell of the grid on this node, by the
+/// job file's kind.
+pub fn run_grid_cell(plugin_dirs: &[PathBuf], job_path: &Path, index: usize) -> anyhow::Result<ExitCode> {
+    let (kind, _) = read_job_value(job_path)?;
+    match kind.as_str() {
+        "sweep" => run_cell(plugin_dirs, job_path, index),
+        "compare" => super::compare::run_cell(plugin_dirs, job_path, index),
+        "landscape" => {
+            let job = mergescope_studies::grid::landscape::LandscapeJob::read(job_path)?;
+            let key = job.key_of(index);
+            cell_door(&job.files(), index, job.cells(), &key, || {
+                let n = run_landscape_cell(job_path, index, super::cancel_on_ctrl_c())?;
+                Ok(format!("{n} points evaluated"))
+            })
+        }
+        other => bail!(
+            "'{}' is a job file of kind '{other}', which this mergescope does not know (sweep, compare, landscape): run the cells with the mergescope that submitted them",
+            job_path.display()
+        ),
+    }
+}
+
+/// Runs cell `index` (of `cells`, named `key`) with `work`, which writes its result and says
+/// what it did: an error goes to the cell's failure file (exit code 1); a signal (scancel, time
+/// limit) leaves no failure, so the driver sees the task's Slurm state and submits it again.
+pub fn cell_door(
+    files: &CellFiles,
+    index: usize,
+    cells: usize,
+    key: &str,
+    work: impl FnOnce() -> anyhow::Result<String>,
+) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     eprintln!(
-        "cell {index} of {} on {}: {}",
-        job.cells.len(),
+        "cell {index} of {cells} on {}: {key}",
         std::env::var("SLURMD_NODENAME").unwrap_or_else(|_| "this machine".into()),
-        job.cells.get(index).map_or("(out of range)", String::as_str)
     );
-    match cell(plugin_dirs, &job, index) {
-        Ok(runs) => {
+    match work() {
+        Ok(what) => {
             eprintln!(
-                "cell {index} finished in {:.1} s ({runs} fine-tuning runs made): {}",
+                "cell {index} finished in {:.1} s ({what}): {}",
                 started.elapsed().as_secs_f64(),
                 files.result(index).display()
             );
             Ok(ExitCode::SUCCESS)
         }
-        // Killed by the scheduler (scancel, time limit): no failure of the cell's own, so
-        // the driver sees the task's Slurm state and submits it again.
         Err(e) if matches!(e.downcast_ref::<EngineError>(), Some(EngineError::Cancelled)) => {
             eprintln!("cell {index} stopped by a signal before it finished");
             Ok(ExitCode::from(143))
@@ -233,6 +319,17 @@ pub fn run_cell(plugin_dirs: &[PathBuf], job_path: &Path, index: usize) -> anyho
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// A sweep's cell on this node: its rows go to its result file, an error to its failure file
+/// (then the exit code is 1).
+fn run_cell(plugin_dirs: &[PathBuf], job_path: &Path, index: usize) -> anyhow::Result<ExitCode> {
+    let job = SweepJob::read(job_path)?;
+    let key = job.cells.get(index).map_or("(out of range)", String::as_str);
+    cell_door(&job.files(), index, job.cells.len(), key, || {
+        let runs = cell(plugin_dirs, &job, index)?;
+        Ok(format!("{runs} fine-tuning runs made"))
+    })
 }
 
 /// Runs cell `index` of `job` and writes its result; returns the fine-tuning runs it made.
@@ -252,13 +349,6 @@ fn cell(plugin_dirs: &[PathBuf], job: &SweepJob, index: usize) -> anyhow::Result
     let bench = Benchmark::open(&job.benchmark)?;
     let mut dirs = plugin_dirs.to_vec();
     dirs.extend(job.plugin_dirs.iter().cloned());
-    let registry = super::registry(&dirs)?;
-    let chosen: Vec<Arc<Plugin>> = spec
-        .methods
-        .iter()
-        .map(|m| registry.find(&m.plugin).map_err(anyhow::Error::msg))
-        .collect::<anyhow::Result<_>>()?;
-    let plugins: Vec<&Plugin> = chosen.iter().map(|p| &**p).collect();
     let tasks = benchmark_tasks(None)?;
     let choice =
         DeviceChoice::parse(&job.device).with_context(|| format!("device '{}': use cpu, cuda or metal", job.device))?;
@@ -266,18 +356,60 @@ fn cell(plugin_dirs: &[PathBuf], job: &SweepJob, index: usize) -> anyhow::Result
     if let Some(n) = note {
         eprintln!("warning: {n}");
     }
+    let sweep = SweepParts {
+        spec: &spec,
+        bench: &bench,
+        tasks: &tasks,
+        out_dir: &job.out_dir,
+    };
+    with_sweep_inputs(&dirs, &sweep, device, |inputs| cell_of(inputs, job, index, key))?
+}
+
+/// What a sweep's inputs are made of, besides its plugins and device.
+pub struct SweepParts<'a> {
+    /// The specification.
+    pub spec: &'a SweepSpec,
+    /// The benchmark it starts from.
+    pub bench: &'a Benchmark,
+    /// Its task data.
+    pub tasks: &'a [TaskData],
+    /// The sweep folder.
+    pub out_dir: &'a Path,
+}
+
+/// Finds the sweep's method plugins (with `plugin_dirs`) and calls `f` with its inputs on
+/// `device`: the one way the CLI and a cell assemble them.
+pub fn with_sweep_inputs<T>(
+    plugin_dirs: &[PathBuf],
+    parts: &SweepParts<'_>,
+    device: mergescope_engine::device::Device,
+    f: impl FnOnce(&SweepInputs<'_>) -> T,
+) -> anyhow::Result<T> {
+    let registry = super::registry(plugin_dirs)?;
+    let chosen: Vec<Arc<Plugin>> = parts
+        .spec
+        .methods
+        .iter()
+        .map(|m| registry.find(&m.plugin).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
+    let plugins: Vec<&Plugin> = chosen.iter().map(|p| &**p).collect();
     let opts = ExecOptions {
         device,
         ..ExecOptions::default()
     };
-    let inputs = SweepInputs {
-        spec: &spec,
-        bench: &bench,
-        tasks: &tasks,
+    Ok(f(&SweepInputs {
+        spec: parts.spec,
+        bench: parts.bench,
+        tasks: parts.tasks,
         plugins: &plugins,
-        out_dir: &job.out_dir,
+        out_dir: parts.out_dir,
         opts: &opts,
-    };
+    }))
+}
+
+/// Runs cell `index` (`key`) of the sweep `inputs` and writes its result; returns the
+/// fine-tuning runs it made.
+fn cell_of(inputs: &SweepInputs<'_>, job: &SweepJob, index: usize, key: &str) -> anyhow::Result<usize> {
     let last = std::sync::Mutex::new(String::new());
     let progress = |p: &SweepProgress| {
         let mut l = last.lock().unwrap_or_else(|e| e.into_inner());
@@ -286,7 +418,7 @@ fn cell(plugin_dirs: &[PathBuf], job: &SweepJob, index: usize) -> anyhow::Result
             l.clone_from(&p.stage);
         }
     };
-    let run = run_one_cell(&inputs, index, key, &progress, super::cancel_on_ctrl_c())?;
+    let run = run_one_cell(inputs, index, key, &progress, super::cancel_on_ctrl_c())?;
     write_cell_result(&job.files(), index, &run)?;
     Ok(run.runs_trained)
 }

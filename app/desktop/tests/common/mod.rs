@@ -2,6 +2,8 @@
 //! small checkpoints written through the engine's own writer.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
+pub mod slurm;
+
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::dtype::{DType, encode_f32};
 use mergescope_engine::writer::{OutputTensor, OutputWriter};

@@ -16,11 +16,12 @@ use mergescope_lab::data::{SplitKind, TaskData};
 use mergescope_lab::demo::{Benchmark, load_params};
 use mergescope_lab::evaluator::{EvalReport, Evaluator, InMemoryEvaluator};
 use mergescope_lab::nn::Params;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 /// Which landscape.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LandscapeKind {
     /// θ0 + λ·Σ_t τ_t over the λ values.
     TaLine,
@@ -35,7 +36,7 @@ pub enum LandscapeKind {
 }
 
 /// Everything that defines a landscape.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LandscapeSpec {
     /// Which landscape.
     pub kind: LandscapeKind,
@@ -346,16 +347,61 @@ impl PreparedLandscape {
         on_cell: &mut dyn FnMut(usize, usize, &EvalReport, usize, usize),
         cancel: &AtomicBool,
     ) -> Result<()> {
-        let model = |r: usize, c: usize| -> Result<Params> {
-            match self.spec.kind {
-                LandscapeKind::Plane | LandscapeKind::TrajectoryPlane => self.families[0].at(&[self.xs[c], self.ys[r]]),
-                LandscapeKind::TaLine => self.families[0].at(&[self.xs[c]]),
-                LandscapeKind::Cart | LandscapeKind::CartRank => self.families[r].at(&[self.xs[c]]),
-            }
-        };
+        let model = |r: usize, c: usize| self.model(r, c);
         let result = fill_grid(grid, self.evaluator.as_ref(), &model, on_cell, cancel);
-        save_cached(self.spec.cache_root.as_deref(), &self.key, grid)?;
+        self.save(grid)?;
         result
+    }
+
+    /// The model at row `r`, column `c` of the grid.
+    fn model(&self, r: usize, c: usize) -> Result<Params> {
+        match self.spec.kind {
+            LandscapeKind::Plane | LandscapeKind::TrajectoryPlane => self.families[0].at(&[self.xs[c], self.ys[r]]),
+            LandscapeKind::TaLine => self.families[0].at(&[self.xs[c]]),
+            LandscapeKind::Cart | LandscapeKind::CartRank => self.families[r].at(&[self.xs[c]]),
+        }
+    }
+
+    /// Evaluates the points `(row, col)` (a cell of a grid run elsewhere), side by side on the
+    /// worker threads, in the order given.
+    pub fn evaluate_points(&self, points: &[(usize, usize)], cancel: &AtomicBool) -> Result<Vec<EvalReport>> {
+        use rayon::prelude::*;
+        let (nx, ny) = (self.xs.len(), self.ys.len());
+        if let Some((r, c)) = points.iter().find(|(r, c)| *r >= ny || *c >= nx) {
+            return Err(EngineError::Param(format!(
+                "point ({r}, {c}) is outside the {ny} × {nx} grid"
+            )));
+        }
+        let width = rayon::current_num_threads().max(1);
+        let mut out = Vec::with_capacity(points.len());
+        for chunk in points.chunks(width) {
+            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(EngineError::Cancelled);
+            }
+            let reports: Vec<Result<EvalReport>> = chunk
+                .par_iter()
+                .map(|&(r, c)| self.evaluator.evaluate(&self.model(r, c)?))
+                .collect();
+            for r in reports {
+                out.push(r?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Caches `grid` (complete or partial) under this landscape's key.
+    pub fn save(&self, grid: &LandscapeGrid) -> Result<()> {
+        save_cached(self.spec.cache_root.as_deref(), &self.key, grid)
+    }
+
+    /// The cache key: what the landscape is and the identity of every input file.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The grid's columns and rows.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.xs.len(), self.ys.len())
     }
 
     /// The figure of `grid` in any state (previews while it fills in).

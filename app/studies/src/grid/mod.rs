@@ -1,16 +1,219 @@
-//! Grids of independent cells (a sweep's cells now; comparisons and landscapes later) and the
-//! executors that run them: `local` (in this process, one cell after another) and `slurm`
-//! (one Slurm array job, a task per cell, see [`slurm`]).
+//! Grids of independent cells (a sweep's cells, a comparison's merges, a landscape's points)
+//! and the executors that run them: `local` (in this process) and `slurm` (one Slurm array job,
+//! a task per cell, see [`slurm`]).
 //!
 //! An executor that runs cells elsewhere needs each cell to leave its result where the driver
 //! finds it: [`CellFiles`] keeps one result file per cell (written atomically, so a cell killed
-//! mid-write leaves nothing) and one failure file with the error of a cell that failed.
+//! mid-write leaves nothing) and one failure file with the error of a cell that failed. The job
+//! file ([`write_job`], `grid.json` in the work folder) tells a cell on its node what to run; its
+//! `kind` (`sweep`, `compare`, `landscape`) picks the code, so every array task runs the one
+//! door `mergescope grid run-cell GRID.json INDEX`. [`SlurmPlan`] is what the CLI drives: a
+//! grid prepared for Slurm ([`crate::scaling::sweep::executor::SlurmSweep`],
+//! [`compare::SlurmCompare`], [`landscape::SlurmLandscape`]), and [`GridOutcome`] what it says
+//! at the end.
 
+pub mod compare;
+pub mod landscape;
 pub mod slurm;
 
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::writer::write_atomic;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use slurm::{CellFailure, SlurmOptions, SlurmOutcome, SlurmProgress};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+/// The job file's name in the work folder.
+pub const JOB_FILE: &str = "grid.json";
+
+/// The `MERGESCOPE_*` variables of this process: what locates data, plugins and caches, which
+/// travels with the job.
+pub fn mergescope_env() -> Vec<(String, String)> {
+    std::env::vars().filter(|(k, _)| k.starts_with("MERGESCOPE_")).collect()
+}
+
+/// `p` made absolute (a job file is read on other machines).
+pub fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).map_err(|e| EngineError::io("cannot make absolute", p, e))
+}
+
+/// Writes `job` to `<workdir>/grid.json` atomically, tagged with its `kind`; returns the path.
+pub fn write_job<T: Serialize>(workdir: &Path, kind: &str, job: &T) -> Result<PathBuf> {
+    std::fs::create_dir_all(workdir).map_err(|e| EngineError::io("cannot create", workdir, e))?;
+    let path = workdir.join(JOB_FILE);
+    let mut value = serde_json::to_value(job)
+        .map_err(|e| EngineError::Invalid(format!("cannot write the {kind} job file: {e}")))?;
+    if let Value::Object(m) = &mut value {
+        m.insert("kind".to_owned(), Value::from(kind));
+    }
+    let text = serde_json::to_string_pretty(&value)
+        .map_err(|e| EngineError::Invalid(format!("cannot write the {kind} job file: {e}")))?;
+    write_atomic(&path, text.as_bytes())?;
+    Ok(path)
+}
+
+/// The kind of the job file at `path` (`sweep` for files written before kinds) and its fields.
+pub fn read_job_value(path: &Path) -> Result<(String, Value)> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        EngineError::io(
+            "cannot read the grid's job file (is the work folder on storage this node sees?)",
+            path,
+            e,
+        )
+    })?;
+    let mut value: Value = serde_json::from_str(&text).map_err(|e| {
+        EngineError::Invalid(format!(
+            "'{}' is not a grid job file ({e}); submit the grid again",
+            path.display()
+        ))
+    })?;
+    let kind = match &mut value {
+        Value::Object(m) => match m.remove("kind") {
+            Some(Value::String(k)) => k,
+            _ => "sweep".to_owned(),
+        },
+        _ => {
+            return Err(EngineError::Invalid(format!(
+                "'{}' is not a grid job file (no JSON object); submit the grid again",
+                path.display()
+            )));
+        }
+    };
+    Ok((kind, value))
+}
+
+/// Reads the job file at `path`, which must be of `kind`.
+pub fn read_job<T: DeserializeOwned>(path: &Path, kind: &str) -> Result<T> {
+    let (found, value) = read_job_value(path)?;
+    if found != kind {
+        return Err(EngineError::Invalid(format!(
+            "'{}' is a {found} job file, not a {kind} one; run `mergescope grid run-cell` on it",
+            path.display()
+        )));
+    }
+    serde_json::from_value(value).map_err(|e| {
+        EngineError::Invalid(format!(
+            "'{}' is not a {kind} job file ({e}); submit the {kind} again",
+            path.display()
+        ))
+    })
+}
+
+/// The command an array task runs (its index is appended): `BIN grid run-cell GRID.json`.
+pub fn cell_command(bin: &Path, job_path: &Path) -> Result<Vec<String>> {
+    Ok(vec![
+        absolute(bin)?.to_string_lossy().into_owned(),
+        "grid".into(),
+        "run-cell".into(),
+        absolute(job_path)?.to_string_lossy().into_owned(),
+    ])
+}
+
+/// A grid made ready for the Slurm executor: cells planned, finished ones found. What the CLI
+/// drives for sweeps, comparisons and landscapes alike.
+pub trait SlurmPlan {
+    /// What a run comes to (the grid's own gathered results included).
+    type Outcome;
+    /// Cells in the grid.
+    fn cells(&self) -> usize;
+    /// Cells still to run.
+    fn todo(&self) -> Vec<usize>;
+    /// The job file's path.
+    fn job_path(&self) -> PathBuf;
+    /// The work folder.
+    fn workdir(&self) -> &Path;
+    /// Writes the job file and returns the batch script of the cells that would be submitted
+    /// first (submits nothing).
+    fn dry_run(&self, opts: &SlurmOptions) -> Result<String>;
+    /// Submits the cells still to run, watches them and gathers every finished cell. A
+    /// cancelled run is an outcome, not an error.
+    fn run(&self, opts: &SlurmOptions, progress: &dyn Fn(&SlurmProgress), cancel: &AtomicBool)
+    -> Result<Self::Outcome>;
+    /// What the outcome says of the cells.
+    fn grid_outcome(outcome: &Self::Outcome) -> GridOutcome;
+}
+
+/// What a grid on Slurm came to, cell by cell.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GridOutcome {
+    /// Cells in the grid.
+    pub cells: usize,
+    /// Cells finished before this run.
+    pub reused: usize,
+    /// What the executor did; `None` when every cell was finished already.
+    pub run: Option<SlurmOutcome>,
+    /// Whether the run was cancelled (the array job then was too).
+    pub cancelled: bool,
+    /// Where the gathered results went.
+    pub results: PathBuf,
+    /// The cells without a result.
+    pub missing: Vec<usize>,
+    /// Every cell's key, by index.
+    pub keys: Vec<String>,
+}
+
+impl GridOutcome {
+    /// The line saying how many cells ran where.
+    pub fn summary(&self) -> String {
+        let Some(o) = &self.run else {
+            return format!(
+                "all {} cells were finished already -> {}",
+                self.cells,
+                self.results.display()
+            );
+        };
+        if self.cancelled {
+            return format!(
+                "cancelled (the array job was cancelled): {} of {} cells are in {}; run the same command again to resume",
+                self.cells - self.missing.len(),
+                self.cells,
+                self.results.display()
+            );
+        }
+        format!(
+            "{} cells ({} reused from an earlier run, {} run in Slurm job{} {}{}) -> {}",
+            self.cells,
+            self.reused,
+            o.submitted.len(),
+            if o.jobs.len() == 1 { "" } else { "s" },
+            o.jobs.join(", "),
+            if o.retried > 0 {
+                format!(", {} resubmitted after the scheduler killed them", o.retried)
+            } else {
+                String::new()
+            },
+            self.results.display()
+        )
+    }
+
+    /// What became of a cell that did not finish: its key, Slurm state, tries, error and log.
+    pub fn failure_text(&self, f: &CellFailure) -> String {
+        let what = f.error.as_deref().unwrap_or("no result and no error written");
+        let key = self.keys.get(f.index).map_or("?", String::as_str);
+        if f.tries == 0 {
+            return format!("cell {} ({key}) was not submitted: {what}", f.index);
+        }
+        format!(
+            "cell {} ({key}) failed: {} after {} tr{}: {what}\n  log: {}",
+            f.index,
+            f.state,
+            f.tries,
+            if f.tries == 1 { "y" } else { "ies" },
+            f.log.display()
+        )
+    }
+
+    /// The cells that failed, as [`Self::failure_text`] says them.
+    pub fn failures(&self) -> Vec<String> {
+        self.run
+            .iter()
+            .flat_map(|o| &o.failed)
+            .map(|f| self.failure_text(f))
+            .collect()
+    }
+}
 
 /// Where a grid's cells run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -103,6 +306,42 @@ impl CellFiles {
     /// The error cell `index` failed with, if it failed.
     pub fn read_failure(&self, index: usize) -> Option<String> {
         std::fs::read_to_string(self.failure(index)).ok()
+    }
+
+    /// Writes cell `index`'s result `value` as JSON under `key` (what the cell computed, so a
+    /// result left by another grid in the same folder is never taken for this one's).
+    pub fn write_json<T: Serialize>(&self, index: usize, key: &str, value: &T) -> Result<()> {
+        let doc = serde_json::json!({ "key": key, "value": value });
+        let text = serde_json::to_string(&doc)
+            .map_err(|e| EngineError::Invalid(format!("cannot write the result of cell {index}: {e}")))?;
+        self.write_result(index, text.as_bytes())
+    }
+
+    /// Cell `index`'s JSON result, if it has one computed for `key`.
+    pub fn read_json<T: DeserializeOwned>(&self, index: usize, key: &str) -> Option<T> {
+        let text = self.read_result(index)?;
+        let mut doc: Value = serde_json::from_str(&text).ok()?;
+        (doc.get("key")?.as_str()? == key).then_some(())?;
+        serde_json::from_value(doc.get_mut("value")?.take()).ok()
+    }
+
+    /// What cell `index`'s files say, its result being valid when `done`.
+    pub fn state(&self, index: usize, done: bool) -> CellState {
+        if done {
+            CellState::Done
+        } else if let Some(e) = self.read_failure(index) {
+            CellState::Failed(e.trim().to_owned())
+        } else {
+            CellState::Missing
+        }
+    }
+
+    /// Removes every cell's files (a grid computed afresh).
+    pub fn clear(&self) -> Result<()> {
+        match std::fs::remove_dir_all(&self.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(EngineError::io("cannot remove", &self.dir, e)),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -439,6 +439,63 @@ pub fn run_array(
     Ok(outcome)
 }
 
+/// Runs cells `todo` of `grid` whose cells need others first (`needs(i)`: the cells whose
+/// results cell `i` reads): each round submits, as one array job ([`run_array`]), the cells
+/// whose needs all have results, until none is left. A cell whose needs end without a result
+/// is not submitted; it is reported with the cells it waited for (`tries` 0).
+pub fn run_in_stages(
+    opts: &SlurmOptions,
+    grid: &SlurmGrid<'_>,
+    todo: &[usize],
+    needs: &dyn Fn(usize) -> Vec<usize>,
+    progress: &dyn Fn(&SlurmProgress),
+    cancel: &AtomicBool,
+) -> Result<SlurmOutcome> {
+    let started = Instant::now();
+    let mut total = SlurmOutcome {
+        submitted: Vec::new(),
+        ..SlurmOutcome::default()
+    };
+    let mut remaining = todo.to_vec();
+    while !remaining.is_empty() {
+        let ready_now = |i: &usize| needs(*i).iter().all(|&d| (grid.state)(d) == CellState::Done);
+        let (ready, waiting): (Vec<usize>, Vec<usize>) = remaining.iter().partition(|i| ready_now(i));
+        if ready.is_empty() {
+            for i in waiting {
+                let without: Vec<String> = needs(i)
+                    .into_iter()
+                    .filter(|&d| (grid.state)(d) != CellState::Done)
+                    .map(|d| d.to_string())
+                    .collect();
+                total.failed.push(CellFailure {
+                    index: i,
+                    state: "NOT_SUBMITTED".to_owned(),
+                    error: Some(format!(
+                        "it needs the results of cell(s) {}, which have none",
+                        without.join(", ")
+                    )),
+                    log: PathBuf::new(),
+                    tries: 0,
+                });
+            }
+            break;
+        }
+        let offset = started.elapsed().as_secs_f64();
+        let o = run_array(opts, grid, &ready, progress, cancel)?;
+        total.jobs.extend(o.jobs);
+        total.submitted.extend(o.submitted);
+        total.retried += o.retried;
+        total.failed.extend(o.failed);
+        if total.first_result.is_none() {
+            total.first_result = o.first_result.map(|s| s + offset);
+        }
+        remaining = waiting;
+    }
+    total.submitted.sort_unstable();
+    total.failed.sort_by_key(|f| f.index);
+    Ok(total)
+}
+
 /// Polls job `job` (cells `round`) until all its tasks are over; returns their last states.
 #[allow(clippy::too_many_arguments)]
 fn watch(

@@ -1,8 +1,11 @@
 //! `mergescope analyze landscape`: a metric over task arithmetic's λ line, CART's rank × λ grid
 //! (or its best-λ accuracy against rank) or the plane through the base and two checkpoints,
-//! evaluated coarse to fine, cached, resumable after Ctrl-C.
+//! evaluated coarse to fine, cached, resumable after Ctrl-C; in this process (`--executor
+//! local`) or as a grid of cells on Slurm (`--executor slurm`: a few points per array task,
+//! gathered into the same cache entry and figure).
 
 use super::{Common, short_name};
+use crate::cli::sweep_slurm::{SlurmArgs, drive, node_binary, options};
 use crate::cli::{cancel_on_ctrl_c, progress_bar};
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
@@ -11,6 +14,8 @@ use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::evaluator::suite::is_suite_path;
 use mergescope_studies::analysis::landscape::Metric;
 use mergescope_studies::analysis::landscape_run::{LandscapeKind, LandscapeSource, LandscapeSpec, prepare_landscape};
+use mergescope_studies::grid::landscape::{LandscapeJob, SlurmLandscape};
+use mergescope_studies::grid::{ExecutorKind, mergescope_env};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -69,6 +74,16 @@ pub struct LandscapeArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Where the points are evaluated: `local` (this process) or `slurm` (one Slurm array job,
+    /// a few points per task; see docs/slurm.md).
+    #[arg(long, default_value = "local", value_name = "local|slurm")]
+    pub executor: String,
+    /// Slurm: points per array task, consecutive row by row (default: a row of the grid; one
+    /// point for a one-row landscape such as the TA line).
+    #[arg(long, value_name = "N")]
+    pub points_per_cell: Option<usize>,
+    #[command(flatten)]
+    pub slurm: Box<SlurmArgs>,
 }
 
 /// START:END:COUNT as COUNT evenly spaced values.
@@ -91,6 +106,13 @@ fn linspace(spec: &str, what: &str) -> anyhow::Result<Vec<f64>> {
 }
 
 pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
+    let executor = ExecutorKind::parse(&a.executor).context("--executor")?;
+    if executor == ExecutorKind::Local && (a.slurm.dry_run || a.points_per_cell.is_some()) {
+        bail!("--dry-run and --points-per-cell are the Slurm executor's: add --executor slurm");
+    }
+    if a.points_per_cell == Some(0) {
+        bail!("--points-per-cell must be at least 1");
+    }
     a.common.check_outputs()?;
     let kind = match a.kind {
         Kind::TaLine => LandscapeKind::TaLine,
@@ -130,6 +152,9 @@ pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
         spec.through = Some((resolve(first)?, resolve(second)?));
     }
     let device = a.common.device()?;
+    if executor == ExecutorKind::Slurm {
+        return run_on_slurm(a, spec, models, &device);
+    }
     let prepared = if is_suite_path(&a.common.models.benchmark) {
         let evaluator = a.common.evaluator(&models, None)?;
         let source = LandscapeSource::Evaluator(evaluator.as_ref(), vec![PathBuf::from(&a.common.models.benchmark)]);
@@ -184,4 +209,76 @@ pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
         first_preview.unwrap_or(0.0),
     );
     a.common.write(&prepared.figure(&grid, &device)?)
+}
+
+/// Evaluates the landscape's points as a grid of cells on Slurm, gathers them into the cache
+/// and writes the figure as the local run does.
+fn run_on_slurm(
+    a: &LandscapeArgs,
+    spec: LandscapeSpec,
+    models: crate::cli::inputs::Models,
+    device: &mergescope_engine::device::Device,
+) -> anyhow::Result<()> {
+    let output = a.common.png.as_ref().or(a.common.csv.as_ref());
+    let workdir = match (&a.slurm.workdir, output) {
+        (Some(w), _) => w.clone(),
+        (None, Some(out)) => {
+            let stem = out
+                .file_stem()
+                .map_or("landscape".into(), |s| s.to_string_lossy().into_owned());
+            out.with_file_name(format!("{stem}.slurm"))
+        }
+        (None, None) => bail!(
+            "--executor slurm writes the figure to a file: give --png or --csv (or --workdir DIR, a folder every node sees, for the job's files)"
+        ),
+    };
+    let benchmark = if is_suite_path(&a.common.models.benchmark) {
+        a.common.models.benchmark.clone()
+    } else {
+        a.common.models.benchmark()?.dir.to_string_lossy().into_owned()
+    };
+    let job = LandscapeJob {
+        workdir,
+        benchmark,
+        data: a.data.clone(),
+        base: models.base,
+        experts: models.experts,
+        device: a.common.device.clone(),
+        spec,
+        points_per_cell: a.points_per_cell.unwrap_or(0),
+        key: String::new(),
+        nx: 0,
+        ny: 0,
+    };
+    let cancel = cancel_on_ctrl_c();
+    let results = output.cloned().unwrap_or_else(|| PathBuf::from("(stdout)"));
+    let plan = SlurmLandscape::prepare(
+        job,
+        &node_binary(&a.slurm)?,
+        mergescope_env(),
+        !a.no_cache,
+        results,
+        cancel,
+    )?;
+    let opts = options(&a.slurm, "mergescope-landscape")?;
+    let headline = format!(
+        "landscape of {} points in {} cells",
+        plan.job.nx * plan.job.ny,
+        mergescope_studies::grid::SlurmPlan::cells(&plan)
+    );
+    let Some((outcome, grid)) = drive(&a.slurm, &plan, &opts, &headline, a.quiet, cancel)? else {
+        return Ok(());
+    };
+    if grid.cancelled {
+        bail!("cancelled: the finished cells stay, and the same command resumes from there");
+    }
+    a.common.write(&plan.prepared().figure(&outcome.landscape, device)?)?;
+    if !grid.missing.is_empty() {
+        bail!(
+            "{} of {} cells have no result (the figure leaves their points empty); run the same command again: only they are submitted",
+            grid.missing.len(),
+            grid.cells
+        );
+    }
+    Ok(())
 }

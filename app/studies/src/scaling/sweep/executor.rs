@@ -5,7 +5,8 @@
 use super::run::{CellRun, RESULTS_FILE, SweepInputs, prepare_cells, rows_per_cell};
 use super::store::{ResultsFile, Row, parse_rows, rows_text, write_rows};
 use crate::grid::slurm::{CellFailure, SlurmGrid, SlurmOptions, SlurmOutcome, SlurmProgress, run_array, sbatch_script};
-use crate::grid::{CellFiles, CellState};
+use crate::grid::{CellFiles, CellState, GridOutcome, SlurmPlan, absolute, cell_command, read_job, write_job};
+pub use crate::grid::{JOB_FILE, mergescope_env};
 use mergescope_engine::error::{EngineError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -13,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 
-/// The job file's name in the work folder.
-pub const JOB_FILE: &str = "grid.json";
+/// The job file's kind.
+pub const JOB_KIND: &str = "sweep";
 
 /// What a cell needs to run on a compute node: every path absolute.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,29 +38,12 @@ pub struct SweepJob {
 impl SweepJob {
     /// Writes the job to `<workdir>/grid.json` atomically; returns the path.
     pub fn write(&self) -> Result<PathBuf> {
-        std::fs::create_dir_all(&self.workdir).map_err(|e| EngineError::io("cannot create", &self.workdir, e))?;
-        let path = self.workdir.join(JOB_FILE);
-        let text = serde_json::to_string_pretty(self)
-            .map_err(|e| EngineError::Invalid(format!("cannot write the sweep's job file: {e}")))?;
-        mergescope_engine::writer::write_atomic(&path, text.as_bytes())?;
-        Ok(path)
+        write_job(&self.workdir, JOB_KIND, self)
     }
 
     /// Reads a job file.
     pub fn read(path: &Path) -> Result<SweepJob> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            EngineError::io(
-                "cannot read the grid's job file (is the work folder on storage this node sees?)",
-                path,
-                e,
-            )
-        })?;
-        serde_json::from_str(&text).map_err(|e| {
-            EngineError::Invalid(format!(
-                "'{}' is not a sweep job file ({e}); submit the sweep again",
-                path.display()
-            ))
-        })
+        read_job(path, JOB_KIND)
     }
 
     /// The cells' result and failure files.
@@ -189,16 +173,6 @@ pub struct SlurmSweepSettings {
     pub env: Vec<(String, String)>,
 }
 
-/// The `MERGESCOPE_*` variables of this process: what locates data, plugins and caches, which
-/// travels with the job.
-pub fn mergescope_env() -> Vec<(String, String)> {
-    std::env::vars().filter(|(k, _)| k.starts_with("MERGESCOPE_")).collect()
-}
-
-fn absolute(p: &Path) -> Result<PathBuf> {
-    std::path::absolute(p).map_err(|e| EngineError::io("cannot make absolute", p, e))
-}
-
 /// A sweep made ready for the Slurm executor: its cells planned, the finished ones found.
 pub struct SlurmSweep {
     /// The job file's contents.
@@ -232,60 +206,32 @@ pub struct SlurmSweepOutcome {
 }
 
 impl SlurmSweepOutcome {
+    /// The outcome as any grid's (what the lines below are made from).
+    pub fn grid(&self) -> GridOutcome {
+        GridOutcome {
+            cells: self.cells,
+            reused: self.reused,
+            run: self.run.clone(),
+            cancelled: self.cancelled,
+            results: self.results.clone(),
+            missing: self.missing.clone(),
+            keys: self.keys.clone(),
+        }
+    }
+
     /// The line saying how many cells ran where, as `mergescope sweep` prints it.
     pub fn summary(&self) -> String {
-        let Some(o) = &self.run else {
-            return format!(
-                "all {} cells were finished already -> {}",
-                self.cells,
-                self.results.display()
-            );
-        };
-        if self.cancelled {
-            return format!(
-                "cancelled (the array job was cancelled): {} of {} cells are in {}; run the same command again to resume",
-                self.cells - self.missing.len(),
-                self.cells,
-                self.results.display()
-            );
-        }
-        format!(
-            "{} cells ({} reused from an earlier run, {} run in Slurm job{} {}{}) -> {}",
-            self.cells,
-            self.reused,
-            o.submitted.len(),
-            if o.jobs.len() == 1 { "" } else { "s" },
-            o.jobs.join(", "),
-            if o.retried > 0 {
-                format!(", {} resubmitted after the scheduler killed them", o.retried)
-            } else {
-                String::new()
-            },
-            self.results.display()
-        )
+        self.grid().summary()
     }
 
     /// What became of a cell that did not finish: its key, Slurm state, tries, error and log.
     pub fn failure_text(&self, f: &CellFailure) -> String {
-        let what = f.error.as_deref().unwrap_or("no result and no error written");
-        format!(
-            "cell {} ({}) failed: {} after {} tr{}: {what}\n  log: {}",
-            f.index,
-            self.keys.get(f.index).map_or("?", String::as_str),
-            f.state,
-            f.tries,
-            if f.tries == 1 { "y" } else { "ies" },
-            f.log.display()
-        )
+        self.grid().failure_text(f)
     }
 
     /// The cells that failed, as [`Self::failure_text`] says them.
     pub fn failures(&self) -> Vec<String> {
-        self.run
-            .iter()
-            .flat_map(|o| &o.failed)
-            .map(|f| self.failure_text(f))
-            .collect()
+        self.grid().failures()
     }
 }
 
@@ -309,13 +255,7 @@ impl SlurmSweep {
         };
         let grid = SweepGrid::open(&out, keys, job.files())?;
         let todo = grid.todo();
-        let bin = absolute(&settings.bin)?;
-        let command = vec![
-            bin.to_string_lossy().into_owned(),
-            "sweep".into(),
-            "run-cell".into(),
-            job.workdir.join(JOB_FILE).to_string_lossy().into_owned(),
-        ];
+        let command = cell_command(&settings.bin, &job.workdir.join(JOB_FILE))?;
         Ok(SlurmSweep {
             job,
             grid,
@@ -400,8 +340,45 @@ impl SlurmSweep {
     }
 }
 
+impl SlurmPlan for SlurmSweep {
+    type Outcome = SlurmSweepOutcome;
+
+    fn cells(&self) -> usize {
+        SlurmSweep::cells(self)
+    }
+
+    fn todo(&self) -> Vec<usize> {
+        self.todo.clone()
+    }
+
+    fn job_path(&self) -> PathBuf {
+        SlurmSweep::job_path(self)
+    }
+
+    fn workdir(&self) -> &Path {
+        &self.job.workdir
+    }
+
+    fn dry_run(&self, opts: &SlurmOptions) -> Result<String> {
+        SlurmSweep::dry_run(self, opts)
+    }
+
+    fn run(
+        &self,
+        opts: &SlurmOptions,
+        progress: &dyn Fn(&SlurmProgress),
+        cancel: &AtomicBool,
+    ) -> Result<SlurmSweepOutcome> {
+        SlurmSweep::run(self, opts, progress, cancel)
+    }
+
+    fn grid_outcome(outcome: &SlurmSweepOutcome) -> GridOutcome {
+        outcome.grid()
+    }
+}
+
 /// Runs the sweep `inputs` on Slurm: its missing cells as one array job running
-/// `settings.bin sweep run-cell`, watched until done (see [`SlurmSweep::run`]).
+/// `settings.bin grid run-cell`, watched until done (see [`SlurmSweep::run`]).
 pub fn run_on_slurm(
     inputs: &SweepInputs<'_>,
     opts: &SlurmOptions,
