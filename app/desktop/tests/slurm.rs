@@ -409,3 +409,99 @@ fn a_cell_killed_by_the_scheduler_is_retried() {
     assert!(log.contains("1 resubmitted after the scheduler killed them"), "{log}");
     assert_eq!(lines(&out).len(), 1 + 2 + 2 * 2, "{log}");
 }
+
+#[cfg(unix)]
+#[test]
+fn a_run_started_again_while_its_array_job_runs_watches_that_job() {
+    let Some(conf) = cluster() else { return };
+    let env = Env::new();
+    let spec = spec(&env, "[2, 4]", "");
+    let out = env.path("sweep");
+    let args = [
+        "sweep",
+        spec.as_str(),
+        "--out",
+        s(&out),
+        "--quiet",
+        "--executor",
+        "slurm",
+        "--array-parallelism",
+        "1",
+        "--poll-seconds",
+        "0.2",
+    ];
+    let mut child = slurm_cmd(&env, conf, &args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    let job = loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "no job submitted: {log}");
+        log.push_str(&line);
+        if let Some(rest) = line.strip_prefix("submitted array job ") {
+            break rest.split(':').next().unwrap().to_owned();
+        }
+    };
+    // The run dies (its terminal closed) once a cell has finished; its array job goes on. The
+    // job's queued tasks are held so that it is surely still there when the run starts again.
+    let cells = out.join("slurm").join("cells");
+    let t0 = Instant::now();
+    while !cells.join("0.out").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no cell finished in 60 s: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // scontrol exits non-zero when some tasks have finished ("Job has already finished") and
+    // acts on the others, so its status says nothing here; the second run's log does.
+    let scontrol = |what: &str| {
+        Command::new("scontrol")
+            .env("SLURM_CONF", conf)
+            .args([what, job.as_str()])
+            .output()
+            .unwrap();
+    };
+    scontrol("hold");
+
+    let mut again = slurm_cmd(&env, conf, &args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = std::io::BufReader::new(again.stderr.take().unwrap());
+    let mut log = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "the second run did not reattach: {log}"
+        );
+        log.push_str(&line);
+        if line.starts_with(&format!("reattached to array job {job}")) {
+            break;
+        }
+    }
+    scontrol("release");
+    let rest: Vec<String> = reader.lines().map(|l| l.unwrap()).collect();
+    log.push_str(&rest.join("\n"));
+    assert!(again.wait().unwrap().success(), "{log}");
+    assert!(
+        !log.contains("submitted array job"),
+        "nothing is submitted twice: {log}"
+    );
+    assert_eq!(lines(&out).len(), 19, "every cell is gathered: {log}");
+    // Each cell ran once: one log per cell, all of the one array job.
+    let logs: Vec<String> = std::fs::read_dir(out.join("slurm").join("logs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("cell-"))
+        .collect();
+    assert_eq!(logs.len(), 12, "{logs:?}");
+    assert!(logs.iter().all(|n| n.ends_with(&format!(".{job}.log"))), "{logs:?}");
+}

@@ -4,10 +4,15 @@
 //! (cancelled, time limit, node failure, preemption) are reported with their Slurm state and
 //! submitted again up to a limit; cells that failed on their own are reported with their error
 //! and log and not retried. Finished cells are never submitted again: their results are files.
+//! The array job being watched is recorded in the work folder (`active-job.json`), so a run
+//! started again while that job still runs (the first was killed, or its terminal closed)
+//! watches it instead of submitting its cells a second time.
 
-use super::{CellState, ranges};
+use super::{CellState, JOB_FILE, ranges};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::writer::write_atomic;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -347,6 +352,84 @@ fn cancel_job(job: &str) {
     let _ = slurm("scancel", &[job]);
 }
 
+/// The array job a run is watching, recorded in the work folder while it is watched.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct ActiveJob {
+    /// The array job's id.
+    job: String,
+    /// The cells it runs.
+    cells: Vec<usize>,
+    /// SHA-256 of the grid file the cells read, when it was submitted.
+    grid_sha256: String,
+}
+
+const ACTIVE_JOB_FILE: &str = "active-job.json";
+
+/// SHA-256 (hex) of the work folder's grid file; empty when there is none.
+fn grid_digest(workdir: &Path) -> String {
+    std::fs::read(workdir.join(JOB_FILE))
+        .map(|b| Sha256::digest(&b).iter().map(|x| format!("{x:02x}")).collect())
+        .unwrap_or_default()
+}
+
+/// Records `job` (cells `cells`) as the array job being watched.
+fn record_active(workdir: &Path, job: &str, cells: &[usize]) -> Result<()> {
+    let record = ActiveJob {
+        job: job.to_owned(),
+        cells: cells.to_vec(),
+        grid_sha256: grid_digest(workdir),
+    };
+    let text = serde_json::to_vec_pretty(&record).map_err(|e| EngineError::Bug(e.to_string()))?;
+    write_atomic(&workdir.join(ACTIVE_JOB_FILE), &text)
+}
+
+/// Forgets the array job being watched (it is over, or was cancelled).
+fn clear_active(workdir: &Path) {
+    let _ = std::fs::remove_file(workdir.join(ACTIVE_JOB_FILE));
+}
+
+/// An array job an earlier run submitted that still runs cells of `todo`: its id and those
+/// cells. An earlier job still running cells of another grid in this work folder is an error
+/// (two grids would share the cells' files).
+fn live_earlier_job(workdir: &Path, todo: &[usize]) -> Result<Option<(String, Vec<usize>)>> {
+    let path = workdir.join(ACTIVE_JOB_FILE);
+    let Ok(text) = std::fs::read(&path) else {
+        return Ok(None);
+    };
+    let Ok(record) = serde_json::from_slice::<ActiveJob>(&text) else {
+        clear_active(workdir);
+        return Ok(None);
+    };
+    let Some(states) = task_states(&record.job)? else {
+        clear_active(workdir);
+        return Ok(None);
+    };
+    let live: Vec<usize> = record
+        .cells
+        .iter()
+        .copied()
+        .filter(|i| states.get(i).is_some_and(|s| !is_terminal(s)))
+        .collect();
+    if live.is_empty() {
+        clear_active(workdir);
+        return Ok(None);
+    }
+    if record.grid_sha256 != grid_digest(workdir) {
+        return Err(EngineError::Invalid(format!(
+            "array job {} from an earlier run still runs {} cell(s) of another grid in the work folder '{}'; \
+             wait for it, cancel it (scancel {}), or give this grid another --workdir",
+            record.job,
+            live.len(),
+            workdir.display(),
+            record.job
+        )));
+    }
+    Ok(Some((
+        record.job,
+        live.into_iter().filter(|i| todo.contains(i)).collect(),
+    )))
+}
+
 /// Submits cells `todo` of `grid` as one array job, watches it until every task is over,
 /// submits the cells the scheduler killed again (up to `opts.max_retries` times), and
 /// returns what became of them. `progress` hears about each poll. On `cancel` the job is
@@ -367,13 +450,36 @@ pub fn run_array(
     };
     let mut tries: BTreeMap<usize, usize> = BTreeMap::new();
     let mut round: Vec<usize> = todo.to_vec();
+    // A job an earlier run left running is watched first; the other cells are submitted after.
+    let mut earlier = live_earlier_job(grid.workdir, todo)?.filter(|(_, live)| !live.is_empty());
+    let mut later = Vec::new();
+    if let Some((_, live)) = &earlier {
+        later = todo.iter().copied().filter(|i| !live.contains(i)).collect();
+        round.clone_from(live);
+    }
     while !round.is_empty() {
         for &i in &round {
             *tries.entry(i).or_default() += 1;
         }
-        let script = grid.workdir.join("cells.sbatch");
-        write_atomic(&script, sbatch_script(opts, grid, &round).as_bytes())?;
-        let job = submit(&script)?;
+        let (job, event) = match earlier.take() {
+            Some((job, _)) => {
+                let event = format!(
+                    "reattached to array job {job}, which an earlier run submitted: {} cells ({}) still running \
+                     or queued",
+                    round.len(),
+                    ranges(&round)
+                );
+                (job, event)
+            }
+            None => {
+                let script = grid.workdir.join("cells.sbatch");
+                write_atomic(&script, sbatch_script(opts, grid, &round).as_bytes())?;
+                let job = submit(&script)?;
+                record_active(grid.workdir, &job, &round)?;
+                let event = format!("submitted array job {job}: {} cells ({})", round.len(), ranges(&round));
+                (job, event)
+            }
+        };
         outcome.jobs.push(job.clone());
         let mut report = SlurmProgress {
             job: job.clone(),
@@ -382,11 +488,7 @@ pub fn run_array(
             running: 0,
             pending: round.len(),
             elapsed: started.elapsed().as_secs_f64(),
-            event: Some(format!(
-                "submitted array job {job}: {} cells ({})",
-                round.len(),
-                ranges(&round)
-            )),
+            event: Some(event),
         };
         progress(&report);
         let mut states = watch(
@@ -400,6 +502,7 @@ pub fn run_array(
             progress,
             cancel,
         )?;
+        clear_active(grid.workdir);
         fill_absent(grid.workdir, &job, &round, &mut states);
         let mut next = Vec::new();
         for &i in &round {
@@ -434,6 +537,7 @@ pub fn run_array(
             }
         }
         outcome.retried += next.len();
+        next.append(&mut later);
         round = next;
     }
     Ok(outcome)
