@@ -914,9 +914,7 @@ fn work_local(
     let results = send_results(job, send);
     match outcome {
         Ok(s) => {
-            let plots = write_plots(&job.folder, &results.unwrap_or_default(), PLOT_SIZE.0, PLOT_SIZE.1)
-                .map(|_| job.folder.join(PLOTS_DIR))
-                .map_err(|e| e.to_string());
+            let plots = plots_of(job, &results.unwrap_or_default());
             Ok(Outcome::Finished {
                 cells: s.cells,
                 reused: s.reused,

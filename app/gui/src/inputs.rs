@@ -7,6 +7,7 @@ use mergescope_engine::error::{EngineError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// What a checkpoint holds, read from its headers (no tensor data is loaded).
 #[derive(Clone, Debug, PartialEq)]
@@ -50,7 +51,7 @@ pub struct InputFile {
     /// The name shown in lists and result tables (a task name for the demo experts).
     pub label: String,
     /// Header summary, or why it could not be read.
-    pub summary: std::result::Result<Summary, String>,
+    pub summary: std::result::Result<Summary, Arc<EngineError>>,
     /// Compatibility problems with the reference (the base, or the first expert).
     pub problems: Vec<String>,
 }
@@ -62,7 +63,7 @@ impl InputFile {
         InputFile {
             path: path.to_path_buf(),
             label,
-            summary: Summary::read(path).map_err(|e| e.to_string()),
+            summary: Summary::read(path).map_err(Arc::new),
             problems: Vec::new(),
         }
     }

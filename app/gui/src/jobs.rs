@@ -71,7 +71,7 @@ pub struct MergeOutcome {
     /// The device it ran on (after any fallback).
     pub device: String,
     /// Per-task evaluation, or why there is none.
-    pub eval: Option<std::result::Result<EvalReport, String>>,
+    pub eval: Option<std::result::Result<EvalReport, Arc<EngineError>>>,
 }
 
 /// Reports from the worker.
@@ -458,7 +458,7 @@ impl Worker {
             Box::new(MergeOutcome {
                 report,
                 device: device_name(&device).to_owned(),
-                eval: eval.map(|r| r.map_err(|e| format!("not evaluated: {e}"))),
+                eval: eval.map(|r| r.map_err(Arc::new)),
             }),
         ))
     }

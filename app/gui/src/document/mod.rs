@@ -598,7 +598,8 @@ impl Document {
                         ));
                         r.eval = Some(rep);
                     }
-                    Some(Err(msg)) => {
+                    Some(Err(e)) => {
+                        let msg = format!("not evaluated: {e}");
                         notes.push((Level::Warn, format!("{}: {msg}", r.title())));
                         r.eval_note = Some(msg);
                     }

@@ -128,7 +128,7 @@ fn input_row(
                 );
             }
             Err(e) => {
-                ui.label(RichText::new(e).color(ui.visuals().error_fg_color));
+                ui.label(RichText::new(e.to_string()).color(ui.visuals().error_fg_color));
             }
         }
         if let Some(line) = bench.and_then(|b| accuracy_line(b, file, is_base)) {
