@@ -299,6 +299,9 @@ pub struct ExtractOptions {
     /// Modules such an expression finds in are neither extracted nor saved whole
     /// (`--exclude-regex`); this also drops the embeddings that are otherwise saved whole.
     pub exclude_regex: Vec<String>,
+    /// All of each singular value on `lora_A` and none on `lora_B` (`--no-distribute-scale`,
+    /// mergekit's); the default puts √σ on each. The adapter's product is the same either way.
+    pub keep_scale_on_a: bool,
     /// Replace `out` if it is an adapter folder.
     pub overwrite: bool,
 }
@@ -650,22 +653,28 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
             below_epsilon.push((*name).clone());
             continue;
         }
-        let root: Vec<f64> = s.iter().map(|x| x.sqrt()).collect();
+        // mergekit's distribute_scale: √S on each side (the default), or all of S on A.
+        let (sa, sb): (Vec<f64>, Vec<f64>) = if options.keep_scale_on_a {
+            (s.clone(), vec![1.0; s.len()])
+        } else {
+            let root: Vec<f64> = s.iter().map(|x| x.sqrt()).collect();
+            (root.clone(), root)
+        };
         let (a, bm): (Vec<f32>, Vec<f32>) = if *embedding {
             // Δᵀ = V S Uᵀ: A = √S Uᵀ (k × rows), B = V √S (cols × k).
             (
                 (0..k * rows)
-                    .map(|x| (root[x / rows] * u[(x % rows) * full + x / rows]) as f32)
+                    .map(|x| (sa[x / rows] * u[(x % rows) * full + x / rows]) as f32)
                     .collect(),
                 (0..cols * k)
-                    .map(|x| (vt[(x % k) * cols + x / k] * root[x % k]) as f32)
+                    .map(|x| (vt[(x % k) * cols + x / k] * sb[x % k]) as f32)
                     .collect(),
             )
         } else {
             (
-                (0..k * cols).map(|x| (root[x / cols] * vt[x]) as f32).collect(),
+                (0..k * cols).map(|x| (sa[x / cols] * vt[x]) as f32).collect(),
                 (0..rows * k)
-                    .map(|x| (u[(x / k) * full + x % k] * root[x % k]) as f32)
+                    .map(|x| (u[(x / k) * full + x % k] * sb[x % k]) as f32)
                     .collect(),
             )
         };

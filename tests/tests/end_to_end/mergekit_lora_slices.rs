@@ -11,7 +11,7 @@
 
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::lora;
-use mergescope_engine::merge::{MemModel, open_expert};
+use mergescope_engine::merge::{MemModel, MemTensor, open_expert};
 use mergescope_engine::mergekit;
 use mergescope_tests::{assert_contains, merge_to_files, read_model, tensors_of};
 use serde_json::Value;
@@ -322,4 +322,64 @@ fn include_and_exclude_regexes_pick_mergekits_modules() {
         &["--exclude-regex '(?<=q)_proj'", "look-around"],
     );
     assert_contains(&bad("no_such_module", "x"), &["left out", "loosen them"]);
+}
+
+// --- extract-lora --no-distribute-scale --------------------------------------------------------
+
+#[test]
+fn no_distribute_scale_puts_the_singular_values_on_lora_a() {
+    let base = fixtures().join("mergekit/inputs/base");
+    let base_ck = Checkpoint::open(&base).unwrap();
+    let model = Checkpoint::open(&fixtures().join("peft/merged-plain")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let extract = |keep_scale_on_a: bool, name: &str| {
+        let out = dir.path().join(name);
+        let options = lora::ExtractOptions {
+            rank: 2,
+            keep_scale_on_a,
+            ..Default::default()
+        };
+        lora::extract_with(&base_ck, &model, &out, &options).unwrap();
+        read_model(&out.join("adapter_model.safetensors"))
+    };
+    let split = extract(false, "split");
+    let on_a = extract(true, "on-a");
+    let module = "base_model.model.model.layers.0.mlp.up_proj";
+    let (a1, b1) = (
+        &split[&format!("{module}.lora_A.weight")],
+        &split[&format!("{module}.lora_B.weight")],
+    );
+    let (a2, b2) = (
+        &on_a[&format!("{module}.lora_A.weight")],
+        &on_a[&format!("{module}.lora_B.weight")],
+    );
+    let (k, cols, rows) = (a1.shape[0], a1.shape[1], b1.shape[0]);
+    let norm = |v: Box<dyn Iterator<Item = f32> + '_>| v.map(|x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    for i in 0..k {
+        // Default: √σ on each side, so A's row and B's column have the same norm, √σᵢ; without
+        // distribution A's row has norm σᵢ (= the product of the two) and B's column norm 1, as
+        // in mergekit's TaskVectorDecompositionTask.
+        let a_row = |a: &MemTensor| norm(Box::new(a.data[i * cols..(i + 1) * cols].to_vec().into_iter()));
+        let b_col = |b: &MemTensor| norm(Box::new((0..rows).map(move |r| b.data[r * k + i])));
+        let (ra, cb) = (a_row(a1), b_col(b1));
+        assert!((ra - cb).abs() < 1e-5 * ra.max(1.0), "{ra} {cb}");
+        assert!((a_row(a2) - ra * cb).abs() < 1e-5, "{} {}", a_row(a2), ra * cb);
+        assert!((b_col(b2) - 1.0).abs() < 1e-5, "{}", b_col(b2));
+    }
+    // The update B·A is the same.
+    let product = |a: &MemTensor, b: &MemTensor| -> Vec<f64> {
+        (0..rows * cols)
+            .map(|x| {
+                (0..k)
+                    .map(|i| f64::from(b.data[(x / cols) * k + i]) * f64::from(a.data[i * cols + x % cols]))
+                    .sum()
+            })
+            .collect()
+    };
+    let worst = product(a1, b1)
+        .iter()
+        .zip(product(a2, b2))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    assert!(worst < 1e-5, "{worst}");
 }

@@ -54,6 +54,10 @@ pub struct ExtractLoraArgs {
     /// saved whole (also the embeddings otherwise saved whole). Repeatable.
     #[arg(long, value_name = "REGEX")]
     pub exclude_regex: Vec<String>,
+    /// Put each singular value wholly on lora_A instead of √σ on each of lora_A and lora_B
+    /// (mergekit-extract-lora's --no-distribute-scale); the adapter's update is the same.
+    #[arg(long)]
+    pub no_distribute_scale: bool,
     /// Replace --out if it is an adapter folder.
     #[arg(long)]
     pub overwrite: bool,
@@ -75,6 +79,7 @@ pub fn run(args: &ExtractLoraArgs) -> anyhow::Result<ExitCode> {
         sv_epsilon: args.sv_epsilon,
         include_regex: args.include_regex.clone(),
         exclude_regex: args.exclude_regex.clone(),
+        keep_scale_on_a: args.no_distribute_scale,
         overwrite: args.overwrite,
     };
     let report = lora::extract_with(&base, &model, &args.out, &options)
