@@ -20,13 +20,16 @@ use mergescope_studies::compare::{
     CompareConfig, CompareInputs, CompareTable, compare, default_lambda_grid, lambda_grid,
 };
 use mergescope_studies::grid::compare::{CompareCell, CompareJob, CompareMethod, SlurmCompare};
-use mergescope_studies::grid::{ExecutorKind, JOB_FILE, mergescope_env};
+use mergescope_studies::grid::{ExecutorKind, GridJob, JOB_FILE, mergescope_env};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 #[derive(Args, Debug)]
+#[command(mut_arg("executor", |a| a.help(
+    "Where the merges run: `local` (this process, one after another) or `slurm` (one Slurm array job, a task per λ candidate and per final merge; see docs/slurm.md)"
+)))]
 pub struct CompareArgs {
     /// Which models, and the tasks they are scored on.
     #[command(flatten)]
@@ -52,15 +55,9 @@ pub struct CompareArgs {
     /// cpu, cuda or metal.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
-    /// Where the merges run: `local` (this process, one after another) or `slurm` (one Slurm
-    /// array job, a task per λ candidate and per final merge; see docs/slurm.md).
-    #[arg(long, default_value = "local", value_name = "local|slurm")]
-    pub executor: String,
+    /// Where the merges run, and how (its --executor help is this command's, above).
     #[command(flatten)]
-    pub slurm: Box<super::sweep_slurm::SlurmArgs>,
+    pub run: super::sweep_slurm::GridRunArgs,
 }
 
 fn grid(args: &CompareArgs) -> anyhow::Result<Vec<f64>> {
@@ -80,10 +77,7 @@ fn grid(args: &CompareArgs) -> anyhow::Result<Vec<f64>> {
 }
 
 pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCode> {
-    let executor = ExecutorKind::parse(&args.executor).context("--executor")?;
-    if executor == ExecutorKind::Local && args.slurm.dry_run {
-        bail!("--dry-run prints the Slurm batch script: add --executor slurm");
-    }
+    let executor = args.run.executor(&[])?;
     let arch = args.models.arch()?;
     let lambda_grid = grid(&args)?;
     let device_choice = DeviceChoice::parse(&args.device)
@@ -119,7 +113,12 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     }
     let md_path = args.out_dir.join("results.md");
     let csv_path = args.out_dir.join("results.csv");
-    let workdir = args.slurm.workdir.clone().unwrap_or_else(|| args.out_dir.join("slurm"));
+    let workdir = args
+        .run
+        .slurm
+        .workdir
+        .clone()
+        .unwrap_or_else(|| args.out_dir.join("slurm"));
     // A comparison on Slurm run again resumes: its tables are rewritten with every cell.
     let resuming = executor == ExecutorKind::Slurm && workdir.join(JOB_FILE).exists();
     for p in [&md_path, &csv_path] {
@@ -183,7 +182,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
         lambda_grid,
         seed: args.seed,
     };
-    let bar = super::progress_bar(args.quiet);
+    let bar = super::progress_bar(args.run.quiet);
     bar.set_length(plugins.len() as u64);
     let ids: Vec<String> = plugins.iter().map(|p| p.id().to_owned()).collect();
     let progress = |msg: &str| {
@@ -328,17 +327,16 @@ fn run_on_slurm(
         cells: CompareJob::plan_cells(&methods),
         methods,
     };
-    let bin = super::sweep_slurm::node_binary(&args.slurm)?;
+    let bin = super::sweep_slurm::node_binary(&args.run.slurm)?;
     let plan = SlurmCompare::prepare(job, &bin, mergescope_env())?;
-    let opts = super::sweep_slurm::options(&args.slurm, "mergescope-compare")?;
+    let opts = super::sweep_slurm::options(&args.run.slurm, "mergescope-compare")?;
     let headline = format!(
         "comparison of {} methods on '{}' into {}",
         plan.job.methods.len(),
         benchmark.display(),
         args.out_dir.display()
     );
-    let Some((outcome, grid)) = super::sweep_slurm::drive(&args.slurm, &plan, &opts, &headline, args.quiet, cancel)?
-    else {
+    let Some((outcome, grid)) = super::sweep_slurm::drive(&args.run, &plan, &opts, &headline, cancel)? else {
         return Ok(ExitCode::SUCCESS);
     };
     if grid.cancelled {
@@ -352,16 +350,8 @@ fn run_on_slurm(
 }
 
 /// `mergescope grid run-cell` of a comparison: one λ candidate, final merge or the base's
-/// evaluation on this node.
-pub fn run_cell(plugin_dirs: &[PathBuf], job_path: &Path, index: usize) -> anyhow::Result<ExitCode> {
-    let job = CompareJob::read(job_path)?;
-    let key = job.key(index);
-    super::sweep_slurm::cell_door(&job.files(), index, job.cells.len(), &key, || {
-        compare_cell(plugin_dirs, &job, index)
-    })
-}
-
-fn compare_cell(plugin_dirs: &[PathBuf], job: &CompareJob, index: usize) -> anyhow::Result<String> {
+/// evaluation on this node; its result is written, and what it did returned.
+pub fn run_cell(plugin_dirs: &[PathBuf], job: &CompareJob, index: usize) -> anyhow::Result<String> {
     let cell = job.cells.get(index).with_context(|| {
         format!(
             "cell {index} is out of range: the comparison has {} cells",

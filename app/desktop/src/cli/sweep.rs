@@ -20,6 +20,9 @@ use std::process::ExitCode;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
+#[command(mut_arg("executor", |a| a.help(
+    "Where the cells run: `local` (this process, one after another) or `slurm` (one Slurm array job, a task per missing cell; see docs/slurm.md)"
+)))]
 pub struct SweepArgs {
     #[command(subcommand)]
     pub command: Option<SweepCommand>,
@@ -48,15 +51,9 @@ pub struct SweepArgs {
     /// cpu, cuda or metal.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
-    /// Where the cells run: `local` (this process, one after another) or `slurm` (one Slurm
-    /// array job, a task per missing cell; see docs/slurm.md).
-    #[arg(long, default_value = "local", value_name = "local|slurm")]
-    pub executor: String,
+    /// Where the cells run, and how (its --executor help is this command's, above).
     #[command(flatten)]
-    pub slurm: super::sweep_slurm::SlurmArgs,
+    pub run: super::sweep_slurm::GridRunArgs,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -133,10 +130,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
     if let Some(SweepCommand::RunCell { job, index }) = &args.command {
         return super::sweep_slurm::run_grid_cell(plugin_dirs, job, *index);
     }
-    let executor = ExecutorKind::parse(&args.executor).context("--executor")?;
-    if executor == ExecutorKind::Local && args.slurm.dry_run {
-        bail!("--dry-run prints the Slurm batch script: add --executor slurm");
-    }
+    let executor = args.run.executor(&[])?;
     let wh = size(&args.size)?;
     if args.plots_only {
         let Some(out) = &args.out else {
@@ -177,7 +171,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         Err(e) if spec.benchmark == "demo" => {
             eprintln!("no {arch} demo benchmark built yet: building it first ({e})");
             let dir = mergescope_lab::demo::demo_dir(arch, 0)?;
-            super::demo::build_with_bar(arch, 0, &dir, &tasks, args.quiet, cancel)?
+            super::demo::build_with_bar(arch, 0, &dir, &tasks, args.run.quiet, cancel)?
         }
         Err(e) => return Err(e.into()),
     };
@@ -207,16 +201,15 @@ fn run_with(
     if executor == ExecutorKind::Slurm {
         let draw = |rows: &[Row]| plots(out, spec, Some(rows), wh);
         let run = super::sweep_slurm::SlurmRun {
-            args: &args.slurm,
+            args: &args.run,
             plugin_dirs,
             device: &args.device,
-            quiet: args.quiet,
             name,
             draw: &draw,
         };
         return super::sweep_slurm::run(&run, inputs, cancel);
     }
-    let bar = super::progress_bar(args.quiet);
+    let bar = super::progress_bar(args.run.quiet);
     let progress = |p: &SweepProgress| {
         bar.set_position((p.fraction() * 1000.0) as u64);
         let eta = p.eta.map_or(String::new(), |s| format!(", {} left", minutes(s)));

@@ -1,7 +1,8 @@
 //! The Slurm executor's door for every grid: `--executor slurm` of `mergescope sweep`,
 //! `mergescope compare` and `mergescope analyze landscape` (one set of options, [`SlurmArgs`],
 //! and one driver, [`drive`]: the grid's missing cells as one Slurm array job, watched until
-//! done, killed cells retried, failures reported with their logs), and
+//! done, killed cells retried, failures reported with their logs), with `--quiet` and
+//! `--executor` ([`GridRunArgs`]), and
 //! `mergescope grid run-cell GRID.json INDEX`, what every array task runs (the job file's kind
 //! picks the sweep's, comparison's or landscape's per-cell code, the same as the local
 //! executor's). See docs/slurm.md.
@@ -14,9 +15,10 @@ use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
 use mergescope_lab::data::{TaskData, benchmark_tasks};
 use mergescope_lab::demo::Benchmark;
-use mergescope_studies::grid::landscape::run_landscape_cell;
+use mergescope_studies::grid::compare::CompareJob;
+use mergescope_studies::grid::landscape::LandscapeJob;
 use mergescope_studies::grid::slurm::{SlurmOptions, SlurmProgress};
-use mergescope_studies::grid::{CellFiles, GridOutcome, SlurmPlan, read_job_value};
+use mergescope_studies::grid::{ExecutorKind, GridJob, GridOutcome, GridPlan, SlurmJob, read_job_value};
 use mergescope_studies::scaling::sweep::executor::{
     SlurmSweep, SlurmSweepSettings, SweepJob, mergescope_env, write_cell_result,
 };
@@ -74,6 +76,44 @@ pub struct SlurmArgs {
     pub dry_run: bool,
 }
 
+/// How a grid command (`sweep`, `compare`, `analyze landscape`) runs its cells: where, how
+/// quietly, and the Slurm executor's options.
+#[derive(Args, Debug, Default)]
+pub struct GridRunArgs {
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Where the cells run: `local` (this process, one after another) or `slurm` (one Slurm
+    /// array job, a task per cell; see docs/slurm.md).
+    #[arg(long, default_value = "local", value_name = "local|slurm")]
+    pub executor: String,
+    #[command(flatten)]
+    pub slurm: Box<SlurmArgs>,
+}
+
+impl GridRunArgs {
+    /// The executor of --executor. With the local one, the Slurm executor's options given are
+    /// refused: --dry-run and the command's own `slurm_only` (flag, whether given).
+    pub fn executor(&self, slurm_only: &[(&str, bool)]) -> anyhow::Result<ExecutorKind> {
+        let executor = ExecutorKind::parse(&self.executor).context("--executor")?;
+        if executor == ExecutorKind::Local {
+            let given: Vec<&str> = [("--dry-run", self.slurm.dry_run)]
+                .iter()
+                .chain(slurm_only)
+                .filter(|(_, given)| *given)
+                .map(|(flag, _)| *flag)
+                .collect();
+            match given.as_slice() {
+                [] => {}
+                ["--dry-run"] => bail!("--dry-run prints the Slurm batch script: add --executor slurm"),
+                [one] => bail!("{one} is the Slurm executor's: add --executor slurm"),
+                many => bail!("{} are the Slurm executor's: add --executor slurm", many.join(" and ")),
+            }
+        }
+        Ok(executor)
+    }
+}
+
 fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("cannot make '{}' absolute", p.display()))
 }
@@ -111,14 +151,12 @@ pub fn options(a: &SlurmArgs, job_name: &str) -> anyhow::Result<SlurmOptions> {
 
 /// How the sweep command runs the Slurm executor.
 pub struct SlurmRun<'a> {
-    /// The Slurm options.
-    pub args: &'a SlurmArgs,
+    /// `--quiet` and the Slurm options.
+    pub args: &'a GridRunArgs,
     /// `--plugin-dir`s.
     pub plugin_dirs: &'a [PathBuf],
     /// `--device`, for the cells.
     pub device: &'a str,
-    /// No progress bar.
-    pub quiet: bool,
     /// The sweep's name, for messages.
     pub name: &'a str,
     /// Draws the plots and fits from the gathered rows.
@@ -126,20 +164,20 @@ pub struct SlurmRun<'a> {
 }
 
 /// Drives `plan` on Slurm (`headline` says what it is): with --dry-run prints the batch script
-/// and returns None; else submits the missing cells, shows their progress, and prints what
-/// became of them (the summary, the submit-to-first-result time, each failure with its log).
-/// The caller writes the gathered results and chooses the exit code (see [`exit_code`]).
-pub fn drive<P: SlurmPlan>(
-    a: &SlurmArgs,
-    plan: &P,
+/// and returns None; else submits the missing cells, shows their progress (unless --quiet),
+/// and prints what became of them (the summary, the submit-to-first-result time, each failure
+/// with its log). The caller writes the gathered results and chooses the exit code (see
+/// [`exit_code`]).
+pub fn drive<J: SlurmJob>(
+    a: &GridRunArgs,
+    plan: &GridPlan<J>,
     opts: &SlurmOptions,
     headline: &str,
-    quiet: bool,
     cancel: &AtomicBool,
-) -> anyhow::Result<Option<(P::Outcome, GridOutcome)>> {
+) -> anyhow::Result<Option<(J::Outcome, GridOutcome)>> {
     let cells = plan.cells();
-    let todo = plan.todo();
-    if a.dry_run {
+    let todo = &plan.todo;
+    if a.slurm.dry_run {
         let script = plan.dry_run(opts)?;
         if todo.is_empty() {
             eprintln!("all {cells} cells are finished: nothing to submit");
@@ -155,7 +193,7 @@ pub fn drive<P: SlurmPlan>(
     }
     eprintln!("{headline} on Slurm (work folder {})", plan.workdir().display());
     let reused = cells - todo.len();
-    let bar = super::progress_bar(quiet || todo.is_empty());
+    let bar = super::progress_bar(a.quiet || todo.is_empty());
     // Cells done in earlier array jobs of this run (a later stage, a resubmission).
     let jobs = std::cell::RefCell::new((String::new(), 0usize, 0usize));
     let progress = |p: &SlurmProgress| {
@@ -178,7 +216,7 @@ pub fn drive<P: SlurmPlan>(
     let outcome = plan.run(opts, &progress, cancel);
     bar.finish_and_clear();
     let outcome = outcome?;
-    let grid = P::grid_outcome(&outcome);
+    let grid = GridPlan::<J>::grid_outcome(&outcome);
     eprintln!("{}", grid.summary());
     if grid.cancelled {
         return Ok(Some((outcome, grid)));
@@ -216,21 +254,20 @@ pub fn run(r: &SlurmRun<'_>, inputs: &SweepInputs<'_>, cancel: &AtomicBool) -> a
         args: a,
         plugin_dirs,
         device,
-        quiet,
         name,
         draw,
     } = *r;
-    let opts = options(a, "mergescope-sweep")?;
+    let opts = options(&a.slurm, "mergescope-sweep")?;
     let settings = SlurmSweepSettings {
-        workdir: a.workdir.clone(),
-        bin: node_binary(a)?,
+        workdir: a.slurm.workdir.clone(),
+        bin: node_binary(&a.slurm)?,
         plugin_dirs: plugin_dirs.to_vec(),
         device: device.to_owned(),
         env: mergescope_env(),
     };
     let sweep = SlurmSweep::prepare(inputs, &settings)?;
     let headline = format!("sweep '{name}' into {}", sweep.job.out_dir.display());
-    let Some((outcome, grid)) = drive(a, &sweep, &opts, &headline, quiet, cancel)? else {
+    let Some((outcome, grid)) = drive(a, &sweep, &opts, &headline, cancel)? else {
         return Ok(ExitCode::SUCCESS);
     };
     if !grid.cancelled {
@@ -265,16 +302,17 @@ pub fn run_grid(plugin_dirs: &[PathBuf], command: &GridCommand) -> anyhow::Resul
 pub fn run_grid_cell(plugin_dirs: &[PathBuf], job_path: &Path, index: usize) -> anyhow::Result<ExitCode> {
     let (kind, _) = read_job_value(job_path)?;
     match kind.as_str() {
-        "sweep" => run_cell(plugin_dirs, job_path, index),
-        "compare" => super::compare::run_cell(plugin_dirs, job_path, index),
-        "landscape" => {
-            let job = mergescope_studies::grid::landscape::LandscapeJob::read(job_path)?;
-            let key = job.key_of(index);
-            cell_door(&job.files(), index, job.cells(), &key, || {
-                let n = run_landscape_cell(job_path, index, super::cancel_on_ctrl_c())?;
-                Ok(format!("{n} points evaluated"))
-            })
-        }
+        SweepJob::KIND => cell_door(&SweepJob::read(job_path)?, index, |job| {
+            let runs = cell(plugin_dirs, job, index)?;
+            Ok(format!("{runs} fine-tuning runs made"))
+        }),
+        CompareJob::KIND => cell_door(&CompareJob::read(job_path)?, index, |job| {
+            super::compare::run_cell(plugin_dirs, job, index)
+        }),
+        LandscapeJob::KIND => cell_door(&LandscapeJob::read(job_path)?, index, |job| {
+            let n = job.run_cell(index, super::cancel_on_ctrl_c())?;
+            Ok(format!("{n} points evaluated"))
+        }),
         other => bail!(
             "'{}' is a job file of kind '{other}', which this mergescope does not know (sweep, compare, landscape): run the cells with the mergescope that submitted them",
             job_path.display()
@@ -282,22 +320,23 @@ pub fn run_grid_cell(plugin_dirs: &[PathBuf], job_path: &Path, index: usize) -> 
     }
 }
 
-/// Runs cell `index` (of `cells`, named `key`) with `work`, which writes its result and says
-/// what it did: an error goes to the cell's failure file (exit code 1); a signal (scancel, time
-/// limit) leaves no failure, so the driver sees the task's Slurm state and submits it again.
-pub fn cell_door(
-    files: &CellFiles,
+/// Runs cell `index` of `job` with `work`, which writes its result and says what it did: an
+/// error goes to the cell's failure file (exit code 1); a signal (scancel, time limit) leaves no
+/// failure, so the driver sees the task's Slurm state and submits it again.
+fn cell_door<J: GridJob>(
+    job: &J,
     index: usize,
-    cells: usize,
-    key: &str,
-    work: impl FnOnce() -> anyhow::Result<String>,
+    work: impl FnOnce(&J) -> anyhow::Result<String>,
 ) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
+    let files = job.files();
     eprintln!(
-        "cell {index} of {cells} on {}: {key}",
+        "cell {index} of {} on {}: {}",
+        job.cells(),
         std::env::var("SLURMD_NODENAME").unwrap_or_else(|_| "this machine".into()),
+        job.key(index),
     );
-    match work() {
+    match work(job) {
         Ok(what) => {
             eprintln!(
                 "cell {index} finished in {:.1} s ({what}): {}",
@@ -321,18 +360,8 @@ pub fn cell_door(
     }
 }
 
-/// A sweep's cell on this node: its rows go to its result file, an error to its failure file
-/// (then the exit code is 1).
-fn run_cell(plugin_dirs: &[PathBuf], job_path: &Path, index: usize) -> anyhow::Result<ExitCode> {
-    let job = SweepJob::read(job_path)?;
-    let key = job.cells.get(index).map_or("(out of range)", String::as_str);
-    cell_door(&job.files(), index, job.cells.len(), key, || {
-        let runs = cell(plugin_dirs, &job, index)?;
-        Ok(format!("{runs} fine-tuning runs made"))
-    })
-}
-
-/// Runs cell `index` of `job` and writes its result; returns the fine-tuning runs it made.
+/// A sweep's cell on this node: runs cell `index` of `job` and writes its rows to its result
+/// file; returns the fine-tuning runs it made.
 fn cell(plugin_dirs: &[PathBuf], job: &SweepJob, index: usize) -> anyhow::Result<usize> {
     let key = job
         .cells

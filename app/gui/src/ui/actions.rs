@@ -85,32 +85,73 @@ const fn key(modifiers: Modifiers, key: Key) -> KeyboardShortcut {
 
 const CMD_SHIFT: Modifiers = Modifiers::COMMAND.plus(Modifiers::SHIFT);
 
+/// `sections` one after another, which must make exactly `N` actions (checked at compile time).
+const fn concat<const N: usize>(sections: &[&[Action]]) -> [Action; N] {
+    let mut out = [Action::About; N];
+    let mut n = 0;
+    let mut s = 0;
+    while s < sections.len() {
+        let mut i = 0;
+        while i < sections[s].len() {
+            out[n] = sections[s][i];
+            n += 1;
+            i += 1;
+        }
+        s += 1;
+    }
+    assert!(n == N, "the menus' sections do not make Action::ALL");
+    out
+}
+
 impl Action {
-    /// Every action, in the order of the menus (Help > Keyboard shortcuts lists them so).
-    pub const ALL: [Action; 22] = [
-        Action::OpenProject,
-        Action::SaveProject,
-        Action::SaveProjectAs,
+    /// File: the project file (the recent projects follow).
+    pub const FILE_PROJECT: [Action; 1] = [Action::OpenProject];
+    /// File: saving the project.
+    pub const FILE_SAVE: [Action; 2] = [Action::SaveProject, Action::SaveProjectAs];
+    /// File: the merge's inputs.
+    pub const FILE_INPUTS: [Action; 6] = [
         Action::OpenRecipe,
         Action::SetBase,
         Action::AddExperts,
         Action::AddExpertFolder,
         Action::LoadPlugin,
         Action::OpenSuite,
-        Action::Quit,
-        Action::RunMerge,
-        Action::Escape,
+    ];
+    /// File: the last entry.
+    pub const FILE_QUIT: [Action; 1] = [Action::Quit];
+    /// Run.
+    pub const RUN: [Action; 2] = [Action::RunMerge, Action::Escape];
+    /// Benchmark: the builds (every demo architecture, then the text benchmark; the built demos
+    /// follow).
+    pub const BENCHMARK_BUILDS: [Action; 4] = [
         Action::BuildDemo(Arch::ALL[0]),
         Action::BuildDemo(Arch::ALL[1]),
         Action::BuildDemo(Arch::ALL[2]),
         Action::BuildText,
-        Action::ToggleAnalysis,
-        Action::ToggleLog,
-        Action::CycleTheme,
-        Action::Experiments,
-        Action::Shortcuts,
-        Action::About,
     ];
+    /// View: the theme (after the theme's radio buttons).
+    pub const VIEW_THEME: [Action; 1] = [Action::CycleTheme];
+    /// View: the panels.
+    pub const VIEW_PANELS: [Action; 2] = [Action::ToggleAnalysis, Action::ToggleLog];
+    /// View: the windows.
+    pub const VIEW_WINDOWS: [Action; 1] = [Action::Experiments];
+    /// Help.
+    pub const HELP: [Action; 2] = [Action::Shortcuts, Action::About];
+
+    /// Every action, in the order of the menus (Help > Keyboard shortcuts lists them so): the
+    /// menus' sections above, which the menu bar draws.
+    pub const ALL: [Action; 22] = concat(&[
+        &Action::FILE_PROJECT,
+        &Action::FILE_SAVE,
+        &Action::FILE_INPUTS,
+        &Action::FILE_QUIT,
+        &Action::RUN,
+        &Action::BENCHMARK_BUILDS,
+        &Action::VIEW_THEME,
+        &Action::VIEW_PANELS,
+        &Action::VIEW_WINDOWS,
+        &Action::HELP,
+    ]);
 
     /// The key that performs the action.
     pub fn shortcut(self) -> KeyboardShortcut {

@@ -1,4 +1,4 @@
-//! The menu bar: draws the [`Action`] table's entries (each with its shortcut) and the lists
+//! The menu bar: draws the [`Action`] table's sections (each entry with its shortcut) and the lists
 //! that have no key (recent projects, built demos). The Benchmark menu builds the image demos
 //! and the text benchmark. The shortcuts themselves are applied by
 //! [`actions::apply_shortcuts`](crate::ui::actions::apply_shortcuts).
@@ -6,7 +6,6 @@
 use crate::settings::Theme;
 use crate::ui::actions::{Action, MenuTarget, ProjectCommand};
 use egui::Ui;
-use mergescope_lab::nn::Arch;
 use std::path::PathBuf;
 
 /// The menu bar.
@@ -24,7 +23,7 @@ pub fn menu_bar(ui: &mut Ui, mut app: MenuTarget<'_>) -> Option<ProjectCommand> 
     let mut chosen: Option<PathBuf> = None;
     egui::MenuBar::new().ui(ui, |ui| {
         ui.menu_button("File", |ui| {
-            items(ui, app, &[Action::OpenProject]);
+            items(ui, app, &Action::FILE_PROJECT);
             ui.menu_button("Recent projects", |ui| {
                 if app.settings.recent.is_empty() {
                     ui.label("none yet");
@@ -35,30 +34,17 @@ pub fn menu_bar(ui: &mut Ui, mut app: MenuTarget<'_>) -> Option<ProjectCommand> 
                     }
                 }
             });
-            items(ui, app, &[Action::SaveProject, Action::SaveProjectAs]);
+            items(ui, app, &Action::FILE_SAVE);
             ui.separator();
-            items(
-                ui,
-                app,
-                &[
-                    Action::OpenRecipe,
-                    Action::SetBase,
-                    Action::AddExperts,
-                    Action::AddExpertFolder,
-                    Action::LoadPlugin,
-                    Action::OpenSuite,
-                ],
-            );
+            items(ui, app, &Action::FILE_INPUTS);
             ui.separator();
-            items(ui, app, &[Action::Quit]);
+            items(ui, app, &Action::FILE_QUIT);
         });
         ui.menu_button("Run", |ui| {
-            items(ui, app, &[Action::RunMerge, Action::Escape]);
+            items(ui, app, &Action::RUN);
         });
         ui.menu_button("Benchmark", |ui| {
-            let mut builds: Vec<Action> = Arch::ALL.into_iter().map(Action::BuildDemo).collect();
-            builds.push(Action::BuildText);
-            items(ui, app, &builds);
+            items(ui, app, &Action::BENCHMARK_BUILDS);
             ui.separator();
             built_demos(ui, app);
         });
@@ -72,14 +58,14 @@ pub fn menu_bar(ui: &mut Ui, mut app: MenuTarget<'_>) -> Option<ProjectCommand> 
                     app.settings.theme = t;
                 }
             }
-            items(ui, app, &[Action::CycleTheme]);
+            items(ui, app, &Action::VIEW_THEME);
             ui.separator();
-            items(ui, app, &[Action::ToggleAnalysis, Action::ToggleLog]);
+            items(ui, app, &Action::VIEW_PANELS);
             ui.separator();
-            items(ui, app, &[Action::Experiments]);
+            items(ui, app, &Action::VIEW_WINDOWS);
         });
         ui.menu_button("Help", |ui| {
-            items(ui, app, &[Action::Shortcuts, Action::About]);
+            items(ui, app, &Action::HELP);
         });
     });
     if let Some(p) = chosen {

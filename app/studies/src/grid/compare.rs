@@ -7,8 +7,8 @@
 //! gathered table is the one the local executor writes: same values, same order (only the
 //! `seconds` column, the time the cells took, differs).
 
-use super::slurm::{SlurmGrid, SlurmOptions, SlurmOutcome, SlurmProgress, run_in_stages, sbatch_script};
-use super::{CellFiles, CellState, GridOutcome, JOB_FILE, SlurmPlan, absolute, cell_command, read_job, write_job};
+use super::slurm::{SlurmOptions, SlurmProgress, run_in_stages};
+use super::{CellState, GridJob, GridOutcome, GridPlan, SlurmJob, absolute, settle};
 use crate::compare::{
     CompareConfig, CompareInputs, CompareTable, LambdaChoice, MethodResult, choose_lambda, final_merge, lambda_trial,
 };
@@ -23,9 +23,6 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
-
-/// The job file's kind.
-pub const JOB_KIND: &str = "compare";
 
 /// One cell of a comparison.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -88,6 +85,29 @@ pub struct CompareJob {
     pub cells: Vec<CompareCell>,
 }
 
+impl GridJob for CompareJob {
+    const KIND: &'static str = "compare";
+
+    fn workdir(&self) -> &Path {
+        &self.workdir
+    }
+
+    fn cells(&self) -> usize {
+        self.cells.len()
+    }
+
+    /// `pretrained`, `ties λ=0.3`, `ties`.
+    fn key(&self, index: usize) -> String {
+        let id = |m: usize| self.methods.get(m).map_or("?", |x| x.id.as_str());
+        match self.cells.get(index) {
+            Some(CompareCell::Pretrained) => "pretrained".to_owned(),
+            Some(CompareCell::Lambda { method, lambda }) => format!("{} λ={lambda}", id(*method)),
+            Some(CompareCell::Final { method }) => id(*method).to_owned(),
+            None => "(out of range)".to_owned(),
+        }
+    }
+}
+
 /// What a cell computed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum CellResult {
@@ -138,21 +158,6 @@ impl CompareJob {
         cells
     }
 
-    /// Writes the job file atomically; returns its path.
-    pub fn write(&self) -> Result<PathBuf> {
-        write_job(&self.workdir, JOB_KIND, self)
-    }
-
-    /// Reads a job file.
-    pub fn read(path: &Path) -> Result<CompareJob> {
-        read_job(path, JOB_KIND)
-    }
-
-    /// The cells' result and failure files.
-    pub fn files(&self) -> CellFiles {
-        CellFiles::new(&self.workdir.join("cells"))
-    }
-
     /// The comparison's settings, as the local executor takes them.
     pub fn config(&self) -> CompareConfig {
         CompareConfig {
@@ -167,22 +172,6 @@ impl CompareJob {
     /// from the pretrained cell).
     pub fn is_suite(&self) -> bool {
         is_suite_path(&self.benchmark)
-    }
-
-    /// Cell `index`'s key, as the lines of the CLI name it: `pretrained`, `ties λ=0.3`, `ties`.
-    pub fn key(&self, index: usize) -> String {
-        let id = |m: usize| self.methods.get(m).map_or("?", |x| x.id.as_str());
-        match self.cells.get(index) {
-            Some(CompareCell::Pretrained) => "pretrained".to_owned(),
-            Some(CompareCell::Lambda { method, lambda }) => format!("{} λ={lambda}", id(*method)),
-            Some(CompareCell::Final { method }) => id(*method).to_owned(),
-            None => "(out of range)".to_owned(),
-        }
-    }
-
-    /// Every cell's key.
-    pub fn keys(&self) -> Vec<String> {
-        (0..self.cells.len()).map(|i| self.key(i)).collect()
     }
 
     /// What every result depends on besides its cell (models, seed, device): a result written
@@ -397,13 +386,7 @@ impl CompareJob {
 }
 
 /// A comparison made ready for the Slurm executor.
-pub struct SlurmCompare {
-    /// The job file's contents.
-    pub job: CompareJob,
-    todo: Vec<usize>,
-    command: Vec<String>,
-    env: Vec<(String, String)>,
-}
+pub type SlurmCompare = GridPlan<CompareJob>;
 
 /// What a comparison on Slurm came to.
 #[derive(Clone, Debug)]
@@ -422,24 +405,7 @@ impl SlurmCompare {
         job.workdir = absolute(&job.workdir)?;
         job.plugin_dirs = job.plugin_dirs.iter().map(|p| absolute(p)).collect::<Result<_>>()?;
         let todo = (0..job.cells.len()).filter(|&i| job.result(i).is_none()).collect();
-        let command = cell_command(bin, &job.workdir.join(JOB_FILE))?;
-        Ok(SlurmCompare {
-            job,
-            todo,
-            command,
-            env,
-        })
-    }
-
-    fn with_grid<T>(&self, f: impl FnOnce(&SlurmGrid<'_>) -> T) -> T {
-        let state = |i: usize| self.job.state(i);
-        let g = SlurmGrid {
-            workdir: &self.job.workdir,
-            command: self.command.clone(),
-            env: self.env.clone(),
-            state: &state,
-        };
-        f(&g)
+        GridPlan::new(job, todo, bin, env, ())
     }
 
     fn first_stage(&self) -> Vec<usize> {
@@ -451,34 +417,23 @@ impl SlurmCompare {
     }
 }
 
-impl SlurmPlan for SlurmCompare {
+impl SlurmJob for CompareJob {
+    type Found = ();
     type Outcome = SlurmCompareOutcome;
 
-    fn cells(&self) -> usize {
-        self.job.cells.len()
+    fn state(plan: &SlurmCompare, index: usize) -> CellState {
+        plan.job.state(index)
     }
 
-    fn todo(&self) -> Vec<usize> {
-        self.todo.clone()
-    }
-
-    fn job_path(&self) -> PathBuf {
-        self.job.workdir.join(JOB_FILE)
-    }
-
-    fn workdir(&self) -> &Path {
-        &self.job.workdir
-    }
-
-    fn dry_run(&self, opts: &SlurmOptions) -> Result<String> {
-        self.job.write()?;
-        let first = self.first_stage();
-        let mut script = self.with_grid(|g| sbatch_script(opts, g, &first));
-        if first.len() < self.todo.len() {
+    /// The first stage's script (the final merges wait for their candidates' results).
+    fn dry_run(plan: &SlurmCompare, opts: &SlurmOptions) -> Result<String> {
+        let first = plan.first_stage();
+        let mut script = plan.script(opts, &first)?;
+        if first.len() < plan.todo.len() {
             script.push_str(&format!(
                 "# Then, once these have results, a second array job of the final merges: {}\n",
                 super::ranges(
-                    &self
+                    &plan
                         .todo
                         .iter()
                         .copied()
@@ -491,38 +446,20 @@ impl SlurmPlan for SlurmCompare {
     }
 
     fn run(
-        &self,
+        plan: &SlurmCompare,
         opts: &SlurmOptions,
         progress: &dyn Fn(&SlurmProgress),
         cancel: &AtomicBool,
     ) -> Result<SlurmCompareOutcome> {
-        let ran = if self.todo.is_empty() {
-            None
-        } else {
-            self.job.write()?;
-            let needs = |i: usize| self.job.needs(i);
-            Some(self.with_grid(|g| run_in_stages(opts, g, &self.todo, &needs, progress, cancel)))
-        };
-        let (run, cancelled) = match ran {
-            None => (None, false),
-            Some(Ok(o)) => (Some(o), false),
-            Some(Err(EngineError::Cancelled)) => (Some(SlurmOutcome::default()), true),
-            Some(Err(e)) => return Err(e),
-        };
-        let missing = (0..self.job.cells.len())
-            .filter(|&i| self.job.result(i).is_none())
+        let needs = |i: usize| plan.job.needs(i);
+        let ran = plan.submit(|g, todo| run_in_stages(opts, g, todo, &needs, progress, cancel))?;
+        let ran = settle(ran)?;
+        let missing = (0..plan.job.cells.len())
+            .filter(|&i| plan.job.result(i).is_none())
             .collect();
         Ok(SlurmCompareOutcome {
-            grid: GridOutcome {
-                cells: self.job.cells.len(),
-                reused: self.job.cells.len() - self.todo.len(),
-                run,
-                cancelled,
-                results: self.job.out_dir.join("results.csv"),
-                missing,
-                keys: self.job.keys(),
-            },
-            table: self.job.table(),
+            grid: plan.outcome(ran, plan.job.out_dir.join("results.csv"), missing),
+            table: plan.job.table(),
         })
     }
 

@@ -6,8 +6,8 @@
 //! run's; a cell prepares the same landscape on its node and checks that it has the same key
 //! (same inputs, unchanged since submission) before it evaluates its points.
 
-use super::slurm::{SlurmGrid, SlurmOptions, SlurmOutcome, SlurmProgress, run_array, sbatch_script};
-use super::{CellFiles, CellState, GridOutcome, JOB_FILE, SlurmPlan, absolute, cell_command, read_job, write_job};
+use super::slurm::{SlurmOptions, SlurmProgress, run_array};
+use super::{CellState, GridJob, GridOutcome, GridPlan, SlurmJob, absolute, settle};
 use crate::analysis::landscape::LandscapeGrid;
 use crate::analysis::landscape_run::{LandscapeSource, LandscapeSpec, PreparedLandscape, prepare_landscape};
 use mergescope_engine::device::{DeviceChoice, open_device};
@@ -21,9 +21,6 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
-
-/// The job file's kind.
-pub const JOB_KIND: &str = "landscape";
 
 /// What a landscape's cell needs on a compute node: every path absolute.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -53,22 +50,28 @@ pub struct LandscapeJob {
     pub ny: usize,
 }
 
+impl GridJob for LandscapeJob {
+    const KIND: &'static str = "landscape";
+
+    fn workdir(&self) -> &Path {
+        &self.workdir
+    }
+
+    fn cells(&self) -> usize {
+        (self.nx * self.ny).div_ceil(self.points_per_cell.max(1))
+    }
+
+    /// Its points: `point (r, c)` or `points (r, c)–(r, c)`.
+    fn key(&self, index: usize) -> String {
+        match self.points(index).as_slice() {
+            [] => "(out of range)".to_owned(),
+            [(r, c)] => format!("point ({r}, {c})"),
+            [first, .., last] => format!("points ({}, {})–({}, {})", first.0, first.1, last.0, last.1),
+        }
+    }
+}
+
 impl LandscapeJob {
-    /// Writes the job file atomically; returns its path.
-    pub fn write(&self) -> Result<PathBuf> {
-        write_job(&self.workdir, JOB_KIND, self)
-    }
-
-    /// Reads a job file.
-    pub fn read(path: &Path) -> Result<LandscapeJob> {
-        read_job(path, JOB_KIND)
-    }
-
-    /// The cells' result and failure files.
-    pub fn files(&self) -> CellFiles {
-        CellFiles::new(&self.workdir.join("cells"))
-    }
-
     /// Every path made absolute (the job is read on other machines).
     pub fn absolute(mut self) -> Result<LandscapeJob> {
         self.workdir = absolute(&self.workdir)?;
@@ -115,11 +118,6 @@ impl LandscapeJob {
         }
     }
 
-    /// Cells in the grid.
-    pub fn cells(&self) -> usize {
-        (self.nx * self.ny).div_ceil(self.points_per_cell.max(1))
-    }
-
     /// The points `(row, col)` of cell `index`.
     pub fn points(&self, index: usize) -> Vec<(usize, usize)> {
         let k = self.points_per_cell.max(1);
@@ -129,17 +127,8 @@ impl LandscapeJob {
             .collect()
     }
 
-    /// Cell `index`'s key: its points, as the CLI's lines name it.
-    pub fn key_of(&self, index: usize) -> String {
-        match self.points(index).as_slice() {
-            [] => "(out of range)".to_owned(),
-            [(r, c)] => format!("point ({r}, {c})"),
-            [first, .., last] => format!("points ({}, {})–({}, {})", first.0, first.1, last.0, last.1),
-        }
-    }
-
     fn result_key(&self, index: usize) -> String {
-        format!("{} {}", self.key, self.key_of(index))
+        format!("{} {}", self.key, GridJob::key(self, index))
     }
 
     /// Cell `index`'s reports, if it has them for this landscape.
@@ -148,8 +137,9 @@ impl LandscapeJob {
         (reports.len() == self.points(index).len()).then_some(reports)
     }
 
-    /// Runs cell `index` on this node: prepares the landscape, checks it is the one submitted,
-    /// evaluates the cell's points and writes their reports; returns how many.
+    /// Runs cell `index` on this node (what `mergescope grid run-cell` does for a landscape):
+    /// prepares the landscape, checks it is the one submitted, evaluates the cell's points and
+    /// writes their reports; returns how many.
     pub fn run_cell(&self, index: usize, cancel: &AtomicBool) -> Result<usize> {
         let points = self.points(index);
         if points.is_empty() {
@@ -174,14 +164,13 @@ impl LandscapeJob {
 
 /// A landscape made ready for the Slurm executor: prepared as the local run prepares it, its
 /// cached points found.
-pub struct SlurmLandscape {
-    /// The job file's contents (its key filled in).
-    pub job: LandscapeJob,
+pub type SlurmLandscape = GridPlan<LandscapeJob>;
+
+/// What a landscape plan keeps besides its job: the landscape as prepared here and its points
+/// found so far.
+pub struct LandscapePoints {
     prepared: PreparedLandscape,
     grid: Mutex<LandscapeGrid>,
-    todo: Vec<usize>,
-    command: Vec<String>,
-    env: Vec<(String, String)>,
     results: PathBuf,
 }
 
@@ -221,26 +210,22 @@ impl SlurmLandscape {
         let todo = (0..job.cells())
             .filter(|&i| !cached(i) && job.result(i).is_none())
             .collect();
-        let command = cell_command(bin, &job.workdir.join(JOB_FILE))?;
-        Ok(SlurmLandscape {
-            job,
+        let found = LandscapePoints {
             prepared,
             grid: Mutex::new(grid),
-            todo,
-            command,
-            env,
             results,
-        })
+        };
+        GridPlan::new(job, todo, bin, env, found)
     }
 
     /// The landscape as prepared here (for its figure).
     pub fn prepared(&self) -> &PreparedLandscape {
-        &self.prepared
+        &self.found.prepared
     }
 
     /// Puts every finished cell's reports into the grid; true when cell `index` is finished.
     fn take(&self, index: usize) -> bool {
-        let mut grid = self.grid.lock().unwrap_or_else(|e| e.into_inner());
+        let mut grid = self.found.grid.lock().unwrap_or_else(|e| e.into_inner());
         let points = self.job.points(index);
         if points.iter().all(|&(r, c)| grid.cells[r * self.job.nx + c].is_some()) {
             return true;
@@ -253,78 +238,28 @@ impl SlurmLandscape {
         }
         true
     }
-
-    fn state(&self, index: usize) -> CellState {
-        self.job.files().state(index, self.take(index))
-    }
-
-    fn with_grid<T>(&self, f: impl FnOnce(&SlurmGrid<'_>) -> T) -> T {
-        let state = |i: usize| self.state(i);
-        let g = SlurmGrid {
-            workdir: &self.job.workdir,
-            command: self.command.clone(),
-            env: self.env.clone(),
-            state: &state,
-        };
-        f(&g)
-    }
 }
 
-impl SlurmPlan for SlurmLandscape {
+impl SlurmJob for LandscapeJob {
+    type Found = LandscapePoints;
     type Outcome = SlurmLandscapeOutcome;
 
-    fn cells(&self) -> usize {
-        self.job.cells()
-    }
-
-    fn todo(&self) -> Vec<usize> {
-        self.todo.clone()
-    }
-
-    fn job_path(&self) -> PathBuf {
-        self.job.workdir.join(JOB_FILE)
-    }
-
-    fn workdir(&self) -> &Path {
-        &self.job.workdir
-    }
-
-    fn dry_run(&self, opts: &SlurmOptions) -> Result<String> {
-        self.job.write()?;
-        Ok(self.with_grid(|g| sbatch_script(opts, g, &self.todo)))
+    fn state(plan: &SlurmLandscape, index: usize) -> CellState {
+        plan.job.files().state(index, plan.take(index))
     }
 
     fn run(
-        &self,
+        plan: &SlurmLandscape,
         opts: &SlurmOptions,
         progress: &dyn Fn(&SlurmProgress),
         cancel: &AtomicBool,
     ) -> Result<SlurmLandscapeOutcome> {
-        let ran = if self.todo.is_empty() {
-            None
-        } else {
-            self.job.write()?;
-            Some(self.with_grid(|g| run_array(opts, g, &self.todo, progress, cancel)))
-        };
-        let missing: Vec<usize> = (0..self.job.cells()).filter(|&i| !self.take(i)).collect();
-        let landscape = self.grid.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        self.prepared.save(&landscape)?;
-        let (run, cancelled) = match ran {
-            None => (None, false),
-            Some(Ok(o)) => (Some(o), false),
-            Some(Err(EngineError::Cancelled)) => (Some(SlurmOutcome::default()), true),
-            Some(Err(e)) => return Err(e),
-        };
+        let ran = plan.submit(|g, todo| run_array(opts, g, todo, progress, cancel))?;
+        let missing: Vec<usize> = (0..plan.job.cells()).filter(|&i| !plan.take(i)).collect();
+        let landscape = plan.found.grid.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        plan.found.prepared.save(&landscape)?;
         Ok(SlurmLandscapeOutcome {
-            grid: GridOutcome {
-                cells: self.job.cells(),
-                reused: self.job.cells() - self.todo.len(),
-                run,
-                cancelled,
-                results: self.results.clone(),
-                missing,
-                keys: (0..self.job.cells()).map(|i| self.job.key_of(i)).collect(),
-            },
+            grid: plan.outcome(settle(ran)?, plan.found.results.clone(), missing),
             landscape,
         })
     }
@@ -332,12 +267,6 @@ impl SlurmPlan for SlurmLandscape {
     fn grid_outcome(outcome: &SlurmLandscapeOutcome) -> GridOutcome {
         outcome.grid.clone()
     }
-}
-
-/// Runs cell `index` of the landscape job at `job_path` (what `mergescope grid run-cell` does
-/// for a landscape); returns the points evaluated.
-pub fn run_landscape_cell(job_path: &Path, index: usize, cancel: &AtomicBool) -> Result<usize> {
-    LandscapeJob::read(job_path)?.run_cell(index, cancel)
 }
 
 #[cfg(test)]
@@ -362,13 +291,13 @@ mod tests {
         };
         assert_eq!(job.cells(), 2);
         assert_eq!(job.points(1), [(1, 0), (1, 1), (1, 2)]);
-        assert_eq!(job.key_of(0), "points (0, 0)–(0, 2)");
+        assert_eq!(job.key(0), "points (0, 0)–(0, 2)");
         job.points_per_cell = 4;
         assert_eq!(job.cells(), 2);
         assert_eq!(job.points(1), [(1, 1), (1, 2)]);
         assert!(job.points(2).is_empty());
         job.points_per_cell = 1;
-        assert_eq!(job.key_of(5), "point (1, 2)");
+        assert_eq!(job.key(5), "point (1, 2)");
         let dir = tempfile::tempdir().unwrap();
         job.workdir = dir.path().to_path_buf();
         assert_eq!(LandscapeJob::read(&job.write().unwrap()).unwrap(), job);

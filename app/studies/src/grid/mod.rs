@@ -7,10 +7,12 @@
 //! mid-write leaves nothing) and one failure file with the error of a cell that failed. The job
 //! file ([`write_job`], `grid.json` in the work folder) tells a cell on its node what to run; its
 //! `kind` (`sweep`, `compare`, `landscape`) picks the code, so every array task runs the one
-//! door `mergescope grid run-cell GRID.json INDEX`. [`SlurmPlan`] is what the CLI drives: a
-//! grid prepared for Slurm ([`crate::scaling::sweep::executor::SlurmSweep`],
-//! [`compare::SlurmCompare`], [`landscape::SlurmLandscape`]), and [`GridOutcome`] what it says
-//! at the end.
+//! door `mergescope grid run-cell GRID.json INDEX`. Each kind's job struct is a [`GridJob`] (one
+//! writer and reader of the job file, one place for its cells' files and keys). [`GridPlan`] is
+//! what the CLI drives: a grid prepared for Slurm, whatever its kind
+//! ([`crate::scaling::sweep::executor::SlurmSweep`], [`compare::SlurmCompare`],
+//! [`landscape::SlurmLandscape`]; what differs between them is their [`SlurmJob`]), and
+//! [`GridOutcome`] what it says at the end.
 
 pub mod compare;
 pub mod landscape;
@@ -21,7 +23,7 @@ use mergescope_engine::writer::write_atomic;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use slurm::{CellFailure, SlurmOptions, SlurmOutcome, SlurmProgress};
+use slurm::{CellFailure, SlurmGrid, SlurmOptions, SlurmOutcome, SlurmProgress, sbatch_script};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
@@ -111,28 +113,218 @@ pub fn cell_command(bin: &Path, job_path: &Path) -> Result<Vec<String>> {
     ])
 }
 
-/// A grid made ready for the Slurm executor: cells planned, finished ones found. What the CLI
-/// drives for sweeps, comparisons and landscapes alike.
-pub trait SlurmPlan {
-    /// What a run comes to (the grid's own gathered results included).
-    type Outcome;
+/// A grid's job file: what its cells read on their nodes (`grid.json` in the work folder, tagged
+/// with the grid's kind), and where their results go. The sweep's, the comparison's and the
+/// landscape's job structs are written, read and named through it.
+pub trait GridJob: Serialize + DeserializeOwned {
+    /// The job file's kind: `sweep`, `compare` or `landscape`.
+    const KIND: &'static str;
+
+    /// The work folder (the job file, the batch script, `logs/`, `cells/`).
+    fn workdir(&self) -> &Path;
+
     /// Cells in the grid.
     fn cells(&self) -> usize;
-    /// Cells still to run.
-    fn todo(&self) -> Vec<usize>;
+
+    /// Cell `index`'s key, as the CLI's lines name it (`(out of range)` past the last cell).
+    fn key(&self, index: usize) -> String;
+
+    /// Writes the job file to `<workdir>/grid.json` atomically; returns its path.
+    fn write(&self) -> Result<PathBuf> {
+        write_job(self.workdir(), Self::KIND, self)
+    }
+
+    /// Reads a job file, which must be of this kind.
+    fn read(path: &Path) -> Result<Self> {
+        read_job(path, Self::KIND)
+    }
+
     /// The job file's path.
-    fn job_path(&self) -> PathBuf;
-    /// The work folder.
-    fn workdir(&self) -> &Path;
+    fn path(&self) -> PathBuf {
+        self.workdir().join(JOB_FILE)
+    }
+
+    /// The cells' result and failure files.
+    fn files(&self) -> CellFiles {
+        CellFiles::new(&self.workdir().join("cells"))
+    }
+
+    /// Every cell's key, by index.
+    fn keys(&self) -> Vec<String> {
+        (0..self.cells()).map(|i| self.key(i)).collect()
+    }
+}
+
+/// What a kind of grid does on Slurm beyond what [`GridPlan`] does for every kind: how its
+/// cells' results are told, what it submits and what it gathers.
+pub trait SlurmJob: GridJob + Sized {
+    /// What the plan keeps of the cells besides their files (a sweep's rows, a landscape's
+    /// points).
+    type Found;
+    /// What a run comes to (the grid's own gathered results included).
+    type Outcome;
+
+    /// What cell `index`'s files say.
+    fn state(plan: &GridPlan<Self>, index: usize) -> CellState;
+
     /// Writes the job file and returns the batch script of the cells that would be submitted
-    /// first (submits nothing).
-    fn dry_run(&self, opts: &SlurmOptions) -> Result<String>;
-    /// Submits the cells still to run, watches them and gathers every finished cell. A
-    /// cancelled run is an outcome, not an error.
-    fn run(&self, opts: &SlurmOptions, progress: &dyn Fn(&SlurmProgress), cancel: &AtomicBool)
-    -> Result<Self::Outcome>;
+    /// first (submits nothing): by default every cell still to run.
+    fn dry_run(plan: &GridPlan<Self>, opts: &SlurmOptions) -> Result<String> {
+        plan.script(opts, &plan.todo)
+    }
+
+    /// Submits the cells still to run (see [`GridPlan::submit`]), watches them and gathers every
+    /// finished cell. A cancelled run is an outcome, not an error.
+    fn run(
+        plan: &GridPlan<Self>,
+        opts: &SlurmOptions,
+        progress: &dyn Fn(&SlurmProgress),
+        cancel: &AtomicBool,
+    ) -> Result<Self::Outcome>;
+
     /// What the outcome says of the cells.
     fn grid_outcome(outcome: &Self::Outcome) -> GridOutcome;
+}
+
+/// A grid made ready for the Slurm executor, whatever its kind: its job, the cells still to
+/// run (finished ones found), the command and environment of its array tasks, and what its kind
+/// found of the cells. What the CLI drives for sweeps, comparisons and landscapes alike.
+pub struct GridPlan<J: SlurmJob> {
+    /// The job file's contents.
+    pub job: J,
+    /// The cells still to run.
+    pub todo: Vec<usize>,
+    command: Vec<String>,
+    env: Vec<(String, String)>,
+    pub(crate) found: J::Found,
+}
+
+impl<J: SlurmJob> GridPlan<J> {
+    /// `job` ready to run cells `todo` with `bin grid run-cell` and environment `env` (the
+    /// job's paths already absolute).
+    pub(crate) fn new(
+        job: J,
+        todo: Vec<usize>,
+        bin: &Path,
+        env: Vec<(String, String)>,
+        found: J::Found,
+    ) -> Result<GridPlan<J>> {
+        let command = cell_command(bin, &job.path())?;
+        Ok(GridPlan {
+            job,
+            todo,
+            command,
+            env,
+            found,
+        })
+    }
+
+    /// Cells in the grid.
+    pub fn cells(&self) -> usize {
+        self.job.cells()
+    }
+
+    /// Cells finished before any executor ran.
+    pub fn reused(&self) -> usize {
+        self.cells() - self.todo.len()
+    }
+
+    /// The job file's path.
+    pub fn job_path(&self) -> PathBuf {
+        self.job.path()
+    }
+
+    /// The work folder.
+    pub fn workdir(&self) -> &Path {
+        self.job.workdir()
+    }
+
+    /// What cell `index`'s files say.
+    pub fn state(&self, index: usize) -> CellState {
+        J::state(self, index)
+    }
+
+    /// Writes the job file and returns the batch script of the cells that would be submitted
+    /// first (submits nothing).
+    pub fn dry_run(&self, opts: &SlurmOptions) -> Result<String> {
+        J::dry_run(self, opts)
+    }
+
+    /// Submits the cells still to run, watches them (`progress` hears each poll; `cancel`
+    /// cancels the array job) and gathers every finished cell. A cancelled run is an outcome,
+    /// not an error.
+    pub fn run(
+        &self,
+        opts: &SlurmOptions,
+        progress: &dyn Fn(&SlurmProgress),
+        cancel: &AtomicBool,
+    ) -> Result<J::Outcome> {
+        J::run(self, opts, progress, cancel)
+    }
+
+    /// What `outcome` says of the cells.
+    pub fn grid_outcome(outcome: &J::Outcome) -> GridOutcome {
+        J::grid_outcome(outcome)
+    }
+
+    /// Calls `f` with the grid as the Slurm executor sees it.
+    fn with_grid<T>(&self, f: impl FnOnce(&SlurmGrid<'_>) -> T) -> T {
+        let state = |i: usize| self.state(i);
+        let g = SlurmGrid {
+            workdir: self.job.workdir(),
+            command: self.command.clone(),
+            env: self.env.clone(),
+            state: &state,
+        };
+        f(&g)
+    }
+
+    /// Writes the job file and returns the batch script of cells `indices`.
+    pub fn script(&self, opts: &SlurmOptions, indices: &[usize]) -> Result<String> {
+        self.job.write()?;
+        Ok(self.with_grid(|g| sbatch_script(opts, g, indices)))
+    }
+
+    /// Writes the job file and runs the cells still to run with `execute` (one array job, or
+    /// several in stages); None when every cell was finished already. The executor's result is
+    /// returned as it came, for [`settle`] once the kind has gathered what finished.
+    pub fn submit(
+        &self,
+        execute: impl FnOnce(&SlurmGrid<'_>, &[usize]) -> Result<SlurmOutcome>,
+    ) -> Result<Option<Result<SlurmOutcome>>> {
+        if self.todo.is_empty() {
+            return Ok(None);
+        }
+        self.job.write()?;
+        Ok(Some(self.with_grid(|g| execute(g, &self.todo))))
+    }
+
+    /// What became of the cells: `ran` as [`settle`] returned it, `results` where the gathered
+    /// results went, `missing` the cells without a result.
+    pub fn outcome(&self, ran: (Option<SlurmOutcome>, bool), results: PathBuf, missing: Vec<usize>) -> GridOutcome {
+        let (run, cancelled) = ran;
+        GridOutcome {
+            cells: self.cells(),
+            reused: self.reused(),
+            run,
+            cancelled,
+            results,
+            missing,
+            keys: self.job.keys(),
+        }
+    }
+}
+
+/// What an executor's run (as [`GridPlan::submit`] returned it) came to: what it did (None
+/// when nothing was submitted) and whether it was cancelled. A cancelled run is an outcome,
+/// any other error is returned.
+pub fn settle(ran: Option<Result<SlurmOutcome>>) -> Result<(Option<SlurmOutcome>, bool)> {
+    match ran {
+        None => Ok((None, false)),
+        Some(Ok(o)) => Ok((Some(o), false)),
+        Some(Err(EngineError::Cancelled)) => Ok((Some(SlurmOutcome::default()), true)),
+        Some(Err(e)) => Err(e),
+    }
 }
 
 /// What a grid on Slurm came to, cell by cell.

@@ -5,7 +5,7 @@
 //! gathered into the same cache entry and figure).
 
 use super::{Common, short_name};
-use crate::cli::sweep_slurm::{SlurmArgs, drive, node_binary, options};
+use crate::cli::sweep_slurm::{GridRunArgs, drive, node_binary, options};
 use crate::cli::{cancel_on_ctrl_c, progress_bar};
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
@@ -34,6 +34,9 @@ pub enum Kind {
 }
 
 #[derive(Args, Debug)]
+#[command(mut_arg("executor", |a| a.help(
+    "Where the points are evaluated: `local` (this process) or `slurm` (one Slurm array job, a few points per task; see docs/slurm.md)"
+)))]
 pub struct LandscapeArgs {
     #[command(flatten)]
     pub common: Common,
@@ -71,19 +74,13 @@ pub struct LandscapeArgs {
     /// Folder of task files, when the benchmark was built with `demo build --data DIR`.
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
-    /// Where the points are evaluated: `local` (this process) or `slurm` (one Slurm array job,
-    /// a few points per task; see docs/slurm.md).
-    #[arg(long, default_value = "local", value_name = "local|slurm")]
-    pub executor: String,
+    /// Where the points are evaluated, and how (its --executor help is this command's, above).
+    #[command(flatten)]
+    pub run: GridRunArgs,
     /// Slurm: points per array task, consecutive row by row (default: a row of the grid; one
     /// point for a one-row landscape such as the TA line).
     #[arg(long, value_name = "N")]
     pub points_per_cell: Option<usize>,
-    #[command(flatten)]
-    pub slurm: Box<SlurmArgs>,
 }
 
 /// START:END:COUNT as COUNT evenly spaced values.
@@ -106,10 +103,7 @@ fn linspace(spec: &str, what: &str) -> anyhow::Result<Vec<f64>> {
 }
 
 pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
-    let executor = ExecutorKind::parse(&a.executor).context("--executor")?;
-    if executor == ExecutorKind::Local && (a.slurm.dry_run || a.points_per_cell.is_some()) {
-        bail!("--dry-run and --points-per-cell are the Slurm executor's: add --executor slurm");
-    }
+    let executor = a.run.executor(&[("--points-per-cell", a.points_per_cell.is_some())])?;
     if a.points_per_cell == Some(0) {
         bail!("--points-per-cell must be at least 1");
     }
@@ -172,7 +166,7 @@ pub fn run(a: &LandscapeArgs) -> anyhow::Result<()> {
     };
     let mut grid = prepared.initial_grid(!a.no_cache);
     let cached = grid.done();
-    let bar = progress_bar(a.quiet);
+    let bar = progress_bar(a.run.quiet);
     bar.set_length(grid.cells.len() as u64);
     bar.set_position(cached as u64);
     bar.set_message("landscape");
@@ -220,7 +214,7 @@ fn run_on_slurm(
     device: &mergescope_engine::device::Device,
 ) -> anyhow::Result<()> {
     let output = a.common.png.as_ref().or(a.common.csv.as_ref());
-    let workdir = match (&a.slurm.workdir, output) {
+    let workdir = match (&a.run.slurm.workdir, output) {
         (Some(w), _) => w.clone(),
         (None, Some(out)) => {
             let stem = out
@@ -254,19 +248,19 @@ fn run_on_slurm(
     let results = output.cloned().unwrap_or_else(|| PathBuf::from("(stdout)"));
     let plan = SlurmLandscape::prepare(
         job,
-        &node_binary(&a.slurm)?,
+        &node_binary(&a.run.slurm)?,
         mergescope_env(),
         !a.no_cache,
         results,
         cancel,
     )?;
-    let opts = options(&a.slurm, "mergescope-landscape")?;
+    let opts = options(&a.run.slurm, "mergescope-landscape")?;
     let headline = format!(
         "landscape of {} points in {} cells",
         plan.job.nx * plan.job.ny,
-        mergescope_studies::grid::SlurmPlan::cells(&plan)
+        plan.cells()
     );
-    let Some((outcome, grid)) = drive(&a.slurm, &plan, &opts, &headline, a.quiet, cancel)? else {
+    let Some((outcome, grid)) = drive(&a.run, &plan, &opts, &headline, cancel)? else {
         return Ok(());
     };
     if grid.cancelled {

@@ -4,18 +4,15 @@
 
 use super::run::{CellRun, RESULTS_FILE, SweepInputs, prepare_cells, rows_per_cell};
 use super::store::{ResultsFile, Row, parse_rows, rows_text, write_rows};
-use crate::grid::slurm::{CellFailure, SlurmGrid, SlurmOptions, SlurmOutcome, SlurmProgress, run_array, sbatch_script};
-use crate::grid::{CellFiles, CellState, GridOutcome, SlurmPlan, absolute, cell_command, read_job, write_job};
+use crate::grid::slurm::{CellFailure, SlurmOptions, SlurmOutcome, SlurmProgress, run_array};
+use crate::grid::{CellFiles, CellState, GridJob, GridOutcome, GridPlan, SlurmJob, absolute, settle};
 pub use crate::grid::{JOB_FILE, mergescope_env};
-use mergescope_engine::error::{EngineError, Result};
+use mergescope_engine::error::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
-
-/// The job file's kind.
-pub const JOB_KIND: &str = "sweep";
 
 /// What a cell needs to run on a compute node: every path absolute.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -35,20 +32,22 @@ pub struct SweepJob {
     pub cells: Vec<String>,
 }
 
-impl SweepJob {
-    /// Writes the job to `<workdir>/grid.json` atomically; returns the path.
-    pub fn write(&self) -> Result<PathBuf> {
-        write_job(&self.workdir, JOB_KIND, self)
+impl GridJob for SweepJob {
+    const KIND: &'static str = "sweep";
+
+    fn workdir(&self) -> &Path {
+        &self.workdir
     }
 
-    /// Reads a job file.
-    pub fn read(path: &Path) -> Result<SweepJob> {
-        read_job(path, JOB_KIND)
+    fn cells(&self) -> usize {
+        self.cells.len()
     }
 
-    /// The cells' result and failure files.
-    pub fn files(&self) -> CellFiles {
-        CellFiles::new(&self.workdir.join("cells"))
+    fn key(&self, index: usize) -> String {
+        self.cells
+            .get(index)
+            .map_or("(out of range)", String::as_str)
+            .to_owned()
     }
 }
 
@@ -122,13 +121,7 @@ impl SweepGrid {
 
     /// What cell `index`'s files say.
     pub fn state(&self, index: usize) -> CellState {
-        if self.rows(index).is_some() {
-            CellState::Done
-        } else if let Some(e) = self.files.read_failure(index) {
-            CellState::Failed(e.trim().to_owned())
-        } else {
-            CellState::Missing
-        }
+        self.files.state(index, self.rows(index).is_some())
     }
 
     /// Cells finished before any executor ran (in the results file or a cell file).
@@ -174,15 +167,7 @@ pub struct SlurmSweepSettings {
 }
 
 /// A sweep made ready for the Slurm executor: its cells planned, the finished ones found.
-pub struct SlurmSweep {
-    /// The job file's contents.
-    pub job: SweepJob,
-    grid: SweepGrid,
-    /// The cells still to run.
-    pub todo: Vec<usize>,
-    command: Vec<String>,
-    env: Vec<(String, String)>,
-}
+pub type SlurmSweep = GridPlan<SweepJob>;
 
 /// What a sweep on Slurm came to.
 #[derive(Clone, Debug, PartialEq)]
@@ -255,121 +240,47 @@ impl SlurmSweep {
         };
         let grid = SweepGrid::open(&out, keys, job.files())?;
         let todo = grid.todo();
-        let command = cell_command(&settings.bin, &job.workdir.join(JOB_FILE))?;
-        Ok(SlurmSweep {
-            job,
-            grid,
-            todo,
-            command,
-            env: settings.env.clone(),
-        })
-    }
-
-    /// Cells in the sweep.
-    pub fn cells(&self) -> usize {
-        self.grid.len()
-    }
-
-    /// Cells finished before any executor ran.
-    pub fn reused(&self) -> usize {
-        self.grid.len() - self.todo.len()
-    }
-
-    /// The job file's path.
-    pub fn job_path(&self) -> PathBuf {
-        self.job.workdir.join(JOB_FILE)
-    }
-
-    fn with_grid<T>(&self, f: impl FnOnce(&SlurmGrid<'_>) -> T) -> T {
-        let state = |i: usize| self.grid.state(i);
-        let g = SlurmGrid {
-            workdir: &self.job.workdir,
-            command: self.command.clone(),
-            env: self.env.clone(),
-            state: &state,
-        };
-        f(&g)
+        GridPlan::new(job, todo, &settings.bin, settings.env.clone(), grid)
     }
 
     /// Writes every finished cell's rows to the results file now (while the job runs, for
     /// plots that fill in); returns the rows and the cells missing.
     pub fn gather(&self) -> Result<(Vec<Row>, Vec<usize>)> {
-        self.grid.gather()
-    }
-
-    /// Writes the job file and returns the batch script of the cells still to run (submits
-    /// nothing).
-    pub fn dry_run(&self, opts: &SlurmOptions) -> Result<String> {
-        self.job.write()?;
-        Ok(self.with_grid(|g| sbatch_script(opts, g, &self.todo)))
-    }
-
-    /// Submits the cells still to run as one array job, watches it (`progress` hears each
-    /// poll; `cancel` cancels the job), and gathers every finished cell's rows into the
-    /// results file. A cancelled run is an outcome, not an error.
-    pub fn run(
-        &self,
-        opts: &SlurmOptions,
-        progress: &dyn Fn(&SlurmProgress),
-        cancel: &AtomicBool,
-    ) -> Result<SlurmSweepOutcome> {
-        let ran = if self.todo.is_empty() {
-            None
-        } else {
-            self.job.write()?;
-            Some(self.with_grid(|g| run_array(opts, g, &self.todo, progress, cancel)))
-        };
-        let gathered = self.grid.gather();
-        let (run, cancelled) = match ran {
-            None => (None, false),
-            Some(Ok(o)) => (Some(o), false),
-            Some(Err(EngineError::Cancelled)) => (Some(SlurmOutcome::default()), true),
-            Some(Err(e)) => return Err(e),
-        };
-        let (rows, missing) = gathered?;
-        Ok(SlurmSweepOutcome {
-            cells: self.grid.len(),
-            reused: self.reused(),
-            run,
-            cancelled,
-            results: self.job.out_dir.join(RESULTS_FILE),
-            rows,
-            missing,
-            keys: self.job.cells.clone(),
-        })
+        self.found.gather()
     }
 }
 
-impl SlurmPlan for SlurmSweep {
+impl SlurmJob for SweepJob {
+    type Found = SweepGrid;
     type Outcome = SlurmSweepOutcome;
 
-    fn cells(&self) -> usize {
-        SlurmSweep::cells(self)
+    fn state(plan: &SlurmSweep, index: usize) -> CellState {
+        plan.found.state(index)
     }
 
-    fn todo(&self) -> Vec<usize> {
-        self.todo.clone()
-    }
-
-    fn job_path(&self) -> PathBuf {
-        SlurmSweep::job_path(self)
-    }
-
-    fn workdir(&self) -> &Path {
-        &self.job.workdir
-    }
-
-    fn dry_run(&self, opts: &SlurmOptions) -> Result<String> {
-        SlurmSweep::dry_run(self, opts)
-    }
-
+    /// One array job of the cells still to run; every finished cell's rows are gathered into
+    /// the results file.
     fn run(
-        &self,
+        plan: &SlurmSweep,
         opts: &SlurmOptions,
         progress: &dyn Fn(&SlurmProgress),
         cancel: &AtomicBool,
     ) -> Result<SlurmSweepOutcome> {
-        SlurmSweep::run(self, opts, progress, cancel)
+        let ran = plan.submit(|g, todo| run_array(opts, g, todo, progress, cancel))?;
+        let gathered = plan.gather();
+        let ran = settle(ran)?;
+        let (rows, missing) = gathered?;
+        let grid = plan.outcome(ran, plan.job.out_dir.join(RESULTS_FILE), missing);
+        Ok(SlurmSweepOutcome {
+            cells: grid.cells,
+            reused: grid.reused,
+            run: grid.run,
+            cancelled: grid.cancelled,
+            results: grid.results,
+            rows,
+            missing: grid.missing,
+            keys: grid.keys,
+        })
     }
 
     fn grid_outcome(outcome: &SlurmSweepOutcome) -> GridOutcome {
