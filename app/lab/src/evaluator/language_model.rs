@@ -282,24 +282,13 @@ impl ScoresWeights for LmEvaluator {
 
     /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).
     fn inputs_for(&self, checkpoint: &Path) -> Result<(LmConfig, Tokenizer)> {
-        let config = read_config(&hf::locate(
+        let (config, tokenizer) = hf::locate_config_and_tokenizer(
             self.spec.config.as_deref(),
+            self.spec.tokenizer.as_deref(),
             checkpoint,
             self.spec.base.as_deref(),
-            "config.json",
-            "config",
-        )?)?;
-        let tokenizer = hf::load_tokenizer(
-            &hf::locate(
-                self.spec.tokenizer.as_deref(),
-                checkpoint,
-                self.spec.base.as_deref(),
-                "tokenizer.json",
-                "tokenizer",
-            )?,
-            usize::MAX / 2,
         )?;
-        Ok((config, tokenizer))
+        Ok((read_config(&config)?, hf::load_tokenizer(&tokenizer, usize::MAX / 2)?))
     }
 
     fn device(&self) -> &Device {

@@ -113,22 +113,16 @@ impl ScoresWeights for TextClassifierEvaluator {
 
     /// The config and tokenizer for models like `checkpoint` (the suite's, or those beside it).
     fn inputs_for(&self, checkpoint: &Path) -> Result<(EncoderConfig, Tokenizer)> {
-        let config_path = hf::locate(
+        let (config, tokenizer) = hf::locate_config_and_tokenizer(
             self.model.config.as_deref(),
-            checkpoint,
-            self.model.base.as_deref(),
-            "config.json",
-            "config",
-        )?;
-        let config = EncoderConfig::read(&config_path)?;
-        let tokenizer_path = hf::locate(
             self.model.tokenizer.as_deref(),
             checkpoint,
             self.model.base.as_deref(),
-            "tokenizer.json",
-            "tokenizer",
         )?;
-        Ok((config, hf::load_tokenizer(&tokenizer_path, self.model.max_length)?))
+        Ok((
+            EncoderConfig::read(&config)?,
+            hf::load_tokenizer(&tokenizer, self.model.max_length)?,
+        ))
     }
 
     fn device(&self) -> &Device {

@@ -46,6 +46,21 @@ pub fn locate(named: Option<&Path>, checkpoint: &Path, base: Option<&Path>, file
     })
 }
 
+/// A text model's `config.json` and `tokenizer.json` for models like `checkpoint`, each found as
+/// [`locate`] finds it (the suite's `config`/`tokenizer` keys, beside the checkpoint, beside the
+/// base).
+pub fn locate_config_and_tokenizer(
+    config: Option<&Path>,
+    tokenizer: Option<&Path>,
+    checkpoint: &Path,
+    base: Option<&Path>,
+) -> Result<(PathBuf, PathBuf)> {
+    Ok((
+        locate(config, checkpoint, base, "config.json", "config")?,
+        locate(tokenizer, checkpoint, base, "tokenizer.json", "tokenizer")?,
+    ))
+}
+
 /// Reads a `config.json` into `T`, first filling the keys it lacks from `defaults` (the
 /// values transformers uses when a key is absent).
 pub fn read_config<T: DeserializeOwned>(path: &Path, defaults: &[(&str, serde_json::Value)]) -> Result<T> {
