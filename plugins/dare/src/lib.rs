@@ -5,11 +5,19 @@
 //! are summed (mergekit's dare_linear) or go through a TIES sign election (dare_ties), with
 //! mergekit's `normalize` divisors. Unit weights take the exact operations of the unweighted
 //! method, so recipes from before per-expert weights give the same bits.
+//!
+//! The merge is one fused sweep over copies of the inputs (`fused`): the host draws the masks
+//! (`bernoulli_mask`), the plugin makes m_t ⊙ τ_t and combines (weighted sum, or sign election and
+//! disjoint sum or mean) block by block in cache, with the same f32 operations in the same order
+//! as the chain of host operations it replaced, so the merged bits did not change. The l1 rescale
+//! needs ‖τ_t‖₁ / ‖m_t ⊙ τ_t‖₁ over the whole tensor before any element can be combined, so with
+//! it the host calls the method on whole tensors; the two norms are the f64 sums of the host's
+//! `reduce` in element order (sequential sums, whose last bits depend on that order: summing
+//! chunks apart and adding the partials would change them), taken for all experts side by side
+//! in one sweep with the masks drawn a block at a time, so no tensor-sized mask or temporary
+//! lives besides one copy of each input.
 
-use mergescope_plugin_api::abi::{
-    CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MEAN, DISJOINT_SUM, ELECT_MASS, REDUCE_SUM_ABS,
-};
-use mergescope_plugin_api::sdk::combine::weighted_disjoint_mean;
+use mergescope_plugin_api::abi::{CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
@@ -75,6 +83,13 @@ mergescope_plugin_api::choice_enum! {
         TiesSum = "ties-sum",
     }
 }
+
+mod fused;
+
+/// Elements of the masks the l1 rescale draws at a time over a whole tensor: small enough that
+/// the masks of every expert are still in cache when the norms and m ⊙ τ are taken from them
+/// (with blocks of 2²² elements those loops waited on memory for the masks).
+const MASK_BLOCK: usize = 1 << 16;
 
 /// The DARE method.
 pub struct Dare {
@@ -186,46 +201,150 @@ impl MergeMethod for Dare {
             // Everything is dropped: τ̃ = 0 and θ = θ0 (no 0/0).
             return host.affine(base, 1.0, 0.0);
         }
-        // Sparsified task vectors m_t ⊙ τ_t with their rescale factors r_t and weights w_t. Every
-        // input and intermediate is released as soon as it is dead, so that a whole-tensor call
-        // (l1 rescale) keeps few tensor-sized buffers alive.
-        let mut dropped = Vec::with_capacity(experts.len());
+        // The experts that add something: (input t, its handle, p_t, w_t). Every entry dropped,
+        // or weight 0: nothing to add, nothing to vote (its weight still counts in the divisor
+        // of combine = sum with normalize).
+        let mut active = Vec::with_capacity(experts.len());
         for (t, (e, (p, w))) in experts.iter().zip(self.drop_rate.iter().zip(&self.weights)).enumerate() {
-            host.check_cancelled()?;
-            let (p, w) = (*p, *w);
-            if p >= 1.0 || w == 0.0 {
-                // Every entry dropped, or weight 0: nothing to add, nothing to vote (its weight
-                // still counts in the divisor of combine = sum with normalize).
+            if *p >= 1.0 || *w == 0.0 {
                 host.release(*e)?;
-                continue;
+            } else {
+                active.push((t, *e, *p, *w));
             }
-            let tau = host.sub(*e, base)?;
-            host.release(*e)?;
-            if p <= 0.0 {
-                // Nothing is dropped: m ⊙ τ = τ, and the l1 rescale is ‖τ‖₁/‖τ‖₁ = 1.
-                dropped.push((tau, 1.0, w));
-                continue;
-            }
-            let keep = 1.0 - p;
-            let mask = host.bernoulli_mask(tau, keep, expert_seed(self.seed, tensor.name, t), tensor.offset)?;
-            let masked = host.mul(mask, tau)?;
-            host.release(mask)?;
-            let factor = match self.rescale {
-                Rescale::Inverse => 1.0 / keep,
-                Rescale::None => 1.0,
-                Rescale::L1 => {
-                    let full = host.reduce(REDUCE_SUM_ABS, tau)?;
-                    let kept = host.reduce(REDUCE_SUM_ABS, masked)?;
-                    if full < 1e-7 || kept < 1e-7 { 1.0 } else { full / kept }
-                }
-            };
-            host.release(tau)?;
-            dropped.push((masked, factor, w));
         }
-        if dropped.is_empty() {
+        if active.is_empty() {
             // Every expert dropped everything or has weight 0: θ = θ0.
             return host.affine(base, 1.0, 0.0);
         }
+        // The inputs are copied out and released at once, so that a whole-tensor call (l1
+        // rescale) holds one copy of each input and no other tensor-sized buffer but the result.
+        // The base stays as the shape of the masks of a tensor that takes one mask block.
+        let shape = host.shape(base)?;
+        let b = host.read_f32(base)?;
+        let n = b.len();
+        let mut like = None;
+        if n <= MASK_BLOCK {
+            like = Some((n, base));
+        } else {
+            host.release(base)?;
+        }
+        let l1 = self.rescale == Rescale::L1;
+        let mut deltas = Vec::with_capacity(active.len());
+        // Per expert: its 0/1 mask when the combine step applies it (not l1), and whether
+        // `deltas` holds θ_t (the combine step makes m ⊙ (θ_t − θ0) block by block) or already
+        // the sparsified task vector (l1).
+        let mut masks = Vec::with_capacity(active.len());
+        let mut raw = Vec::with_capacity(active.len());
+        let mut factors = Vec::with_capacity(active.len());
+        // The experts whose l1 norms are still to be taken: (index into `deltas`, seed, keep).
+        let mut pending = Vec::new();
+        for &(t, e, p, w) in &active {
+            host.check_cancelled()?;
+            let values = host.read_f32(e)?;
+            let seed = expert_seed(self.seed, tensor.name, t);
+            let keep = 1.0 - p;
+            if p <= 0.0 {
+                // Nothing is dropped: m ⊙ τ = τ, and the l1 rescale is ‖τ‖₁/‖τ‖₁ = 1.
+                host.release(e)?;
+                masks.push(None);
+                raw.push(true);
+                factors.push((1.0, w));
+            } else if l1 {
+                host.release(e)?;
+                pending.push((deltas.len(), seed, keep));
+                masks.push(None);
+                raw.push(false);
+                factors.push((1.0, w));
+            } else {
+                // One mask for the whole chunk, drawn for the chunk's elements of the full tensor.
+                let mask = host.bernoulli_mask(e, keep, seed, tensor.offset)?;
+                host.release(e)?;
+                masks.push(Some(host.read_f32(mask)?));
+                host.release(mask)?;
+                raw.push(true);
+                factors.push((
+                    if self.rescale == Rescale::Inverse {
+                        1.0 / keep
+                    } else {
+                        1.0
+                    },
+                    w,
+                ));
+            }
+            deltas.push(values);
+        }
+        if !pending.is_empty() {
+            // l1: ‖τ‖₁ and ‖m ⊙ τ‖₁ of each expert over the whole tensor, in element order (the
+            // host's reduction), the experts' sums side by side, with the masks drawn block by
+            // block so that no tensor-sized mask lives.
+            let mut full = vec![0f64; pending.len()];
+            let mut kept = vec![0f64; pending.len()];
+            let mut from = 0;
+            while from < n {
+                host.check_cancelled()?;
+                let len = MASK_BLOCK.min(n - from);
+                let like_handle = match like {
+                    Some((l, h)) if l == len => h,
+                    _ => {
+                        if let Some((_, h)) = like.take() {
+                            host.release(h)?;
+                        }
+                        let h = host.from_f32(&vec![0f32; len], &[len])?;
+                        like = Some((len, h));
+                        h
+                    }
+                };
+                let mut masks = Vec::with_capacity(pending.len());
+                for (_, seed, keep) in &pending {
+                    let mask = host.bernoulli_mask(like_handle, *keep, *seed, tensor.offset + from as u64)?;
+                    masks.push(host.read_f32(mask)?);
+                    host.release(mask)?;
+                }
+                let mut blocks: Vec<&mut [f32]> = deltas
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(d, _)| pending.iter().any(|(p, _, _)| p == d))
+                    .map(|(_, v)| &mut v[from..from + len])
+                    .collect();
+                let ms: Vec<&[f32]> = masks.iter().map(Vec::as_slice).collect();
+                fused::l1_sparsify(&mut blocks, &b[from..from + len], &ms, &mut full, &mut kept);
+                from += len;
+            }
+            for ((d, _, _), (full, kept)) in pending.iter().zip(full.iter().zip(&kept)) {
+                let r = if *full < 1e-7 || *kept < 1e-7 { 1.0 } else { full / kept };
+                if let Some(f) = factors.get_mut(*d) {
+                    f.0 = r;
+                }
+            }
+        }
+        if let Some((_, h)) = like {
+            host.release(h)?;
+        }
+        let (terms_factors, how) = self.combine_plan(&factors);
+        let terms: Vec<fused::Term<'_>> = deltas
+            .iter()
+            .zip(terms_factors)
+            .zip(masks.iter().zip(raw))
+            .map(|((values, factor), (mask, raw))| fused::Term {
+                values,
+                mask: mask.as_deref(),
+                raw,
+                factor,
+            })
+            .collect();
+        // The result is written over the copy of θ0.
+        let mut out = b;
+        fused::combine(&mut out, &terms, &how);
+        host.from_f32(&out, &shape)
+    }
+}
+
+impl Dare {
+    /// Per term (r_t, w_t in the order of the active experts) the f32 factor of the fused
+    /// combine step, and the combine step itself, with the coefficients the host operations
+    /// used: combine = sum multiplies d_t by λ·(w_t·r_t) (÷ Σ w), ties scales d_t by w_t·r_t
+    /// (skipped when that is exactly 1) before the election.
+    fn combine_plan(&self, factors: &[(f64, f64)]) -> (Vec<Option<f32>>, fused::Combine) {
         match self.combine {
             Combine::Sum => {
                 // mergekit's dare_linear divisor: Σ_t w_t over every expert, 1 when it is ~0.
@@ -235,49 +354,39 @@ impl MergeMethod for Dare {
                 } else {
                     None
                 };
-                let mut terms = Vec::with_capacity(dropped.len() + 1);
-                terms.push(base);
-                terms.extend(dropped.iter().map(|(d, _, _)| *d));
-                let mut coefficients = Vec::with_capacity(dropped.len() + 1);
-                coefficients.push(1.0);
                 // w = 1 leaves w·r = r exactly, so unit weights give the coefficients λ·r as before.
-                coefficients.extend(dropped.iter().map(|(_, r, w)| match divisor {
-                    Some(total) => self.lambda * (w * r) / total,
-                    None => self.lambda * (w * r),
-                }));
-                host.weighted_sum(&terms, Some(&coefficients))
+                let coefficients = factors
+                    .iter()
+                    .map(|(r, w)| {
+                        Some(match divisor {
+                            Some(total) => (self.lambda * (w * r) / total) as f32,
+                            None => (self.lambda * (w * r)) as f32,
+                        })
+                    })
+                    .collect();
+                (coefficients, fused::Combine::Sum)
             }
             Combine::Ties | Combine::TiesSum => {
                 // Mass election over u_t = w_t·r_t·τ̃_t, then the agreeing u_t (a coordinate
                 // whose elected sign is 0 gets 0), averaged with their weights or summed.
-                let mut scaled = Vec::with_capacity(dropped.len());
-                let mut weights = Vec::with_capacity(dropped.len());
-                for (d, r, w) in dropped {
-                    let factor = w * r;
-                    if factor == 1.0 {
-                        scaled.push(d);
-                    } else {
-                        scaled.push(host.scale(d, factor)?);
-                        host.release(d)?;
-                    }
-                    weights.push(w);
-                }
-                let elected = host.elect_sign(&scaled, ELECT_MASS)?;
+                let scale = factors
+                    .iter()
+                    .map(|(r, w)| {
+                        let factor = w * r;
+                        (factor != 1.0).then_some(factor as f32)
+                    })
+                    .collect();
+                let lambda = self.lambda as f32;
                 let normalized = self.combine == Combine::Ties || self.normalize;
-                let combined = if !normalized {
-                    host.disjoint_merge(&scaled, elected, DISJOINT_SUM)?
-                } else if weights.iter().all(|w| *w == 1.0) {
-                    // Unit weights: Σ u / Σ w over the agreeing entries is their plain mean (the
-                    // host's, as before weights existed).
-                    host.disjoint_merge(&scaled, elected, DISJOINT_MEAN)?
+                let how = if !normalized {
+                    fused::Combine::TiesSum(lambda)
+                } else if factors.iter().all(|(_, w)| *w == 1.0) {
+                    // Unit weights: Σ u / Σ w over the agreeing entries is their plain mean.
+                    fused::Combine::TiesMean(lambda)
                 } else {
-                    weighted_disjoint_mean(host, &scaled, &weights, elected)?
+                    fused::Combine::TiesWeightedMean(lambda, factors.iter().map(|(_, w)| *w as f32).collect())
                 };
-                host.release(elected)?;
-                for s in scaled {
-                    host.release(s)?;
-                }
-                host.weighted_sum(&[base, combined], Some(&[1.0, self.lambda]))
+                (scale, how)
             }
         }
     }

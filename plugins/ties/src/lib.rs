@@ -26,18 +26,15 @@
 //! workers already run the chunks in parallel, so each call counts on its own thread. The loops
 //! refuse NaN task-vector entries, which no threshold can rank.
 //!
-//! Per chunk the merge is τ_t = θ_t − θ0, trim (`trim_abs`), the weight w_t (`scale`, skipped for
-//! w_t = 1), elected sign (`elect_sign`), the zero-sign rule (two elementwise operations at most),
-//! `disjoint_merge` (for dis-mean with weights other than 1: the agreeing sum divided by the
-//! agreeing weights, from elementwise operations) and θ0 + λ·τ_m, each intermediate released as
-//! soon as it is dead so that few chunk-sized buffers are alive at once. The sign votes of the
-//! statistics passes weight the trimmed values the same way (the same f32 product).
+//! Per chunk the merge is one fused sweep over copies of the chunk's inputs (`fused`): τ_t =
+//! θ_t − θ0, the trim, the weight w_t (skipped for w_t = 1), the elected sign, the zero-sign rule,
+//! the disjoint aggregation (for dis-mean with weights other than 1: the agreeing sum divided by
+//! the agreeing weights) and θ0 + λ·τ_m, block by block in cache, with the same f32 operations in
+//! the same order as the chain of host operations (`sub`, `trim_abs`, `scale`, `elect_sign`,
+//! `disjoint_merge`, `weighted_sum`) it replaced, so the merged bits did not change. The sign
+//! votes of the statistics passes weight the trimmed values the same way (the same f32 product).
 
-use mergescope_plugin_api::abi::{
-    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, DISJOINT_MAX, DISJOINT_MEAN,
-    DISJOINT_SUM, DisjointOp, ELECT_COUNT, ELECT_MASS, ElectRule,
-};
-use mergescope_plugin_api::sdk::combine::weighted_disjoint_mean;
+use mergescope_plugin_api::abi::{CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
 };
@@ -97,22 +94,14 @@ Every tensor of every role takes part (the parameter-set policy is the host's)."
 
 const BINS: usize = 1 << 16;
 
+mod fused;
+
 mergescope_plugin_api::choice_enum! {
     /// The disjoint aggregation of the entries that agree with the elected sign.
     enum Aggregation {
         Mean = "dis-mean",
         Sum = "dis-sum",
         Max = "dis-max",
-    }
-}
-
-impl Aggregation {
-    fn op(self) -> DisjointOp {
-        match self {
-            Aggregation::Mean => DISJOINT_MEAN,
-            Aggregation::Sum => DISJOINT_SUM,
-            Aggregation::Max => DISJOINT_MAX,
-        }
     }
 }
 
@@ -141,15 +130,6 @@ mergescope_plugin_api::choice_enum! {
     enum Election {
         Mass = "mass",
         Count = "count",
-    }
-}
-
-impl Election {
-    fn rule(self) -> ElectRule {
-        match self {
-            Election::Mass => ELECT_MASS,
-            Election::Count => ELECT_COUNT,
-        }
     }
 }
 
@@ -492,45 +472,6 @@ impl Ties {
             .ok_or_else(|| per_task_error("task_weights", self.weights.len(), t))
     }
 
-    /// Weighted trimmed task vectors w_t·τ̃_t of the experts that keep something, each with its
-    /// w_t (an expert whose threshold is None keeps nothing, and one with w_t = 0 contributes
-    /// nothing: both are left out, since zeros neither vote nor agree). w_t = 1 leaves τ̃_t as it
-    /// is, so that the unweighted merge is computed exactly as before. Releases the expert inputs
-    /// and every intermediate; the base stays.
-    fn weighted_trimmed(
-        &self,
-        host: &Host<'_>,
-        base: Tensor,
-        experts: &[Tensor],
-        thresholds: &[Option<f64>],
-    ) -> Result<Vec<(Tensor, f64)>> {
-        let mut out = Vec::with_capacity(experts.len());
-        for (t, (e, thr)) in experts.iter().zip(thresholds).enumerate() {
-            let w = self.weight_of(t)?;
-            let (Some(thr), false) = (*thr, w == 0.0) else {
-                host.release(*e)?;
-                continue;
-            };
-            let tau = host.sub(*e, base)?;
-            host.release(*e)?;
-            let trimmed = if thr > 0.0 {
-                let trimmed = host.trim_abs(tau, thr)?;
-                host.release(tau)?;
-                trimmed
-            } else {
-                // |τ| ≥ 0 keeps every entry.
-                tau
-            };
-            if w == 1.0 {
-                out.push((trimmed, w));
-            } else {
-                out.push((host.scale(trimmed, w)?, w));
-                host.release(trimmed)?;
-            }
-        }
-        Ok(out)
-    }
-
     /// The aggregation the merge pass runs: dis-mean without normalize is the agreeing sum.
     fn effective_aggregation(&self) -> Aggregation {
         match self.aggregation {
@@ -539,28 +480,33 @@ impl Ties {
         }
     }
 
-    /// The sign the disjoint merge selects by, from the raw elected sign and the zero-sign rule
-    /// (consumes `raw`). For dis-max the result is also what the magnitude is multiplied by.
-    fn final_sign(&self, host: &Host<'_>, raw: Tensor, majority: f64) -> Result<Tensor> {
-        // Where raw = 0 the sign becomes `fill`: sign(raw + fill/2) leaves ±1 alone.
-        let fill = match self.zero_sign {
-            ZeroSign::None => return Ok(raw),
-            ZeroSign::Positive => 1.0,
-            ZeroSign::Reference if majority != 0.0 => majority,
-            ZeroSign::Reference => {
-                // The original code's `where(s > 0, v > 0, v < 0)` with s = 0: the negative
-                // entries are kept, but dis-max multiplies by s = 0.
-                if self.aggregation == Aggregation::Max {
-                    return Ok(raw);
-                }
-                -1.0
+    /// What a coordinate whose raw elected sign is 0 selects by (the zero-sign rule; `None`:
+    /// it stays 0). For dis-max the sign is also what the magnitude is multiplied by.
+    fn zero_fill(&self, majority: f64) -> Option<f32> {
+        match self.zero_sign {
+            ZeroSign::None => None,
+            ZeroSign::Positive => Some(1.0),
+            ZeroSign::Reference if majority != 0.0 => Some(majority as f32),
+            // The original code's `where(s > 0, v > 0, v < 0)` with s = 0: the negative entries
+            // are kept, but dis-max multiplies by s = 0.
+            ZeroSign::Reference if self.aggregation == Aggregation::Max => None,
+            ZeroSign::Reference => Some(-1.0),
+        }
+    }
+
+    /// The disjoint aggregation of the merge pass, for the experts that vote (`active`: handle,
+    /// threshold, w_t). dis-mean with weights other than 1 divides by the agreeing weights;
+    /// with unit weights that is the plain mean, which is computed as such (the same bits as
+    /// before weights existed).
+    fn aggregate(&self, active: &[(Tensor, f64, f64)]) -> fused::Aggregate {
+        match self.effective_aggregation() {
+            Aggregation::Mean if active.iter().any(|(_, _, w)| *w != 1.0) => {
+                fused::Aggregate::WeightedMean(active.iter().map(|(_, _, w)| *w as f32).collect())
             }
-        };
-        let shifted = host.affine(raw, 1.0, 0.5 * fill)?;
-        host.release(raw)?;
-        let s = host.sign(shifted)?;
-        host.release(shifted)?;
-        Ok(s)
+            Aggregation::Mean => fused::Aggregate::Mean,
+            Aggregation::Sum => fused::Aggregate::Sum,
+            Aggregation::Max => fused::Aggregate::Max,
+        }
     }
 
     /// An expert's values, copied out of the host (whose tensor is released at once).
@@ -950,27 +896,47 @@ impl MergeMethod for Ties {
         let (tensor, experts) = (&input.meta, input.experts);
         let base = input.require_base("ties")?;
         let (thresholds, majority) = self.lookup(tensor)?;
-        let weighted = self.weighted_trimmed(host, base, experts, thresholds)?;
-        if weighted.is_empty() {
+        // The experts that keep something (a threshold) with a weight other than 0: the others
+        // neither vote nor agree.
+        let mut active = Vec::with_capacity(experts.len());
+        for (t, (e, thr)) in experts.iter().zip(thresholds).enumerate() {
+            let w = self.weight_of(t)?;
+            match *thr {
+                Some(thr) if w != 0.0 => active.push((*e, thr, w)),
+                _ => host.release(*e)?,
+            }
+        }
+        if active.is_empty() {
             // Every expert keeps nothing (or has weight 0): τ_m = 0 and θ = θ0.
             return host.affine(base, 1.0, 0.0);
         }
-        let (trimmed, weights): (Vec<Tensor>, Vec<f64>) = weighted.into_iter().unzip();
-        let raw = host.elect_sign(&trimmed, self.election.rule())?;
-        let sign = self.final_sign(host, raw, majority)?;
-        let aggregation = self.effective_aggregation();
-        let merged = if aggregation == Aggregation::Mean && weights.iter().any(|w| *w != 1.0) {
-            weighted_disjoint_mean(host, &trimmed, &weights, sign)?
-        } else {
-            // Unit weights: the weighted mean Σ w·τ̃ / Σ w over the agreeing entries is the plain
-            // mean, which the host computes directly (the same bits as before weights existed).
-            host.disjoint_merge(&trimmed, sign, aggregation.op())?
-        };
-        host.release(sign)?;
-        for t in trimmed {
-            host.release(t)?;
+        let shape = host.shape(base)?;
+        let b = Self::read_expert(host, base)?;
+        let mut values = Vec::with_capacity(active.len());
+        for (e, _, _) in &active {
+            host.check_cancelled()?;
+            values.push(Self::read_expert(host, *e)?);
         }
-        host.weighted_sum(&[base, merged], Some(&[1.0, self.lambda]))
+        let voters: Vec<fused::Voter<'_>> = values
+            .iter()
+            .zip(&active)
+            .map(|(v, (_, thr, w))| fused::Voter {
+                values: v,
+                // `trim_abs` compares with the threshold as f32; a threshold of 0 keeps every entry.
+                threshold: if *thr > 0.0 { *thr as f32 } else { 0.0 },
+                weight: (*w != 1.0).then_some(*w as f32),
+            })
+            .collect();
+        let plan = fused::Plan {
+            count: self.election == Election::Count,
+            fill: self.zero_fill(majority),
+            aggregate: self.aggregate(&active),
+            lambda: self.lambda as f32,
+        };
+        // The result is written over the copy of θ0.
+        let mut out = b;
+        fused::merge(&mut out, &voters, &plan);
+        host.from_f32(&out, &shape)
     }
 }
 

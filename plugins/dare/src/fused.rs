@@ -1,0 +1,444 @@
+//! The fused loops of DARE: the sparsified task vectors m_t ⊙ (θ_t − θ0), the l1 norms of the
+//! rescale, and the combine step (a weighted sum, or a TIES sign election with a disjoint sum or
+//! mean) in one sweep, block by block so that a block of every expert's values stays in the L1
+//! cache. Plain loops over f32 slices, which the compiler vectorises.
+//!
+//! Every value is computed with exactly the f32 operations, in exactly the order, of the chain of
+//! host operations it replaces (`sub`, `mul` by the host's 0/1 mask, `scale` = `affine(r·w, 0)`,
+//! `elect_sign`, `disjoint_merge` or the SDK's `weighted_disjoint_mean`, and `weighted_sum`), and
+//! the l1 norms are the f64 sums the host's `reduce(REDUCE_SUM_ABS)` makes, in its element order,
+//! so the merged bits are the same as before.
+
+/// Elements per block.
+const BLOCK: usize = 1024;
+
+/// m_t ⊙ (θ_t − θ0) in place over `values` (θ_t in, the sparsified task vector out); `mask` is
+/// the host's 0/1 mask, `None` when nothing is dropped (then τ itself, not 1·τ).
+pub(crate) fn sparsify(values: &mut [f32], base: &[f32], mask: Option<&[f32]>) {
+    match mask {
+        Some(mask) => {
+            for ((v, b), m) in values.iter_mut().zip(base).zip(mask) {
+                *v = m * (*v - b);
+            }
+        }
+        None => values.iter_mut().zip(base).for_each(|(v, b)| *v -= b),
+    }
+}
+
+/// For each of the `G` experts of a group: turns `values[g]` (θ_t in) into m_t ⊙ (θ_t − θ0)
+/// (out), and adds Σ_j |τ_j| to `full[g]` and Σ_j |m_j·τ_j| to `kept[g]`, in f64, element after
+/// element in index order: exactly the sequential sums of the host's `reduce(REDUCE_SUM_ABS)`
+/// over τ and over m ⊙ τ, continued from where the previous call stopped. The experts' chains
+/// are independent, so running them side by side (2·G sums in flight) changes no bit of any of
+/// them; one chain alone is bound by the latency of an f64 addition. Works in blocks of `BLOCK`
+/// elements that stay in the L1 cache: τ, the f64 terms (|τ| and |m·τ| widened, which is exact)
+/// and m ⊙ τ in vectorised loops, then the sequential loop only loads and adds.
+fn l1_group<const G: usize>(
+    values: &mut [&mut [f32]],
+    base: &[f32],
+    masks: &[&[f32]],
+    full: &mut [f64],
+    kept: &mut [f64],
+) {
+    let n = values
+        .iter()
+        .map(|s| s.len())
+        .chain(masks.iter().map(|s| s.len()))
+        .fold(base.len(), usize::min);
+    let mut f: [f64; G] = std::array::from_fn(|g| full.get(g).copied().unwrap_or(0.0));
+    let mut k: [f64; G] = std::array::from_fn(|g| kept.get(g).copied().unwrap_or(0.0));
+    let mut terms_full = vec![0f64; G * BLOCK];
+    let mut terms_kept = vec![0f64; G * BLOCK];
+    let mut from = 0;
+    while from < n {
+        let len = BLOCK.min(n - from);
+        let b = &base[from..from + len];
+        for ((v, m), (tf, tk)) in values
+            .iter_mut()
+            .zip(masks)
+            .zip(terms_full.chunks_mut(BLOCK).zip(terms_kept.chunks_mut(BLOCK)))
+        {
+            let (v, m) = (&mut v[from..from + len], &m[from..from + len]);
+            v.iter_mut().zip(b).for_each(|(v, b)| *v -= b);
+            tf[..len]
+                .iter_mut()
+                .zip(&*v)
+                .for_each(|(o, x)| *o = f64::from(*x).abs());
+            tk[..len]
+                .iter_mut()
+                .zip(v.iter().zip(m))
+                .for_each(|(o, (x, m))| *o = f64::from(m * x).abs());
+            v.iter_mut().zip(m).for_each(|(v, m)| *v *= m);
+        }
+        let tf: [&[f64]; G] = std::array::from_fn(|g| &terms_full[g * BLOCK..g * BLOCK + len]);
+        let tk: [&[f64]; G] = std::array::from_fn(|g| &terms_kept[g * BLOCK..g * BLOCK + len]);
+        for j in 0..len {
+            for g in 0..G {
+                f[g] += tf[g][j];
+                k[g] += tk[g][j];
+            }
+        }
+        from += len;
+    }
+    full.iter_mut().zip(f).for_each(|(o, f)| *o = f);
+    kept.iter_mut().zip(k).for_each(|(o, k)| *o = k);
+}
+
+/// [`l1_group`] for any number of experts (`values`, `masks` and the running sums `full`,
+/// `kept` of each expert, in expert order), in groups of up to four experts side by side.
+pub(crate) fn l1_sparsify(
+    values: &mut [&mut [f32]],
+    base: &[f32],
+    masks: &[&[f32]],
+    full: &mut [f64],
+    kept: &mut [f64],
+) {
+    let mut t = 0;
+    while t < values.len() {
+        let g = (values.len() - t).min(4);
+        let (v, m) = (&mut values[t..t + g], &masks[t..(t + g).min(masks.len())]);
+        let (f, k) = (&mut full[t..t + g], &mut kept[t..t + g]);
+        match g {
+            1 => l1_group::<1>(v, base, m, f, k),
+            2 => l1_group::<2>(v, base, m, f, k),
+            3 => l1_group::<3>(v, base, m, f, k),
+            _ => l1_group::<4>(v, base, m, f, k),
+        }
+        t += g;
+    }
+}
+
+/// One expert's sparsified task vector d_t = m_t ⊙ τ_t over the chunk and its factor r_t·w_t.
+pub(crate) struct Term<'v> {
+    /// d_t, or θ_t when `raw` (then d_t is made block by block, as [`sparsify`] makes it).
+    pub values: &'v [f32],
+    /// With `raw`: the host's 0/1 mask m_t (`None`: nothing dropped, d_t = τ_t).
+    pub mask: Option<&'v [f32]>,
+    /// `values` holds θ_t rather than d_t.
+    pub raw: bool,
+    /// combine = sum: the f32 coefficient λ·w_t·r_t (÷ Σ w) of the host's `weighted_sum`;
+    /// ties: w_t·r_t as the f32 the host's `scale` multiplies by, `None` for exactly 1 (no
+    /// multiplication).
+    pub factor: Option<f32>,
+}
+
+/// How the terms are combined.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Combine {
+    /// θ0 + Σ_t c_t·d_t (`Term::factor` holds c_t; `None` counts as 1).
+    Sum,
+    /// θ0 + λ·(the agreeing Σ u_t) with the mass-elected sign.
+    TiesSum(f32),
+    /// θ0 + λ·(their plain mean).
+    TiesMean(f32),
+    /// θ0 + λ·(Σ u_t / Σ w_t over the agreeing entries, a divisor of 0 counting as 1), with
+    /// the f32 weights of the host's `weighted_sum`.
+    TiesWeightedMean(f32, Vec<f32>),
+}
+
+/// The host's `sign`: −1, 0 or 1.
+#[inline(always)]
+fn sgn(x: f32) -> f32 {
+    f32::from(u8::from(x > 0.0)) - f32::from(u8::from(x < 0.0))
+}
+
+/// d_t over `from..from + len` of the chunk: the term's values, or m_t ⊙ (θ_t − θ0) made into
+/// `buf` for a raw term.
+fn term_block<'s>(term: &'s Term<'_>, base: &[f32], from: usize, buf: &'s mut [f32]) -> &'s [f32] {
+    let len = base.len();
+    let v = &term.values[from..from + len];
+    if !term.raw {
+        return v;
+    }
+    let buf = &mut buf[..len];
+    buf.copy_from_slice(v);
+    sparsify(buf, base, term.mask.map(|m| &m[from..from + len]));
+    buf
+}
+
+/// The merged chunk, θ0 combined with the terms, written over `base` (every term's values at
+/// least as long).
+pub(crate) fn combine(base: &mut [f32], terms: &[Term<'_>], how: &Combine) {
+    let mut scratch = vec![0f32; BLOCK];
+    if *how == Combine::Sum {
+        // weighted_sum([θ0, d_1, …], [1, c_1, …]): 0 + 1·θ0 + c_1·d_1 + …, blocked.
+        let mut acc = [0f32; BLOCK];
+        for (bi, base) in base.chunks_mut(BLOCK).enumerate() {
+            let from = bi * BLOCK;
+            let acc = &mut acc[..base.len()];
+            acc.iter_mut().zip(&*base).for_each(|(o, b)| *o = 0.0 + b);
+            for term in terms {
+                let c = term.factor.unwrap_or(1.0);
+                let d = term_block(term, base, from, &mut scratch);
+                acc.iter_mut().zip(d).for_each(|(o, d)| *o += c * d);
+            }
+            base.copy_from_slice(acc);
+        }
+        return;
+    }
+    let n_terms = terms.len();
+    let mut u = vec![0f32; n_terms * BLOCK];
+    let mut sign = [0f32; BLOCK];
+    let mut acc = [0f32; BLOCK];
+    let mut count = [0f32; BLOCK];
+    for (bi, base) in base.chunks_mut(BLOCK).enumerate() {
+        let from = bi * BLOCK;
+        let len = base.len();
+        let (sign, acc, count) = (&mut sign[..len], &mut acc[..len], &mut count[..len]);
+        // u_t = (w_t·r_t)·d_t (the host's `scale`), or d_t itself for a factor of exactly 1.
+        for (term, u) in terms.iter().zip(u.chunks_mut(BLOCK)) {
+            let d = term_block(term, base, from, &mut scratch);
+            let u = &mut u[..len];
+            match term.factor {
+                None => u.copy_from_slice(d),
+                Some(f) => u.iter_mut().zip(d).for_each(|(u, d)| *u = d * f + 0.0),
+            }
+        }
+        // Mass election: sign(Σ_t u_t) in expert order; a sign of 0 stays 0.
+        sign.fill(0.0);
+        for u in u.chunks(BLOCK) {
+            sign.iter_mut().zip(&u[..len]).for_each(|(s, v)| *s += *v);
+        }
+        sign.iter_mut().for_each(|s| *s = sgn(*s));
+        acc.fill(0.0);
+        count.fill(0.0);
+        for (t, u) in u.chunks(BLOCK).enumerate() {
+            let u = &u[..len];
+            // Per agreeing entry: the count (plain mean) or the weight (weighted mean).
+            let w = match how {
+                Combine::TiesWeightedMean(_, weights) => weights.get(t).copied().unwrap_or(0.0),
+                _ => 1.0,
+            };
+            let weighted = matches!(how, Combine::TiesWeightedMean(..));
+            for (((a, c), v), s) in acc.iter_mut().zip(count.iter_mut()).zip(u).zip(&*sign) {
+                let agree = (*v > 0.0 && *s > 0.0) | (*v < 0.0 && *s < 0.0);
+                *a += if agree { *v } else { 0.0 };
+                let one = f32::from(u8::from(agree));
+                *c += if weighted { w * one } else { one };
+            }
+        }
+        let lambda = match how {
+            Combine::Sum => 1.0,
+            Combine::TiesSum(l) | Combine::TiesMean(l) | Combine::TiesWeightedMean(l, _) => *l,
+        };
+        match how {
+            Combine::Sum | Combine::TiesSum(_) => {}
+            Combine::TiesMean(_) => acc.iter_mut().zip(&*count).for_each(|(a, c)| *a /= c.max(1.0)),
+            Combine::TiesWeightedMean(..) => acc.iter_mut().zip(&*count).for_each(|(a, d)| {
+                let safe = *d + f32::from(u8::from(*d == 0.0));
+                *a /= safe;
+            }),
+        }
+        // weighted_sum([θ0, combined], [1, λ]): 0 + 1·θ0 + λ·combined.
+        for (b, m) in base.iter_mut().zip(&*acc) {
+            *b = (0.0 + *b) + lambda * m;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sgn_host(x: f32) -> f32 {
+        (i32::from(x > 0.0) - i32::from(x < 0.0)) as f32
+    }
+
+    /// The host operations the kernel replaces, one full pass and temporary each.
+    fn reference(base: &[f32], terms: &[Term<'_>], how: &Combine) -> Vec<f32> {
+        let n = base.len();
+        if *how == Combine::Sum {
+            let mut out = vec![0f32; n];
+            for (o, b) in out.iter_mut().zip(base) {
+                *o += 1.0 * b;
+            }
+            for t in terms {
+                let c = t.factor.unwrap_or(1.0);
+                out.iter_mut().zip(t.values).for_each(|(o, d)| *o += c * d);
+            }
+            return out;
+        }
+        let us: Vec<Vec<f32>> = terms
+            .iter()
+            .map(|t| match t.factor {
+                None => t.values[..n].to_vec(),
+                Some(f) => t.values[..n].iter().map(|d| d * f + 0.0).collect(),
+            })
+            .collect();
+        let mut total = vec![0f32; n];
+        for u in &us {
+            total.iter_mut().zip(u).for_each(|(t, v)| *t += v);
+        }
+        let sign: Vec<f32> = total.iter().map(|t| sgn_host(*t)).collect();
+        let agree = |v: f32, s: f32| (v > 0.0 && s > 0.0) | (v < 0.0 && s < 0.0);
+        let mut sum = vec![0f32; n];
+        let mut count = vec![0f32; n];
+        for u in &us {
+            for i in 0..n {
+                sum[i] += if agree(u[i], sign[i]) { u[i] } else { 0.0 };
+                count[i] += f32::from(u8::from(agree(u[i], sign[i])));
+            }
+        }
+        let (lambda, merged): (f32, Vec<f32>) = match how {
+            Combine::Sum => unreachable!(),
+            Combine::TiesSum(l) => (*l, sum),
+            Combine::TiesMean(l) => (*l, sum.iter().zip(&count).map(|(s, c)| s / c.max(1.0)).collect()),
+            Combine::TiesWeightedMean(l, w) => {
+                let mut divisor = vec![0f32; n];
+                for (u, w) in us.iter().zip(w) {
+                    for i in 0..n {
+                        divisor[i] += w * f32::from(u8::from(sgn_host(u[i]) * sign[i] > 0.0));
+                    }
+                }
+                let mean = (0..n)
+                    .map(|i| sum[i] / (divisor[i] + f32::from(u8::from(divisor[i] == 0.0))))
+                    .collect();
+                (*l, mean)
+            }
+        };
+        base.iter()
+            .zip(&merged)
+            .map(|(b, m)| {
+                let mut o = 0f32;
+                o += 1.0 * b;
+                o += lambda * m;
+                o
+            })
+            .collect()
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match x % 11 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => 0.25,
+                    _ => (x as f32 / u32::MAX as f32 - 0.5) * 0.02,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fused_combine_equals_the_host_operations_bit_for_bit() {
+        let n = 3 * BLOCK + 5;
+        let base = values(n, 1);
+        let masks: Vec<Vec<f32>> = (0..3)
+            .map(|t| {
+                values(n, 20 + t)
+                    .iter()
+                    .map(|v| f32::from(u8::from(*v > 0.0)))
+                    .collect()
+            })
+            .collect();
+        let thetas: Vec<Vec<f32>> = (0..3)
+            .map(|t| values(n, 10 + t).iter().zip(&base).map(|(d, b)| b + d).collect())
+            .collect();
+        let deltas: Vec<Vec<f32>> = thetas
+            .iter()
+            .enumerate()
+            .map(|(t, theta)| {
+                let mut v = theta.clone();
+                sparsify(&mut v, &base, (t != 1).then_some(&masks[t][..]));
+                v
+            })
+            .collect();
+        for how in [
+            Combine::Sum,
+            Combine::TiesSum(0.7),
+            Combine::TiesMean(1.0),
+            Combine::TiesWeightedMean(0.7, vec![0.5, 1.0, 2.0]),
+        ] {
+            for factors in [[None, None, None], [Some(1.25), None, Some(0.3)]] {
+                let terms: Vec<Term<'_>> = deltas
+                    .iter()
+                    .zip(factors)
+                    .map(|(values, factor)| Term {
+                        values,
+                        mask: None,
+                        raw: false,
+                        factor,
+                    })
+                    .collect();
+                let mut out = base.clone();
+                combine(&mut out, &terms, &how);
+                let want = reference(&base, &terms, &how);
+                // The same from the raw θ_t and masks, made block by block.
+                let raw: Vec<Term<'_>> = thetas
+                    .iter()
+                    .zip(factors)
+                    .enumerate()
+                    .map(|(t, (values, factor))| Term {
+                        values,
+                        mask: (t != 1).then_some(&masks[t][..]),
+                        raw: true,
+                        factor,
+                    })
+                    .collect();
+                let mut from_raw = base.clone();
+                combine(&mut from_raw, &raw, &how);
+                assert!(
+                    from_raw.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "raw {how:?} {factors:?}"
+                );
+                assert!(
+                    out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{how:?} {factors:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn l1_sums_are_the_sequential_sums_in_any_grouping() {
+        let n = 2 * BLOCK + 3;
+        let base = values(n, 50);
+        let thetas: Vec<Vec<f32>> = (0..6)
+            .map(|t| values(n, 30 + t).iter().zip(&base).map(|(d, b)| b + d).collect())
+            .collect();
+        let masks: Vec<Vec<f32>> = (0..6)
+            .map(|t| {
+                values(n, 40 + t)
+                    .iter()
+                    .map(|v| f32::from(u8::from(*v > 0.0)))
+                    .collect()
+            })
+            .collect();
+        // The host: τ = θ − θ0, then Σ f64::from(x).abs() in element order over τ and over m·τ.
+        let taus: Vec<Vec<f32>> = thetas
+            .iter()
+            .map(|e| e.iter().zip(&base).map(|(e, b)| e - b).collect())
+            .collect();
+        let want_full: Vec<f64> = taus
+            .iter()
+            .map(|t| t.iter().map(|x| f64::from(*x).abs()).sum())
+            .collect();
+        let want_kept: Vec<f64> = taus
+            .iter()
+            .zip(&masks)
+            .map(|(t, m)| t.iter().zip(m).map(|(x, m)| f64::from(m * x).abs()).sum())
+            .collect();
+        let want_masked: Vec<Vec<f32>> = taus
+            .iter()
+            .zip(&masks)
+            .map(|(t, m)| t.iter().zip(m).map(|(x, m)| m * x).collect())
+            .collect();
+        // Here: in two calls of uneven length, six experts (a group of four and one of two).
+        let (mut full, mut kept) = (vec![0f64; 6], vec![0f64; 6]);
+        let mut out = thetas.clone();
+        for r in [0..1000, 1000..n] {
+            let mut v: Vec<&mut [f32]> = out.iter_mut().map(|v| &mut v[r.clone()]).collect();
+            let m: Vec<&[f32]> = masks.iter().map(|v| &v[r.clone()]).collect();
+            l1_sparsify(&mut v, &base[r.clone()], &m, &mut full, &mut kept);
+        }
+        assert_eq!(full, want_full);
+        assert_eq!(kept, want_kept);
+        let bits = |v: &Vec<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&out), bits(&want_masked));
+    }
+}

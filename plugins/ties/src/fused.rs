@@ -1,0 +1,305 @@
+//! The fused merge pass of TIES: one sweep over a chunk's inputs that takes the task vectors,
+//! trims and weights them, elects the sign (with the zero-sign rule), aggregates the agreeing
+//! entries and adds λ·τ_m to the base, block by block so that a block of every expert's
+//! weighted trimmed values stays in the L1 cache. Plain loops over f32 slices, which the
+//! compiler vectorises.
+//!
+//! Every value is computed with exactly the f32 operations, in exactly the order, of the chain of
+//! host operations it replaces (`sub`, `trim_abs`, `scale` = `affine(w, 0)`, `elect_sign`, the
+//! zero-sign `affine` + `sign`, `disjoint_merge` or the SDK's `weighted_disjoint_mean`, and the
+//! final `weighted_sum([θ0, τ_m], [1, λ])`), so the merged bits are the same as before.
+
+/// Elements per block.
+const BLOCK: usize = 1024;
+
+/// One expert that keeps something: its values θ_t and how its task vector is trimmed and weighted.
+pub(crate) struct Voter<'v> {
+    /// θ_t over the chunk.
+    pub values: &'v [f32],
+    /// Entries with |τ| below this are zeroed (`trim_abs`); 0 keeps every entry.
+    pub threshold: f32,
+    /// w_t as the f32 the host's `scale` multiplies by; `None` for w_t = 1 (no multiplication).
+    pub weight: Option<f32>,
+}
+
+/// How the agreeing entries are aggregated.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Aggregate {
+    /// Σ of the agreeing entries (`DISJOINT_SUM`).
+    Sum,
+    /// Their plain mean, Σ / max(1, count) (`DISJOINT_MEAN`).
+    Mean,
+    /// Σ u_t / Σ w_t over the agreeing entries, a divisor of 0 counting as 1 (the SDK's
+    /// `weighted_disjoint_mean`), with w_t as the f32 the host's `weighted_sum` multiplies by.
+    WeightedMean(Vec<f32>),
+    /// max |agreeing entry| · sign (`DISJOINT_MAX`).
+    Max,
+}
+
+/// The settings of the merge that are the same for every element.
+pub(crate) struct Plan {
+    /// Elect by the count of signs instead of the summed values.
+    pub count: bool,
+    /// Where the raw elected sign is 0 it becomes this (±1); `None` keeps 0.
+    pub fill: Option<f32>,
+    pub aggregate: Aggregate,
+    /// λ as the f32 the host's `weighted_sum` multiplies by.
+    pub lambda: f32,
+}
+
+/// The host's `sign`: −1, 0 or 1.
+#[inline(always)]
+fn sgn(x: f32) -> f32 {
+    f32::from(u8::from(x > 0.0)) - f32::from(u8::from(x < 0.0))
+}
+
+/// θ0 + λ·τ_m over `base` (the chunk), written over `base` (every voter's values at least as
+/// long).
+pub(crate) fn merge(base: &mut [f32], voters: &[Voter<'_>], plan: &Plan) {
+    let n_voters = voters.len();
+    // Per voter, its weighted trimmed values u_t of the current block.
+    let mut u = vec![0f32; n_voters * BLOCK];
+    let mut sign = [0f32; BLOCK];
+    let mut acc = [0f32; BLOCK];
+    let mut count = [0f32; BLOCK];
+    for (bi, base) in base.chunks_mut(BLOCK).enumerate() {
+        let from = bi * BLOCK;
+        let len = base.len();
+        let (sign, acc, count) = (&mut sign[..len], &mut acc[..len], &mut count[..len]);
+
+        // u_t = w_t·trim(θ_t − θ0), the host's `sub`, `trim_abs` and `affine(w, 0)`.
+        for (v, u) in voters.iter().zip(u.chunks_mut(BLOCK)) {
+            let (u, e) = (&mut u[..len], &v.values[from..from + len]);
+            let thr = v.threshold;
+            match v.weight {
+                None => {
+                    for ((u, e), b) in u.iter_mut().zip(e).zip(&*base) {
+                        let tau = e - b;
+                        *u = if tau.abs() >= thr { tau } else { 0.0 };
+                    }
+                }
+                Some(w) => {
+                    for ((u, e), b) in u.iter_mut().zip(e).zip(&*base) {
+                        let tau = e - b;
+                        let trimmed = if tau.abs() >= thr { tau } else { 0.0 };
+                        *u = trimmed * w + 0.0;
+                    }
+                }
+            }
+        }
+
+        // The elected sign: sign(Σ_t u_t) or sign(Σ_t sign(u_t)), summed in expert order.
+        sign.fill(0.0);
+        for u in u.chunks(BLOCK) {
+            let u = &u[..len];
+            if plan.count {
+                sign.iter_mut().zip(u).for_each(|(s, v)| *s += sgn(*v));
+            } else {
+                sign.iter_mut().zip(u).for_each(|(s, v)| *s += *v);
+            }
+        }
+        match plan.fill {
+            // sign(raw + fill/2) in the host: ±1 stays, 0 becomes sign(fill).
+            Some(fill) => sign.iter_mut().for_each(|s| {
+                let raw = sgn(*s);
+                *s = if raw == 0.0 { fill } else { raw };
+            }),
+            None => sign.iter_mut().for_each(|s| *s = sgn(*s)),
+        }
+
+        // The disjoint aggregation of the entries that agree with the sign (zeros never agree).
+        acc.fill(0.0);
+        count.fill(0.0);
+        for (t, u) in u.chunks(BLOCK).enumerate() {
+            let u = &u[..len];
+            match &plan.aggregate {
+                Aggregate::Sum => {
+                    for ((a, v), s) in acc.iter_mut().zip(u).zip(&*sign) {
+                        let agree = (*v > 0.0 && *s > 0.0) | (*v < 0.0 && *s < 0.0);
+                        *a += if agree { *v } else { 0.0 };
+                    }
+                }
+                Aggregate::Mean => {
+                    for (((a, c), v), s) in acc.iter_mut().zip(count.iter_mut()).zip(u).zip(&*sign) {
+                        let agree = (*v > 0.0 && *s > 0.0) | (*v < 0.0 && *s < 0.0);
+                        *a += if agree { *v } else { 0.0 };
+                        *c += f32::from(u8::from(agree));
+                    }
+                }
+                Aggregate::WeightedMean(weights) => {
+                    // The divisor Σ w_t·[agree], as the host's `weighted_sum` of the 0/1 masks.
+                    let w = weights.get(t).copied().unwrap_or(0.0);
+                    for (((a, c), v), s) in acc.iter_mut().zip(count.iter_mut()).zip(u).zip(&*sign) {
+                        let agree = (*v > 0.0 && *s > 0.0) | (*v < 0.0 && *s < 0.0);
+                        *a += if agree { *v } else { 0.0 };
+                        *c += w * f32::from(u8::from(agree));
+                    }
+                }
+                Aggregate::Max => {
+                    // `count` holds the largest agreeing magnitude.
+                    for ((m, v), s) in count.iter_mut().zip(u).zip(&*sign) {
+                        let agree = (*v > 0.0 && *s > 0.0) | (*v < 0.0 && *s < 0.0);
+                        let kept: f32 = if agree { *v } else { 0.0 };
+                        *m = m.max(kept.abs());
+                    }
+                }
+            }
+        }
+        match &plan.aggregate {
+            Aggregate::Sum => {}
+            Aggregate::Mean => acc.iter_mut().zip(&*count).for_each(|(a, c)| *a /= c.max(1.0)),
+            Aggregate::WeightedMean(_) => acc.iter_mut().zip(&*count).for_each(|(a, d)| {
+                let safe = *d + f32::from(u8::from(*d == 0.0));
+                *a /= safe;
+            }),
+            Aggregate::Max => acc
+                .iter_mut()
+                .zip(count.iter().zip(&*sign))
+                .for_each(|(a, (m, s))| *a = m * sgn(*s)),
+        }
+
+        // θ0 + λ·τ_m as the host's weighted_sum([θ0, τ_m], [1, λ]) computes it: 0 + 1·θ0 + λ·τ_m.
+        let lambda = plan.lambda;
+        for (b, m) in base.iter_mut().zip(&*acc) {
+            *b = (0.0 + *b) + lambda * m;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chain of host operations the kernel replaces, written out op by op as the host's CPU
+    /// paths compute them (each op a full pass with its own temporary).
+    fn reference(base: &[f32], voters: &[Voter<'_>], plan: &Plan) -> Vec<f32> {
+        let n = base.len();
+        let us: Vec<Vec<f32>> = voters
+            .iter()
+            .map(|v| {
+                let tau: Vec<f32> = v.values.iter().zip(base).map(|(e, b)| e - b).collect();
+                let trimmed: Vec<f32> = tau
+                    .iter()
+                    .map(|x| if x.abs() >= v.threshold { *x } else { 0.0 })
+                    .collect();
+                match v.weight {
+                    None => trimmed,
+                    Some(w) => trimmed.iter().map(|x| x * w + 0.0).collect(),
+                }
+            })
+            .collect();
+        let mut total = vec![0f32; n];
+        for u in &us {
+            for (t, v) in total.iter_mut().zip(u) {
+                *t += if plan.count { sgn(*v) } else { *v };
+            }
+        }
+        let raw: Vec<f32> = total.iter().map(|t| sgn(*t)).collect();
+        let sign: Vec<f32> = match plan.fill {
+            None => raw,
+            Some(fill) => raw.iter().map(|r| sgn(r * 1.0 + 0.5 * fill)).collect(),
+        };
+        let agree = |v: f32, s: f32| (v > 0.0 && s > 0.0) | (v < 0.0 && s < 0.0);
+        let mut sum = vec![0f32; n];
+        let mut count = vec![0f32; n];
+        let mut max_abs = vec![0f32; n];
+        for u in &us {
+            for i in 0..n {
+                let kept = if agree(u[i], sign[i]) { u[i] } else { 0.0 };
+                sum[i] += kept;
+                count[i] += f32::from(u8::from(agree(u[i], sign[i])));
+                max_abs[i] = max_abs[i].max(kept.abs());
+            }
+        }
+        let merged: Vec<f32> = match &plan.aggregate {
+            Aggregate::Sum => sum,
+            Aggregate::Mean => sum.iter().zip(&count).map(|(s, c)| s / c.max(1.0)).collect(),
+            Aggregate::Max => max_abs.iter().zip(&sign).map(|(m, s)| m * sgn(*s)).collect(),
+            Aggregate::WeightedMean(w) => {
+                let mut divisor = vec![0f32; n];
+                for (u, w) in us.iter().zip(w) {
+                    for i in 0..n {
+                        divisor[i] += w * f32::from(u8::from(sgn(u[i]) * sign[i] > 0.0));
+                    }
+                }
+                (0..n)
+                    .map(|i| {
+                        let zero = f32::from(u8::from(divisor[i] == 0.0));
+                        sum[i] / (divisor[i] + zero)
+                    })
+                    .collect()
+            }
+        };
+        base.iter()
+            .zip(&merged)
+            .map(|(b, m)| {
+                let mut o = 0f32;
+                o += 1.0 * b;
+                o += plan.lambda * m;
+                o
+            })
+            .collect()
+    }
+
+    /// A deterministic pseudo-random vector with exact zeros, ties and signed zeros in it.
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match x % 11 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => 0.25,
+                    _ => (x as f32 / u32::MAX as f32 - 0.5) * 0.02,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fused_kernel_equals_the_host_operations_bit_for_bit() {
+        let n = 3 * BLOCK + 17;
+        let base = values(n, 1);
+        let experts: Vec<Vec<f32>> = (0..3)
+            .map(|t| values(n, 10 + t).iter().zip(&base).map(|(d, b)| b + d).collect())
+            .collect();
+        let aggregates = [
+            Aggregate::Sum,
+            Aggregate::Mean,
+            Aggregate::Max,
+            Aggregate::WeightedMean(vec![0.5, 1.0, 2.0]),
+        ];
+        for count in [false, true] {
+            for fill in [None, Some(1.0), Some(-1.0)] {
+                for aggregate in &aggregates {
+                    for weights in [[None, None, None], [Some(0.5), None, Some(2.0)]] {
+                        let voters: Vec<Voter<'_>> = experts
+                            .iter()
+                            .zip(weights)
+                            .zip([0.004f32, 0.0, 0.006])
+                            .map(|((e, weight), threshold)| Voter {
+                                values: e,
+                                threshold,
+                                weight,
+                            })
+                            .collect();
+                        let plan = Plan {
+                            count,
+                            fill,
+                            aggregate: aggregate.clone(),
+                            lambda: 0.7,
+                        };
+                        let mut out = base.clone();
+                        merge(&mut out, &voters, &plan);
+                        let want = reference(&base, &voters, &plan);
+                        let same = out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "count {count}, fill {fill:?}, {aggregate:?}, weights {weights:?}");
+                    }
+                }
+            }
+        }
+    }
+}
