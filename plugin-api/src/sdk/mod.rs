@@ -3,6 +3,7 @@
 //! message, forwards errors and logs to the host, and hands the method typed parameters.
 
 pub mod combine;
+pub mod disjoint;
 mod host;
 mod params;
 mod stats;

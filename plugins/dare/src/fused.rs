@@ -9,8 +9,7 @@
 //! the l1 norms are the f64 sums the host's `reduce(REDUCE_SUM_ABS)` makes, in its element order,
 //! so the merged bits are the same as before.
 
-/// Elements per block.
-const BLOCK: usize = 1024;
+use mergescope_plugin_api::sdk::disjoint::{Aggregate, BLOCK, Plan, Scratch, merge_block};
 
 /// m_t ⊙ (θ_t − θ0) in place over `values` (θ_t in, the sparsified task vector out); `mask` is
 /// the host's 0/1 mask, `None` when nothing is dropped (then τ itself, not 1·τ).
@@ -136,12 +135,6 @@ pub(crate) enum Combine {
     TiesWeightedMean(f32, Vec<f32>),
 }
 
-/// The host's `sign`: −1, 0 or 1.
-#[inline(always)]
-fn sgn(x: f32) -> f32 {
-    f32::from(u8::from(x > 0.0)) - f32::from(u8::from(x < 0.0))
-}
-
 /// d_t over `from..from + len` of the chunk: the term's values, or m_t ⊙ (θ_t − θ0) made into
 /// `buf` for a raw term.
 fn term_block<'s>(term: &'s Term<'_>, base: &[f32], from: usize, buf: &'s mut [f32]) -> &'s [f32] {
@@ -177,14 +170,24 @@ pub(crate) fn combine(base: &mut [f32], terms: &[Term<'_>], how: &Combine) {
         return;
     }
     let n_terms = terms.len();
+    let plan = Plan {
+        count: false,
+        fill: None,
+        aggregate: match how {
+            Combine::Sum | Combine::TiesSum(_) => Aggregate::Sum,
+            Combine::TiesMean(_) => Aggregate::Mean,
+            Combine::TiesWeightedMean(_, weights) => Aggregate::WeightedMean(weights.clone()),
+        },
+        lambda: match how {
+            Combine::Sum => 1.0,
+            Combine::TiesSum(l) | Combine::TiesMean(l) | Combine::TiesWeightedMean(l, _) => *l,
+        },
+    };
     let mut u = vec![0f32; n_terms * BLOCK];
-    let mut sign = [0f32; BLOCK];
-    let mut acc = [0f32; BLOCK];
-    let mut count = [0f32; BLOCK];
+    let mut blocks = Scratch::default();
     for (bi, base) in base.chunks_mut(BLOCK).enumerate() {
         let from = bi * BLOCK;
         let len = base.len();
-        let (sign, acc, count) = (&mut sign[..len], &mut acc[..len], &mut count[..len]);
         // u_t = (w_t·r_t)·d_t (the host's `scale`), or d_t itself for a factor of exactly 1.
         for (term, u) in terms.iter().zip(u.chunks_mut(BLOCK)) {
             let d = term_block(term, base, from, &mut scratch);
@@ -194,45 +197,9 @@ pub(crate) fn combine(base: &mut [f32], terms: &[Term<'_>], how: &Combine) {
                 Some(f) => u.iter_mut().zip(d).for_each(|(u, d)| *u = d * f + 0.0),
             }
         }
-        // Mass election: sign(Σ_t u_t) in expert order; a sign of 0 stays 0.
-        sign.fill(0.0);
-        for u in u.chunks(BLOCK) {
-            sign.iter_mut().zip(&u[..len]).for_each(|(s, v)| *s += *v);
-        }
-        sign.iter_mut().for_each(|s| *s = sgn(*s));
-        acc.fill(0.0);
-        count.fill(0.0);
-        for (t, u) in u.chunks(BLOCK).enumerate() {
-            let u = &u[..len];
-            // Per agreeing entry: the count (plain mean) or the weight (weighted mean).
-            let w = match how {
-                Combine::TiesWeightedMean(_, weights) => weights.get(t).copied().unwrap_or(0.0),
-                _ => 1.0,
-            };
-            let weighted = matches!(how, Combine::TiesWeightedMean(..));
-            for (((a, c), v), s) in acc.iter_mut().zip(count.iter_mut()).zip(u).zip(&*sign) {
-                let agree = (*v > 0.0 && *s > 0.0) | (*v < 0.0 && *s < 0.0);
-                *a += if agree { *v } else { 0.0 };
-                let one = f32::from(u8::from(agree));
-                *c += if weighted { w * one } else { one };
-            }
-        }
-        let lambda = match how {
-            Combine::Sum => 1.0,
-            Combine::TiesSum(l) | Combine::TiesMean(l) | Combine::TiesWeightedMean(l, _) => *l,
-        };
-        match how {
-            Combine::Sum | Combine::TiesSum(_) => {}
-            Combine::TiesMean(_) => acc.iter_mut().zip(&*count).for_each(|(a, c)| *a /= c.max(1.0)),
-            Combine::TiesWeightedMean(..) => acc.iter_mut().zip(&*count).for_each(|(a, d)| {
-                let safe = *d + f32::from(u8::from(*d == 0.0));
-                *a /= safe;
-            }),
-        }
-        // weighted_sum([θ0, combined], [1, λ]): 0 + 1·θ0 + λ·combined.
-        for (b, m) in base.iter_mut().zip(&*acc) {
-            *b = (0.0 + *b) + lambda * m;
-        }
+        // Mass election (a sign of 0 stays 0), the disjoint aggregation and θ0 + λ·combined:
+        // the SDK's one copy, shared with TIES.
+        merge_block(base, &u, &plan, &mut blocks);
     }
 }
 

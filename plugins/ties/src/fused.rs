@@ -9,8 +9,8 @@
 //! zero-sign `affine` + `sign`, `disjoint_merge` or the SDK's `weighted_disjoint_mean`, and the
 //! final `weighted_sum([θ0, τ_m], [1, λ])`), so the merged bits are the same as before.
 
-/// Elements per block.
-const BLOCK: usize = 1024;
+pub(crate) use mergescope_plugin_api::sdk::disjoint::{Aggregate, Plan};
+use mergescope_plugin_api::sdk::disjoint::{BLOCK, Scratch, merge_block};
 
 /// One expert that keeps something: its values θ_t and how its task vector is trimmed and weighted.
 pub(crate) struct Voter<'v> {
@@ -22,50 +22,16 @@ pub(crate) struct Voter<'v> {
     pub weight: Option<f32>,
 }
 
-/// How the agreeing entries are aggregated.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Aggregate {
-    /// Σ of the agreeing entries (`DISJOINT_SUM`).
-    Sum,
-    /// Their plain mean, Σ / max(1, count) (`DISJOINT_MEAN`).
-    Mean,
-    /// Σ u_t / Σ w_t over the agreeing entries, a divisor of 0 counting as 1 (the SDK's
-    /// `weighted_disjoint_mean`), with w_t as the f32 the host's `weighted_sum` multiplies by.
-    WeightedMean(Vec<f32>),
-    /// max |agreeing entry| · sign (`DISJOINT_MAX`).
-    Max,
-}
-
-/// The settings of the merge that are the same for every element.
-pub(crate) struct Plan {
-    /// Elect by the count of signs instead of the summed values.
-    pub count: bool,
-    /// Where the raw elected sign is 0 it becomes this (±1); `None` keeps 0.
-    pub fill: Option<f32>,
-    pub aggregate: Aggregate,
-    /// λ as the f32 the host's `weighted_sum` multiplies by.
-    pub lambda: f32,
-}
-
-/// The host's `sign`: −1, 0 or 1.
-#[inline(always)]
-fn sgn(x: f32) -> f32 {
-    f32::from(u8::from(x > 0.0)) - f32::from(u8::from(x < 0.0))
-}
-
 /// θ0 + λ·τ_m over `base` (the chunk), written over `base` (every voter's values at least as
 /// long).
 pub(crate) fn merge(base: &mut [f32], voters: &[Voter<'_>], plan: &Plan) {
     let n_voters = voters.len();
     // Per voter, its weighted trimmed values u_t of the current block.
     let mut u = vec![0f32; n_voters * BLOCK];
-    let mut sign = [0f32; BLOCK];
-    let mut acc = [0f32; BLOCK];
-    let mut count = [0f32; BLOCK];
+    let mut scratch = Scratch::default();
     for (bi, base) in base.chunks_mut(BLOCK).enumerate() {
         let from = bi * BLOCK;
         let len = base.len();
-        let (sign, acc, count) = (&mut sign[..len], &mut acc[..len], &mut count[..len]);
 
         // u_t = w_t·trim(θ_t − θ0), the host's `sub`, `trim_abs` and `affine(w, 0)`.
         for (v, u) in voters.iter().zip(u.chunks_mut(BLOCK)) {
@@ -87,88 +53,15 @@ pub(crate) fn merge(base: &mut [f32], voters: &[Voter<'_>], plan: &Plan) {
                 }
             }
         }
-
-        // The elected sign: sign(Σ_t u_t) or sign(Σ_t sign(u_t)), summed in expert order.
-        sign.fill(0.0);
-        for u in u.chunks(BLOCK) {
-            let u = &u[..len];
-            if plan.count {
-                sign.iter_mut().zip(u).for_each(|(s, v)| *s += sgn(*v));
-            } else {
-                sign.iter_mut().zip(u).for_each(|(s, v)| *s += *v);
-            }
-        }
-        match plan.fill {
-            // sign(raw + fill/2) in the host: ±1 stays, 0 becomes sign(fill).
-            Some(fill) => sign.iter_mut().for_each(|s| {
-                let raw = sgn(*s);
-                *s = if raw == 0.0 { fill } else { raw };
-            }),
-            None => sign.iter_mut().for_each(|s| *s = sgn(*s)),
-        }
-
-        // The disjoint aggregation of the entries that agree with the sign (zeros never agree).
-        acc.fill(0.0);
-        count.fill(0.0);
-        for (t, u) in u.chunks(BLOCK).enumerate() {
-            let u = &u[..len];
-            match &plan.aggregate {
-                Aggregate::Sum => {
-                    for ((a, v), s) in acc.iter_mut().zip(u).zip(&*sign) {
-                        let agree = (*v > 0.0 && *s > 0.0) | (*v < 0.0 && *s < 0.0);
-                        *a += if agree { *v } else { 0.0 };
-                    }
-                }
-                Aggregate::Mean => {
-                    for (((a, c), v), s) in acc.iter_mut().zip(count.iter_mut()).zip(u).zip(&*sign) {
-                        let agree = (*v > 0.0 && *s > 0.0) | (*v < 0.0 && *s < 0.0);
-                        *a += if agree { *v } else { 0.0 };
-                        *c += f32::from(u8::from(agree));
-                    }
-                }
-                Aggregate::WeightedMean(weights) => {
-                    // The divisor Σ w_t·[agree], as the host's `weighted_sum` of the 0/1 masks.
-                    let w = weights.get(t).copied().unwrap_or(0.0);
-                    for (((a, c), v), s) in acc.iter_mut().zip(count.iter_mut()).zip(u).zip(&*sign) {
-                        let agree = (*v > 0.0 && *s > 0.0) | (*v < 0.0 && *s < 0.0);
-                        *a += if agree { *v } else { 0.0 };
-                        *c += w * f32::from(u8::from(agree));
-                    }
-                }
-                Aggregate::Max => {
-                    // `count` holds the largest agreeing magnitude.
-                    for ((m, v), s) in count.iter_mut().zip(u).zip(&*sign) {
-                        let agree = (*v > 0.0 && *s > 0.0) | (*v < 0.0 && *s < 0.0);
-                        let kept: f32 = if agree { *v } else { 0.0 };
-                        *m = m.max(kept.abs());
-                    }
-                }
-            }
-        }
-        match &plan.aggregate {
-            Aggregate::Sum => {}
-            Aggregate::Mean => acc.iter_mut().zip(&*count).for_each(|(a, c)| *a /= c.max(1.0)),
-            Aggregate::WeightedMean(_) => acc.iter_mut().zip(&*count).for_each(|(a, d)| {
-                let safe = *d + f32::from(u8::from(*d == 0.0));
-                *a /= safe;
-            }),
-            Aggregate::Max => acc
-                .iter_mut()
-                .zip(count.iter().zip(&*sign))
-                .for_each(|(a, (m, s))| *a = m * sgn(*s)),
-        }
-
-        // θ0 + λ·τ_m as the host's weighted_sum([θ0, τ_m], [1, λ]) computes it: 0 + 1·θ0 + λ·τ_m.
-        let lambda = plan.lambda;
-        for (b, m) in base.iter_mut().zip(&*acc) {
-            *b = (0.0 + *b) + lambda * m;
-        }
+        // The sign election, disjoint aggregation and θ0 + λ·τ_m: the SDK's one copy.
+        merge_block(base, &u, plan, &mut scratch);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mergescope_plugin_api::sdk::disjoint::sgn;
 
     /// The chain of host operations the kernel replaces, written out op by op as the host's CPU
     /// paths compute them (each op a full pass with its own temporary).
