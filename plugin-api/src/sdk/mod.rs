@@ -4,6 +4,7 @@
 
 pub mod combine;
 pub mod disjoint;
+pub mod testing;
 mod host;
 mod params;
 mod stats;

@@ -206,6 +206,7 @@ pub(crate) fn combine(base: &mut [f32], terms: &[Term<'_>], how: &Combine) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mergescope_plugin_api::sdk::testing::awkward_values as values;
 
     fn sgn_host(x: f32) -> f32 {
         (i32::from(x > 0.0) - i32::from(x < 0.0)) as f32
@@ -270,23 +271,6 @@ mod tests {
                 o += 1.0 * b;
                 o += lambda * m;
                 o
-            })
-            .collect()
-    }
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                match x % 11 {
-                    0 => 0.0,
-                    1 => -0.0,
-                    2 => 0.25,
-                    _ => (x as f32 / u32::MAX as f32 - 0.5) * 0.02,
-                }
             })
             .collect()
     }

@@ -62,6 +62,7 @@ pub(crate) fn merge(base: &mut [f32], voters: &[Voter<'_>], plan: &Plan) {
 mod tests {
     use super::*;
     use mergescope_plugin_api::sdk::disjoint::sgn;
+    use mergescope_plugin_api::sdk::testing::awkward_values as values;
 
     /// The chain of host operations the kernel replaces, written out op by op as the host's CPU
     /// paths compute them (each op a full pass with its own temporary).
@@ -130,24 +131,6 @@ mod tests {
                 o += 1.0 * b;
                 o += plan.lambda * m;
                 o
-            })
-            .collect()
-    }
-
-    /// A deterministic pseudo-random vector with exact zeros, ties and signed zeros in it.
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                match x % 11 {
-                    0 => 0.0,
-                    1 => -0.0,
-                    2 => 0.25,
-                    _ => (x as f32 / u32::MAX as f32 - 0.5) * 0.02,
-                }
             })
             .collect()
     }
