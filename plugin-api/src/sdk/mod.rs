@@ -4,10 +4,10 @@
 
 pub mod combine;
 pub mod disjoint;
-pub mod testing;
 mod host;
 mod params;
 mod stats;
+pub mod testing;
 
 pub use host::Host;
 pub(crate) use host::check;
