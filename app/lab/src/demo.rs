@@ -201,6 +201,25 @@ pub struct BuildProgress {
     pub loss: Option<f32>,
 }
 
+impl BuildProgress {
+    /// What a build of `total` steps reports through: called with the stage, the steps done so
+    /// far and the last loss, it hands `progress` a [`BuildProgress`] (the image demo's and the
+    /// text benchmark's builds).
+    pub fn reporter<'a>(
+        progress: &'a mut dyn FnMut(&BuildProgress),
+        total: usize,
+    ) -> impl FnMut(&str, usize, Option<f32>) + 'a {
+        move |stage, done, loss| {
+            progress(&BuildProgress {
+                stage: stage.to_owned(),
+                done,
+                total,
+                loss,
+            })
+        }
+    }
+}
+
 /// mergescope's cache folder: `$MERGESCOPE_CACHE_DIR`, else `$XDG_CACHE_HOME/mergescope`, else
 /// `~/.cache/mergescope`.
 pub fn cache_dir() -> Result<PathBuf> {
@@ -459,14 +478,7 @@ pub fn build(
     let mut done = 0usize;
     let mut seconds = BTreeMap::new();
 
-    let mut report = |stage: &str, done: usize, loss: Option<f32>| {
-        progress(&BuildProgress {
-            stage: stage.to_owned(),
-            done,
-            total,
-            loss,
-        })
-    };
+    let mut report = BuildProgress::reporter(progress, total);
 
     let t0 = Instant::now();
     let base = pretrain(
@@ -612,9 +624,7 @@ pub fn build(
         seconds,
         kernel_path: kernel_path(),
     };
-    let json = serde_json::to_vec_pretty(&manifest)
-        .map_err(|e| EngineError::Invalid(format!("cannot serialise the manifest: {e}")))?;
-    mergescope_engine::writer::write_atomic(&tmp.path().join("manifest.json"), &json)?;
+    write_manifest(tmp.path(), &manifest)?;
     let built = tmp.keep();
     std::fs::rename(&built, dir).map_err(|e| {
         let _ = std::fs::remove_dir_all(&built);
@@ -624,6 +634,40 @@ pub fn build(
         dir: dir.to_path_buf(),
         manifest,
     })
+}
+
+/// Reads the `manifest.json` of a build folder (the image demo's [`Manifest`], the text
+/// benchmark's `TextManifest`) and checks that every file `needed` lists for it is there.
+/// Errors name the folder and say how to rebuild it (`rebuild`: the command).
+pub fn open_build<M: serde::de::DeserializeOwned>(
+    dir: &Path,
+    what: &str,
+    rebuild: &str,
+    needed: impl FnOnce(&M) -> Vec<PathBuf>,
+) -> Result<M> {
+    let path = dir.join("manifest.json");
+    let bytes = std::fs::read(&path).map_err(|e| EngineError::io("cannot read", &path, e))?;
+    let manifest: M = serde_json::from_slice(&bytes).map_err(|e| {
+        EngineError::Invalid(format!(
+            "'{}' is not a {what} manifest ({e}); rebuild it with `{rebuild}`",
+            path.display()
+        ))
+    })?;
+    if let Some(p) = needed(&manifest).into_iter().find(|p| !p.is_file()) {
+        return Err(EngineError::Invalid(format!(
+            "the {what} in '{}' is incomplete: '{}' is missing; rebuild it with `{rebuild}`",
+            dir.display(),
+            p.display()
+        )));
+    }
+    Ok(manifest)
+}
+
+/// Writes `manifest` as the pretty-printed `manifest.json` of the build folder `dir`.
+pub fn write_manifest<M: Serialize>(dir: &Path, manifest: &M) -> Result<()> {
+    let json = serde_json::to_vec_pretty(manifest)
+        .map_err(|e| EngineError::Bug(format!("cannot serialise the manifest: {e}")))?;
+    mergescope_engine::writer::write_atomic(&dir.join("manifest.json"), &json)
 }
 
 /// Builds with `build_into` into a staging sibling of `dir`, then moves the result into place:
@@ -650,31 +694,16 @@ pub fn build_replacing(dir: &Path, build_into: impl FnOnce(&Path) -> Result<Benc
 impl Benchmark {
     /// Opens a built benchmark folder and checks that its files are there.
     pub fn open(dir: &Path) -> Result<Benchmark> {
-        let path = dir.join("manifest.json");
-        let bytes = std::fs::read(&path).map_err(|e| EngineError::io("cannot read", &path, e))?;
-        let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
-            EngineError::Invalid(format!(
-                "'{}' is not a benchmark manifest ({e}); rebuild it with `mergescope demo build --force`",
-                path.display()
-            ))
+        let manifest: Manifest = open_build(dir, "benchmark", "mergescope demo build --force", |m: &Manifest| {
+            [dir.join("base.safetensors"), dir.join("heads.safetensors")]
+                .into_iter()
+                .chain(m.tasks.iter().map(|t| dir.join(&t.expert)))
+                .collect()
         })?;
-        let b = Benchmark {
+        Ok(Benchmark {
             dir: dir.to_path_buf(),
             manifest,
-        };
-        for p in std::iter::once(b.base_path())
-            .chain(std::iter::once(b.heads_path()))
-            .chain(b.manifest.tasks.iter().map(|t| dir.join(&t.expert)))
-        {
-            if !p.is_file() {
-                return Err(EngineError::Invalid(format!(
-                    "the benchmark in '{}' is incomplete: '{}' is missing; rebuild it with `mergescope demo build --force`",
-                    dir.display(),
-                    p.display()
-                )));
-            }
-        }
-        Ok(b)
+        })
     }
 
     /// Whether it was built by the current recipe (otherwise it should be rebuilt).

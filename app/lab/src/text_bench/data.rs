@@ -1,7 +1,8 @@
 //! The text benchmark's tasks: five text-classification tasks made by
-//! `scripts/text-bench-data.py` from data shipped in registry packages (Debian, PyPI, npm),
-//! stored in `assets/text/` (JSON lines, labels as class names, a train, calibration and test
-//! split each; `tasks.json` records classes, sources, licences and checksums) and compiled in.
+//! `scripts/text-bench-data.py` from permissively licensed data shipped in registry packages
+//! (Debian, PyPI, npm), stored in `assets/text/` (JSON lines, labels as class names, a train,
+//! calibration and test split each; `tasks.json` records classes, sources, licences and
+//! checksums) and compiled in.
 //! Tokenising happens once per build ([`Tokenized`]); batches are padded to their longest.
 
 use crate::family::bert::TokenBatch;
@@ -103,8 +104,8 @@ macro_rules! task_files {
 
 /// The built-in tasks' files: name and (train, calibration, test) JSON lines.
 const BUILTIN: &[(&str, [&str; 3])] = task_files!(
+    "cldr_language",
     "emoji_group",
-    "fortune_language",
     "fortune_topic",
     "name_gender",
     "word_sentiment"
@@ -250,8 +251,8 @@ mod tests {
         assert_eq!(
             names,
             [
+                "cldr_language",
                 "emoji_group",
-                "fortune_language",
                 "fortune_topic",
                 "name_gender",
                 "word_sentiment"
