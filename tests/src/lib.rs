@@ -131,3 +131,30 @@ pub fn merge_to_files(lib: &str, req: &mergescope_engine::merge::MergeRequest) -
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
+
+/// The largest absolute difference between two models with the same tensor names (asserted).
+pub fn max_difference(a: &mergescope_engine::merge::MemModel, b: &mergescope_engine::merge::MemModel) -> f64 {
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    a.iter()
+        .flat_map(|(n, t)| t.data.iter().zip(&b[n].data).map(|(x, y)| f64::from((x - y).abs())))
+        .fold(0.0, f64::max)
+}
+
+/// token → id of a tokenizer.json (the model's vocabulary and the added tokens).
+#[allow(clippy::unwrap_used)] // a test helper: a bad fixture is a failed test
+pub fn vocab_of(tokenizer_json: &std::path::Path) -> std::collections::BTreeMap<String, usize> {
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(tokenizer_json).unwrap()).unwrap();
+    let mut v: std::collections::BTreeMap<String, usize> = json["model"]["vocab"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(t, i)| (t.clone(), i.as_u64().unwrap() as usize))
+        .collect();
+    for a in json["added_tokens"].as_array().unwrap() {
+        v.insert(
+            a["content"].as_str().unwrap().to_owned(),
+            a["id"].as_u64().unwrap() as usize,
+        );
+    }
+    v
+}

@@ -136,6 +136,70 @@ fn a_sweep_on_slurm_writes_exactly_the_local_results() {
     assert_eq!(lines(&slurm), expected);
 }
 
+/// A `mergescope` command running in the background, its stderr read line by line.
+struct Running {
+    child: std::process::Child,
+    reader: std::io::BufReader<std::process::ChildStderr>,
+    log: String,
+}
+
+impl Running {
+    fn start(env: &Env, conf: &str, args: &[&str]) -> Running {
+        let mut child = slurm_cmd(env, conf, args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let reader = std::io::BufReader::new(child.stderr.take().unwrap());
+        Running {
+            child,
+            reader,
+            log: String::new(),
+        }
+    }
+
+    /// Reads lines until one starts with `prefix`; returns the rest of that line.
+    fn until(&mut self, prefix: &str) -> String {
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.reader.read_line(&mut line).unwrap() > 0,
+                "no line '{prefix}...': {}",
+                self.log
+            );
+            self.log.push_str(&line);
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.to_owned();
+            }
+        }
+    }
+
+    /// The array job the command submits first.
+    fn submitted_job(&mut self) -> String {
+        self.until("submitted array job ").split(':').next().unwrap().to_owned()
+    }
+
+    /// Reads the rest of the output; the command's exit status.
+    fn finish(mut self) -> (std::process::ExitStatus, String) {
+        let rest: Vec<String> = self.reader.lines().map(|l| l.unwrap()).collect();
+        self.log.push_str(&rest.join("\n"));
+        (self.child.wait().unwrap(), self.log)
+    }
+}
+
+/// Waits until cell 0 of the sweep in `out` has its result.
+fn first_cell_done(out: &Path, log: &str) {
+    let cells = out.join("slurm").join("cells");
+    let t0 = Instant::now();
+    while !cells.join("0.out").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no cell finished in 60 s: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[cfg(unix)]
 #[test]
 fn cancelled_array_tasks_are_reported_and_a_rerun_submits_only_them() {
@@ -143,7 +207,7 @@ fn cancelled_array_tasks_are_reported_and_a_rerun_submits_only_them() {
     let env = Env::new();
     let spec = spec(&env, "[2, 4]", "");
     let out = env.path("sweep");
-    let mut child = slurm_cmd(
+    let mut run = Running::start(
         &env,
         conf,
         &[
@@ -161,41 +225,19 @@ fn cancelled_array_tasks_are_reported_and_a_rerun_submits_only_them() {
             "--poll-seconds",
             "0.2",
         ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut reader = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut log = String::new();
-    let job = loop {
-        let mut line = String::new();
-        assert!(reader.read_line(&mut line).unwrap() > 0, "no job submitted: {log}");
-        log.push_str(&line);
-        if let Some(rest) = line.strip_prefix("submitted array job ") {
-            break rest.split(':').next().unwrap().to_owned();
-        }
-    };
+    );
+    let job = run.submitted_job();
     // Mid-run: once a cell has finished, cancel the last two cells, still queued behind the
     // one-at-a-time limit.
+    first_cell_done(&out, &run.log);
     let cells = out.join("slurm").join("cells");
-    let t0 = Instant::now();
-    while !cells.join("0.out").exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no cell finished in 60 s: {log}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let o = Command::new("scancel")
         .env("SLURM_CONF", conf)
         .args([format!("{job}_10"), format!("{job}_11")])
         .output()
         .unwrap();
     assert!(o.status.success(), "scancel: {}", stderr(&o));
-    let rest: Vec<String> = reader.lines().map(|l| l.unwrap()).collect();
-    log.push_str(&rest.join("\n"));
-    let status = child.wait().unwrap();
+    let (status, log) = run.finish();
     assert!(!status.success(), "two cells have no result: {log}");
     for i in [10, 11] {
         assert!(
@@ -430,34 +472,13 @@ fn a_run_started_again_while_its_array_job_runs_watches_that_job() {
         "--poll-seconds",
         "0.2",
     ];
-    let mut child = slurm_cmd(&env, conf, &args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut log = String::new();
-    let job = loop {
-        let mut line = String::new();
-        assert!(reader.read_line(&mut line).unwrap() > 0, "no job submitted: {log}");
-        log.push_str(&line);
-        if let Some(rest) = line.strip_prefix("submitted array job ") {
-            break rest.split(':').next().unwrap().to_owned();
-        }
-    };
+    let mut first = Running::start(&env, conf, &args);
+    let job = first.submitted_job();
     // The run dies (its terminal closed) once a cell has finished; its array job goes on. The
     // job's queued tasks are held so that it is surely still there when the run starts again.
-    let cells = out.join("slurm").join("cells");
-    let t0 = Instant::now();
-    while !cells.join("0.out").exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no cell finished in 60 s: {log}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    first_cell_done(&out, &first.log);
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
     // scontrol exits non-zero when some tasks have finished ("Job has already finished") and
     // acts on the others, so its status says nothing here; the second run's log does.
     let scontrol = |what: &str| {
@@ -469,28 +490,11 @@ fn a_run_started_again_while_its_array_job_runs_watches_that_job() {
     };
     scontrol("hold");
 
-    let mut again = slurm_cmd(&env, conf, &args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = std::io::BufReader::new(again.stderr.take().unwrap());
-    let mut log = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "the second run did not reattach: {log}"
-        );
-        log.push_str(&line);
-        if line.starts_with(&format!("reattached to array job {job}")) {
-            break;
-        }
-    }
+    let mut again = Running::start(&env, conf, &args);
+    again.until(&format!("reattached to array job {job}"));
     scontrol("release");
-    let rest: Vec<String> = reader.lines().map(|l| l.unwrap()).collect();
-    log.push_str(&rest.join("\n"));
-    assert!(again.wait().unwrap().success(), "{log}");
+    let (status, log) = again.finish();
+    assert!(status.success(), "{log}");
     assert!(
         !log.contains("submitted array job"),
         "nothing is submitted twice: {log}"

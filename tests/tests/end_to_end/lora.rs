@@ -11,7 +11,7 @@
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::lora;
 use mergescope_engine::merge::{MemModel, MergeRequest, open_expert};
-use mergescope_tests::{assert_contains, merge_to_files};
+use mergescope_tests::{assert_contains, max_difference, merge_to_files};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
@@ -24,13 +24,6 @@ fn base() -> PathBuf {
 }
 
 use mergescope_tests::tensors_of as read;
-
-fn max_difference(a: &MemModel, b: &MemModel) -> f64 {
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    a.iter()
-        .flat_map(|(n, t)| t.data.iter().zip(&b[n].data).map(|(x, y)| f64::from((x - y).abs())))
-        .fold(0.0, f64::max)
-}
 
 #[test]
 fn adapters_read_as_peft_merges_them() {

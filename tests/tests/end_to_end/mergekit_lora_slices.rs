@@ -11,22 +11,15 @@
 
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::lora;
-use mergescope_engine::merge::{MemModel, MemTensor, open_expert};
+use mergescope_engine::merge::{MemTensor, open_expert};
 use mergescope_engine::mergekit;
-use mergescope_tests::{assert_contains, merge_to_files, read_model, tensors_of};
+use mergescope_tests::{assert_contains, max_difference, merge_to_files, read_model, tensors_of, vocab_of};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
-}
-
-fn max_difference(a: &MemModel, b: &MemModel) -> f64 {
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    a.iter()
-        .flat_map(|(n, t)| t.data.iter().zip(&b[n].data).map(|(x, y)| f64::from((x - y).abs())))
-        .fold(0.0, f64::max)
 }
 
 // --- lora_B.bias --------------------------------------------------------------------------------
@@ -97,24 +90,6 @@ fn lora_bias_on_a_base_without_that_bias_names_the_tensor() {
 
 fn union_fixtures() -> PathBuf {
     fixtures().join("mergekit/tokenizer_union")
-}
-
-/// token → id of a tokenizer.json (its vocabulary and added tokens).
-fn vocab_of(tokenizer_json: &Path) -> BTreeMap<String, usize> {
-    let json: Value = serde_json::from_slice(&std::fs::read(tokenizer_json).unwrap()).unwrap();
-    let mut v: BTreeMap<String, usize> = json["model"]["vocab"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(t, i)| (t.clone(), i.as_u64().unwrap() as usize))
-        .collect();
-    for a in json["added_tokens"].as_array().unwrap() {
-        v.insert(
-            a["content"].as_str().unwrap().to_owned(),
-            a["id"].as_u64().unwrap() as usize,
-        );
-    }
-    v
 }
 
 #[test]
@@ -359,7 +334,7 @@ fn no_distribute_scale_puts_the_singular_values_on_lora_a() {
         // Default: √σ on each side, so A's row and B's column have the same norm, √σᵢ; without
         // distribution A's row has norm σᵢ (= the product of the two) and B's column norm 1, as
         // in mergekit's TaskVectorDecompositionTask.
-        let a_row = |a: &MemTensor| norm(Box::new(a.data[i * cols..(i + 1) * cols].to_vec().into_iter()));
+        let a_row = |a: &MemTensor| norm(Box::new(a.data[i * cols..(i + 1) * cols].iter().copied()));
         let b_col = |b: &MemTensor| norm(Box::new((0..rows).map(move |r| b.data[r * k + i])));
         let (ra, cb) = (a_row(a1), b_col(b1));
         assert!((ra - cb).abs() < 1e-5 * ra.max(1.0), "{ra} {cb}");

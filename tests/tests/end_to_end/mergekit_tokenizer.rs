@@ -11,7 +11,7 @@
 use mergescope_engine::merge::MemModel;
 use mergescope_engine::mergekit;
 use mergescope_engine::recipe::Recipe;
-use mergescope_tests::{assert_contains, merge_to_files, read_model as read};
+use mergescope_tests::{assert_contains, merge_to_files, read_model as read, vocab_of};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,24 +24,6 @@ fn run_yaml(text: &str, out: &Path) -> Result<(), String> {
     let converted = mergekit::convert(text, &fixtures().join("merge.yml"), out).map_err(|e| e.to_string())?;
     let lib = format!("mergescope_plugin_{}", converted.recipe.method.replace('-', "_"));
     merge_to_files(&lib, &converted.to_request(false).map_err(|e| e.to_string())?)
-}
-
-/// token → id of a tokenizer.json (the model's vocabulary and the added tokens).
-fn vocab_of(tokenizer_json: &Path) -> BTreeMap<String, usize> {
-    let json: Value = serde_json::from_slice(&std::fs::read(tokenizer_json).unwrap()).unwrap();
-    let mut v: BTreeMap<String, usize> = json["model"]["vocab"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(t, i)| (t.clone(), i.as_u64().unwrap() as usize))
-        .collect();
-    for a in json["added_tokens"].as_array().unwrap() {
-        v.insert(
-            a["content"].as_str().unwrap().to_owned(),
-            a["id"].as_u64().unwrap() as usize,
-        );
-    }
-    v
 }
 
 const VOCAB_TENSORS: [&str; 2] = ["model.embed_tokens.weight", "lm_head.weight"];
