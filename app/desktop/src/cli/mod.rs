@@ -6,6 +6,7 @@ mod compare;
 pub mod demo;
 mod eval;
 mod extract_lora;
+mod grid;
 mod gui;
 mod inputs;
 mod inspect;
@@ -81,7 +82,7 @@ pub enum Command {
     /// is what each array task runs.
     Grid {
         #[command(subcommand)]
-        command: sweep_slurm::GridCommand,
+        command: grid::GridCommand,
     },
     /// Open the desktop window (the default when no subcommand is given).
     Gui(gui::GuiArgs),
@@ -144,7 +145,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Some(Command::Search(args)) => search::run(&cli.plugin_dirs, args),
         Some(Command::Analyze { command }) => analyze::run(&command),
         Some(Command::Sweep(args)) => sweep::run(&cli.plugin_dirs, args),
-        Some(Command::Grid { command }) => sweep_slurm::run_grid(&cli.plugin_dirs, &command),
+        Some(Command::Grid { command }) => grid::run_grid(&cli.plugin_dirs, &command),
         Some(Command::Gui(args)) => gui::run(&cli.plugin_dirs, &args),
         None => gui::run(&cli.plugin_dirs, &gui::GuiArgs::default()),
     }

@@ -128,7 +128,7 @@ fn plots(out: &Path, spec: &SweepSpec, rows: Option<&[Row]>, (w, h): (u32, u32))
 
 pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode> {
     if let Some(SweepCommand::RunCell { job, index }) = &args.command {
-        return super::sweep_slurm::run_grid_cell(plugin_dirs, job, *index);
+        return super::grid::run_grid_cell(plugin_dirs, job, *index);
     }
     let executor = args.run.executor(&[])?;
     let wh = size(&args.size)?;
