@@ -394,7 +394,7 @@ fn a_cell_killed_by_the_scheduler_is_retried() {
     let env = Env::new();
     let spec = spec(&env, "[]", "");
     let out = env.path("sweep");
-    let mut child = slurm_cmd(
+    let mut run = Running::start(
         &env,
         conf,
         &[
@@ -410,39 +410,17 @@ fn a_cell_killed_by_the_scheduler_is_retried() {
             "--poll-seconds",
             "0.2",
         ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut reader = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut log = String::new();
-    let job = loop {
-        let mut line = String::new();
-        assert!(reader.read_line(&mut line).unwrap() > 0, "no job submitted: {log}");
-        log.push_str(&line);
-        if let Some(rest) = line.strip_prefix("submitted array job ") {
-            break rest.split(':').next().unwrap().to_owned();
-        }
-    };
-    let cells = out.join("slurm").join("cells");
-    let t0 = Instant::now();
-    while !cells.join("0.out").exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no cell finished in 60 s: {log}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    );
+    let job = run.submitted_job();
+    first_cell_done(&out, &run.log);
     let o = Command::new("scancel")
         .env("SLURM_CONF", conf)
         .arg(format!("{job}_3"))
         .output()
         .unwrap();
     assert!(o.status.success(), "scancel: {}", stderr(&o));
-    let rest: Vec<String> = reader.lines().map(|l| l.unwrap()).collect();
-    log.push_str(&rest.join("\n"));
-    assert!(child.wait().unwrap().success(), "{log}");
+    let (status, log) = run.finish();
+    assert!(status.success(), "{log}");
     assert!(
         log.contains("cell 3 ended CANCELLED without a result") && log.contains("submitting it again (try 2 of 3)"),
         "{log}"

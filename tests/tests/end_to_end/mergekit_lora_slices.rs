@@ -9,13 +9,12 @@
 //! - `extract-lora --sv-epsilon` gives mergekit-extract-lora's ranks, and `--include-regex`/
 //!   `--exclude-regex` its modules.
 
+use super::mergekit_tokenizer::{manifest_vocab, max_diff, run_yaml};
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::lora;
 use mergescope_engine::merge::{MemTensor, open_expert};
-use mergescope_engine::mergekit;
-use mergescope_tests::{assert_contains, max_difference, merge_to_files, read_model, tensors_of, vocab_of};
+use mergescope_tests::{assert_contains, max_difference, read_model, tensors_of, vocab_of};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
@@ -108,17 +107,10 @@ fn slices_with_a_union_vocabulary_give_mergekits_tensors() {
         let case = config["name"].as_str().unwrap();
         let text = std::fs::read_to_string(union_fixtures().join(config["config"].as_str().unwrap())).unwrap();
         let out = dir.path().join(case);
-        let converted = mergekit::convert(&text, &union_fixtures().join("merge.yml"), &out).unwrap();
-        let lib = format!("mergescope_plugin_{}", converted.recipe.method.replace('-', "_"));
-        merge_to_files(&lib, &converted.to_request(false).unwrap()).unwrap_or_else(|e| panic!("{case}: {e}"));
+        run_yaml(&text, &out).unwrap_or_else(|e| panic!("{case}: {e}"));
 
         let ours_vocab = vocab_of(&out.join("tokenizer.json"));
-        let theirs_vocab: BTreeMap<String, usize> = config["vocab"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(t, i)| (t.clone(), i.as_u64().unwrap() as usize))
-            .collect();
+        let theirs_vocab = manifest_vocab(config);
         assert_eq!(
             ours_vocab.keys().collect::<Vec<_>>(),
             theirs_vocab.keys().collect::<Vec<_>>(),
@@ -132,31 +124,7 @@ fn slices_with_a_union_vocabulary_give_mergekits_tensors() {
             read_model(&out),
             read_model(&union_fixtures().join(config["output"].as_str().unwrap())),
         );
-        assert_eq!(
-            ours.keys().collect::<Vec<_>>(),
-            theirs.keys().collect::<Vec<_>>(),
-            "{case}"
-        );
-        let mut worst = 0f64;
-        for (name, t) in &ours {
-            let u = &theirs[name];
-            assert_eq!(t.shape, u.shape, "{case}: {name}");
-            let pairs: Vec<(usize, usize)> = if name == "model.embed_tokens.weight" || name == "lm_head.weight" {
-                let cols = t.shape[1];
-                ours_vocab
-                    .iter()
-                    .flat_map(|(tok, &i)| {
-                        let j = theirs_vocab[tok];
-                        (0..cols).map(move |c| (i * cols + c, j * cols + c))
-                    })
-                    .collect()
-            } else {
-                (0..t.data.len()).map(|i| (i, i)).collect()
-            };
-            for (i, j) in pairs {
-                worst = worst.max(f64::from((t.data[i] - u.data[j]).abs()));
-            }
-        }
+        let worst = max_diff(case, &ours, &theirs, &ours_vocab, &theirs_vocab);
         println!(
             "{case}: {} tokens, max |Δ| against mergekit {worst:.2e}",
             ours_vocab.len()

@@ -20,17 +20,28 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mergekit/tokenizer_union")
 }
 
-fn run_yaml(text: &str, out: &Path) -> Result<(), String> {
+/// Converts the mergekit YAML `text` (its models under this fixture folder) and merges it into `out`.
+pub(super) fn run_yaml(text: &str, out: &Path) -> Result<(), String> {
     let converted = mergekit::convert(text, &fixtures().join("merge.yml"), out).map_err(|e| e.to_string())?;
     let lib = format!("mergescope_plugin_{}", converted.recipe.method.replace('-', "_"));
     merge_to_files(&lib, &converted.to_request(false).map_err(|e| e.to_string())?)
+}
+
+/// token → id of mergekit's output, as the fixture manifest records it for a case.
+pub(super) fn manifest_vocab(config: &Value) -> BTreeMap<String, usize> {
+    config["vocab"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(t, i)| (t.clone(), i.as_u64().unwrap() as usize))
+        .collect()
 }
 
 const VOCAB_TENSORS: [&str; 2] = ["model.embed_tokens.weight", "lm_head.weight"];
 
 /// Largest |Δ| between the two outputs, vocabulary rows matched by token (and padding rows by
 /// position).
-fn max_diff(
+pub(super) fn max_diff(
     case: &str,
     ours: &MemModel,
     theirs: &MemModel,
@@ -72,7 +83,7 @@ fn max_diff(
 fn union_vocabularies_give_mergekits_tokenizer_config_and_tensors() {
     let manifest: Value = serde_json::from_slice(&std::fs::read(fixtures().join("manifest.json")).unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    // The cases with slices are compared in tests/tests/mergekit_lora_slices_parity.rs.
+    // The cases with slices are compared in mergekit_lora_slices.rs.
     let configs: Vec<&Value> = manifest["configs"]
         .as_array()
         .unwrap()
@@ -90,12 +101,7 @@ fn union_vocabularies_give_mergekits_tokenizer_config_and_tensors() {
 
         // The vocabulary: the same tokens; the base's at the base's ids.
         let ours_vocab = vocab_of(&out.join("tokenizer.json"));
-        let theirs_vocab: BTreeMap<String, usize> = config["vocab"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(t, i)| (t.clone(), i.as_u64().unwrap() as usize))
-            .collect();
+        let theirs_vocab = manifest_vocab(config);
         assert_eq!(
             ours_vocab.keys().collect::<Vec<_>>(),
             theirs_vocab.keys().collect::<Vec<_>>(),
