@@ -13,22 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 fn minilm() -> Option<PathBuf> {
-    let dir = std::env::var_os("MERGESCOPE_MINILM_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mergescope/all-minilm-l6-v2")))?;
-    if dir.join("model.safetensors").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("MERGESCOPE_REQUIRE_MINILM").is_none(),
-        "MERGESCOPE_REQUIRE_MINILM is set but all-MiniLM-L6-v2 is not in {}: run scripts/fetch-minilm.sh",
-        dir.display()
-    );
-    eprintln!(
-        "all-MiniLM-L6-v2 not found in {}: run scripts/fetch-minilm.sh to test the text benchmark",
-        dir.display()
-    );
-    None
+    common::external::minilm("to test the text benchmark")
 }
 
 #[test]

@@ -25,36 +25,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Whether the tests must fail rather than skip without a cluster.
-fn required() -> bool {
-    std::env::var("MERGESCOPE_REQUIRE_SLURM").is_ok_and(|v| v == "1")
-}
+#[path = "../../../tests/support/external.rs"]
+#[allow(dead_code)] // each test binary uses part of it
+mod external;
+
+use external::slurm_required as required;
 
 /// The `SLURM_CONF` of a running cluster (started by scripts/slurm-cluster.sh when none is
-/// named), or why there is none. As app/desktop/tests/slurm.rs.
+/// named), or why there is none, as the CLI's Slurm tests find it.
 fn cluster() -> Result<String, String> {
-    if let Ok(conf) = std::env::var("SLURM_CONF") {
-        return Ok(conf);
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/slurm-cluster.sh");
-    let o = Command::new("bash")
-        .arg(&script)
-        .arg("start")
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    let out = String::from_utf8_lossy(&o.stdout);
-    if !o.status.success() {
-        return Err(format!(
-            "{} start failed: {}",
-            script.display(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        ));
-    }
-    out.lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("export SLURM_CONF="))
-        .map(str::to_owned)
-        .ok_or_else(|| format!("{} start printed no SLURM_CONF: {out}", script.display()))
+    external::start_slurm().map(|(conf, _)| conf)
 }
 
 fn harness(runs_dir: &Path) -> Harness<'static, MergescopeApp> {

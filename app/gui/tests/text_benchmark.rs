@@ -23,24 +23,13 @@ use mergescope_lab::text_bench::TextBuildRequest;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// The all-MiniLM-L6-v2 folder, as app/desktop/tests/text_bench.rs finds it.
+#[path = "../../../tests/support/external.rs"]
+#[allow(dead_code)] // each test binary uses part of it
+mod external;
+
+/// The all-MiniLM-L6-v2 folder, found as the CLI's tests find it.
 fn minilm() -> Option<PathBuf> {
-    let dir = std::env::var_os("MERGESCOPE_MINILM_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mergescope/all-minilm-l6-v2")))?;
-    if dir.join("model.safetensors").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("MERGESCOPE_REQUIRE_MINILM").is_none(),
-        "MERGESCOPE_REQUIRE_MINILM is set but all-MiniLM-L6-v2 is not in {}: run scripts/fetch-minilm.sh",
-        dir.display()
-    );
-    eprintln!(
-        "all-MiniLM-L6-v2 not found in {}: run scripts/fetch-minilm.sh to build the text benchmark from the window",
-        dir.display()
-    );
-    None
+    external::minilm("to build the text benchmark from the window")
 }
 
 /// A reduced build (two tasks, few examples, four steps: seconds), into `out`.

@@ -4,6 +4,9 @@
 
 pub mod slurm;
 
+#[path = "../../../../tests/support/external.rs"]
+pub mod external;
+
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::dtype::{DType, encode_f32};
 use mergescope_engine::writer::{OutputTensor, OutputWriter};

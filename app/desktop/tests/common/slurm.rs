@@ -3,7 +3,6 @@
 //! missing), or the cluster `SLURM_CONF` already names.
 
 use super::Env;
-use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -13,35 +12,16 @@ use std::time::Instant;
 pub fn cluster() -> Option<&'static str> {
     static CLUSTER: OnceLock<Result<String, String>> = OnceLock::new();
     let c = CLUSTER.get_or_init(|| {
-        if let Ok(conf) = std::env::var("SLURM_CONF") {
-            return Ok(conf);
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/slurm-cluster.sh");
         let t0 = Instant::now();
-        let o = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        let out = String::from_utf8_lossy(&o.stdout);
-        let err = String::from_utf8_lossy(&o.stderr);
-        if !o.status.success() {
-            return Err(format!("{} start failed: {}", script.display(), err.trim()));
+        let (conf, said) = super::external::start_slurm()?;
+        if !said.is_empty() {
+            eprintln!("slurm cluster ready in {:.1} s: {said}", t0.elapsed().as_secs_f64());
         }
-        eprintln!(
-            "slurm cluster ready in {:.1} s: {}",
-            t0.elapsed().as_secs_f64(),
-            err.trim()
-        );
-        out.lines()
-            .rev()
-            .find_map(|l| l.strip_prefix("export SLURM_CONF="))
-            .map(str::to_owned)
-            .ok_or_else(|| format!("{} start printed no SLURM_CONF: {out}", script.display()))
+        Ok(conf)
     });
     match c {
         Ok(conf) => Some(conf),
-        Err(why) if std::env::var("MERGESCOPE_REQUIRE_SLURM").is_ok_and(|v| v == "1") => {
+        Err(why) if super::external::slurm_required() => {
             panic!("MERGESCOPE_REQUIRE_SLURM=1 but Slurm could not be started: {why}")
         }
         Err(why) => {
