@@ -8,8 +8,8 @@
 
 use crate::abi::{self, EvalMetrics, FinetuneOptions, HostApiV1, SessionApiV1, Status, Str, TensorHandle, TensorInfo};
 use crate::sdk::{
-    CreateContext, Descriptor, Error, Host, Params, Result, StaticTable, Tensor, TensorMeta, check, create_with,
-    described_table, destroy_impl, guard, instance,
+    CreateContext, Descriptor, Error, Host, MethodKind, Params, Result, StaticTable, Tensor, TensorMeta, check,
+    described_table, guard, instance,
 };
 use std::ffi::c_void;
 
@@ -340,27 +340,20 @@ pub trait ModelMethod: Sized + 'static {
 
 #[doc(hidden)]
 pub fn build_model_table<M: ModelMethod>(version: &'static str) -> StaticTable {
-    let mut table = described_table(
-        &M::descriptor(),
-        version,
-        abi::KIND_MODEL_LEVEL,
-        create_model_impl::<M>,
-        destroy_impl::<M>,
-    );
+    let mut table = described_table::<M, ModelLevelKind>(&M::descriptor(), version);
     table.api.run_model = Some(run_model_impl::<M>);
     table
 }
 
-unsafe extern "C" fn create_model_impl<M: ModelMethod>(
-    host: *const HostApiV1,
-    params: *const abi::ParamValue,
-    n_params: usize,
-    n_experts: usize,
-    seed: u64,
-    out: *mut *mut c_void,
-) -> Status {
-    // SAFETY: forwarded from the host.
-    unsafe { create_with(host, params, n_params, n_experts, seed, out, M::create) }
+/// The kind of [`ModelMethod`]s.
+struct ModelLevelKind;
+
+impl<M: ModelMethod> MethodKind<M> for ModelLevelKind {
+    const KIND: abi::PluginKind = abi::KIND_MODEL_LEVEL;
+
+    fn make(host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<M> {
+        M::create(host, params, ctx)
+    }
 }
 
 /// `merge_tensor` of a model-level table: never valid.

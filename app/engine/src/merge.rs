@@ -45,14 +45,9 @@ impl MemTensor {
 /// A model held in memory: tensors by name.
 pub type MemModel = BTreeMap<String, MemTensor>;
 
-fn instance_for<'p>(
-    plugin: &'p Plugin,
-    params: &Value,
-    seed: u64,
-    has_base: bool,
-    n_experts: usize,
-    env: CallEnv<'_>,
-) -> Result<(Instance<'p>, ResolvedParams)> {
+/// `plugin`, if it merges tensor by tensor (what the merges of this module run); a model-level
+/// method is refused.
+fn per_tensor(plugin: &Plugin) -> Result<&Plugin> {
     if plugin.is_model_level() {
         return Err(EngineError::Invalid(format!(
             "method '{}' is a model-level method: it evaluates candidates on the tasks' calibration data, so it \
@@ -60,7 +55,7 @@ fn instance_for<'p>(
             plugin.id()
         )));
     }
-    create_instance(plugin, params, seed, has_base, n_experts, env)
+    Ok(plugin)
 }
 
 /// Validates the inputs and parameters of a merge and creates the plugin's instance (either
@@ -184,7 +179,14 @@ pub fn merge_in_memory_with(
     let single = if layer_wise {
         None
     } else {
-        Some(instance_for(plugin, params, seed, base.is_some(), experts.len(), env)?)
+        Some(create_instance(
+            per_tensor(plugin)?,
+            params,
+            seed,
+            base.is_some(),
+            experts.len(),
+            env,
+        )?)
     };
     let mut models: Vec<&MemModel> = Vec::new();
     models.extend(base);
@@ -215,14 +217,7 @@ pub fn merge_in_memory_with(
         ),
     };
     let groups = instance_groups(plugin, params, single, seed, base.is_some(), experts.len(), env, &items)?;
-    let run = GroupRun {
-        plugin_id: plugin.id(),
-        has_base: base.is_some(),
-        n_experts: experts.len(),
-        opts,
-        observer,
-        cancel: &cancel,
-    };
+    let run = GroupRun::new(plugin, base.is_some(), experts.len(), opts, observer, &cancel);
     run.execute(&groups, &MemSource { models: models.clone() }, &sink)?;
     let out = sink.out.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
     Ok(out
@@ -232,6 +227,20 @@ pub fn merge_in_memory_with(
             (k, MemTensor { shape, data })
         })
         .collect())
+}
+
+/// Builder methods `name(field: Type)` that set `self.field` and return the request.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($field:ident: $ty:ty);)+) => {
+        $(
+            $(#[$doc])*
+            #[must_use]
+            pub fn $name(mut self, $field: $ty) -> Self {
+                self.$field = $field;
+                self
+            }
+        )+
+    };
 }
 
 /// A merge of checkpoint files, as the CLI, the GUI and recipes describe it.
@@ -283,32 +292,15 @@ impl MergeRequest {
         }
     }
 
-    /// Sets the base checkpoint.
-    #[must_use]
-    pub fn with_base(mut self, base: Option<PathBuf>) -> MergeRequest {
-        self.base = base;
-        self
-    }
-
-    /// Sets the method's parameters (a JSON object of the user's values).
-    #[must_use]
-    pub fn with_params(mut self, params: Value) -> MergeRequest {
-        self.params = params;
-        self
-    }
-
-    /// Sets the seed recorded in the output and given to the plugin.
-    #[must_use]
-    pub fn with_seed(mut self, seed: u64) -> MergeRequest {
-        self.seed = seed;
-        self
-    }
-
-    /// Lets the merge replace an existing output (mergescope's own outputs only).
-    #[must_use]
-    pub fn overwriting(mut self, overwrite: bool) -> MergeRequest {
-        self.overwrite = overwrite;
-        self
+    setters! {
+        /// Sets the base checkpoint.
+        with_base(base: Option<PathBuf>);
+        /// Sets the method's parameters (a JSON object of the user's values).
+        with_params(params: Value);
+        /// Sets the seed recorded in the output and given to the plugin.
+        with_seed(seed: u64);
+        /// Lets the merge replace an existing output (mergescope's own outputs only).
+        overwriting(overwrite: bool);
     }
 
     /// The largest shard in bytes for an output of `reference`: as asked, else as the reference
@@ -675,7 +667,7 @@ fn instance_groups<'p>(
         .unwrap_or_default()
         .into_iter()
         .map(|g| {
-            let (instance, resolved) = instance_for(plugin, &g.params, seed, has_base, n_experts, env)?;
+            let (instance, resolved) = create_instance(per_tensor(plugin)?, &g.params, seed, has_base, n_experts, env)?;
             let items = g.tensors.iter().map(|i| items[*i].clone()).collect();
             Ok(InstanceGroup {
                 instance,
@@ -696,7 +688,26 @@ struct GroupRun<'a> {
     cancel: &'a AtomicBool,
 }
 
-impl GroupRun<'_> {
+impl<'a> GroupRun<'a> {
+    /// A run of `plugin` over a merge of `n_experts` experts, with a base or not.
+    fn new(
+        plugin: &'a Plugin,
+        has_base: bool,
+        n_experts: usize,
+        opts: &'a ExecOptions,
+        observer: Observer<'a>,
+        cancel: &'a AtomicBool,
+    ) -> Self {
+        GroupRun {
+            plugin_id: plugin.id(),
+            has_base,
+            n_experts,
+            opts,
+            observer,
+            cancel,
+        }
+    }
+
     /// Runs every group's instance over its tensors, reporting progress over the whole merge
     /// (each group's counts shifted by the elements of the groups before it).
     fn execute(&self, groups: &[InstanceGroup<'_>], source: &dyn Source, sink: &dyn Sink) -> Result<()> {
@@ -782,8 +793,8 @@ pub fn merge_files(
     let single = if layer_wise {
         None
     } else {
-        Some(instance_for(
-            plugin,
+        Some(create_instance(
+            per_tensor(plugin)?,
             &req.params,
             req.seed,
             base.is_some(),
@@ -820,14 +831,7 @@ pub fn merge_files(
 
     let (writer, folder_notes) = open_output(req, &outputs, &metadata, reference, &models, base.is_some())?;
     write_copies(&writer, reference, &copies)?;
-    let run = GroupRun {
-        plugin_id: plugin.id(),
-        has_base: base.is_some(),
-        n_experts: experts.len(),
-        opts,
-        observer,
-        cancel,
-    };
+    let run = GroupRun::new(plugin, base.is_some(), experts.len(), opts, observer, cancel);
     run.execute(
         &groups,
         &FileSource { models: models.clone() },

@@ -283,15 +283,31 @@ unsafe impl Sync for StaticTable {}
 // SAFETY: as above.
 unsafe impl Send for StaticTable {}
 
-/// A table for a method of `kind` described by `d`, with the functions every kind has and the
-/// optional ones null (`merge_tensor` answers that the method is not per-tensor); the caller
-/// fills in its kind's functions with struct-update syntax.
-pub(crate) fn described_table(
+/// A kind of method (per-tensor, model-level): its ABI kind and how it makes an instance of `M`.
+pub(crate) trait MethodKind<M> {
+    /// The table's `kind`.
+    const KIND: abi::PluginKind;
+    /// Makes the instance for one merge (the method's `create`).
+    fn make(host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<M>;
+}
+
+/// The kind of [`MergeMethod`]s.
+pub(crate) struct PerTensorKind;
+
+impl<M: MergeMethod> MethodKind<M> for PerTensorKind {
+    const KIND: abi::PluginKind = abi::KIND_PER_TENSOR;
+
+    fn make(host: &Host<'_>, params: &Params<'_>, ctx: CreateContext) -> Result<M> {
+        M::create(host, params, ctx)
+    }
+}
+
+/// A table for the method `M` of kind `K` described by `d`, with the functions every kind has
+/// (`create`, `destroy`) and the optional ones null (`merge_tensor` answers that the method is
+/// not per-tensor); the caller fills in its kind's functions with struct-update syntax.
+pub(crate) fn described_table<M: 'static, K: MethodKind<M>>(
     d: &Descriptor,
     crate_version: &'static str,
-    kind: abi::PluginKind,
-    create: CreateFn,
-    destroy: unsafe extern "C" fn(*mut c_void),
 ) -> StaticTable {
     let version = if d.version.is_empty() { crate_version } else { d.version };
     let strings = vec![
@@ -311,11 +327,11 @@ pub(crate) fn described_table(
         version,
         description,
         help,
-        kind,
+        kind: K::KIND,
         capabilities: d.capabilities,
         params_schema_json: schema,
-        create,
-        destroy,
+        create: create_impl::<M, K>,
+        destroy: destroy_impl::<M>,
         prepare_passes: None,
         prepare_tensor: None,
         finish_pass: None,
@@ -326,10 +342,6 @@ pub(crate) fn described_table(
     };
     StaticTable { api, _strings: strings }
 }
-
-/// The type of `PluginApiV1::create`.
-pub(crate) type CreateFn =
-    unsafe extern "C" fn(*const HostApiV1, *const ParamValue, usize, usize, u64, *mut *mut c_void) -> Status;
 
 /// `merge_tensor` of a method that is not per-tensor: an error, never a call into the method.
 unsafe extern "C" fn no_merge_tensor(
@@ -352,13 +364,7 @@ unsafe extern "C" fn no_merge_tensor(
 
 #[doc(hidden)]
 pub fn build_table<M: MergeMethod>(version: &'static str) -> StaticTable {
-    let mut table = described_table(
-        &M::descriptor(),
-        version,
-        abi::KIND_PER_TENSOR,
-        create_impl::<M>,
-        destroy_impl::<M>,
-    );
+    let mut table = described_table::<M, PerTensorKind>(&M::descriptor(), version);
     table.api = abi::PluginApiV1 {
         prepare_passes: Some(prepare_passes_impl::<M>),
         prepare_tensor: Some(prepare_tensor_impl::<M>),
@@ -395,18 +401,17 @@ pub(crate) struct Slot<M> {
     n_experts: usize,
 }
 
-/// The body of `create` for any kind of method: `make` builds the instance.
+/// `create` of a method `M` of kind `K`, which makes the instance.
 ///
 /// # Safety
 /// The pointers are those the host passed to `create`.
-pub(crate) unsafe fn create_with<M: 'static>(
+unsafe extern "C" fn create_impl<M: 'static, K: MethodKind<M>>(
     host: *const HostApiV1,
     params: *const ParamValue,
     n_params: usize,
     n_experts: usize,
     seed: u64,
     out: *mut *mut c_void,
-    make: fn(&Host<'_>, &Params<'_>, CreateContext) -> Result<M>,
 ) -> Status {
     // SAFETY: the host passes its table for this call.
     let Some(h) = (unsafe { Host::from_raw(host) }) else {
@@ -423,7 +428,7 @@ pub(crate) unsafe fn create_with<M: 'static>(
         }
         // SAFETY: the host passes `n_params` values.
         let p = unsafe { Params::from_raw(params, n_params) }.for_experts(n_experts);
-        let method = make(&h, &p, CreateContext { n_experts, seed })?;
+        let method = K::make(&h, &p, CreateContext { n_experts, seed })?;
         let slot = Slot { method, n_experts };
         // SAFETY: `out` was checked for null.
         unsafe { *out = Box::into_raw(Box::new(slot)).cast::<c_void>() };
@@ -431,30 +436,18 @@ pub(crate) unsafe fn create_with<M: 'static>(
     })
 }
 
-unsafe extern "C" fn create_impl<M: MergeMethod>(
-    host: *const HostApiV1,
-    params: *const ParamValue,
-    n_params: usize,
-    n_experts: usize,
-    seed: u64,
-    out: *mut *mut c_void,
-) -> Status {
-    // SAFETY: forwarded from the host.
-    unsafe { create_with(host, params, n_params, n_experts, seed, out, M::create) }
-}
-
 pub(crate) unsafe extern "C" fn destroy_impl<M: 'static>(instance: *mut c_void) {
     if instance.is_null() {
         return;
     }
     guard(None, || {
-        // SAFETY: `instance` was made by `create_with::<M>` and is destroyed once.
+        // SAFETY: `instance` was made by `create_impl::<M, _>` and is destroyed once.
         drop(unsafe { Box::from_raw(instance.cast::<Slot<M>>()) });
         Ok(())
     });
 }
 
-/// The slot `create_with` made.
+/// The slot `create_impl` made.
 ///
 /// # Safety
 /// `instance` is the pointer `create` returned, used by one thread at a time.
@@ -463,7 +456,7 @@ unsafe fn slot<'a, M>(instance: *mut c_void) -> Result<&'a mut Slot<M>> {
     unsafe { instance.cast::<Slot<M>>().as_mut() }.ok_or(Error::Message("null instance".into()))
 }
 
-/// The method `create_with` made.
+/// The method `create_impl` made.
 ///
 /// # Safety
 /// As [`slot`].

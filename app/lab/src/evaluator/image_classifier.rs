@@ -210,13 +210,7 @@ impl ScoresWeights for ImageClassifierEvaluator {
     type Inputs = ClipConfigs;
     const FAMILY: &'static str = "clip";
 
-    fn suite_name(&self) -> &str {
-        &self.name
-    }
-
-    fn task_names(&self) -> Vec<String> {
-        self.tasks.iter().map(|t| t.name.clone()).collect()
-    }
+    suite_accessors!();
 
     fn subsample(&mut self, like: &Path, samples: usize) -> Result<()> {
         let size = self.config_for(like)?.vision.image_size;
@@ -230,10 +224,6 @@ impl ScoresWeights for ImageClassifierEvaluator {
 
     fn inputs_for(&self, like: &Path) -> Result<ClipConfigs> {
         self.config_for(like)
-    }
-
-    fn device(&self) -> &Device {
-        &self.device
     }
 
     fn score_weights(

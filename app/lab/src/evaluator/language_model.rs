@@ -263,13 +263,7 @@ impl ScoresWeights for LmEvaluator {
     type Inputs = (LmConfig, Tokenizer);
     const FAMILY: &'static str = "causal-lm";
 
-    fn suite_name(&self) -> &str {
-        &self.name
-    }
-
-    fn task_names(&self) -> Vec<String> {
-        self.tasks.iter().map(|t| t.name.clone()).collect()
-    }
+    suite_accessors!();
 
     fn subsample(&mut self, _like: &Path, samples: usize) -> Result<()> {
         for t in &mut self.tasks {
@@ -289,10 +283,6 @@ impl ScoresWeights for LmEvaluator {
             self.spec.base.as_deref(),
         )?;
         Ok((read_config(&config)?, hf::load_tokenizer(&tokenizer, usize::MAX / 2)?))
-    }
-
-    fn device(&self) -> &Device {
-        &self.device
     }
 
     fn score_weights(

@@ -11,6 +11,25 @@
 //! the [`calibration::CalibrationTasks`] trait, which evaluators with a differentiable model
 //! provide through [`Evaluator::calibration`].
 
+/// The [`ScoresWeights`] accessors of a family evaluator with the fields `name` (the suite's),
+/// `tasks` (each with a `name`) and `device`: [`ScoresWeights::suite_name`],
+/// [`ScoresWeights::task_names`] and [`ScoresWeights::device`].
+macro_rules! suite_accessors {
+    () => {
+        fn suite_name(&self) -> &str {
+            &self.name
+        }
+
+        fn task_names(&self) -> Vec<String> {
+            self.tasks.iter().map(|t| t.name.clone()).collect()
+        }
+
+        fn device(&self) -> &candle_core::Device {
+            &self.device
+        }
+    };
+}
+
 mod backbone;
 pub mod calibration;
 mod command;

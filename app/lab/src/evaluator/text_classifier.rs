@@ -96,13 +96,7 @@ impl ScoresWeights for TextClassifierEvaluator {
     type Inputs = (EncoderConfig, Tokenizer);
     const FAMILY: &'static str = "bert";
 
-    fn suite_name(&self) -> &str {
-        &self.name
-    }
-
-    fn task_names(&self) -> Vec<String> {
-        self.tasks.iter().map(|t| t.name.clone()).collect()
-    }
+    suite_accessors!();
 
     fn subsample(&mut self, _like: &Path, samples: usize) -> Result<()> {
         for t in &mut self.tasks {
@@ -123,10 +117,6 @@ impl ScoresWeights for TextClassifierEvaluator {
             EncoderConfig::read(&config)?,
             hf::load_tokenizer(&tokenizer, self.model.max_length)?,
         ))
-    }
-
-    fn device(&self) -> &Device {
-        &self.device
     }
 
     fn score_weights(
