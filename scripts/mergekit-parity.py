@@ -12,6 +12,9 @@ What it makes, under OUT_DIR:
                                            settings, and per merge its method, parameters,
                                            models, output files and every output tensor's
                                            shape and dtype
+  modules/                                 a tiny multimodal model (Mistral3ForConditionalGeneration,
+                                           one of mergekit's modular architectures) merged per module
+                                           with `modules:`: inputs/, mergekit/, manifest.json
   tokenizer_union/                         the same for models whose tokenizers differ (added
                                            tokens, a permuted vocabulary) merged with
                                            tokenizer_source: union and the tokenizer block
@@ -26,13 +29,13 @@ the tests and CI need no Python; this script only has to be run again to regener
 (for instance against a newer mergekit), and the diff of manifest.json shows what changed.
 
 How to run:
-  python3 scripts/mergekit-parity.py OUT_DIR [--venv DIR] [--mergekit VERSION] [--only tokenizer-union]
+  python3 scripts/mergekit-parity.py OUT_DIR [--venv DIR] [--mergekit VERSION] [--only tokenizer-union|modules]
 
 It creates a virtualenv (default ~/.cache/mergescope/mergekit-venv, reused when present),
 pip-installs mergekit into it from the default package index (that pulls torch), then runs
 itself again inside that virtualenv to generate the inputs, run `mergekit-yaml` on the CPU
 for every config and write the manifest. OUT_DIR's inputs/, mergekit/, manifest.json and
-tokenizer_union/ are replaced (with --only tokenizer-union: tokenizer_union/ only); nothing
+tokenizer_union/ and modules/ are replaced (with --only NAME: that folder only); nothing
 else in OUT_DIR is touched. Any failure exits non-zero.
 """
 
@@ -808,6 +811,179 @@ def inside_venv_tokenizer_union(out: Path, venv: Path) -> None:
         print(f"  {r['name']:<34} vocab {len(r['vocab'])} (config {r['vocab_size_in_config']})")
 
 
+# --- modules: a multimodal model merged per module -------------------------------------------
+# Mistral3ForConditionalGeneration is one of mergekit 0.1.5's modular architectures
+# (mergekit/_data/architectures/mistral3.json): modules text_decoder (weight prefix
+# "language_model."), vision_tower ("vision_tower.") and multi_modal_projector
+# ("multi_modal_projector."). A tiny one: 2 text layers, 2 vision layers.
+MODULES_ARCH = {
+    "architectures": ["Mistral3ForConditionalGeneration"],
+    "model_type": "mistral3",
+    "image_token_index": 10,
+    "projector_hidden_act": "gelu",
+    "spatial_merge_size": 2,
+    "multimodal_projector_bias": False,
+    "vision_feature_layer": -1,
+    "text_config": {
+        "model_type": "mistral", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 32,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    },
+    "vision_config": {
+        "model_type": "pixtral", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "head_dim": 8, "patch_size": 4, "image_size": 16, "num_channels": 3,
+    },
+    "torch_dtype": "bfloat16",
+}
+MODULES_SEEDS = {"base": 10, "expert1": 11, "expert2": 12}
+
+
+def modules_tensor_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """The tiny Mistral3's tensors, named as mergekit's mistral3.json names them."""
+    t, v = MODULES_ARCH["text_config"], MODULES_ARCH["vision_config"]
+    h, i, vocab = t["hidden_size"], t["intermediate_size"], t["vocab_size"]
+    out = [("language_model.model.embed_tokens.weight", (vocab, h))]
+    for l in range(t["num_hidden_layers"]):
+        p = f"language_model.model.layers.{l}."
+        out += [(p + "input_layernorm.weight", (h,))]
+        out += [(p + f"self_attn.{x}_proj.weight", (h, h)) for x in "qkvo"]
+        out += [(p + "post_attention_layernorm.weight", (h,)), (p + "mlp.up_proj.weight", (i, h)),
+                (p + "mlp.gate_proj.weight", (i, h)), (p + "mlp.down_proj.weight", (h, i))]
+    out += [("language_model.model.norm.weight", (h,)), ("language_model.lm_head.weight", (vocab, h))]
+    vh, vi = v["hidden_size"], v["intermediate_size"]
+    out += [("multi_modal_projector.linear_1.weight", (h, vh)), ("multi_modal_projector.linear_2.weight", (h, h)),
+            ("multi_modal_projector.norm.weight", (vh,)),
+            ("multi_modal_projector.patch_merger.merging_layer.weight", (vh, vh * 4))]
+    out += [("vision_tower.patch_conv.weight", (vh, 3, 4, 4)), ("vision_tower.ln_pre.weight", (vh,))]
+    for l in range(v["num_hidden_layers"]):
+        p = f"vision_tower.transformer.layers.{l}."
+        out += [(p + "ffn_norm.weight", (vh,)), (p + "feed_forward.down_proj.weight", (vh, vi)),
+                (p + "feed_forward.gate_proj.weight", (vi, vh)), (p + "feed_forward.up_proj.weight", (vi, vh)),
+                (p + "attention_norm.weight", (vh,))]
+        out += [(p + f"attention.{x}_proj.weight", (vh, vh)) for x in "koqv"]
+    return out
+
+
+def modules_configs() -> dict[str, dict]:
+    """mergekit configs with `modules`, by fixture name; paths relative to OUT_DIR/modules."""
+    dtypes = {"dtype": "float32", "out_dtype": "float32"}
+
+    def m(name: str, **params) -> dict:
+        entry = {"model": f"inputs/{name}"}
+        if params:
+            entry["parameters"] = params
+        return entry
+
+    return {
+        # Per-module models (in another order for the vision tower) and parameters, whose
+        # precedence is model > module > top level, a model's filter list falling through.
+        "modules_task_arithmetic": {
+            "merge_method": "task_arithmetic",
+            "base_model": "inputs/base",
+            "parameters": {"weight": 0.5, "lambda": 1.0},
+            "modules": {
+                "text_decoder": {"models": [m("expert1", weight=0.7), m("expert2", weight=0.3)]},
+                "vision_tower": {
+                    "models": [m("expert2"), m("expert1", weight=[{"filter": "attention", "value": 0.9}])],
+                    "parameters": {"weight": 0.2},
+                },
+                "multi_modal_projector": {"models": [m("expert1"), m("expert2")], "parameters": {"lambda": 0.5}},
+            },
+            **dtypes,
+        },
+        # A shared parameter per module (SLERP's t).
+        "modules_slerp": {
+            "merge_method": "slerp",
+            "base_model": "inputs/base",
+            "parameters": {"t": 0.5},
+            "modules": {
+                "text_decoder": {"models": [m("base"), m("expert1")], "parameters": {"t": 0.3}},
+                "vision_tower": {"models": [m("base"), m("expert2")], "parameters": {"t": 0.8}},
+                "multi_modal_projector": {"models": [m("base"), m("expert1")]},
+            },
+            **dtypes,
+        },
+        # Slices inside a module (the text decoder's layers taken from either expert), whole
+        # models for the vision tower, and no projector: a module not listed is not written.
+        "modules_linear_slices": {
+            "merge_method": "linear",
+            "parameters": {"weight": 1.0},
+            "modules": {
+                "text_decoder": {"slices": [
+                    {"sources": [{"model": "inputs/expert1", "layer_range": [0, 1]},
+                                 {"model": "inputs/expert2", "layer_range": [1, 2]}]},
+                    {"sources": [{"model": "inputs/expert2", "layer_range": [0, 1]},
+                                 {"model": "inputs/expert1", "layer_range": [1, 2]}]},
+                ]},
+                "vision_tower": {"models": [m("expert1", weight=2.0), m("expert2")]},
+            },
+            **dtypes,
+        },
+    }
+
+
+def inside_venv_modules(out: Path, venv: Path) -> None:
+    import importlib.metadata as md
+
+    import numpy as np
+    import torch
+    import yaml
+    from safetensors import safe_open
+
+    root = out / "modules"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    versions = {p: md.version(p) for p in ("mergekit", "torch", "safetensors", "numpy", "transformers")}
+    versions["python"] = platform.python_version()
+    shapes = modules_tensor_shapes()
+    for model, seed in MODULES_SEEDS.items():
+        rng = np.random.default_rng(seed)
+        tensors = {}
+        for name, shape in shapes:
+            a = 1.0 + rng.normal(0.0, NORM_STD, size=shape) if len(shape) == 1 else rng.normal(0.0, BASE_STD, size=shape)
+            tensors[name] = torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16).to(torch.float32).numpy()
+        folder = root / "inputs" / model
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(MODULES_ARCH, indent=2) + "\n")
+        to_bf16_file(tensors, folder / "model.safetensors")
+    mergekit_yaml = venv / "bin" / "mergekit-yaml"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    (root / "mergekit").mkdir()
+    results = []
+    for name, cfg in modules_configs().items():
+        rel_yaml, rel_out = f"mergekit/{name}.yml", f"mergekit/{name}"
+        (root / rel_yaml).write_text(yaml.safe_dump(cfg, sort_keys=False))
+        r = run([mergekit_yaml, rel_yaml, rel_out, *MERGEKIT_FLAGS], cwd=root, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.stderr.write(r.stdout + r.stderr)
+            die(f"mergekit-yaml failed for modules/{name} (exit {r.returncode})")
+        folder = root / rel_out
+        (folder / "README.md").unlink(missing_ok=True)
+        tensors = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    tensors[k] = list(fh.get_tensor(k).shape)
+        results.append({"name": name, "config": rel_yaml, "output": rel_out,
+                        "files": sorted(p.name for p in folder.iterdir()), "tensors": dict(sorted(tensors.items()))})
+    manifest = {
+        "about": "mergekit's per-module merges (`modules`) of a tiny Mistral3ForConditionalGeneration, made by "
+        "scripts/mergekit-parity.py; paths are relative to this file's folder.",
+        "versions": versions,
+        "mergekit_yaml_flags": MERGEKIT_FLAGS,
+        "inputs": {"architecture": MODULES_ARCH, "seeds": MODULES_SEEDS,
+                   "generator": "per model numpy.random.default_rng(seed): norms 1 + N(0, norm_std), else "
+                   "N(0, std), stored as bfloat16", "tensors": {n: list(s) for n, s in shapes}},
+        "configs": results,
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    print(f"\nModules: {len(results)} merges, {size} bytes under {root}")
+    for r in results:
+        print(f"  {r['name']:<34} {len(r['tensors'])} tensors")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", type=Path, help="where inputs/, mergekit/ and manifest.json go")
@@ -816,16 +992,19 @@ def main() -> None:
     ap.add_argument("--mergekit", metavar="VERSION", default=None,
                     help="install exactly this mergekit version (default: the latest, or "
                     "whatever the reused virtualenv has)")
-    ap.add_argument("--only", choices=["tokenizer-union"], default=None,
-                    help="make only this case (tokenizer-union: OUT_DIR/tokenizer_union/, leaving "
-                    "the other fixtures as they are); default: every fixture")
+    ap.add_argument("--only", choices=["tokenizer-union", "modules"], default=None,
+                    help="make only this case (tokenizer-union: OUT_DIR/tokenizer_union/, modules: "
+                    "OUT_DIR/modules/, leaving the other fixtures as they are); default: every fixture")
     args = ap.parse_args()
     out, venv = args.out_dir.resolve(), args.venv.expanduser().absolute()
 
     if Path(sys.prefix).resolve() == venv.resolve():
         if args.only is None:
             inside_venv(out, venv)
-        inside_venv_tokenizer_union(out, venv)
+        if args.only in (None, "tokenizer-union"):
+            inside_venv_tokenizer_union(out, venv)
+        if args.only in (None, "modules"):
+            inside_venv_modules(out, venv)
         return
     if sys.version_info < (3, 10):
         die("Python 3.10 or newer is needed (mergekit requires it)")

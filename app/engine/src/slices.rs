@@ -12,6 +12,13 @@
 //! tokenizer of the first slice's model they came from, and those of its output head with the
 //! last slice's model's, as mergekit gathers its pre-layer weights from `slices[0]`'s sources
 //! and its post-layer weights from `slices[-1]`'s.
+//!
+//! Slices may each be scoped to a [`ModuleScope`], a part of a multimodal model (mergekit's
+//! `modules`: a text decoder, a vision tower, a projector), known by the prefixes of its tensor
+//! names. The slices of one module stand together; each module is assembled as above on its own
+//! tensors only (its layers numbered from 0, its tensors outside the layers from its first and
+//! last slice), and the tensors of no listed module are left out, as mergekit writes only the
+//! modules a configuration lists.
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{EngineError, Result};
@@ -27,6 +34,67 @@ use std::path::PathBuf;
 pub struct Slice {
     /// One source per input: the base first when the merge has one, then the experts.
     pub sources: Vec<SliceSource>,
+    /// The module of a multimodal model the slice builds (all slices have one, or none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<ModuleScope>,
+}
+
+/// The tensors of one module of a model (mergekit's architecture modules): those whose names
+/// start with one of `prefixes` but with none of `except` (the prefixes of modules nested in
+/// it, e.g. a projector inside `visual.`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleScope {
+    /// The module's name (mergekit's, e.g. `text_decoder`).
+    pub name: String,
+    /// Tensor-name prefixes of the module.
+    pub prefixes: Vec<String>,
+    /// Tensor-name prefixes inside `prefixes` that belong to other modules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub except: Vec<String>,
+}
+
+impl ModuleScope {
+    /// Whether tensor `name` belongs to the module.
+    pub fn contains(&self, name: &str) -> bool {
+        self.prefixes.iter().any(|p| name.starts_with(p.as_str()))
+            && !self.except.iter().any(|p| name.starts_with(p.as_str()))
+    }
+}
+
+/// The slices grouped by module: one group of all slices when none is scoped, else each run of
+/// slices of the same module. Errors when only some slices are scoped or a module's slices are
+/// apart.
+fn module_groups(slices: &[Slice]) -> Result<Vec<&[Slice]>> {
+    let scoped = slices.iter().filter(|s| s.module.is_some()).count();
+    if scoped == 0 {
+        return Ok(vec![slices]);
+    }
+    if scoped != slices.len() {
+        return Err(EngineError::Invalid(
+            "some slices name a module and some do not; give every slice a module (mergekit's `modules`) or none"
+                .to_owned(),
+        ));
+    }
+    let mut groups: Vec<&[Slice]> = Vec::new();
+    let mut start = 0;
+    for i in 1..=slices.len() {
+        let name = |j: usize| slices[j].module.as_ref().map(|m| m.name.as_str());
+        if i == slices.len() || name(i) != name(start) {
+            if groups
+                .iter()
+                .any(|g| g[0].module.as_ref().map(|m| m.name.as_str()) == name(start))
+            {
+                return Err(EngineError::Invalid(format!(
+                    "the slices of module '{}' are not together; list each module's slices one after another",
+                    name(start).unwrap_or_default()
+                )));
+            }
+            groups.push(&slices[start..i]);
+            start = i;
+        }
+    }
+    Ok(groups)
 }
 
 /// Layers `[first, end)` of a model.
@@ -53,9 +121,14 @@ fn is_embedding(name: &str) -> bool {
     .any(|k| name.contains(k))
 }
 
-/// Number of output layers of a sliced merge.
+/// Number of output layers of a sliced merge (with modules: of the first module, the one whose
+/// layer count a configuration's top-level `num_hidden_layers` holds, when it has one).
 pub fn layer_count(slices: &[Slice]) -> usize {
-    slices
+    let first = module_groups(slices)
+        .ok()
+        .and_then(|g| g.first().copied())
+        .unwrap_or(slices);
+    first
         .iter()
         .map(|s| s.sources.first().map_or(0, |src| src.layers[1] - src.layers[0]))
         .sum()
@@ -64,6 +137,7 @@ pub fn layer_count(slices: &[Slice]) -> usize {
 /// Checks the shape of a sliced merge with `inputs` inputs: every slice has one source per
 /// input, and the sources of a slice span the same number of layers.
 pub fn check(slices: &[Slice], inputs: usize) -> Result<()> {
+    module_groups(slices)?;
     for (i, s) in slices.iter().enumerate() {
         if s.sources.len() != inputs {
             return Err(EngineError::Invalid(format!(
@@ -74,7 +148,8 @@ pub fn check(slices: &[Slice], inputs: usize) -> Result<()> {
         }
         for src in &s.sources {
             let [first, end] = src.layers;
-            if first >= end {
+            // A module may have no layers (a projector): its slice takes layers [0, 0).
+            if first > end || (first == end && (s.module.is_none() || first != 0)) {
                 return Err(EngineError::Invalid(format!(
                     "slice {i}: layers [{first}, {end}) of '{}' is empty; write [first, end) with first < end",
                     src.model.display()
@@ -94,13 +169,29 @@ pub fn check(slices: &[Slice], inputs: usize) -> Result<()> {
 
 /// Opens input `k` of a sliced merge as one checkpoint (see the module doc).
 pub fn open_input(slices: &[Slice], k: usize) -> Result<Checkpoint> {
-    let (Some(first), Some(last)) = (slices.first(), slices.last()) else {
+    let Some(first) = slices.first() else {
         return Err(EngineError::Invalid(
             "a sliced merge needs at least one slice".to_owned(),
         ));
     };
     // Each model opened once; its (output name, source name) pairs collected across slices.
-    let mut opened: BTreeMap<PathBuf, (Checkpoint, Vec<(String, String)>)> = BTreeMap::new();
+    let mut opened: Opened = BTreeMap::new();
+    for group in module_groups(slices)? {
+        let scope = group[0].module.as_ref();
+        assemble(group, k, &|name| scope.is_none_or(|m| m.contains(name)), &mut opened)?;
+    }
+    let parts: Vec<(Checkpoint, Vec<(String, String)>)> = opened.into_values().collect();
+    Checkpoint::assemble(first.sources[k].model.clone(), parts)
+}
+
+/// Models opened for an input, each with its (output name, source name) pairs.
+type Opened = BTreeMap<PathBuf, (Checkpoint, Vec<(String, String)>)>;
+
+/// Collects input `k`'s tensors of `slices` (one module's, or all) among the tensors `wanted`.
+fn assemble(slices: &[Slice], k: usize, wanted: &dyn Fn(&str) -> bool, opened: &mut Opened) -> Result<()> {
+    let (Some(first), Some(last)) = (slices.first(), slices.last()) else {
+        return Ok(());
+    };
     let mut out_layer = 0usize;
     for (si, slice) in slices.iter().enumerate() {
         let src = &slice.sources[k];
@@ -113,17 +204,23 @@ pub fn open_input(slices: &[Slice], k: usize) -> Result<Checkpoint> {
         let available = ckpt
             .tensors
             .keys()
+            .filter(|n| wanted(n))
             .filter_map(|n| layer_position(&n.split('.').collect::<Vec<_>>()).map(|(_, l)| l))
             .max()
             .map_or(0, |m| m + 1);
         let [from, end] = src.layers;
         if end > available {
+            let what = slice
+                .module
+                .as_ref()
+                .map_or_else(String::new, |m| format!(" (module '{}')", m.name));
             return Err(EngineError::Invalid(format!(
-                "slice {si}: layers [{from}, {end}) of '{}', which has {available} layers; take layers below {available}",
+                "slice {si}{what}: layers [{from}, {end}) of '{}', which has {available} layers; take layers below \
+                 {available}",
                 src.model.display()
             )));
         }
-        for name in ckpt.tensors.keys() {
+        for name in ckpt.tensors.keys().filter(|n| wanted(n)) {
             let parts: Vec<&str> = name.split('.').collect();
             let Some((at, layer)) = layer_position(&parts) else {
                 continue;
@@ -144,13 +241,16 @@ pub fn open_input(slices: &[Slice], k: usize) -> Result<Checkpoint> {
         let outside: Vec<String> = ckpt
             .tensors
             .keys()
-            .filter(|n| layer_position(&n.split('.').collect::<Vec<_>>()).is_none() && is_embedding(n) == embeddings)
+            .filter(|n| {
+                wanted(n)
+                    && layer_position(&n.split('.').collect::<Vec<_>>()).is_none()
+                    && is_embedding(n) == embeddings
+            })
             .cloned()
             .collect();
         names.extend(outside.into_iter().map(|n| (n.clone(), n)));
     }
-    let parts: Vec<(Checkpoint, Vec<(String, String)>)> = opened.into_values().collect();
-    Checkpoint::assemble(first.sources[k].model.clone(), parts)
+    Ok(())
 }
 
 /// Aligns the vocabulary tensors of a sliced merge's `inputs` (from [`open_input`], in order)
@@ -159,6 +259,13 @@ pub fn align(slices: &[Slice], spec: &TokenizerSpec, inputs: &mut [Checkpoint]) 
     let (Some(first), Some(last)) = (slices.first(), slices.last()) else {
         return Ok(());
     };
+    if let Some(m) = &first.module {
+        return Err(EngineError::Invalid(format!(
+            "slices scoped to modules (here '{}') cannot be merged on an output vocabulary yet; remove the \
+             [tokenizer] table (mergekit's tokenizer_source) or merge the model without modules",
+            m.name
+        )));
+    }
     for (slice, embeddings) in [(first, true), (last, false)] {
         let models: Vec<PathBuf> = slice.sources.iter().map(|s| s.model.clone()).collect();
         if models.len() != inputs.len() {
@@ -215,12 +322,14 @@ mod tests {
                     model: a.clone(),
                     layers: [0, 3],
                 }],
+                module: None,
             },
             Slice {
                 sources: vec![SliceSource {
                     model: b.clone(),
                     layers: [1, 4],
                 }],
+                module: None,
             },
         ];
         check(&slices, 1).unwrap();
@@ -247,6 +356,7 @@ mod tests {
                 model: a.clone(),
                 layers: [2, 6],
             }],
+            module: None,
         }];
         let e = open_input(&bad, 0).unwrap_err().to_string();
         assert!(e.contains("[2, 6)") && e.contains("has 4 layers"), "{e}");

@@ -619,3 +619,107 @@ fn della_linear_agrees_with_mergekit_statistically() {
     let theirs_stats = draw_stats(&b, &expected, &inputs.base);
     assert_same_distribution("della_linear", &ours_stats, &theirs_stats, changed / elements);
 }
+
+/// mergekit's `modules`: a tiny multimodal model (Mistral3ForConditionalGeneration, one of
+/// mergekit's modular architectures) merged module by module, each with its own models (in
+/// another order), layer slices and parameters (`tests/fixtures/mergekit/modules/`). The YAML is
+/// converted and merged as `mergescope merge --config` does; a module the configuration does not
+/// list is left out, as mergekit leaves it.
+#[test]
+fn modules_agree_with_mergekit() {
+    let root = fixtures().join("modules");
+    let manifest: Value = serde_json::from_str(&std::fs::read_to_string(root.join("manifest.json")).unwrap()).unwrap();
+    let configs = manifest["configs"].as_array().unwrap();
+    assert_eq!(configs.len(), 3, "the modules fixtures");
+    for cfg in configs {
+        let name = cfg["name"].as_str().unwrap();
+        let text = std::fs::read_to_string(root.join(cfg["config"].as_str().unwrap())).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let converted = mergescope_engine::mergekit::convert(&text, &root.join("merge.yml"), &out)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let lib = format!("mergescope_plugin_{}", converted.recipe.method.replace('-', "_"));
+        mergescope_tests::merge_to_files(&lib, &converted.to_request(false).unwrap())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let theirs = read(&root.join(cfg["output"].as_str().unwrap()));
+        let d = max_difference(name, &read(&out), &theirs);
+        println!("{name}: max |Δ| {d:.1e} over {} tensors", theirs.len());
+        assert!(d <= F32_AGREEMENT, "{name}: max |Δ| {d}");
+        // `mergescope recipe convert` writes the same merge as a recipe (module-scoped slices).
+        let toml_path = dir.path().join("recipe.toml");
+        std::fs::write(&toml_path, converted.recipe.to_toml().unwrap()).unwrap();
+        let mut recipe = mergescope_engine::recipe::Recipe::load(&toml_path).unwrap();
+        recipe.out = dir.path().join("from_toml");
+        mergescope_tests::merge_to_files(&lib, &recipe.to_request(false).unwrap()).unwrap();
+        assert_eq!(
+            max_difference(name, &read(&recipe.out), &read(&out)),
+            0.0,
+            "{name}: recipe"
+        );
+    }
+}
+
+/// What mergescope refuses in a `modules` configuration names the key and the fix.
+#[test]
+fn bad_modules_configs_name_the_key() {
+    let root = fixtures().join("modules");
+    let head = "merge_method: task_arithmetic\nbase_model: inputs/base\nmodules:\n";
+    let tv = "  text_decoder: {models: [{model: inputs/expert1}]}\n";
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "  text_decoder: {merge_method: linear, models: [{model: inputs/expert1}]}\n",
+            &["modules.text_decoder.merge_method", "top-level"],
+        ),
+        (
+            "  vision: {models: [{model: inputs/expert1}]}\n",
+            &["modules.vision", "Mistral3ForConditionalGeneration", "vision_tower"],
+        ),
+        (
+            "  text_decoder: {parameters: {weight: 1}}\n",
+            &["modules.text_decoder", "exactly one of models and slices"],
+        ),
+        (
+            "  text_decoder: {models: [{model: inputs/expert1}]}\n  vision_tower: {models: [{model: inputs/expert1}, \
+             {model: inputs/expert2}]}\n",
+            &["different numbers of models", "text_decoder", "vision_tower"],
+        ),
+        (
+            "  text_decoder: {models: [{model: inputs/expert1}], parameters: {weight: [0, 1]}}\n  vision_tower: \
+             {models: [{model: inputs/expert1}]}\n",
+            &["gradient", "one module per configuration"],
+        ),
+        (
+            "  text_decoder: {slices: [{sources: [{model: inputs/base, layer_range: [0, 1]}, {model: \
+             inputs/expert1, layer_range: [0, 1]}]}]}\n",
+            &["modules.text_decoder.slices", "keeps each module's layer count"],
+        ),
+    ];
+    for (body, needles) in cases {
+        let e =
+            mergescope_engine::mergekit::convert(&format!("{head}{body}"), &root.join("merge.yml"), &root.join("x"))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+        for n in *needles {
+            assert!(e.contains(n), "{body}: {n} in {e}");
+        }
+    }
+    let e = mergescope_engine::mergekit::convert(
+        &format!("{head}{tv}tokenizer_source: union\n"),
+        &root.join("merge.yml"),
+        &root.join("x"),
+    )
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("'tokenizer_source' with 'modules'"), "{e}");
+    let e = mergescope_engine::mergekit::convert(
+        &format!("{head}{tv}models: [{{model: inputs/expert1}}]\n"),
+        &root.join("merge.yml"),
+        &root.join("x"),
+    )
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("exactly one"), "{e}");
+}

@@ -220,8 +220,8 @@ fn bad_configs_name_the_key_and_the_fix() {
             &["union", "tokenizer.json", "save_pretrained"],
         ),
         (
-            "merge_method: linear\nmodels: [inputs/expert1]\nmodules: {}\n",
-            &["'modules'", "not supported yet"],
+            "merge_method: linear\nmodels: [inputs/expert1]\nmodules: {default: {models: [inputs/expert1]}}\n",
+            &["'modules'", "exactly one"],
         ),
         ("merge_method: [ties\n", &["not valid YAML"]),
         (

@@ -333,6 +333,11 @@ fn map_numbers(v: &Value, f: &dyn Fn(f64) -> f64) -> Value {
 }
 
 impl Mapping {
+    /// Whether the plugin parameter `ours` is given per model (one value per expert).
+    pub(crate) fn is_per_model(&self, ours: &str) -> bool {
+        self.params.iter().any(|p| p.ours == ours && p.per_model)
+    }
+
     /// Whether the plugin takes a base model.
     pub fn uses_base(&self) -> bool {
         self.base != Base::Ignored

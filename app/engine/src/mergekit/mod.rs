@@ -7,12 +7,14 @@
 //! shared `parameters` with filters and gradients, `dtype`, `out_dtype`, `tokenizer_source`
 //! (`union`, `base` or a model), the `tokenizer` block (`source`, per-token `tokens`,
 //! `pad_to_multiple_of`) and `chat_template` ([`crate::tokenizer_union`]), all kept in the recipe
-//! (its `[tokenizer]` table and `chat_template`). Every key is checked: an unknown one, or one
-//! mergescope does not do yet, is an error naming it. Each mergekit method maps to a mergescope
-//! plugin with the parameters that reproduce it ([`methods`]).
+//! (its `[tokenizer]` table and `chat_template`), and `modules`, per-module merges of multimodal
+//! models ([`modules`]). Every key is checked: an unknown one, or one mergescope does not do
+//! yet, is an error naming it. Each mergekit method maps to a mergescope plugin with the
+//! parameters that reproduce it ([`methods`]).
 
 mod methods;
 mod models;
+mod modules;
 
 pub use methods::{MERGEKIT_METHODS, plugin_for};
 pub use models::resolve_model;
@@ -33,6 +35,7 @@ const TOP_KEYS: &[&str] = &[
     "base_model",
     "models",
     "slices",
+    "modules",
     "parameters",
     "dtype",
     "out_dtype",
@@ -40,12 +43,6 @@ const TOP_KEYS: &[&str] = &[
     "tokenizer",
     "chat_template",
 ];
-
-/// Keys mergekit has that mergescope does not do yet, and why.
-const UNSUPPORTED_KEYS: &[(&str, &str)] = &[(
-    "modules",
-    "per-module merges of multimodal models are not supported yet; use `models` or `slices`",
-)];
 
 /// A mergekit configuration turned into a mergescope recipe.
 #[derive(Clone, Debug)]
@@ -103,9 +100,6 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         ));
     };
     for key in top.keys() {
-        if let Some((_, why)) = UNSUPPORTED_KEYS.iter().find(|(k, _)| k == key) {
-            return Err(invalid(file, format!("'{key}': {why}")));
-        }
         if !TOP_KEYS.contains(&key.as_str()) {
             return Err(invalid(
                 file,
@@ -168,32 +162,92 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         Ok(adapter)
     };
 
-    // Inputs: one entry per model (models form), or per slice source position (slices form).
-    let (mut entries, slices) = match (top.get("models"), top.get("slices")) {
-        (Some(_), Some(_)) => return Err(invalid(file, "has both 'models' and 'slices'; give exactly one")),
-        (None, None) => {
-            return Err(invalid(
-                file,
-                "has neither 'models' nor 'slices'; list the models to merge",
-            ));
-        }
-        (Some(models), None) => (read_models(file, models, &model_ref)?, Vec::new()),
-        (None, Some(slices)) => read_slices(file, slices, &model_ref)?,
-    };
     let shared = match top.get("parameters") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m.clone(),
         Some(other) => return Err(invalid(file, format!("'parameters' must be a mapping, not {other}"))),
     };
-
-    // Roles: the base (when the method uses one and it is among the inputs) and the experts.
     let mut notes = Vec::new();
-    mapping.add_unlisted_base(base.as_deref(), &mut entries, &mut notes);
-    let (base_entry, experts) = mapping.roles(file, base.as_deref(), &entries)?;
-    let base_path = base_entry
-        .map(|e| e.model.clone())
-        .or_else(|| base.clone().filter(|_| mapping.uses_base()));
-    let params = mapping.params(file, &shared, &experts, &mut notes)?;
+    // As in mergekit, an empty list or mapping counts as not given.
+    let given = |k: &str| {
+        top.get(k).filter(|v| match v {
+            Value::Null => false,
+            Value::Array(a) => !a.is_empty(),
+            Value::Object(o) => !o.is_empty(),
+            _ => true,
+        })
+    };
+    let layout = match (given("models"), given("slices"), given("modules")) {
+        (None, None, Some(m)) => {
+            if let Some(k) = ["tokenizer_source", "tokenizer"]
+                .into_iter()
+                .find(|k| given(k).is_some())
+            {
+                return Err(invalid(
+                    file,
+                    format!(
+                        "'{k}' with 'modules': mergescope does not build an output vocabulary for a per-module merge \
+                         yet; remove {k} (the models must then share their tokenizer) or merge without modules"
+                    ),
+                ));
+            }
+            let plan = modules::convert(file, m, &shared, base.as_deref(), mapping, &model_ref, &mut notes)?;
+            Layout {
+                base: plan.base,
+                experts: plan.experts,
+                params: plan.params,
+                slices: plan.slices,
+                tokenizer: None,
+            }
+        }
+        (Some(models), None, None) => {
+            let entries = read_models(file, "models", models, &model_ref)?;
+            single_layout(
+                file,
+                &top,
+                mapping,
+                base.as_deref(),
+                &shared,
+                entries,
+                Vec::new(),
+                &model_ref,
+                &mut notes,
+            )?
+        }
+        (None, Some(slices), None) => {
+            let (entries, slices) = read_slices(file, "slices", slices, &model_ref, false)?;
+            single_layout(
+                file,
+                &top,
+                mapping,
+                base.as_deref(),
+                &shared,
+                entries,
+                slices,
+                &model_ref,
+                &mut notes,
+            )?
+        }
+        (None, None, None) => {
+            return Err(invalid(
+                file,
+                "has none of 'models', 'slices' and 'modules'; list the models to merge",
+            ));
+        }
+        _ => {
+            return Err(invalid(
+                file,
+                "has more than one of 'models', 'slices' and 'modules'; give exactly one",
+            ));
+        }
+    };
+    let Layout {
+        base: base_path,
+        experts,
+        params,
+        slices,
+        tokenizer,
+    } = layout;
 
     let dtype = |key: &str| -> Result<Option<OutDType>> {
         top.get(key)
@@ -210,9 +264,6 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         Some(d) => Some(d),
         None => dtype("dtype")?,
     };
-    let tokenizer = read_tokenizer(file, &top, base.as_deref(), &entries, &slices, &model_ref)?;
-    // With slices, every model the slices name joins the vocabulary, and each input's embeddings
-    // and output head are aligned with the model they come from (`slices::align`).
     let chat_template = match top.get("chat_template") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => {
@@ -229,7 +280,7 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
     let recipe = Recipe {
         method: mapping.plugin.to_owned(),
         base: base_path,
-        experts: experts.iter().map(|e| e.model.clone()).collect(),
+        experts,
         out: out.to_path_buf(),
         seed: 0,
         dtype: out_dtype,
@@ -244,7 +295,7 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         tokenizer: tokenizer
             .as_ref()
             .map(|spec| tokenizer_table(spec, base_path_for_table.as_deref())),
-        slices: slice_layout(&slices, base_entry, &experts),
+        slices,
     };
     let origin = format!("mergekit config '{}'", file.display());
     if let Some(spec) = &tokenizer {
@@ -254,7 +305,7 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         // base_model: the first input, slices[0]'s first source for a method without a base.)
         let survives = recipe.tokenizer_spec(&origin)?.is_some_and(|r| {
             let mut models = (r.models.clone(), spec.models.clone());
-            if !slices.is_empty() {
+            if !recipe.slices.is_empty() {
                 models.0.sort();
                 models.1.sort();
             }
@@ -283,6 +334,48 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         notes,
         text: text.to_owned(),
         origin,
+    })
+}
+
+/// The inputs and parameters of the recipe a configuration becomes.
+struct Layout {
+    base: Option<PathBuf>,
+    experts: Vec<PathBuf>,
+    params: Map<String, Value>,
+    slices: Vec<Slice>,
+    tokenizer: Option<TokenizerSpec>,
+}
+
+/// The layout of a configuration with `models` or `slices` (`entries`, and `slices` in the
+/// slices form).
+#[allow(clippy::too_many_arguments)]
+fn single_layout(
+    file: &Path,
+    top: &Map<String, Value>,
+    mapping: &methods::Mapping,
+    base: Option<&Path>,
+    shared: &Map<String, Value>,
+    mut entries: Vec<Entry>,
+    slices: Vec<Slice>,
+    model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>,
+    notes: &mut Vec<String>,
+) -> Result<Layout> {
+    // Roles: the base (when the method uses one and it is among the inputs) and the experts.
+    mapping.add_unlisted_base(base, &mut entries, notes);
+    let (base_entry, experts) = mapping.roles(file, base, &entries)?;
+    let base_path = base_entry
+        .map(|e| e.model.clone())
+        .or_else(|| base.map(Path::to_path_buf).filter(|_| mapping.uses_base()));
+    let params = mapping.params(file, shared, &experts, notes)?;
+    // With slices, every model the slices name joins the vocabulary, and each input's embeddings
+    // and output head are aligned with the model they come from (`slices::align`).
+    let tokenizer = read_tokenizer(file, top, base, &entries, &slices, model_ref)?;
+    Ok(Layout {
+        base: base_path,
+        experts: experts.iter().map(|e| e.model.clone()).collect(),
+        params,
+        slices: slice_layout(&slices, base_entry, &experts),
+        tokenizer,
     })
 }
 
@@ -531,14 +624,22 @@ fn check_keys(file: &Path, what: &str, obj: &Map<String, Value>, allowed: &[&str
     }
 }
 
-fn read_models(file: &Path, models: &Value, model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>) -> Result<Vec<Entry>> {
-    let list = models
-        .as_array()
-        .ok_or_else(|| invalid(file, "'models' must be a list of {model: ..., parameters: ...}"))?;
+fn read_models(
+    file: &Path,
+    key: &str,
+    models: &Value,
+    model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>,
+) -> Result<Vec<Entry>> {
+    let list = models.as_array().ok_or_else(|| {
+        invalid(
+            file,
+            format!("'{key}' must be a list of {{model: ..., parameters: ...}}"),
+        )
+    })?;
     list.iter()
         .enumerate()
         .map(|(i, m)| {
-            let what = format!("models[{i}]");
+            let what = format!("{key}[{i}]");
             let (model, params) = match m {
                 Value::String(_) => (model_ref(&what, m)?, Map::new()),
                 Value::Object(obj) => {
@@ -567,19 +668,23 @@ fn read_models(file: &Path, models: &Value, model_ref: &dyn Fn(&str, &Value) -> 
 
 /// Slices: every slice must list its sources in the same order of models (the k-th source of
 /// each slice is input k); the parameters of a position come from its first slice.
+/// `key` names the list in messages; `allow_empty` lets a source take layers [0, 0) (a module
+/// without layers).
 fn read_slices(
     file: &Path,
+    key: &str,
     slices: &Value,
     model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>,
+    allow_empty: bool,
 ) -> Result<(Vec<Entry>, Vec<Slice>)> {
     let list = slices
         .as_array()
         .filter(|l| !l.is_empty())
-        .ok_or_else(|| invalid(file, "'slices' must be a non-empty list of {sources: [...]}"))?;
+        .ok_or_else(|| invalid(file, format!("'{key}' must be a non-empty list of {{sources: [...]}}")))?;
     let mut entries: Vec<Entry> = Vec::new();
     let mut out = Vec::new();
     for (si, slice) in list.iter().enumerate() {
-        let what = format!("slices[{si}]");
+        let what = format!("{key}[{si}]");
         let obj = slice
             .as_object()
             .ok_or_else(|| invalid(file, format!("{what} must be a mapping with 'sources'")))?;
@@ -593,7 +698,7 @@ fn read_slices(
             return Err(invalid(
                 file,
                 format!(
-                    "{what} has {} sources but slices[0] has {}; mergescope merges slices whose sources are the same \
+                    "{what} has {} sources but {key}[0] has {}; mergescope merges slices whose sources are the same \
                      inputs in the same order",
                     sources.len(),
                     entries.len()
@@ -619,7 +724,7 @@ fn read_slices(
                     [a, b] => Some([a.as_u64()? as usize, b.as_u64()? as usize]),
                     _ => None,
                 })
-                .filter(|[a, b]| a < b)
+                .filter(|[a, b]| a < b || (allow_empty && *a == 0 && *b == 0))
                 .ok_or_else(|| {
                     invalid(
                         file,
@@ -653,6 +758,7 @@ fn read_slices(
         }
         out.push(Slice {
             sources: recipe_sources,
+            module: None,
         });
     }
     Ok((entries, out))
@@ -666,6 +772,7 @@ fn slice_layout(slices: &[Slice], base: Option<&Entry>, experts: &[&Entry]) -> V
         .iter()
         .map(|s| Slice {
             sources: order.iter().filter_map(|&k| s.sources.get(k).cloned()).collect(),
+            module: s.module.clone(),
         })
         .collect()
 }
