@@ -101,7 +101,7 @@ extern "C" {
 /* Major ABI version: a host only loads plugins of exactly this major. */
 #define MS_ABI_MAJOR 1u
 /* Minor ABI version: a host loads plugins whose minor is at most its own. */
-#define MS_ABI_MINOR 3u
+#define MS_ABI_MINOR 4u
 
 /* Name of the exported static ms_plugin_header. */
 #define MS_HEADER_SYMBOL "mergescope_plugin_header"
@@ -179,6 +179,11 @@ typedef uint32_t ms_plugin_kind;
  *  like histograms), so the host may stream them in parallel chunks with bounded memory;
  *  `ms_tensor_info.offset` tells where a chunk starts. */
 #define MS_CAP_CHUNKED_STATISTICS (UINT64_C(1) << 3)
+/* Capability bit (ABI 1.4), with MS_CAP_CHUNKED_STATISTICS: the statistics are sequential within a
+ * tensor (a running floating-point sum, whose last bits depend on the order of its terms), so the
+ * host hands each tensor's chunks to the statistics passes in order, from one thread at a time;
+ * different tensors may still run in parallel. The merge pass is unaffected. */
+#define MS_CAP_ORDERED_STATISTICS (UINT64_C(1) << 5)
 /* The method merges the base with exactly one expert (SLERP): the host refuses other counts
  * before creating an instance, and comparisons over several experts leave it out. */
 #define MS_CAP_ONE_EXPERT (UINT64_C(1) << 4)

@@ -2,7 +2,8 @@
 //! `PluginApiV1::run_model`; minor 2 moved the method-specific fused operations behind host
 //! extensions that `HostApiV1::get_extension` returns by id, and added the host's worker
 //! threads as the [`HostParallelV1`] extension; minor 3 added the [`HostRandomV2`] extension,
-//! whose `bernoulli_mask_p` draws a mask with a keep probability per element). Every type here
+//! whose `bernoulli_mask_p` draws a mask with a keep probability per element; minor 4 added
+//! [`CAP_ORDERED_STATISTICS`], statistics passes that see each tensor's chunks in order). Every type here
 //! is `#[repr(C)]` and mirrored one to one in `include/mergescope_plugin.h`; a test keeps the
 //! two in sync.
 //!
@@ -17,7 +18,7 @@ pub const MAGIC: [u8; 8] = *b"MRGSCOPE";
 /// Major ABI version: a host only loads plugins of exactly this major.
 pub const ABI_MAJOR: u32 = 1;
 /// Minor ABI version: a host loads plugins whose minor is at most its own.
-pub const ABI_MINOR: u32 = 3;
+pub const ABI_MINOR: u32 = 4;
 
 /// Name of the exported static [`PluginHeader`].
 pub const HEADER_SYMBOL: &str = "mergescope_plugin_header";
@@ -113,6 +114,11 @@ pub const CAP_NEEDS_BASE: u64 = 1 << 2;
 /// pieces of a tensor, like histograms), so the host may stream them in parallel chunks with
 /// bounded memory; `TensorInfo::offset` tells where a chunk starts.
 pub const CAP_CHUNKED_STATISTICS: u64 = 1 << 3;
+/// Capability bit (ABI 1.4), with [`CAP_CHUNKED_STATISTICS`]: the statistics are sequential
+/// within a tensor (a running floating-point sum, whose last bits depend on the order of its
+/// terms), so the host hands each tensor's chunks to the statistics passes in order, from one
+/// thread at a time; different tensors may still run in parallel. The merge pass is unaffected.
+pub const CAP_ORDERED_STATISTICS: u64 = 1 << 5;
 /// Capability bit: the method merges the base with exactly one expert (SLERP), so the host
 /// refuses other counts before creating an instance and comparisons over several experts leave
 /// it out.

@@ -290,27 +290,105 @@ fn drop_fraction_matches_the_rate() {
 }
 
 /// Masks are drawn per element of the full tensor, so chunking changes nothing (elementwise
-/// settings); with the L1 rescale the host must not chunk, and the result is the same too.
+/// settings); with the L1 rescale the statistics pass gets each tensor's chunks in order
+/// (`CAP_ORDERED_STATISTICS`) and carries its running sums across them, so the norms, and the
+/// merged bits, are those of whole tensors for any chunk size and thread count.
 #[test]
 fn chunked_equals_unchunked() {
     let (base, experts) = inputs();
-    let opts = ExecOptions {
-        chunk_elems: 3,
+    let whole_opts = ExecOptions {
+        chunk_elems: usize::MAX,
+        threads: 1,
         ..Default::default()
     };
     for params in [
         json!({"drop_rate": 0.3}),
         json!({"drop_rate": 0.3, "combine": "ties"}),
         json!({"drop_rate": 0.3, "rescale": "l1"}),
+        json!({"drop_rate": [0.6, 0.0, 0.3], "rescale": "l1", "combine": "ties-sum", "task_weights": [0.5, 1.0, 2.0]}),
+        json!({"drop_rate": [1.0, 0.5, 0.2], "rescale": "l1", "combine": "ties", "normalize": true}),
     ] {
-        let whole = merge(&params, 77, &base, &experts);
-        let chunked =
-            merge_in_memory_with(&plugin(), &params, 77, Some(&base), &experts, &opts).expect("chunked merge");
-        for name in ["layer.weight", "layer.bias"] {
-            let e: Vec<f64> = whole[name].data.iter().map(|v| f64::from(*v)).collect();
-            assert_close(&chunked, name, &e, &params.to_string());
+        let whole = merge_in_memory_with(&plugin(), &params, 77, Some(&base), &experts, &whole_opts)
+            .unwrap_or_else(|e| panic!("whole merge with {params}: {e}"));
+        for (chunk_elems, threads) in [(1, 2), (3, 2), (7, 1), (8, 2)] {
+            let opts = ExecOptions {
+                chunk_elems,
+                threads,
+                ..Default::default()
+            };
+            let chunked = merge_in_memory_with(&plugin(), &params, 77, Some(&base), &experts, &opts)
+                .unwrap_or_else(|e| panic!("merge with {params} in chunks of {chunk_elems}: {e}"));
+            for name in ["layer.weight", "layer.bias"] {
+                assert_eq!(
+                    bits(&chunked[name].data),
+                    bits(&whole[name].data),
+                    "{params}, chunks of {chunk_elems} on {threads} threads: '{name}'"
+                );
+            }
         }
     }
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// The l1 norms over a tensor longer than the plugin's mask block (2¹⁶) and the host's chunks,
+/// cut at places that are not multiples of either: the sums carried from chunk to chunk give the
+/// bits of the whole-tensor merge, and the rescale keeps ‖r·m ⊙ τ‖₁ = ‖τ‖₁ (checked in f64 against
+/// the rebuilt masks).
+#[test]
+fn l1_sums_carry_across_chunks_of_a_long_tensor() {
+    let n = 150_001usize;
+    let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    let mut base = MemModel::new();
+    base.insert("w".into(), MemTensor::new(vec![n], b.clone()));
+    let experts: Vec<MemModel> = (0..2)
+        .map(|t| {
+            let d: Vec<f32> = b
+                .iter()
+                .enumerate()
+                .map(|(i, x)| x + ((i * 7 + t * 3) % 13) as f32 * 1e-3 - 6e-3)
+                .collect();
+            let mut m = MemModel::new();
+            m.insert("w".into(), MemTensor::new(vec![n], d));
+            m
+        })
+        .collect();
+    let params = json!({"drop_rate": 0.7, "rescale": "l1"});
+    let whole_opts = ExecOptions {
+        chunk_elems: usize::MAX,
+        ..Default::default()
+    };
+    let whole = merge_in_memory_with(&plugin(), &params, 5, Some(&base), &experts, &whole_opts).unwrap();
+    for chunk_elems in [40_000, 65_537, 1 << 18] {
+        let opts = ExecOptions {
+            chunk_elems,
+            threads: 2,
+            ..Default::default()
+        };
+        let chunked = merge_in_memory_with(&plugin(), &params, 5, Some(&base), &experts, &opts).unwrap();
+        assert_eq!(
+            bits(&chunked["w"].data),
+            bits(&whole["w"].data),
+            "chunks of {chunk_elems}"
+        );
+    }
+    // The whole-tensor result itself, against θ0 + Σ_t r_t·m_t ⊙ τ_t rebuilt in f64 from the
+    // documented masks, r_t = ‖τ_t‖₁ / ‖m_t ⊙ τ_t‖₁.
+    let mut expected: Vec<f64> = b.iter().map(|x| f64::from(*x)).collect();
+    for (t, e) in experts.iter().enumerate() {
+        let tau = tau(&base, e, "w");
+        let kept = mask(5, "w", t, n, 0.7);
+        let full: f64 = tau.iter().map(|x| x.abs()).sum();
+        let part: f64 = tau.iter().zip(&kept).filter(|(_, k)| **k).map(|(x, _)| x.abs()).sum();
+        for ((o, x), k) in expected.iter_mut().zip(&tau).zip(&kept) {
+            if *k {
+                *o += full / part * x;
+            }
+        }
+    }
+    assert_close(&whole, "w", &expected, "l1 rescale over a long tensor");
 }
 
 #[test]

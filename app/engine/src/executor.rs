@@ -26,11 +26,17 @@ pub struct ExecOptions {
     pub memory_budget_bytes: u64,
 }
 
+/// The default chunk: 2¹⁸ elements, 1 MiB per input in f32, so that a chunk's inputs, its
+/// copies and its result stay in the caches while it is decoded, merged and encoded (chunks of
+/// 2²² elements were 16 MiB per input, and each step went to memory and back; 2¹⁶ adds more
+/// per-chunk overhead than it saves).
+pub const DEFAULT_CHUNK_ELEMS: usize = 1 << 18;
+
 impl Default for ExecOptions {
     fn default() -> Self {
         ExecOptions {
             device: Device::Cpu,
-            chunk_elems: 1 << 22,
+            chunk_elems: DEFAULT_CHUNK_ELEMS,
             threads: 0,
             memory_budget_bytes: 2 << 30,
         }
@@ -233,43 +239,69 @@ impl Run<'_> {
     /// One statistics pass: every tensor to `prepare_tensor`, whole (or in chunks when the
     /// plugin accepts chunked statistics); in order on one thread unless the plugin is
     /// thread-safe, then in parallel like the merge pass.
+    /// With `CAP_ORDERED_STATISTICS` (and chunked statistics) a worker takes a whole tensor and
+    /// hands its chunks over in order, so a running sum over a tensor sees its elements in index
+    /// order; different tensors still run in parallel.
     fn statistics_pass(&self, pass: u32) -> Result<()> {
         let caps = self.instance.capabilities;
-        let units = self.units(caps & abi::CAP_CHUNKED_STATISTICS != 0);
+        let chunked = caps & abi::CAP_CHUNKED_STATISTICS != 0;
+        let ordered = chunked && caps & abi::CAP_ORDERED_STATISTICS != 0;
         let parallel = caps & abi::CAP_THREAD_SAFE != 0;
-        self.run_units(&units, Phase::Statistics(pass), parallel, |unit| {
+        let prepare = |unit: &Unit| -> Result<()> {
             let item = &self.items[unit.item];
             let shape = unit.shape(item);
             let (base, experts) = self.load(item, unit.from, unit.len, &shape)?;
             self.instance
-                .prepare_tensor(self.env(), pass, &self.call(unit.item, item, unit.from), base, experts)?;
-            Ok(())
-        })?;
+                .prepare_tensor(self.env(), pass, &self.call(unit.item, item, unit.from), base, experts)
+        };
+        if ordered {
+            let tensors = self.units(false);
+            self.run_units(
+                &tensors,
+                Phase::Statistics(pass),
+                parallel,
+                self.opts.chunk_elems,
+                |whole| {
+                    for unit in self.chunks_of(whole.item, true) {
+                        if self.cancel.load(Ordering::Relaxed) {
+                            return Err(EngineError::Cancelled);
+                        }
+                        prepare(&unit)?;
+                    }
+                    Ok(())
+                },
+            )?;
+        } else {
+            let units = self.units(chunked);
+            self.run_units(&units, Phase::Statistics(pass), parallel, usize::MAX, prepare)?;
+        }
         self.instance.finish_pass(self.env(), pass)
     }
 
     /// Work units: whole tensors, or chunks of at most `chunk_elems` when `chunked`.
     fn units(&self, chunked: bool) -> Vec<Unit> {
-        let chunk = self.opts.chunk_elems.max(1);
-        let mut units = Vec::new();
-        for (i, item) in self.items.iter().enumerate() {
-            let n = item.numel();
-            if chunked && n > chunk {
-                let mut from = 0;
-                while from < n {
-                    let len = chunk.min(n - from);
-                    units.push(Unit { item: i, from, len });
-                    from += len;
-                }
-            } else {
-                units.push(Unit {
-                    item: i,
-                    from: 0,
-                    len: n,
-                });
+        (0..self.items.len()).flat_map(|i| self.chunks_of(i, chunked)).collect()
+    }
+
+    /// The units of tensor `i` in index order: chunks of at most `chunk_elems` when `chunked`,
+    /// else the whole tensor.
+    fn chunks_of(&self, i: usize, chunked: bool) -> Vec<Unit> {
+        let n = self.items[i].numel();
+        let chunk = if chunked {
+            self.opts.chunk_elems.max(1)
+        } else {
+            n.max(1)
+        };
+        let mut units = vec![];
+        let mut from = 0;
+        loop {
+            let len = chunk.min(n - from);
+            units.push(Unit { item: i, from, len });
+            from += len;
+            if from >= n {
+                return units;
             }
         }
-        units
     }
 
     fn run_unit(&self, unit: &Unit, instance_lock: Option<&Mutex<()>>) -> Result<()> {
@@ -313,16 +345,21 @@ impl Run<'_> {
     fn merge_pass(&self) -> Result<()> {
         let units = self.units(self.instance.capabilities & abi::CAP_ELEMENTWISE != 0);
         let lock = (self.instance.capabilities & abi::CAP_THREAD_SAFE == 0).then(|| Mutex::new(()));
-        self.run_units(&units, Phase::Merge, true, |unit| self.run_unit(unit, lock.as_ref()))
+        self.run_units(&units, Phase::Merge, true, usize::MAX, |unit| {
+            self.run_unit(unit, lock.as_ref())
+        })
     }
 
     /// Runs `work` on every unit on worker threads (one when `parallel` is false), each unit
-    /// inside the memory budget; stops at the first error or on cancel; reports progress.
+    /// inside the memory budget (for at most `held` elements of it at a time: a unit that works
+    /// through a tensor chunk by chunk holds one chunk); stops at the first error or on cancel;
+    /// reports progress.
     fn run_units(
         &self,
         units: &[Unit],
         phase: Phase,
         parallel: bool,
+        held: usize,
         work: impl Fn(&Unit) -> Result<()> + Sync,
     ) -> Result<()> {
         let total: u64 = units.iter().map(|u| u.len as u64).sum();
@@ -357,7 +394,7 @@ impl Run<'_> {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(unit) = units.get(i) else { return };
                         // Inputs, the output, and about two temporaries per input, in f32.
-                        let cost = unit.len as u64 * 4 * (2 * n_inputs + 2);
+                        let cost = unit.len.min(held) as u64 * 4 * (2 * n_inputs + 2);
                         budget.acquire(cost);
                         let r = work(unit);
                         budget.release(cost);

@@ -10,17 +10,23 @@
 //! (`bernoulli_mask`), the plugin makes m_t ⊙ τ_t and combines (weighted sum, or sign election and
 //! disjoint sum or mean) block by block in cache, with the same f32 operations in the same order
 //! as the chain of host operations it replaced, so the merged bits did not change. The l1 rescale
-//! needs ‖τ_t‖₁ / ‖m_t ⊙ τ_t‖₁ over the whole tensor before any element can be combined, so with
-//! it the host calls the method on whole tensors; the two norms are the f64 sums of the host's
-//! `reduce` in element order (sequential sums, whose last bits depend on that order: summing
-//! chunks apart and adding the partials would change them), taken for all experts side by side
-//! in one sweep with the masks drawn a block at a time, so no tensor-sized mask or temporary
-//! lives besides one copy of each input.
+//! needs ‖τ_t‖₁ / ‖m_t ⊙ τ_t‖₁ over the whole tensor before any element can be combined: a
+//! statistics pass takes the two norms, and the merge pass is then elementwise like the others.
+//! The norms are the f64 sums of the host's `reduce` in element order (sequential sums, whose
+//! last bits depend on that order: summing chunks apart and adding the partials would change
+//! them), so the pass asks for ordered chunks (`CAP_ORDERED_STATISTICS`, ABI 1.4): the host hands
+//! each tensor's chunks over in index order and the running sums carry from one chunk to the
+//! next, for all experts side by side, with the masks drawn a block at a time. No statistics or
+//! merge call holds more than a chunk.
 
-use mergescope_plugin_api::abi::{CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
-use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
+use mergescope_plugin_api::abi::{
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_ORDERED_STATISTICS, CAP_THREAD_SAFE,
 };
+use mergescope_plugin_api::{
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
+};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
 
 const HELP: &str = "DARE, Drop And REscale (Yu et al., 2024). With task vectors τ_t = θ_t − θ0 (a base \
 model is required), each expert's task vector is sparsified at random, rescaled and weighted:\n\
@@ -102,6 +108,21 @@ pub struct Dare {
     combine: Combine,
     lambda: f64,
     seed: u64,
+    /// The l1 statistics pass's running sums, by tensor (while its chunks come in) and the
+    /// rescale factors of the tensors it has finished.
+    l1: Mutex<L1Pass>,
+    /// After the l1 statistics pass: per tensor, r_t of every expert (1 where nothing is drawn).
+    l1_factors: Option<HashMap<String, Vec<f64>>>,
+}
+
+/// The l1 statistics pass in progress.
+#[derive(Default)]
+struct L1Pass {
+    /// Tensors whose chunks have not all come: elements summed so far, and per expert ‖τ_t‖₁
+    /// and ‖m_t ⊙ τ_t‖₁ of those elements.
+    running: HashMap<String, (u64, Vec<f64>, Vec<f64>)>,
+    /// Tensors done: r_t per expert.
+    done: HashMap<String, Vec<f64>>,
 }
 
 /// The seed rule of the masks, shared with the other plugins through the SDK (re-exported so
@@ -172,18 +193,51 @@ impl MergeMethod for Dare {
             combine,
             lambda,
             seed: ctx.seed,
+            l1: Mutex::new(L1Pass::default()),
+            l1_factors: None,
         })
     }
 
     fn capabilities(&self) -> Option<u64> {
-        // The L1 rescale needs whole-tensor norms; everything else is elementwise (the masks are
-        // drawn per element of the full tensor, whatever the chunking).
-        let elementwise = if self.rescale == Rescale::L1 {
-            0
+        // Every element merges on its own (the masks are drawn per element of the full tensor,
+        // whatever the chunking); the l1 rescale's whole-tensor norms come from a statistics
+        // pass that sees each tensor's chunks in order.
+        let statistics = if self.rescale == Rescale::L1 {
+            CAP_CHUNKED_STATISTICS | CAP_ORDERED_STATISTICS
         } else {
-            CAP_ELEMENTWISE
+            0
         };
-        Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | elementwise)
+        Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE | statistics)
+    }
+
+    fn prepare_passes(&self) -> u32 {
+        u32::from(self.rescale == Rescale::L1)
+    }
+
+    fn prepare_tensor(&mut self, host: &Host<'_>, pass: u32, input: &TensorInput<'_>) -> Result<()> {
+        let (tensor, experts) = (&input.meta, input.experts);
+        let base = input.require_base("dare")?;
+        if pass != 0 || self.rescale != Rescale::L1 {
+            return Err(Error::Message(format!(
+                "dare: the host asked for statistics pass {pass}, but dare has {}",
+                self.prepare_passes()
+            )));
+        }
+        self.l1_chunk(host, tensor, base, experts)
+    }
+
+    fn finish_pass(&mut self, _host: &Host<'_>, _pass: u32) -> Result<()> {
+        let mut l1 = self.lock_l1()?;
+        if let Some(name) = l1.running.keys().next() {
+            return Err(Error::Message(format!(
+                "tensor '{name}': the l1 pass of dare ended before every chunk of it was summed; the host skipped \
+                 part of the tensor (internal error)"
+            )));
+        }
+        let done = std::mem::take(&mut l1.done);
+        drop(l1);
+        self.l1_factors = Some(done);
+        Ok(())
     }
 
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
@@ -221,114 +275,61 @@ impl MergeMethod for Dare {
         // The base stays as the shape of the masks of a tensor that takes one mask block.
         let shape = host.shape(base)?;
         let b = host.read_f32(base)?;
-        let n = b.len();
-        let mut like = None;
-        if n <= MASK_BLOCK {
-            like = Some((n, base));
-        } else {
-            host.release(base)?;
-        }
-        let l1 = self.rescale == Rescale::L1;
+        host.release(base)?;
+        // With l1: r_t of every expert, from the statistics pass.
+        let l1 = match self.rescale {
+            Rescale::L1 => Some(
+                self.l1_factors
+                    .as_ref()
+                    .and_then(|f| f.get(tensor.name))
+                    .ok_or_else(|| {
+                        Error::Message(format!(
+                            "tensor '{}': dare with rescale=l1 needs the host's statistics pass, which did not see \
+                             this tensor; use a host of ABI 1.4 or newer",
+                            tensor.name
+                        ))
+                    })?,
+            ),
+            _ => None,
+        };
         let mut deltas = Vec::with_capacity(active.len());
-        // Per expert: its 0/1 mask when the combine step applies it (not l1), and whether
-        // `deltas` holds θ_t (the combine step makes m ⊙ (θ_t − θ0) block by block) or already
-        // the sparsified task vector (l1).
+        // Per expert: θ_t, its 0/1 mask (`None`: nothing dropped) and (r_t, w_t); the combine
+        // step makes m ⊙ (θ_t − θ0) block by block.
         let mut masks = Vec::with_capacity(active.len());
-        let mut raw = Vec::with_capacity(active.len());
         let mut factors = Vec::with_capacity(active.len());
-        // The experts whose l1 norms are still to be taken: (index into `deltas`, seed, keep).
-        let mut pending = Vec::new();
         for &(t, e, p, w) in &active {
             host.check_cancelled()?;
             let values = host.read_f32(e)?;
-            let seed = expert_seed(self.seed, tensor.name, t);
             let keep = 1.0 - p;
             if p <= 0.0 {
                 // Nothing is dropped: m ⊙ τ = τ, and the l1 rescale is ‖τ‖₁/‖τ‖₁ = 1.
                 host.release(e)?;
                 masks.push(None);
-                raw.push(true);
-                factors.push((1.0, w));
-            } else if l1 {
-                host.release(e)?;
-                pending.push((deltas.len(), seed, keep));
-                masks.push(None);
-                raw.push(false);
                 factors.push((1.0, w));
             } else {
                 // One mask for the whole chunk, drawn for the chunk's elements of the full tensor.
-                let mask = host.bernoulli_mask(e, keep, seed, tensor.offset)?;
+                let mask = host.bernoulli_mask(e, keep, expert_seed(self.seed, tensor.name, t), tensor.offset)?;
                 host.release(e)?;
                 masks.push(Some(host.read_f32(mask)?));
                 host.release(mask)?;
-                raw.push(true);
-                factors.push((
-                    if self.rescale == Rescale::Inverse {
-                        1.0 / keep
-                    } else {
-                        1.0
-                    },
-                    w,
-                ));
+                let r = match (self.rescale, l1) {
+                    (Rescale::Inverse, _) => 1.0 / keep,
+                    (Rescale::L1, Some(r)) => r.get(t).copied().unwrap_or(1.0),
+                    _ => 1.0,
+                };
+                factors.push((r, w));
             }
             deltas.push(values);
-        }
-        if !pending.is_empty() {
-            // l1: ‖τ‖₁ and ‖m ⊙ τ‖₁ of each expert over the whole tensor, in element order (the
-            // host's reduction), the experts' sums side by side, with the masks drawn block by
-            // block so that no tensor-sized mask lives.
-            let mut full = vec![0f64; pending.len()];
-            let mut kept = vec![0f64; pending.len()];
-            let mut from = 0;
-            while from < n {
-                host.check_cancelled()?;
-                let len = MASK_BLOCK.min(n - from);
-                let like_handle = match like {
-                    Some((l, h)) if l == len => h,
-                    _ => {
-                        if let Some((_, h)) = like.take() {
-                            host.release(h)?;
-                        }
-                        let h = host.from_f32(&vec![0f32; len], &[len])?;
-                        like = Some((len, h));
-                        h
-                    }
-                };
-                let mut masks = Vec::with_capacity(pending.len());
-                for (_, seed, keep) in &pending {
-                    let mask = host.bernoulli_mask(like_handle, *keep, *seed, tensor.offset + from as u64)?;
-                    masks.push(host.read_f32(mask)?);
-                    host.release(mask)?;
-                }
-                let mut blocks: Vec<&mut [f32]> = deltas
-                    .iter_mut()
-                    .enumerate()
-                    .filter(|(d, _)| pending.iter().any(|(p, _, _)| p == d))
-                    .map(|(_, v)| &mut v[from..from + len])
-                    .collect();
-                let ms: Vec<&[f32]> = masks.iter().map(Vec::as_slice).collect();
-                fused::l1_sparsify(&mut blocks, &b[from..from + len], &ms, &mut full, &mut kept);
-                from += len;
-            }
-            for ((d, _, _), (full, kept)) in pending.iter().zip(full.iter().zip(&kept)) {
-                let r = if *full < 1e-7 || *kept < 1e-7 { 1.0 } else { full / kept };
-                if let Some(f) = factors.get_mut(*d) {
-                    f.0 = r;
-                }
-            }
-        }
-        if let Some((_, h)) = like {
-            host.release(h)?;
         }
         let (terms_factors, how) = self.combine_plan(&factors);
         let terms: Vec<fused::Term<'_>> = deltas
             .iter()
             .zip(terms_factors)
-            .zip(masks.iter().zip(raw))
-            .map(|((values, factor), (mask, raw))| fused::Term {
+            .zip(&masks)
+            .map(|((values, factor), mask)| fused::Term {
                 values,
                 mask: mask.as_deref(),
-                raw,
+                raw: true,
                 factor,
             })
             .collect();
@@ -340,6 +341,92 @@ impl MergeMethod for Dare {
 }
 
 impl Dare {
+    fn lock_l1(&self) -> Result<MutexGuard<'_, L1Pass>> {
+        self.l1
+            .lock()
+            .map_err(|_| Error::Message("dare: the l1 pass's state was poisoned by an earlier failure".into()))
+    }
+
+    /// The l1 statistics pass over one chunk (chunks of a tensor come in index order, one at a
+    /// time): adds ‖τ_t‖₁ and ‖m_t ⊙ τ_t‖₁ of its elements to the tensor's running f64 sums of
+    /// every expert that draws a mask, in element order, with the masks drawn `MASK_BLOCK`
+    /// elements at a time; after the tensor's last chunk, r_t = ‖τ_t‖₁ / ‖m_t ⊙ τ_t‖₁ (1 when
+    /// either is below 1e-7, or when the expert draws no mask).
+    fn l1_chunk(&self, host: &Host<'_>, tensor: &TensorMeta<'_>, base: Tensor, experts: &[Tensor]) -> Result<()> {
+        let b = host.read_f32(base)?;
+        let n = b.len();
+        // The experts that draw a mask: (t, seed, keep, θ_t).
+        let mut pending = Vec::new();
+        for (t, (e, (p, w))) in experts.iter().zip(self.drop_rate.iter().zip(&self.weights)).enumerate() {
+            if *p > 0.0 && *p < 1.0 && *w != 0.0 {
+                host.check_cancelled()?;
+                pending.push((t, expert_seed(self.seed, tensor.name, t), 1.0 - p, host.read_f32(*e)?));
+            }
+            host.release(*e)?;
+        }
+        let (seen, mut full, mut kept) = self
+            .lock_l1()?
+            .running
+            .remove(tensor.name)
+            .unwrap_or_else(|| (0, vec![0.0; pending.len()], vec![0.0; pending.len()]));
+        if seen != tensor.offset || full.len() != pending.len() {
+            return Err(Error::Message(format!(
+                "tensor '{}': dare's l1 pass got the chunk at element {} after {seen} elements; it needs the chunks \
+                 in order (CAP_ORDERED_STATISTICS: use a host of ABI 1.4 or newer)",
+                tensor.name, tensor.offset
+            )));
+        }
+        let mut like: Option<(usize, Tensor)> = None;
+        let mut from = 0;
+        while from < n {
+            host.check_cancelled()?;
+            let len = MASK_BLOCK.min(n - from);
+            let like_handle = match like {
+                Some((l, h)) if l == len => h,
+                _ => {
+                    if let Some((_, h)) = like.take() {
+                        host.release(h)?;
+                    }
+                    let h = if len == n {
+                        base
+                    } else {
+                        host.from_f32(&vec![0f32; len], &[len])?
+                    };
+                    like = Some((len, h));
+                    h
+                }
+            };
+            let mut masks = Vec::with_capacity(pending.len());
+            for (_, seed, keep, _) in &pending {
+                let mask = host.bernoulli_mask(like_handle, *keep, *seed, tensor.offset + from as u64)?;
+                masks.push(host.read_f32(mask)?);
+                host.release(mask)?;
+            }
+            let mut blocks: Vec<&mut [f32]> = pending.iter_mut().map(|(.., v)| &mut v[from..from + len]).collect();
+            let ms: Vec<&[f32]> = masks.iter().map(Vec::as_slice).collect();
+            fused::l1_sparsify(&mut blocks, &b[from..from + len], &ms, &mut full, &mut kept);
+            from += len;
+        }
+        if let Some((_, h)) = like.filter(|(_, h)| *h != base) {
+            host.release(h)?;
+        }
+        host.release(base)?;
+        let seen = seen + n as u64;
+        let mut l1 = self.lock_l1()?;
+        if seen < tensor.full_numel {
+            l1.running.insert(tensor.name.to_owned(), (seen, full, kept));
+            return Ok(());
+        }
+        let mut factors = vec![1.0; experts.len()];
+        for ((t, ..), (full, kept)) in pending.iter().zip(full.iter().zip(&kept)) {
+            if let Some(r) = factors.get_mut(*t) {
+                *r = if *full < 1e-7 || *kept < 1e-7 { 1.0 } else { full / kept };
+            }
+        }
+        l1.done.insert(tensor.name.to_owned(), factors);
+        Ok(())
+    }
+
     /// Per term (r_t, w_t in the order of the active experts) the f32 factor of the fused
     /// combine step, and the combine step itself, with the coefficients the host operations
     /// used: combine = sum multiplies d_t by λ·(w_t·r_t) (÷ Σ w), ties scales d_t by w_t·r_t

@@ -15,16 +15,21 @@
 //! call counting its chunk into a histogram set of its own (no lock held while counting), and
 //! the sums come out the same whatever the split or the order.
 //!
-//! With `trim_scope = tensor` one statistics pass finds each tensor's per-expert thresholds (the
-//! same two-digit radix selection on one tensor, or a direct selection for small tensors) and,
-//! with `zero_sign = reference`, the tensor's majority sign, and keeps them by tensor name.
+//! With `trim_scope = tensor` the same passes run per tensor, and also accept chunks, so no
+//! statistics pass holds a whole tensor (a 128k × 4096 embedding is 2 GB per input in f32): a
+//! tensor the host hands over whole gets its per-expert thresholds (and, with `zero_sign =
+//! reference`, its majority sign) at once in pass 0, by the same radix selection or by a direct
+//! selection for small tensors; a tensor that comes in chunks is counted chunk by chunk into
+//! histogram sets of its own (pass 0: top digits, pass 1: low digits, pass 2: sign votes), which
+//! are summed when its last element has been counted. Both ways give the exact k-th largest |τ|,
+//! so the thresholds, and the merged bits, do not depend on the chunking. The results are kept
+//! by tensor name.
 //!
 //! The statistics loops run over copies of the inputs (`read_f32`, the host tensors released at
-//! once). With `trim_scope = tensor` (whole tensors) they are split over the host's worker threads
-//! for large tensors (`Host::map_ranges`, the host's parallel extension: no thread pool of its own);
-//! those jobs never call the host. With `trim_scope = global` the host's
-//! workers already run the chunks in parallel, so each call counts on its own thread. The loops
-//! refuse NaN task-vector entries, which no threshold can rank.
+//! once). A whole tensor's loops are split over the host's worker threads when it is large
+//! (`Host::map_ranges`, the host's parallel extension: no thread pool of its own); those jobs never
+//! call the host. Chunks already run in parallel on the host's workers, so each call counts on its
+//! own thread. The loops refuse NaN task-vector entries, which no threshold can rank.
 //!
 //! Per chunk the merge is one fused sweep over copies of the chunk's inputs (`fused`): τ_t =
 //! θ_t − θ0, the trim, the weight w_t (skipped for w_t = 1), the elected sign, the zero-sign rule,
@@ -194,6 +199,21 @@ struct Stats {
     sign_sum: i64,
     /// Per-tensor statistics by tensor name (tensor scope).
     per_tensor: HashMap<String, TensorStats>,
+    /// Tensor scope: the tensors that come in chunks and are not complete in the current pass.
+    partial: HashMap<String, Partial>,
+}
+
+/// Tensor scope: what the chunks of one tensor have counted so far in the current pass.
+#[derive(Default)]
+struct Partial {
+    /// Elements counted in this pass (the tensor is complete at its `full_numel`).
+    seen: u64,
+    /// Idle histogram sets, taken by a chunk while it counts (as the global passes' spares).
+    spare: Vec<Histograms>,
+    /// Per expert, after pass 0: (top 16 bits of the threshold, its rank inside that bin).
+    target: Vec<Option<(u32, u64)>>,
+    /// Σ_j s_j over the tensor (pass 2).
+    sign_sum: i64,
 }
 
 /// The TIES method.
@@ -384,6 +404,19 @@ fn find_bin(hist: &[u64], k: u64) -> Option<(usize, u64)> {
         above += here;
     }
     None
+}
+
+/// The sum of histogram sets (integer counts, so the order does not matter); zeros when there
+/// are none.
+fn sum_sets(sets: Vec<Histograms>, n_experts: usize) -> Histograms {
+    let mut sets = sets.into_iter();
+    let mut sum = sets.next().unwrap_or_else(|| vec![vec![0u64; BINS]; n_experts]);
+    for set in sets {
+        for (acc, hist) in sum.iter_mut().zip(&set) {
+            acc.iter_mut().zip(hist).for_each(|(a, c)| *a += c);
+        }
+    }
+    sum
 }
 
 /// The error for a per-task list shorter than the experts (the host checks the length, so this
@@ -631,37 +664,91 @@ impl Ties {
             (stats.spare.pop(), targets)
         };
         let mut hists = spare.unwrap_or_else(|| vec![vec![0u64; BINS]; self.n_experts]);
-        for (t, (e, hist)) in experts.iter().zip(&mut hists).enumerate() {
+        Self::count_experts(host, tensor, b, experts, pass, &targets, &mut hists)?;
+        self.lock_stats()?.spare.push(hists);
+        Ok(())
+    }
+
+    /// Adds one digit of |τ| of every expert of a tensor or chunk to `hists`: the top digits in
+    /// pass 0, later the low digits inside each expert's target bin (an expert without one keeps
+    /// nothing and is skipped).
+    fn count_experts(
+        host: &Host<'_>,
+        tensor: &TensorMeta<'_>,
+        b: &[f32],
+        experts: &[Tensor],
+        pass: u32,
+        targets: &[Option<(u32, u64)>],
+        hists: &mut Histograms,
+    ) -> Result<()> {
+        for (t, (e, hist)) in experts.iter().zip(hists).enumerate() {
             host.check_cancelled()?;
-            let digit = if pass == 0 {
-                Digit::High
-            } else {
-                match targets.get(t).copied().flatten() {
-                    Some((hi, _)) => Digit::Low(hi),
-                    None => {
-                        // This expert keeps nothing: no second digit to count.
-                        host.release(*e)?;
-                        continue;
-                    }
+            let digit = match (pass, targets.get(t).copied().flatten()) {
+                (0, _) => Digit::High,
+                (_, Some((hi, _))) => Digit::Low(hi),
+                (_, None) => {
+                    host.release(*e)?;
+                    continue;
                 }
             };
             let values = Self::read_expert(host, *e)?;
             count_digit(as_bins(hist)?, &values, b, digit)
                 .map_err(|j| nan_error(tensor, t, Some(tensor.offset + j as u64)))?;
         }
-        self.lock_stats()?.spare.push(hists);
         Ok(())
     }
 
-    /// Global pass 2: Σ_j s_j over one tensor or chunk with the global thresholds.
-    fn global_sign_votes(
+    /// Per expert, from the top-digit histograms of `n` entries: the bin of its threshold and
+    /// its rank inside the bin (`None`: its density keeps nothing).
+    fn targets_from(&self, hists: &Histograms, n: u64) -> Result<Vec<Option<(u32, u64)>>> {
+        hists
+            .iter()
+            .enumerate()
+            .map(|(t, hist)| {
+                // Each expert's own density fixes its own k.
+                let k = kept_count(n, self.density_of(t)?, self.count_rule);
+                if k == 0 {
+                    return Ok(None);
+                }
+                let (bin, rank) = find_bin(hist, k).ok_or_else(|| {
+                    Error::Message(format!(
+                        "ties: the statistics pass counted fewer than {k} task-vector entries (internal error)"
+                    ))
+                })?;
+                Ok(Some((bin as u32, rank)))
+            })
+            .collect()
+    }
+
+    /// Per expert, its threshold from the low-digit histograms inside its target bin.
+    fn thresholds_from(hists: &Histograms, targets: &[Option<(u32, u64)>]) -> Result<Vec<Option<f64>>> {
+        hists
+            .iter()
+            .zip(targets)
+            .map(|(hist, target)| match target {
+                None => Ok(None),
+                Some((hi, rank)) => {
+                    let (lo, _) = find_bin(hist, *rank).ok_or_else(|| {
+                        Error::Message(
+                            "ties: the two statistics passes saw different task vectors; the inputs changed during \
+                             the merge"
+                                .to_string(),
+                        )
+                    })?;
+                    Ok(Some(f64::from(f32::from_bits((hi << 16) | lo as u32))))
+                }
+            })
+            .collect()
+    }
+
+    /// Σ_j s_j over one tensor or chunk with the given per-expert thresholds (pass 2).
+    fn chunk_sign_votes(
         &self,
         host: &Host<'_>,
-        tensor: &TensorMeta<'_>,
         b: &[f32],
         experts: &[Tensor],
+        thresholds: &[Option<f64>],
     ) -> Result<i64> {
-        let thresholds = self.global_thresholds(tensor)?;
         let mut kept = Vec::new();
         for (t, (e, thr)) in experts.iter().zip(thresholds).enumerate() {
             host.check_cancelled()?;
@@ -674,17 +761,87 @@ impl Ties {
         Ok(sign_votes_in(b, &votes, self.election == Election::Count, 0..b.len()))
     }
 
-    /// The histograms of the pass just finished: the sum of every spare set (integer counts, so
-    /// the order does not matter), which leaves no spare behind.
-    fn summed_histograms(&self, stats: &mut Stats) -> Histograms {
-        let mut sets = std::mem::take(&mut stats.spare).into_iter();
-        let mut sum = sets.next().unwrap_or_else(|| vec![vec![0u64; BINS]; self.n_experts]);
-        for set in sets {
-            for (acc, hist) in sum.iter_mut().zip(&set) {
-                acc.iter_mut().zip(hist).for_each(|(a, c)| *a += c);
+    /// Tensor scope, one chunk of a tensor that comes in chunks: pass 0 counts the top digits of
+    /// |τ| per expert, pass 1 the low digits inside each expert's threshold bin, pass 2 the sign
+    /// votes; the call that counts the tensor's last element turns the sums into the tensor's
+    /// thresholds (pass 1) or majority sign (pass 2).
+    fn tensor_chunk_pass(
+        &self,
+        host: &Host<'_>,
+        pass: u32,
+        tensor: &TensorMeta<'_>,
+        b: &[f32],
+        experts: &[Tensor],
+    ) -> Result<()> {
+        let internal = |what: &str| {
+            Error::Message(format!(
+                "tensor '{}': ties {what} in statistics pass {pass} (internal error)",
+                tensor.name
+            ))
+        };
+        if pass == 2 {
+            let thresholds = self
+                .lock_stats()?
+                .per_tensor
+                .get(tensor.name)
+                .map(|s| s.thresholds.clone())
+                .ok_or_else(|| internal("found no thresholds"))?;
+            let sum = self.chunk_sign_votes(host, b, experts, &thresholds)?;
+            let mut stats = self.lock_stats()?;
+            let part = stats.partial.entry(tensor.name.to_owned()).or_default();
+            part.sign_sum += sum;
+            part.seen += b.len() as u64;
+            if part.seen == tensor.full_numel {
+                let votes = part.sign_sum;
+                stats.partial.remove(tensor.name);
+                let entry = stats
+                    .per_tensor
+                    .get_mut(tensor.name)
+                    .ok_or_else(|| internal("lost the thresholds"))?;
+                entry.majority = majority_of(votes);
             }
+            return Ok(());
         }
-        sum
+        let (spare, targets) = {
+            let mut stats = self.lock_stats()?;
+            let part = stats.partial.entry(tensor.name.to_owned()).or_default();
+            if pass == 1 && part.target.len() != self.n_experts {
+                return Err(internal("ran its passes out of order"));
+            }
+            (part.spare.pop(), part.target.clone())
+        };
+        let mut hists = spare.unwrap_or_else(|| vec![vec![0u64; BINS]; self.n_experts]);
+        Self::count_experts(host, tensor, b, experts, pass, &targets, &mut hists)?;
+        let mut stats = self.lock_stats()?;
+        let part = stats.partial.entry(tensor.name.to_owned()).or_default();
+        part.spare.push(hists);
+        part.seen += b.len() as u64;
+        if part.seen < tensor.full_numel {
+            return Ok(());
+        }
+        // The tensor is complete in this pass: its sets summed (integer counts, any order).
+        let sum = sum_sets(std::mem::take(&mut part.spare), self.n_experts);
+        part.seen = 0;
+        if pass == 0 {
+            // Only the targets wait for pass 1 (no histograms: every chunked tensor waits).
+            part.target = self.targets_from(&sum, tensor.full_numel)?;
+            return Ok(());
+        }
+        let thresholds = Self::thresholds_from(&sum, &part.target)?;
+        if self.zero_sign == ZeroSign::Reference {
+            // Pass 2 counts the sign votes with these thresholds.
+            part.target.clear();
+        } else {
+            stats.partial.remove(tensor.name);
+        }
+        stats.per_tensor.insert(
+            tensor.name.to_owned(),
+            TensorStats {
+                thresholds,
+                majority: 0.0,
+            },
+        );
+        Ok(())
     }
 }
 
@@ -778,21 +935,16 @@ impl MergeMethod for Ties {
 
     fn capabilities(&self) -> Option<u64> {
         // Everything that spans more than one element (thresholds, majority signs) is fixed by
-        // the statistics passes, so every element merges independently. The global statistics
-        // are integer sums over elements, so they accept chunks too; the per-tensor ones need
-        // each tensor whole (its own k-th largest |τ|).
-        let caps = CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE;
-        Some(match self.scope {
-            Scope::Global => caps | CAP_CHUNKED_STATISTICS,
-            Scope::Tensor => caps,
-        })
+        // the statistics passes, so every element merges independently. The statistics, global
+        // or per tensor, are integer sums over elements, so they accept chunks too.
+        Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE | CAP_CHUNKED_STATISTICS)
     }
 
     fn prepare_passes(&self) -> u32 {
-        match (self.scope, self.zero_sign) {
-            (Scope::Tensor, _) => 1,
-            (Scope::Global, ZeroSign::Reference) => 3,
-            (Scope::Global, _) => 2,
+        // Whole tensors need only pass 0; the later passes serve tensors that come in chunks.
+        match self.zero_sign {
+            ZeroSign::Reference => 3,
+            _ => 2,
         }
     }
 
@@ -806,18 +958,24 @@ impl MergeMethod for Ties {
                 self.prepare_passes()
             )));
         }
+        let whole = tensor.offset == 0 && host.numel(base)? as u64 == tensor.full_numel;
+        if self.scope == Scope::Tensor && whole && pass > 0 {
+            // A whole tensor got all its statistics in pass 0.
+            return Ok(());
+        }
         // The statistics loops run over plain copies of the tensor or chunk; the host tensors
         // are released as soon as they are copied.
         let b = host.read_f32(base)?;
         host.release(base)?;
         match (self.scope, pass) {
-            (Scope::Tensor, _) => {
+            (Scope::Tensor, _) if whole => {
                 let stats = self.tensor_statistics(host, tensor, &b, experts)?;
                 self.lock_stats()?.per_tensor.insert(tensor.name.to_owned(), stats);
             }
+            (Scope::Tensor, _) => self.tensor_chunk_pass(host, pass, tensor, &b, experts)?,
             (Scope::Global, 0 | 1) => self.count_pass(host, pass, tensor, &b, experts)?,
             (Scope::Global, _) => {
-                let sum = self.global_sign_votes(host, tensor, &b, experts)?;
+                let sum = self.chunk_sign_votes(host, &b, experts, self.global_thresholds(tensor)?)?;
                 self.lock_stats()?.sign_sum += sum;
             }
         }
@@ -826,56 +984,34 @@ impl MergeMethod for Ties {
 
     fn finish_pass(&mut self, _host: &Host<'_>, pass: u32) -> Result<()> {
         match (self.scope, pass) {
-            (Scope::Tensor, 0) => {
-                let per_tensor = std::mem::take(&mut self.lock_stats()?.per_tensor);
-                self.per_tensor = Some(per_tensor);
+            (Scope::Tensor, _) => {
+                let mut stats = self.lock_stats()?;
+                if let Some(name) = stats.partial.iter().find_map(|(name, p)| (p.seen != 0).then_some(name)) {
+                    return Err(Error::Message(format!(
+                        "tensor '{name}': ties statistics pass {pass} ended before every chunk of it was counted; \
+                         the host skipped part of the tensor (internal error)"
+                    )));
+                }
+                let per_tensor = (pass + 1 == self.prepare_passes()).then(|| std::mem::take(&mut stats.per_tensor));
+                drop(stats);
+                if per_tensor.is_some() {
+                    self.per_tensor = per_tensor;
+                }
                 Ok(())
             }
             (Scope::Global, 0) => {
                 let mut stats = self.lock_stats()?;
-                let mut hists = self.summed_histograms(&mut stats);
-                let mut targets = Vec::with_capacity(self.n_experts);
-                for (t, hist) in hists.iter().enumerate() {
-                    // Each expert's own density fixes its own k over the whole model.
-                    let k = kept_count(stats.total, self.density_of(t)?, self.count_rule);
-                    if k == 0 {
-                        targets.push(None);
-                        continue;
-                    }
-                    let (bin, rank) = find_bin(hist, k).ok_or_else(|| {
-                        Error::Message(format!(
-                            "ties: the statistics pass counted fewer than {k} task-vector entries (internal error)"
-                        ))
-                    })?;
-                    targets.push(Some((bin as u32, rank)));
-                }
-                stats.target = targets;
+                let mut hists = sum_sets(std::mem::take(&mut stats.spare), self.n_experts);
+                stats.target = self.targets_from(&hists, stats.total)?;
                 // The set is reused, zeroed, by pass 1.
-                for hist in &mut hists {
-                    hist.iter_mut().for_each(|c| *c = 0);
-                }
+                hists.iter_mut().for_each(|hist| hist.iter_mut().for_each(|c| *c = 0));
                 stats.spare.push(hists);
                 Ok(())
             }
             (Scope::Global, 1) => {
                 let mut stats = self.lock_stats()?;
-                let hists = self.summed_histograms(&mut stats);
-                let mut thresholds = Vec::with_capacity(self.n_experts);
-                for (hist, target) in hists.iter().zip(&stats.target) {
-                    match target {
-                        None => thresholds.push(None),
-                        Some((hi, rank)) => {
-                            let (lo, _) = find_bin(hist, *rank).ok_or_else(|| {
-                                Error::Message(
-                                    "ties: the two statistics passes saw different task vectors; the inputs changed \
-                                     during the merge"
-                                        .to_string(),
-                                )
-                            })?;
-                            thresholds.push(Some(f64::from(f32::from_bits((hi << 16) | lo as u32))));
-                        }
-                    }
-                }
+                let hists = sum_sets(std::mem::take(&mut stats.spare), self.n_experts);
+                let thresholds = Self::thresholds_from(&hists, &stats.target)?;
                 drop(stats);
                 self.thresholds = Some(thresholds);
                 Ok(())

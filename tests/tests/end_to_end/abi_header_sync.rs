@@ -432,6 +432,7 @@ fn rust_facts() -> BTreeMap<String, Value> {
         CAP_NEEDS_BASE,
         CAP_CHUNKED_STATISTICS,
         CAP_ONE_EXPERT,
+        CAP_ORDERED_STATISTICS,
         ROLE_MATRIX,
         ROLE_VECTOR,
         ROLE_NORM,

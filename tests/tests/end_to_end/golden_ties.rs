@@ -593,13 +593,14 @@ fn global_scope_chunked_equals_unchunked() {
     }
 }
 
-/// The global statistics passes accept chunks (`CAP_CHUNKED_STATISTICS`): the host streams the
-/// histogram and sign-vote passes in chunks of 1, 3 and 7 elements on two worker threads, so
-/// every tensor of the model (63, 13, 20 and 6 elements) is split into several pieces that arrive
-/// in any order, and the model must be bit for bit the one from whole tensors, for every
-/// zero-sign rule (reference uses the model-wide sign votes of pass 2) and both elections.
+/// The statistics passes accept chunks (`CAP_CHUNKED_STATISTICS`), global and per tensor: the
+/// host streams the histogram and sign-vote passes in chunks of 1, 3 and 7 elements on two worker
+/// threads, so every tensor of the model (63, 13, 20 and 6 elements) is split into several pieces
+/// that arrive in any order, and the model must be bit for bit the one from whole tensors, for
+/// both scopes, every zero-sign rule (reference uses the sign votes of pass 2, over the model or
+/// per tensor) and both elections.
 #[test]
-fn global_statistics_in_parallel_chunks_equal_whole() {
+fn statistics_in_parallel_chunks_equal_whole() {
     let whole_opts = ExecOptions {
         chunk_elems: usize::MAX,
         threads: 1,
@@ -607,7 +608,10 @@ fn global_statistics_in_parallel_chunks_equal_whole() {
     };
     for (seed, n_experts) in [(21u64, 3usize), (22, 2)] {
         let (base, experts) = random_inputs(seed, n_experts);
-        for zero_sign in ["none", "reference", "positive"] {
+        for (scope, zero_sign) in ["global", "tensor"]
+            .into_iter()
+            .flat_map(|scope| ["none", "reference", "positive"].map(|z| (scope, z)))
+        {
             for (election, aggregation, count_rule, density) in [
                 ("mass", "dis-mean", "exact", 0.3),
                 ("count", "dis-max", "reference", 0.12),
@@ -617,7 +621,7 @@ fn global_statistics_in_parallel_chunks_equal_whole() {
                     density,
                     lambda: 0.8,
                     aggregation,
-                    scope: "global",
+                    scope,
                     count_rule,
                     election,
                     zero_sign,
@@ -657,8 +661,9 @@ fn global_statistics_in_parallel_chunks_equal_whole() {
     }
 }
 
-/// Global scope asks for chunked statistics; tensor scope, whose per-tensor thresholds need each
-/// tensor whole, does not. Both stay elementwise, thread-safe and base-needing.
+/// Both scopes ask for chunked statistics (tensor scope counts the chunks of a tensor into
+/// histograms of its own), with a sign-vote pass more for zero_sign = reference. Both stay
+/// elementwise, thread-safe and base-needing.
 #[test]
 fn chunked_statistics_capability_by_scope() {
     let p = plugin();
@@ -673,7 +678,8 @@ fn chunked_statistics_capability_by_scope() {
     for (scope, zero_sign, chunked, passes) in [
         ("global", "none", true, 2),
         ("global", "reference", true, 3),
-        ("tensor", "reference", false, 1),
+        ("tensor", "none", true, 2),
+        ("tensor", "reference", true, 3),
     ] {
         let user = json!({"trim_scope": scope, "zero_sign": zero_sign});
         let resolved = resolve_params(p.id(), p.schema(), user.as_object().unwrap(), 2).unwrap();
