@@ -158,3 +158,81 @@ fn a_reduced_text_benchmark_builds_and_its_suite_evaluates_and_merges() {
     assert!(clock.elapsed().as_secs_f64() < 30.0);
     eprintln!("reduced text benchmark: build {build_s:.1} s, eval of one model {eval_s:.1} s");
 }
+
+#[test]
+fn a_reduced_lora_text_benchmark_writes_merged_experts_and_their_adapters() {
+    let env = Env::new();
+    for (flags, want) in [
+        (&["--lora-rank", "0"][..], "--lora-rank 0"),
+        (&["--lora-alpha", "4"][..], "add --lora-rank"),
+        (&["--lora-rank", "4", "--lora-alpha", "0"][..], "--lora-alpha 0"),
+        (&["--lora-rank", "4", "--lora-targets", "query"][..], "'query'"),
+    ] {
+        let mut args = vec!["demo", "build", "--benchmark", "text", "--backbone", "x"];
+        args.extend_from_slice(flags);
+        let e = env.fails(&args);
+        assert!(e.contains(want), "{flags:?}: {e}");
+    }
+    let e = env.fails(&["demo", "build", "--lora-rank", "4"]);
+    assert!(e.contains("--benchmark text"), "{e}");
+    let Some(model) = minilm() else { return };
+    let model = model.to_string_lossy().into_owned();
+    let dir = env.path("text-lora");
+    let out = dir.to_string_lossy().into_owned();
+    let build = [
+        "demo",
+        "build",
+        "--benchmark",
+        "text",
+        "--backbone",
+        &model,
+        "--out",
+        &out,
+        "--text-tasks",
+        "word_sentiment",
+        "--text-steps",
+        "4",
+        "--text-batch",
+        "8",
+        "--text-max-train",
+        "48",
+        "--text-max-eval",
+        "32",
+        "--lora-rank",
+        "4",
+        "-q",
+    ];
+    let printed = env.ok(&build);
+    assert!(
+        printed.contains("LoRA r=4 alpha=8") && printed.contains("word_sentiment"),
+        "{printed}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let lora = &manifest["recipe"]["fine_tuning"];
+    assert_eq!((lora["mode"].as_str(), lora["rank"].as_u64()), (Some("lora"), Some(4)));
+    assert_eq!(manifest["recipe"]["lr"].as_f64(), Some(1e-3));
+    let task = &manifest["tasks"][0];
+    for split in ["calibration", "test"] {
+        let a = task["expert_accuracy"][split].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&a), "{manifest}");
+    }
+    for f in [
+        "experts/word_sentiment/model.safetensors",
+        "adapters/word_sentiment/adapter_model.safetensors",
+        "adapters/word_sentiment/adapter_config.json",
+    ] {
+        assert!(dir.join(f).is_file(), "{f} is missing");
+    }
+    // The merged expert is what the suite evaluates, as the build measured it.
+    let suite = dir.join("suite.toml").to_string_lossy().into_owned();
+    let expert = dir.join("experts/word_sentiment").to_string_lossy().into_owned();
+    let j: serde_json::Value =
+        serde_json::from_str(&env.ok(&["eval", "--benchmark", &suite, "--checkpoint", &expert, "--json"])).unwrap();
+    let got = j["tasks"]["word_sentiment"]["accuracy"].as_f64().unwrap();
+    let want = task["expert_accuracy"]["test"].as_f64().unwrap();
+    assert!((got - want).abs() <= 1.0 / 32.0 + 1e-9, "suite {got}, build {want}");
+    // The same flags find the build; without --lora-rank it is another recipe.
+    let o = env.run(&build);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already built"));
+}

@@ -90,7 +90,9 @@ fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
         return text::run_text_build(args);
     }
     if args.backbone.is_some() || args.text.is_set() {
-        anyhow::bail!("--backbone and the --text-* options are for the text benchmark: add --benchmark text");
+        anyhow::bail!(
+            "--backbone and the --text-* and --lora-* options are for the text benchmark: add --benchmark text"
+        );
     }
     let archs = archs(&args.arch)?;
     if args.out.is_some() && archs.len() > 1 {

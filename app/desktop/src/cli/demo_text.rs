@@ -6,7 +6,8 @@ use anyhow::Context as _;
 use clap::Args;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_lab::demo::BuildProgress;
-use mergescope_lab::text_bench::{TextBenchmark, TextBuildPlan, TextBuildRequest, TextRecipe};
+use mergescope_lab::text_bench::lora::{LORA_TARGETS, TEXT_LORA_LR};
+use mergescope_lab::text_bench::{FineTuning, LoraRecipe, TextBenchmark, TextBuildPlan, TextBuildRequest, TextRecipe};
 
 /// Options of the text benchmark's recipe (defaults: `TextRecipe::default_for`).
 #[derive(Args, Debug, Default)]
@@ -36,6 +37,19 @@ pub struct TextArgs {
     /// Text benchmark: only these tasks (comma-separated).
     #[arg(long, value_name = "A,B", value_delimiter = ',')]
     pub text_tasks: Vec<String>,
+    /// Text benchmark: fine-tune the experts with LoRA of rank R (only the factors train; the
+    /// experts are written merged, with PEFT adapters in adapters/) instead of fully; the peak
+    /// learning rate is then 1e-3 unless --text-lr says otherwise.
+    #[arg(long, value_name = "R")]
+    pub lora_rank: Option<usize>,
+    /// Text benchmark, with --lora-rank: LoRA's alpha (updates scaled by alpha / R; default 2R).
+    #[arg(long, value_name = "ALPHA")]
+    pub lora_alpha: Option<f64>,
+    /// Text benchmark, with --lora-rank: the weights to adapt in each layer (comma-separated;
+    /// default: attention.self.query, attention.self.key, attention.self.value,
+    /// attention.output.dense, intermediate.dense, output.dense).
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    pub lora_targets: Vec<String>,
 }
 
 impl TextArgs {
@@ -49,6 +63,9 @@ impl TextArgs {
             || self.text_max_train.is_some()
             || self.text_max_eval.is_some()
             || !self.text_tasks.is_empty()
+            || self.lora_rank.is_some()
+            || self.lora_alpha.is_some()
+            || !self.lora_targets.is_empty()
     }
 
     fn recipe(&self, seed: u64) -> anyhow::Result<TextRecipe> {
@@ -77,6 +94,41 @@ impl TextArgs {
         }
         r.max_train = self.text_max_train.or(r.max_train);
         r.max_eval = self.text_max_eval.or(r.max_eval);
+        match self.lora_rank {
+            None if self.lora_alpha.is_some() || !self.lora_targets.is_empty() => {
+                anyhow::bail!("--lora-alpha and --lora-targets set up LoRA: add --lora-rank R (8 is usual)")
+            }
+            None => {}
+            Some(rank) => {
+                if rank == 0 {
+                    anyhow::bail!(
+                        "--lora-rank 0: give a LoRA rank of 1 or more (8 is usual), or leave --lora-rank out for full fine-tuning"
+                    );
+                }
+                let mut lora = LoraRecipe::new(rank);
+                if let Some(alpha) = self.lora_alpha {
+                    if !(alpha.is_finite() && alpha > 0.0) {
+                        anyhow::bail!(
+                            "--lora-alpha {alpha}: give a positive number (the updates are scaled by alpha / rank; default 2 × rank)"
+                        );
+                    }
+                    lora.alpha = alpha;
+                }
+                if !self.lora_targets.is_empty() {
+                    if let Some(bad) = self.lora_targets.iter().find(|t| !LORA_TARGETS.contains(&t.as_str())) {
+                        anyhow::bail!(
+                            "--lora-targets: unknown weight '{bad}'; name some of {}",
+                            LORA_TARGETS.join(", ")
+                        );
+                    }
+                    lora.targets = self.lora_targets.clone();
+                }
+                r.fine_tuning = FineTuning::Lora(lora);
+                if self.text_lr.is_none() {
+                    r.lr = TEXT_LORA_LR;
+                }
+            }
+        }
         Ok(r)
     }
 }
@@ -147,9 +199,10 @@ pub fn list_text_builds() -> anyhow::Result<()> {
 fn print_text(b: &TextBenchmark) {
     let m = &b.manifest;
     println!(
-        "\ntext benchmark on {}, seed {}: {}",
+        "\ntext benchmark on {}, seed {}, {} fine-tuning: {}",
         m.backbone,
         m.recipe.seed,
+        m.recipe.fine_tuning.describe(),
         b.dir.display()
     );
     println!("  {:<18} {:>8} {:>8}", "task (test)", "probe", "expert");

@@ -6,15 +6,17 @@
 //!    base with these heads is the linear-probe baseline.
 //! 2. **Experts**: full fine-tuning of the encoder and pooler on each task through its frozen
 //!    head (AdamW, linear warm-up then linear decay, seeded minibatches), so task vectors live
-//!    in the encoder only.
+//!    in the encoder only; or, with [`FineTuning::Lora`], LoRA factors of the layers' attention
+//!    and MLP matrices ([`super::lora`]), the expert written merged and its adapter beside it.
 //!
 //! A build folder holds `base/` and `experts/<task>/` (Hugging Face folders: `config.json`,
 //! `tokenizer.json`, `model.safetensors` with the backbone's tensor names), `heads/<task>.safetensors`
 //! (`classifier.weight`, `classifier.bias`: what [`ClassifierHead`](crate::family::head::ClassifierHead)
 //! reads), `data/<task>.<split>.jsonl`, `suite.toml` (a `bert` suite over all of it) and
-//! `manifest.json`. It is written into a temporary sibling folder and renamed into place.
+//! `manifest.json`; a LoRA build adds `adapters/<task>/` (PEFT adapters over `base/`). It is written into a temporary sibling folder and renamed into place.
 
 use super::data::{TextSplit, TextTask, Tokenized};
+use super::lora::{FineTuning, LoraFactors};
 use crate::demo::{BuildProgress, kernel_path, open_build, save_params, write_manifest};
 use crate::family::bert::{self, BertEncoder, TokenBatch};
 use crate::family::hf;
@@ -66,8 +68,12 @@ pub struct TextRecipe {
     pub max_train: Option<usize>,
     /// Keep at most this many calibration and test examples per task (`None`: all).
     pub max_eval: Option<usize>,
-    /// Seed of head initialisation and minibatch order.
+    /// Seed of head initialisation and minibatch order (and of LoRA's A factors).
     pub seed: u64,
+    /// How the experts are fine-tuned: every tensor, or LoRA factors. Absent (builds before
+    /// LoRA, and full builds, which leave it out): full.
+    #[serde(default, skip_serializing_if = "FineTuning::is_full")]
+    pub fine_tuning: FineTuning,
 }
 
 impl TextRecipe {
@@ -86,6 +92,17 @@ impl TextRecipe {
             max_train: None,
             max_eval: None,
             seed,
+            fine_tuning: FineTuning::Full,
+        }
+    }
+
+    /// The default recipe for `seed` with LoRA of rank `rank` (alpha 2·rank, every weight of
+    /// [`super::lora::LORA_TARGETS`]) at LoRA's learning rate [`super::lora::TEXT_LORA_LR`].
+    pub fn lora_for(seed: u64, rank: usize) -> TextRecipe {
+        TextRecipe {
+            lr: super::lora::TEXT_LORA_LR,
+            fine_tuning: FineTuning::Lora(super::lora::LoraRecipe::new(rank)),
+            ..TextRecipe::default_for(seed)
         }
     }
 
@@ -99,6 +116,9 @@ impl TextRecipe {
         }
         if !(self.lr > 0.0 && self.head_lr > 0.0) {
             return bad("learning rates must be positive".into());
+        }
+        if let FineTuning::Lora(l) = &self.fine_tuning {
+            l.validate()?;
         }
         Ok(())
     }
@@ -321,7 +341,18 @@ fn train_head(
     })
 }
 
-/// Fine-tunes every weight of the backbone on `tok` through the frozen `head`.
+/// A fine-tuned expert.
+struct Expert {
+    /// The dense model (with LoRA: the backbone with the updates merged in).
+    weights: Params,
+    /// LoRA's factors, for the adapter.
+    lora: Option<LoraFactors>,
+    /// Mean loss of the last 10 steps.
+    final_loss: f64,
+}
+
+/// Fine-tunes the backbone on `tok` through the frozen `head`: every weight, or LoRA factors
+/// (as the recipe says).
 #[allow(clippy::too_many_arguments)]
 fn fine_tune(
     backbone: &Backbone,
@@ -332,12 +363,61 @@ fn fine_tune(
     device: &Device,
     on_step: &mut dyn FnMut(f32),
     cancel: &AtomicBool,
-) -> Result<(Params, f64)> {
-    let vars = to_vars(&backbone.weights)?;
-    let mut opt = Optimizer::new(
-        OptimConfig::adamw(recipe.lr, recipe.weight_decay),
-        vars.iter().map(|(_, v)| v.clone()).collect(),
-    )?;
+) -> Result<Expert> {
+    match &recipe.fine_tuning {
+        FineTuning::Full => {
+            let vars = to_vars(&backbone.weights)?;
+            let trainable = vars.iter().map(|(_, v)| v.clone()).collect();
+            let current = || Ok(crate::train::from_vars(&vars));
+            let final_loss = train_steps(
+                backbone, head, tok, recipe, stream, device, trainable, &current, on_step, cancel,
+            )?;
+            Ok(Expert {
+                weights: crate::train::detached(&vars),
+                lora: None,
+                final_loss,
+            })
+        }
+        FineTuning::Lora(l) => {
+            let factors = LoraFactors::init(&backbone.weights, l, recipe.seed, 0x10AA ^ stream, device)?;
+            let current = || factors.apply(&backbone.weights);
+            let final_loss = train_steps(
+                backbone,
+                head,
+                tok,
+                recipe,
+                stream,
+                device,
+                factors.vars(),
+                &current,
+                on_step,
+                cancel,
+            )?;
+            Ok(Expert {
+                weights: factors.merged(&backbone.weights)?,
+                lora: Some(factors),
+                final_loss,
+            })
+        }
+    }
+}
+
+/// The training loop: `recipe.expert_steps` AdamW steps on `trainable`, the model read from
+/// `current` at each step; returns the mean loss of the last 10 steps.
+#[allow(clippy::too_many_arguments)]
+fn train_steps(
+    backbone: &Backbone,
+    head: &LinearHead,
+    tok: &Tokenized,
+    recipe: &TextRecipe,
+    stream: u64,
+    device: &Device,
+    trainable: Vec<Var>,
+    current: &dyn Fn() -> Result<Params>,
+    on_step: &mut dyn FnMut(f32),
+    cancel: &AtomicBool,
+) -> Result<f64> {
+    let mut opt = Optimizer::new(OptimConfig::adamw(recipe.lr, recipe.weight_decay), trainable)?;
     let mut batcher = Batcher::new(tok.len(), BatchSize::Size(recipe.batch_size), recipe.seed, stream);
     let mut last = Vec::new();
     for step in 0..recipe.expert_steps {
@@ -346,8 +426,7 @@ fn fine_tune(
         }
         opt.set_lr(recipe.lr_at(step));
         let (batch, labels) = tok.batch(&batcher.next_batch(), backbone.pad_id(), device)?;
-        let current: Params = vars.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
-        let encoder = backbone.encoder(&current, device)?;
+        let encoder = backbone.encoder(&current()?, device)?;
         let loss = cross_entropy(&head.logits(&pooled(&encoder, &batch)?)?, &labels)?;
         let value = loss.to_scalar::<f32>()?;
         if !value.is_finite() {
@@ -362,8 +441,7 @@ fn fine_tune(
         on_step(value);
     }
     let tail = &last[last.len().saturating_sub(10)..];
-    let mean = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
-    Ok((crate::train::detached(&vars), mean))
+    Ok(tail.iter().sum::<f64>() / tail.len().max(1) as f64)
 }
 
 fn io(what: &'static str, path: &Path, e: std::io::Error) -> EngineError {
@@ -458,6 +536,13 @@ impl TextBenchmark {
             for t in &m.tasks {
                 needed.push(dir.join("experts").join(&t.name).join("model.safetensors"));
                 needed.push(dir.join("heads").join(format!("{}.safetensors", t.name)));
+                if !m.recipe.fine_tuning.is_full() {
+                    needed.push(
+                        dir.join("adapters")
+                            .join(&t.name)
+                            .join(mergescope_engine::lora::WEIGHTS_FILE),
+                    );
+                }
             }
             needed
         })?;
@@ -611,7 +696,7 @@ fn build_into(
     for (i, t) in tasks.iter().enumerate() {
         let stage = format!("expert {}", t.name);
         let task_clock = Instant::now();
-        let (weights, final_loss) = fine_tune(
+        let expert = fine_tune(
             &backbone,
             &heads[i],
             tok(i, TextSplit::Train)?,
@@ -635,15 +720,22 @@ fn build_into(
             );
             expert_accuracy.insert(
                 s.name().to_owned(),
-                accuracy(&backbone, &weights, &heads[i], data, device)?,
+                accuracy(&backbone, &expert.weights, &heads[i], data, device)?,
             );
         }
         write_model(
             &out.join("experts").join(&t.name),
             &backbone,
-            &weights,
+            &expert.weights,
             &format!("expert {}", t.name),
         )?;
+        if let (Some(factors), FineTuning::Lora(l)) = (&expert.lora, &recipe.fine_tuning) {
+            factors.write_adapter(
+                &out.join("adapters").join(&t.name),
+                l,
+                &backbone_dir.display().to_string(),
+            )?;
+        }
         results.push(TextBenchTask {
             name: t.name.clone(),
             classes: t.classes.clone(),
@@ -653,7 +745,7 @@ fn build_into(
                 .collect(),
             base_accuracy,
             expert_accuracy,
-            expert_final_loss: final_loss,
+            expert_final_loss: expert.final_loss,
         });
     }
     seconds.insert("experts".to_owned(), clock.elapsed().as_secs_f64());
@@ -748,6 +840,281 @@ mod tests {
         assert_eq!(t[0]["labels"].as_array().unwrap().len(), 6);
         assert_eq!(t[1]["labels"].as_array().unwrap().len(), 8);
         assert_eq!(v["models"]["experts"].as_array().unwrap().len(), 5);
+    }
+
+    /// A tiny random BERT folder (2 layers, hidden 16, a letter-by-letter WordPiece
+    /// tokenizer) that the build reads as it reads all-MiniLM-L6-v2.
+    fn tiny_backbone(dir: &Path) -> PathBuf {
+        let dir = dir.join("tiny-bert");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut vocab: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"].map(String::from).to_vec();
+        for c in 'a'..='z' {
+            vocab.push(c.to_string());
+            vocab.push(format!("##{c}"));
+        }
+        let ids: serde_json::Map<String, serde_json::Value> =
+            vocab.iter().enumerate().map(|(i, w)| (w.clone(), i.into())).collect();
+        let tokenizer = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
+                           "strip_accents": null, "lowercase": true},
+            "pre_tokenizer": {"type": "BertPreTokenizer"},
+            "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]},
+            "decoder": null,
+            "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                      "max_input_chars_per_word": 100, "vocab": ids},
+        });
+        std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+        let (h, inter, layers) = (16usize, 32usize, 2usize);
+        let config = serde_json::json!({
+            "model_type": "bert", "vocab_size": vocab.len(), "hidden_size": h,
+            "num_hidden_layers": layers, "num_attention_heads": 2, "intermediate_size": inter,
+            "max_position_embeddings": 64, "type_vocab_size": 2, "pad_token_id": 0,
+        });
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let mut rng = mergescope_engine::rng::SplitMix64::new(42);
+        let d = Device::Cpu;
+        let mut p = Params::new();
+        let mut add = |name: String, shape: &[usize], fill: Option<f32>| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n)
+                .map(|_| fill.unwrap_or_else(|| ((rng.uniform() * 2.0 - 1.0) * 0.3) as f32))
+                .collect();
+            p.insert(name, Tensor::from_vec(v, shape, &d).unwrap());
+        };
+        add("embeddings.word_embeddings.weight".into(), &[vocab.len(), h], None);
+        add("embeddings.position_embeddings.weight".into(), &[64, h], None);
+        add("embeddings.token_type_embeddings.weight".into(), &[2, h], None);
+        add("embeddings.LayerNorm.weight".into(), &[h], Some(1.0));
+        add("embeddings.LayerNorm.bias".into(), &[h], Some(0.0));
+        for l in 0..layers {
+            for (m, o, i) in [
+                ("attention.self.query", h, h),
+                ("attention.self.key", h, h),
+                ("attention.self.value", h, h),
+                ("attention.output.dense", h, h),
+                ("intermediate.dense", inter, h),
+                ("output.dense", h, inter),
+            ] {
+                add(format!("encoder.layer.{l}.{m}.weight"), &[o, i], None);
+                add(format!("encoder.layer.{l}.{m}.bias"), &[o], None);
+            }
+            for norm in ["attention.output.LayerNorm", "output.LayerNorm"] {
+                add(format!("encoder.layer.{l}.{norm}.weight"), &[h], Some(1.0));
+                add(format!("encoder.layer.{l}.{norm}.bias"), &[h], Some(0.0));
+            }
+        }
+        add("pooler.dense.weight".into(), &[h, h], None);
+        add("pooler.dense.bias".into(), &[h], None);
+        let meta = [("format".to_owned(), "pt".to_owned())].into_iter().collect();
+        save_params(&dir.join("model.safetensors"), &p, &meta).unwrap();
+        dir
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    /// Singular values of a row-major matrix, largest first.
+    fn singular_values(m: &[f32], rows: usize, cols: usize) -> Vec<f64> {
+        mergescope_engine::plugin::host_ext::linalg::truncated_svd(m, rows, cols, rows.min(cols))
+            .unwrap()
+            .1
+    }
+
+    #[test]
+    fn a_lora_step_trains_only_the_factors_and_the_expert_is_w_plus_scaled_ba() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = Device::Cpu;
+        let backbone = Backbone::load(&tiny_backbone(tmp.path()), 16, &d).unwrap();
+        let before: Params = backbone
+            .weights
+            .iter()
+            .map(|(k, t)| (k.clone(), t.copy().unwrap()))
+            .collect();
+        let task = builtin_tasks()
+            .unwrap()
+            .into_iter()
+            .find(|t| t.name == "word_sentiment")
+            .unwrap();
+        let tok = Tokenized::new(&backbone.tokenizer, &task.split(TextSplit::Train)[..32]).unwrap();
+        let head = init_head(2, 16, 5, &d).unwrap();
+        let mut recipe = TextRecipe::lora_for(0, 2);
+        (recipe.expert_steps, recipe.warmup_steps, recipe.batch_size) = (3, 1, 8);
+        let FineTuning::Lora(lora) = recipe.fine_tuning.clone() else {
+            unreachable!()
+        };
+        let mut steps = 0;
+        let expert = fine_tune(
+            &backbone,
+            &head,
+            &tok,
+            &recipe,
+            0xE0,
+            &d,
+            &mut |_| steps += 1,
+            &AtomicBool::new(false),
+        )
+        .unwrap();
+        assert_eq!(steps, 3);
+        assert!(expert.final_loss.is_finite());
+        let factors = expert.lora.as_ref().unwrap();
+        let initial = LoraFactors::init(&backbone.weights, &lora, 0, 0x10AA ^ 0xE0, &d).unwrap();
+        let targets = lora.target_weights(&backbone.weights);
+        assert_eq!(targets.len(), 12);
+        assert_eq!(factors.pairs.len(), 12);
+        for (p, q) in factors.pairs.iter().zip(&initial.pairs) {
+            assert_ne!(
+                values(p.a.as_tensor()),
+                values(q.a.as_tensor()),
+                "A of {} moved",
+                p.weight
+            );
+            assert!(
+                values(p.b.as_tensor()).iter().any(|x| *x != 0.0),
+                "B of {} moved",
+                p.weight
+            );
+            assert!(values(q.b.as_tensor()).iter().all(|x| *x == 0.0));
+        }
+        // The frozen weights: the backbone is untouched, and the expert equals it everywhere
+        // but the adapted matrices (embeddings, biases, norms, pooler).
+        for (k, t) in &before {
+            assert_eq!(values(t), values(&backbone.weights[k]), "{k}");
+            if !targets.contains(k) {
+                assert_eq!(values(t), values(&expert.weights[k]), "{k} is frozen");
+            }
+        }
+        // Each adapted matrix is W + (alpha/r)·B·A, its task vector of rank ≤ r.
+        for p in &factors.pairs {
+            let w = &backbone.weights[&p.weight];
+            let want = (w + (p.b.as_tensor().matmul(p.a.as_tensor()).unwrap() * 2.0).unwrap()).unwrap();
+            let got = &expert.weights[&p.weight];
+            let diff = (got - &want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(diff < 1e-6, "{}: {diff}", p.weight);
+            let (rows, cols) = w.dims2().unwrap();
+            let sv = singular_values(&values(&(got - w).unwrap()), rows, cols);
+            assert!(sv[0] > 1e-4, "{}: {sv:?}", p.weight);
+            assert!(sv[2..].iter().all(|s| *s < 1e-5 * sv[0]), "{}: {sv:?}", p.weight);
+        }
+    }
+
+    #[test]
+    fn a_reduced_lora_build_writes_dense_experts_and_adapters_that_load_the_same() {
+        use mergescope_engine::checkpoint::Checkpoint;
+        let tmp = tempfile::tempdir().unwrap();
+        let backbone = tiny_backbone(tmp.path());
+        let tasks: Vec<TextTask> = builtin_tasks()
+            .unwrap()
+            .into_iter()
+            .filter(|t| ["word_sentiment", "name_gender"].contains(&t.name.as_str()))
+            .collect();
+        let mut recipe = TextRecipe::lora_for(0, 2);
+        (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 4);
+        (recipe.warmup_steps, recipe.batch_size) = (1, 8);
+        (recipe.max_train, recipe.max_eval) = (Some(32), Some(16));
+        let out = tmp.path().join("out");
+        let mut stages = Vec::new();
+        let b = build_text(
+            &backbone,
+            &tasks,
+            &recipe,
+            &out,
+            &Device::Cpu,
+            &mut |p| stages.push(p.stage.clone()),
+            &AtomicBool::new(false),
+        )
+        .unwrap();
+        assert!(stages.iter().any(|s| s == "expert name_gender"), "{stages:?}");
+        // The recipe, LoRA included, round-trips through manifest.json: the same request
+        // finds the build; a full-fine-tuning one does not.
+        let opened = TextBenchmark::open(&out).unwrap();
+        assert_eq!(opened.manifest.recipe, recipe);
+        let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+        assert!(text.contains("\"mode\": \"lora\""), "{text}");
+        let mut request = super::super::TextBuildRequest::new(&backbone, 0);
+        (request.recipe, request.out) = (recipe.clone(), Some(out.clone()));
+        request.tasks = vec!["name_gender".into(), "word_sentiment".into()];
+        assert!(matches!(request.plan().unwrap(), super::super::TextBuildPlan::Built(_)));
+        request.recipe.fine_tuning = FineTuning::Full;
+        assert!(matches!(request.plan().unwrap(), super::super::TextBuildPlan::Build(_)));
+        for t in &b.manifest.tasks {
+            for split in ["calibration", "test"] {
+                assert!((0.0..=1.0).contains(&t.base_accuracy[split]), "{t:?}");
+                assert!((0.0..=1.0).contains(&t.expert_accuracy[split]), "{t:?}");
+            }
+            // The adapter, read by the engine as an expert over base/, is the dense expert.
+            let base = out.join("base/model.safetensors");
+            let adapter = out.join("adapters").join(&t.name);
+            let config: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
+            assert_eq!(
+                (config["r"].as_u64(), config["lora_alpha"].as_f64()),
+                (Some(2), Some(4.0))
+            );
+            let from_adapter = mergescope_engine::merge::open_expert(&adapter, Some(&base)).unwrap();
+            let dense = Checkpoint::open(&out.join("experts").join(&t.name).join("model.safetensors")).unwrap();
+            let base = Checkpoint::open(&base).unwrap();
+            assert_eq!(
+                from_adapter.tensors.keys().collect::<Vec<_>>(),
+                dense.tensors.keys().collect::<Vec<_>>()
+            );
+            let (mut changed, mut same) = (0, 0);
+            for (name, e) in &dense.tensors {
+                let want = dense.read_f32(e).unwrap();
+                let got = from_adapter.read_f32(&from_adapter.tensors[name]).unwrap();
+                let diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(diff < 1e-6, "{}: {name} differs by {diff}", t.name);
+                if want == base.read_f32(&base.tensors[name]).unwrap() {
+                    same += 1;
+                } else {
+                    changed += 1;
+                    assert!(
+                        name.starts_with("encoder.layer.") && name.ends_with(".weight"),
+                        "{name}"
+                    );
+                }
+            }
+            assert_eq!(changed, 12, "{}", t.name);
+            assert!(same > 12);
+            // The task vector of the first layer's query: rank 2.
+            let name = "encoder.layer.0.attention.self.query.weight";
+            let delta: Vec<f32> = dense
+                .read_f32(&dense.tensors[name])
+                .unwrap()
+                .iter()
+                .zip(base.read_f32(&base.tensors[name]).unwrap())
+                .map(|(a, b)| a - b)
+                .collect();
+            let sv = singular_values(&delta, 16, 16);
+            assert!(sv[2..].iter().all(|s| *s < 1e-4 * sv[0]), "{sv:?}");
+        }
+    }
+
+    #[test]
+    fn a_recipe_without_the_fine_tuning_mode_reads_as_full_fine_tuning() {
+        let full = TextRecipe::default_for(0);
+        let text = serde_json::to_string(&full).unwrap();
+        assert!(
+            !text.contains("fine_tuning"),
+            "full builds' manifests are unchanged: {text}"
+        );
+        assert_eq!(serde_json::from_str::<TextRecipe>(&text).unwrap(), full);
+        let lora = TextRecipe::lora_for(0, 8);
+        let back: TextRecipe = serde_json::from_str(&serde_json::to_string(&lora).unwrap()).unwrap();
+        assert_eq!(back, lora);
+        assert_ne!(back, full);
+        let mut bad = lora;
+        bad.fine_tuning = FineTuning::Lora(super::super::LoraRecipe::new(0));
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("--lora-rank 0"), "{e}");
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! The text benchmark (issue #23): a task suite on a real pretrained transformer,
 //! all-MiniLM-L6-v2, with five text-classification tasks from registry-shipped data
-//! ([`data`]), linear-probe heads, and one fully fine-tuned expert per task ([`build`]),
+//! ([`data`]), linear-probe heads, and one fine-tuned expert per task ([`build`]: full
+//! fine-tuning, or LoRA ([`lora`])),
 //! written as a `bert` suite that `eval`, `merge --eval` and `compare` read.
 
 pub mod build;
 pub mod data;
+pub mod lora;
 pub mod options;
 
 pub use build::{TextBenchmark, TextManifest, TextRecipe, build_text, text_demo_dir};
 pub use data::{TextSplit, TextTask, builtin_tasks};
+pub use lora::{FineTuning, LoraRecipe};
 pub use options::{TextBuild, TextBuildPlan, TextBuildRequest};
