@@ -352,11 +352,26 @@ impl Mapping {
         if entries.iter().any(|e| e.model == b) || entries.iter().any(|e| !e.sources.is_empty()) {
             return;
         }
-        notes.push(format!(
-            "{} has no base role: base_model '{}' is merged as one more input, after the models, as mergekit does",
-            self.mergekit,
-            b.display()
-        ));
+        self.append_unlisted_base("", b, entries, notes);
+    }
+
+    /// Appends the entry of a `base_model` the models do not list (mergekit merges it as one more
+    /// input, after them), with a note (starting with `prefix`) when the method has no base role.
+    pub(crate) fn append_unlisted_base(
+        &self,
+        prefix: &str,
+        b: &Path,
+        entries: &mut Vec<Entry>,
+        notes: &mut Vec<String>,
+    ) {
+        if !self.uses_base() {
+            notes.push(format!(
+                "{prefix}{} has no base role: base_model '{}' is merged as one more input, after the models, as \
+                 mergekit does",
+                self.mergekit,
+                b.display()
+            ));
+        }
         entries.push(Entry {
             model: b.to_path_buf(),
             params: Map::new(),

@@ -200,22 +200,12 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
                 tokenizer: None,
             }
         }
-        (Some(models), None, None) => {
-            let entries = read_models(file, "models", models, &model_ref)?;
-            single_layout(
-                file,
-                &top,
-                mapping,
-                base.as_deref(),
-                &shared,
-                entries,
-                Vec::new(),
-                &model_ref,
-                &mut notes,
-            )?
-        }
-        (None, Some(slices), None) => {
-            let (entries, slices) = read_slices(file, "slices", slices, &model_ref, false)?;
+        (models, slices, None) if models.is_some() != slices.is_some() => {
+            let (entries, slices) = match (models, slices) {
+                (Some(models), _) => (read_models(file, "models", models, &model_ref)?, Vec::new()),
+                (_, Some(slices)) => read_slices(file, "slices", slices, &model_ref, false)?,
+                (None, None) => (Vec::new(), Vec::new()),
+            };
             single_layout(
                 file,
                 &top,

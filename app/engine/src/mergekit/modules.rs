@@ -15,7 +15,7 @@
 //! modules' prefixes.
 
 use super::methods::Mapping;
-use super::{Entry, check_keys, invalid, params_of, read_models, read_slices, slice_layout};
+use super::{check_keys, invalid, params_of, read_models, read_slices, slice_layout};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::layered::layer_index;
@@ -308,20 +308,7 @@ pub(crate) fn convert(
                 if let Some(b) = base
                     && !entries.iter().any(|e| e.model == b)
                 {
-                    if !mapping.uses_base() {
-                        notes.push(format!(
-                            "{what}: {} has no base role: base_model '{}' is merged as one more input, after the \
-                             models, as mergekit does",
-                            mapping.mergekit,
-                            b.display()
-                        ));
-                    }
-                    entries.push(Entry {
-                        model: b.to_path_buf(),
-                        params: Map::new(),
-                        sources: Vec::new(),
-                        position: entries.len(),
-                    });
+                    mapping.append_unlisted_base(&format!("{what}: "), b, &mut entries, notes);
                 }
                 let mut sources = Vec::new();
                 for e in &mut entries {
