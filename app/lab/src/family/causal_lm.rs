@@ -371,14 +371,7 @@ mod tests {
             let a = stepped.logits(&tokens, first).unwrap();
             let b = one_pass.logits(&tokens, first).unwrap();
             assert_eq!(a.dims(), [2, 7 - first, 34]);
-            let diff = (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = crate::nn::max_abs_diff(&a, &b);
             println!("first {first}: max |Δ logit| {diff:.1e}");
             assert!(diff < 1e-4, "first {first}: max |Δ logit| {diff}");
         }

@@ -361,8 +361,7 @@ mod tests {
         let logits = |c: &Gpt2Config, w: &HashMap<String, Tensor>| {
             Gpt2::load(c, w, &Device::Cpu, &dir).unwrap().forward(&tokens).unwrap()
         };
-        let max_diff =
-            |a: &Tensor, b: &Tensor| -> f32 { (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap() };
+        let max_diff = crate::nn::max_abs_diff;
         let a = logits(&config, &weights);
         assert_eq!(max_diff(&a, &logits(&config, &bare)), 0.0);
         let mut broken = weights.clone();

@@ -291,6 +291,13 @@ pub fn load_params(path: &std::path::Path, device: &Device) -> Result<Params> {
         .collect()
 }
 
+/// Largest |a − b| over two tensors of one shape (tests only).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

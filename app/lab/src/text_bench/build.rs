@@ -351,27 +351,28 @@ struct Expert {
     final_loss: f64,
 }
 
-/// Fine-tunes the backbone on `tok` through the frozen `head`: every weight, or LoRA factors
-/// (as the recipe says).
-#[allow(clippy::too_many_arguments)]
-fn fine_tune(
-    backbone: &Backbone,
-    head: &LinearHead,
-    tok: &Tokenized,
-    recipe: &TextRecipe,
+/// One expert's fine-tuning: the backbone, the task's frozen head and tokens, the recipe and the
+/// task's seed stream.
+struct FineTuneJob<'a> {
+    backbone: &'a Backbone,
+    head: &'a LinearHead,
+    tok: &'a Tokenized,
+    recipe: &'a TextRecipe,
     stream: u64,
-    device: &Device,
-    on_step: &mut dyn FnMut(f32),
-    cancel: &AtomicBool,
-) -> Result<Expert> {
-    match &recipe.fine_tuning {
+    device: &'a Device,
+    cancel: &'a AtomicBool,
+}
+
+/// Fine-tunes the backbone on the job's task through its frozen head: every weight, or LoRA
+/// factors (as the recipe says).
+fn fine_tune(job: &FineTuneJob<'_>, on_step: &mut dyn FnMut(f32)) -> Result<Expert> {
+    let weights = &job.backbone.weights;
+    match &job.recipe.fine_tuning {
         FineTuning::Full => {
-            let vars = to_vars(&backbone.weights)?;
+            let vars = to_vars(weights)?;
             let trainable = vars.iter().map(|(_, v)| v.clone()).collect();
             let current = || Ok(crate::train::from_vars(&vars));
-            let final_loss = train_steps(
-                backbone, head, tok, recipe, stream, device, trainable, &current, on_step, cancel,
-            )?;
+            let final_loss = train_steps(job, trainable, &current, on_step)?;
             Ok(Expert {
                 weights: crate::train::detached(&vars),
                 lora: None,
@@ -379,22 +380,11 @@ fn fine_tune(
             })
         }
         FineTuning::Lora(l) => {
-            let factors = LoraFactors::init(&backbone.weights, l, recipe.seed, 0x10AA ^ stream, device)?;
-            let current = || factors.apply(&backbone.weights);
-            let final_loss = train_steps(
-                backbone,
-                head,
-                tok,
-                recipe,
-                stream,
-                device,
-                factors.vars(),
-                &current,
-                on_step,
-                cancel,
-            )?;
+            let factors = LoraFactors::init(weights, l, job.recipe.seed, 0x10AA ^ job.stream, job.device)?;
+            let current = || factors.apply(weights);
+            let final_loss = train_steps(job, factors.vars(), &current, on_step)?;
             Ok(Expert {
-                weights: factors.merged(&backbone.weights)?,
+                weights: factors.merged(weights)?,
                 lora: Some(factors),
                 final_loss,
             })
@@ -404,19 +394,21 @@ fn fine_tune(
 
 /// The training loop: `recipe.expert_steps` AdamW steps on `trainable`, the model read from
 /// `current` at each step; returns the mean loss of the last 10 steps.
-#[allow(clippy::too_many_arguments)]
 fn train_steps(
-    backbone: &Backbone,
-    head: &LinearHead,
-    tok: &Tokenized,
-    recipe: &TextRecipe,
-    stream: u64,
-    device: &Device,
+    job: &FineTuneJob<'_>,
     trainable: Vec<Var>,
     current: &dyn Fn() -> Result<Params>,
     on_step: &mut dyn FnMut(f32),
-    cancel: &AtomicBool,
 ) -> Result<f64> {
+    let FineTuneJob {
+        backbone,
+        head,
+        tok,
+        recipe,
+        stream,
+        device,
+        cancel,
+    } = *job;
     let mut opt = Optimizer::new(OptimConfig::adamw(recipe.lr, recipe.weight_decay), trainable)?;
     let mut batcher = Batcher::new(tok.len(), BatchSize::Size(recipe.batch_size), recipe.seed, stream);
     let mut last = Vec::new();
@@ -696,19 +688,19 @@ fn build_into(
     for (i, t) in tasks.iter().enumerate() {
         let stage = format!("expert {}", t.name);
         let task_clock = Instant::now();
-        let expert = fine_tune(
-            &backbone,
-            &heads[i],
-            tok(i, TextSplit::Train)?,
+        let job = FineTuneJob {
+            backbone: &backbone,
+            head: &heads[i],
+            tok: tok(i, TextSplit::Train)?,
             recipe,
-            0xE0 + i as u64,
+            stream: 0xE0 + i as u64,
             device,
-            &mut |l| {
-                done += 1;
-                report(&stage, done, Some(l));
-            },
             cancel,
-        )?;
+        };
+        let expert = fine_tune(&job, &mut |l| {
+            done += 1;
+            report(&stage, done, Some(l));
+        })?;
         seconds.insert(format!("fine-tune {}", t.name), task_clock.elapsed().as_secs_f64());
         let mut base_accuracy = BTreeMap::new();
         let mut expert_accuracy = BTreeMap::new();
@@ -945,17 +937,17 @@ mod tests {
             unreachable!()
         };
         let mut steps = 0;
-        let expert = fine_tune(
-            &backbone,
-            &head,
-            &tok,
-            &recipe,
-            0xE0,
-            &d,
-            &mut |_| steps += 1,
-            &AtomicBool::new(false),
-        )
-        .unwrap();
+        let cancel = AtomicBool::new(false);
+        let job = FineTuneJob {
+            backbone: &backbone,
+            head: &head,
+            tok: &tok,
+            recipe: &recipe,
+            stream: 0xE0,
+            device: &d,
+            cancel: &cancel,
+        };
+        let expert = fine_tune(&job, &mut |_| steps += 1).unwrap();
         assert_eq!(steps, 3);
         assert!(expert.final_loss.is_finite());
         let factors = expert.lora.as_ref().unwrap();
@@ -990,14 +982,7 @@ mod tests {
             let w = &backbone.weights[&p.weight];
             let want = (w + (p.b.as_tensor().matmul(p.a.as_tensor()).unwrap() * 2.0).unwrap()).unwrap();
             let got = &expert.weights[&p.weight];
-            let diff = (got - &want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = crate::nn::max_abs_diff(got, &want);
             assert!(diff < 1e-6, "{}: {diff}", p.weight);
             let (rows, cols) = w.dims2().unwrap();
             let sv = singular_values(&values(&(got - w).unwrap()), rows, cols);
