@@ -35,7 +35,7 @@
 #                       removed at the end; a folder given here is kept, minus the outputs]
 #   --rounds N          rounds per method [2]
 #   --methods LIST      comma-separated mergekit method names
-#                       [linear,task_arithmetic,ties,dare_ties,slerp,model_stock]
+#                       [linear,task_arithmetic,ties,dare_ties,dare_linear,slerp,model_stock]
 #   --mergescope PATH   mergescope binary, its plugins next to it [target/release/mergescope]
 #   --venv DIR          mergekit virtualenv [~/.cache/mergescope/mergekit-venv]
 #   --mergekit VERSION  pip-install exactly this mergekit version into the venv [whatever it has,
@@ -79,7 +79,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dir="${XDG_CACHE_HOME:-$HOME/.cache}/mergescope/bench"
 out=""
 rounds=2
-methods="linear,task_arithmetic,ties,dare_ties,slerp,model_stock"
+methods="linear,task_arithmetic,ties,dare_ties,dare_linear,slerp,model_stock"
 mergescope="$repo/target/release/mergescope"
 venv="$HOME/.cache/mergescope/mergekit-venv"
 pin=""
@@ -122,8 +122,8 @@ IFS=',' read -ra method_list <<<"$methods"
 [ ${#method_list[@]} -gt 0 ] || die "--methods is empty"
 for m in "${method_list[@]}"; do
   case "$m" in
-    linear | task_arithmetic | ties | dare_ties | slerp | model_stock) ;;
-    *) die "unknown method '$m': use linear, task_arithmetic, ties, dare_ties, slerp, model_stock" ;;
+    linear | task_arithmetic | ties | dare_ties | dare_linear | slerp | model_stock) ;;
+    *) die "unknown method '$m': use linear, task_arithmetic, ties, dare_ties, dare_linear, slerp, model_stock" ;;
   esac
 done
 
@@ -138,7 +138,7 @@ ms_method() {
     linear) echo weight-average ;;
     task_arithmetic) echo task-arithmetic ;;
     ties) echo ties ;;
-    dare_ties) echo dare ;;
+    dare_ties | dare_linear) echo dare ;;
     slerp) echo slerp ;;
     model_stock) echo model-stock ;;
   esac
@@ -344,6 +344,16 @@ models:
   - {model: $v/expert3, parameters: {density: 0.2, weight: 1.0}}
 EOF
       ;;
+    dare_linear)
+      cat <<EOF
+merge_method: dare_linear
+base_model: $v/base
+models:
+  - {model: $v/expert1, parameters: {density: 0.2, weight: 1.0}}
+  - {model: $v/expert2, parameters: {density: 0.2, weight: 1.0}}
+  - {model: $v/expert3, parameters: {density: 0.2, weight: 1.0}}
+EOF
+      ;;
     slerp)
       cat <<EOF
 merge_method: slerp
@@ -389,11 +399,16 @@ ms_args() {
     dare_ties)
       printf '%s\n' dare --base "$dir/base" "${experts[@]}" --param drop_rate=0.8 \
         --param rescale=l1 --param combine=ties ;;
+    # DARE-linear: mergekit's dare_linear (l1 rescale, normalize false) is combine=sum,
+    # rescale=l1; the masks differ as for dare_ties.
+    dare_linear)
+      printf '%s\n' dare --base "$dir/base" "${experts[@]}" --param drop_rate=0.8 \
+        --param rescale=l1 --param combine=sum ;;
     slerp) printf '%s\n' slerp --base "$dir/base" --expert "$dir/expert1" --param t=0.3 ;;
     model_stock) printf '%s\n' model-stock --base "$dir/base" "${experts[@]}" ;;
   esac
 }
-for m in linear task_arithmetic ties dare_ties slerp model_stock; do
+for m in linear task_arithmetic ties dare_ties dare_linear slerp model_stock; do
   mk_config "$m" >"$out/configs/$m.yml"
 done
 
