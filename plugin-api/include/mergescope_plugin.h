@@ -25,7 +25,7 @@
  *     once with an ms_session_api_v1; a 1.0 host refuses them by their minor version.
  *   - Optional host features are extensions looked up by id with ms_host_api_v1.get_extension
  *     (ABI 1.2: MS_HOST_EXT_SIGN_CONSENSUS_V1, MS_HOST_EXT_RANDOM_V1, MS_HOST_EXT_LINALG_V1,
- *     MS_HOST_EXT_PARALLEL_V1; ABI 1.3: MS_HOST_EXT_RANDOM_V2). The method-specific fused operations of the core table
+ *     MS_HOST_EXT_PARALLEL_V1; ABI 1.3: MS_HOST_EXT_RANDOM_V2; ABI 1.4: MS_HOST_EXT_VIEWS_V1). The method-specific fused operations of the core table
  *     (bernoulli_mask, svd, low_rank, trim_abs, elect_sign, disjoint_merge) stay in it for
  *     1.0/1.1 plugins; new plugins take them from the extensions.
  *
@@ -489,6 +489,12 @@ typedef ms_status (*ms_bernoulli_mask_fn)(void *ctx, ms_tensor_handle like, doub
  * probability must be finite and in [0, 1]; otherwise the call fails naming the value. */
 typedef ms_status (*ms_bernoulli_mask_p_fn)(void *ctx, ms_tensor_handle probabilities, uint64_t seed,
                                             uint64_t offset, ms_tensor_handle *out);
+/* Lends tensor t's values (ABI 1.4): *data receives a pointer to its *len values, contiguous
+ * row-major float in host memory, readable until the current call returns (the host keeps them
+ * alive until then, even when t is released first); never write through it. MS_STATUS_UNSUPPORTED
+ * where the values are not contiguous float in host memory (a tensor on a GPU): copy them out with
+ * read_f32 then. */
+typedef ms_status (*ms_view_f32_fn)(void *ctx, ms_tensor_handle t, const float **data, size_t *len);
 /* Truncated SVD of a 2-D tensor (m x n): U (m x k), S (k), V^T (k x n), computed in double; k is
  * clamped to min(m, n). Any of the outputs may be NULL when not wanted. */
 typedef ms_status (*ms_svd_fn)(void *ctx, ms_tensor_handle a, size_t k, ms_tensor_handle *out_u,
@@ -504,6 +510,8 @@ typedef ms_status (*ms_low_rank_fn)(void *ctx, ms_tensor_handle a, size_t k, ms_
 /* Id of the host extension ms_host_random_v2 (ABI 1.3): seeded random masks, also with a keep
  * probability per element. */
 #define MS_HOST_EXT_RANDOM_V2 "mergescope.host.random.v2"
+/* Id of the host extension ms_host_views_v1 (ABI 1.4): a tensor's float values lent without a copy. */
+#define MS_HOST_EXT_VIEWS_V1 "mergescope.host.views.v1"
 /* Id of the host extension ms_host_linalg_v1: truncated SVD and low-rank approximation. */
 #define MS_HOST_EXT_LINALG_V1 "mergescope.host.linalg.v1"
 /* Id of the host extension ms_host_parallel_v1: the host's worker threads. */
@@ -535,6 +543,13 @@ typedef struct ms_host_random_v2 {
     ms_bernoulli_mask_fn bernoulli_mask;
     ms_bernoulli_mask_p_fn bernoulli_mask_p;
 } ms_host_random_v2;
+
+/* Host extension MS_HOST_EXT_VIEWS_V1 (ABI 1.4). Static; called like ms_host_sign_consensus_v1's. */
+typedef struct ms_host_views_v1 {
+    /* sizeof(ms_host_views_v1) as the host knows it. */
+    size_t struct_size;
+    ms_view_f32_fn view_f32;
+} ms_host_views_v1;
 
 /* Host extension MS_HOST_EXT_LINALG_V1. Static; called like ms_host_sign_consensus_v1's. */
 typedef struct ms_host_linalg_v1 {

@@ -3,7 +3,8 @@
 //! extensions that `HostApiV1::get_extension` returns by id, and added the host's worker
 //! threads as the [`HostParallelV1`] extension; minor 3 added the [`HostRandomV2`] extension,
 //! whose `bernoulli_mask_p` draws a mask with a keep probability per element; minor 4 added
-//! [`CAP_ORDERED_STATISTICS`], statistics passes that see each tensor's chunks in order). Every type here
+//! [`CAP_ORDERED_STATISTICS`], statistics passes that see each tensor's chunks in order, and the
+//! [`HostViewsV1`] extension, which lends a tensor's f32 values without a copy). Every type here
 //! is `#[repr(C)]` and mirrored one to one in `include/mergescope_plugin.h`; a test keeps the
 //! two in sync.
 //!
@@ -481,6 +482,13 @@ pub type BernoulliMaskPFn = unsafe extern "C" fn(
     offset: u64,
     out: *mut TensorHandle,
 ) -> Status;
+/// Lends tensor `t`'s values (ABI 1.4): `*data` receives a pointer to its `*len` values, contiguous
+/// row-major f32 in host memory, readable until the current call returns (the host keeps them
+/// alive until then, even when `t` is released first); never write through it.
+/// `STATUS_UNSUPPORTED` where the values are not contiguous f32 in host memory (a tensor on a
+/// GPU): copy them out with `read_f32` then.
+pub type ViewF32Fn =
+    unsafe extern "C" fn(ctx: *mut c_void, t: TensorHandle, data: *mut *const f32, len: *mut usize) -> Status;
 /// Truncated SVD of a 2-D tensor (m×n): U (m×k), S (k), Vᵀ (k×n), computed in f64; k is clamped
 /// to min(m, n). Any of the outputs may be null when not wanted.
 pub type SvdFn = unsafe extern "C" fn(
@@ -503,6 +511,8 @@ pub const HOST_EXT_RANDOM_V1: &str = "mergescope.host.random.v1";
 /// Id of the host extension [`HostRandomV2`] (ABI 1.3): seeded random masks, also with a keep
 /// probability per element.
 pub const HOST_EXT_RANDOM_V2: &str = "mergescope.host.random.v2";
+/// Id of the host extension [`HostViewsV1`] (ABI 1.4): a tensor's f32 values lent without a copy.
+pub const HOST_EXT_VIEWS_V1: &str = "mergescope.host.views.v1";
 /// Id of the host extension [`HostLinalgV1`] (ABI 1.2): truncated SVD and low-rank approximation.
 pub const HOST_EXT_LINALG_V1: &str = "mergescope.host.linalg.v1";
 /// Id of the host extension [`HostParallelV1`] (ABI 1.2): the host's worker threads.
@@ -542,6 +552,15 @@ pub struct HostRandomV2 {
     pub bernoulli_mask: BernoulliMaskFn,
     /// Seeded Bernoulli mask with a keep probability per element (see [`BernoulliMaskPFn`]).
     pub bernoulli_mask_p: BernoulliMaskPFn,
+}
+
+/// Host extension [`HOST_EXT_VIEWS_V1`] (ABI 1.4). Static; called like [`HostSignConsensusV1`]'s.
+#[repr(C)]
+pub struct HostViewsV1 {
+    /// `size_of::<HostViewsV1>()` as the host knows it.
+    pub struct_size: usize,
+    /// Lends a tensor's values (see [`ViewF32Fn`]).
+    pub view_f32: ViewF32Fn,
 }
 
 /// Host extension [`HOST_EXT_LINALG_V1`]. Static; called like [`HostSignConsensusV1`]'s.

@@ -191,6 +191,11 @@ static const ms_host_random_v2 probe_random_v2 = {
     FN(ms_status, (void *, ms_tensor_handle, uint64_t, uint64_t, ms_tensor_handle *)),           /* bernoulli_mask_p */
 };
 
+static const ms_host_views_v1 probe_views = {
+    sizeof(ms_host_views_v1),                                                       /* struct_size */
+    FN(ms_status, (void *, ms_tensor_handle, const float **, size_t *)),            /* view_f32 */
+};
+
 static const ms_host_linalg_v1 probe_linalg = {
     sizeof(ms_host_linalg_v1),                                                              /* struct_size */
     FN(ms_status, (void *, ms_tensor_handle, size_t, ms_tensor_handle *, ms_tensor_handle *,
@@ -436,12 +441,14 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_TYPE(ms_disjoint_merge_fn),
     PROBE_TYPE(ms_bernoulli_mask_fn),
     PROBE_TYPE(ms_bernoulli_mask_p_fn),
+    PROBE_TYPE(ms_view_f32_fn),
     PROBE_TYPE(ms_svd_fn),
     PROBE_TYPE(ms_low_rank_fn),
     PROBE_TYPE(ms_parallel_job_fn),
     PROBE_STR(MS_HOST_EXT_SIGN_CONSENSUS_V1),
     PROBE_STR(MS_HOST_EXT_RANDOM_V1),
     PROBE_STR(MS_HOST_EXT_RANDOM_V2),
+    PROBE_STR(MS_HOST_EXT_VIEWS_V1),
     PROBE_STR(MS_HOST_EXT_LINALG_V1),
     PROBE_STR(MS_HOST_EXT_PARALLEL_V1),
     PROBE_TYPE(ms_host_sign_consensus_v1),
@@ -456,6 +463,9 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_FIELD(ms_host_random_v2, struct_size),
     PROBE_FIELD(ms_host_random_v2, bernoulli_mask),
     PROBE_FIELD(ms_host_random_v2, bernoulli_mask_p),
+    PROBE_TYPE(ms_host_views_v1),
+    PROBE_FIELD(ms_host_views_v1, struct_size),
+    PROBE_FIELD(ms_host_views_v1, view_f32),
     PROBE_TYPE(ms_host_linalg_v1),
     PROBE_FIELD(ms_host_linalg_v1, struct_size),
     PROBE_FIELD(ms_host_linalg_v1, svd),
@@ -483,6 +493,6 @@ size_t ms_probe_struct_sizes(void) {
     return probe_str.len + probe_param_value.list_len + probe_tensor_info.struct_size + probe_host_api.struct_size +
            probe_plugin_api.struct_size + probe_eval_metrics.struct_size + probe_finetune_options.struct_size +
            probe_session_api.struct_size + probe_session_fisher.struct_size + probe_sign_consensus.struct_size +
-           probe_random.struct_size + probe_random_v2.struct_size + probe_linalg.struct_size + probe_parallel.struct_size +
+           probe_random.struct_size + probe_random_v2.struct_size + probe_views.struct_size + probe_linalg.struct_size + probe_parallel.struct_size +
            (probe_entry == NULL ? 0 : 1) + (probe_job == NULL ? 0 : 1);
 }

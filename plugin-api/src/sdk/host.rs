@@ -3,6 +3,7 @@
 
 use super::{Error, Result, Tensor, catch_job};
 use crate::abi::{self, HostApiV1, Status, Str, TensorHandle};
+use std::borrow::Cow;
 use std::ffi::c_void;
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
@@ -118,6 +119,28 @@ impl<'a> Host<'a> {
             v.set_len(n);
         }
         Ok(v)
+    }
+
+    /// A tensor's values, row-major: lent in place by the host (extension
+    /// `mergescope.host.views.v1`, ABI 1.4: no copy; readable until the current call returns,
+    /// also after [`Host::release`]), or copied out with [`Host::read_f32`] where the host cannot
+    /// lend them (an older host, a tensor on a GPU).
+    pub fn view_f32(&self, t: Tensor) -> Result<Cow<'a, [f32]>> {
+        if let Some(ext) = self.extension::<abi::HostViewsV1>(abi::HOST_EXT_VIEWS_V1) {
+            let (mut data, mut len) = (std::ptr::null(), 0usize);
+            // SAFETY: the extension's function, called with this call's context and writable
+            // outputs.
+            let status = unsafe { (ext.view_f32)(self.api.ctx, t.0, &mut data, &mut len) };
+            if status == abi::STATUS_OK && !data.is_null() {
+                // SAFETY: the host lends `len` f32 values at `data` until the current call
+                // returns, which `'a` (the call's table) does not outlive.
+                return Ok(Cow::Borrowed(unsafe { std::slice::from_raw_parts(data, len) }));
+            }
+            if status != abi::STATUS_UNSUPPORTED {
+                check(status)?;
+            }
+        }
+        Ok(Cow::Owned(self.read_f32(t)?))
     }
 
     /// Creates a tensor from row-major values.

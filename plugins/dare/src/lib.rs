@@ -299,7 +299,7 @@ impl MergeMethod for Dare {
         let mut factors = Vec::with_capacity(active.len());
         for &(t, e, p, w) in &active {
             host.check_cancelled()?;
-            let values = host.read_f32(e)?;
+            let values = host.view_f32(e)?;
             let keep = 1.0 - p;
             if p <= 0.0 {
                 // Nothing is dropped: m ⊙ τ = τ, and the l1 rescale is ‖τ‖₁/‖τ‖₁ = 1.
@@ -310,7 +310,7 @@ impl MergeMethod for Dare {
                 // One mask for the whole chunk, drawn for the chunk's elements of the full tensor.
                 let mask = host.bernoulli_mask(e, keep, expert_seed(self.seed, tensor.name, t), tensor.offset)?;
                 host.release(e)?;
-                masks.push(Some(host.read_f32(mask)?));
+                masks.push(Some(host.view_f32(mask)?));
                 host.release(mask)?;
                 let r = match (self.rescale, l1) {
                     (Rescale::Inverse, _) => 1.0 / keep,
@@ -353,7 +353,7 @@ impl Dare {
     /// elements at a time; after the tensor's last chunk, r_t = ‖τ_t‖₁ / ‖m_t ⊙ τ_t‖₁ (1 when
     /// either is below 1e-7, or when the expert draws no mask).
     fn l1_chunk(&self, host: &Host<'_>, tensor: &TensorMeta<'_>, base: Tensor, experts: &[Tensor]) -> Result<()> {
-        let b = host.read_f32(base)?;
+        let b = host.view_f32(base)?;
         let n = b.len();
         // The experts that draw a mask: (t, seed, keep, θ_t).
         let mut pending = Vec::new();
@@ -399,11 +399,12 @@ impl Dare {
             let mut masks = Vec::with_capacity(pending.len());
             for (_, seed, keep, _) in &pending {
                 let mask = host.bernoulli_mask(like_handle, *keep, *seed, tensor.offset + from as u64)?;
+                // Copied (not lent), so the released block masks do not pile up in the call.
                 masks.push(host.read_f32(mask)?);
                 host.release(mask)?;
             }
             let mut blocks: Vec<&mut [f32]> = pending.iter_mut().map(|(.., v)| &mut v[from..from + len]).collect();
-            let ms: Vec<&[f32]> = masks.iter().map(Vec::as_slice).collect();
+            let ms: Vec<&[f32]> = masks.iter().map(AsRef::as_ref).collect();
             fused::l1_sparsify(&mut blocks, &b[from..from + len], &ms, &mut full, &mut kept);
             from += len;
         }

@@ -25,8 +25,8 @@
 //! so the thresholds, and the merged bits, do not depend on the chunking. The results are kept
 //! by tensor name.
 //!
-//! The statistics loops run over copies of the inputs (`read_f32`, the host tensors released at
-//! once). A whole tensor's loops are split over the host's worker threads when it is large
+//! The statistics loops read the inputs in place where the host lends them (`view_f32`, ABI 1.4;
+//! else copies), the host tensors released at once. A whole tensor's loops are split over the host's worker threads when it is large
 //! (`Host::map_ranges`, the host's parallel extension: no thread pool of its own); those jobs never
 //! call the host. Chunks already run in parallel on the host's workers, so each call counts on its
 //! own thread. The loops refuse NaN task-vector entries, which no threshold can rank.
@@ -43,6 +43,7 @@ use mergescope_plugin_api::abi::{CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NE
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
 };
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
@@ -543,8 +544,8 @@ impl Ties {
     }
 
     /// An expert's values, copied out of the host (whose tensor is released at once).
-    fn read_expert(host: &Host<'_>, e: Tensor) -> Result<Vec<f32>> {
-        let values = host.read_f32(e)?;
+    fn read_expert<'h>(host: &Host<'h>, e: Tensor) -> Result<Cow<'h, [f32]>> {
+        let values = host.view_f32(e)?;
         host.release(e)?;
         Ok(values)
     }
@@ -631,7 +632,7 @@ impl Ties {
             }
         }
         let majority = if reference {
-            let votes: Vec<Voter<'_>> = kept.iter().map(|(v, thr, w)| (v.as_slice(), *thr, *w)).collect();
+            let votes: Vec<Voter<'_>> = kept.iter().map(|(v, thr, w)| (v.as_ref(), *thr, *w)).collect();
             majority_of(sign_votes(host, b, &votes, self.election == Election::Count)?)
         } else {
             0.0
@@ -757,7 +758,7 @@ impl Ties {
                 None => host.release(*e)?,
             }
         }
-        let votes: Vec<Voter<'_>> = kept.iter().map(|(v, thr, w)| (v.as_slice(), *thr, *w)).collect();
+        let votes: Vec<Voter<'_>> = kept.iter().map(|(v, thr, w)| (v.as_ref(), *thr, *w)).collect();
         Ok(sign_votes_in(b, &votes, self.election == Election::Count, 0..b.len()))
     }
 
@@ -965,7 +966,7 @@ impl MergeMethod for Ties {
         }
         // The statistics loops run over plain copies of the tensor or chunk; the host tensors
         // are released as soon as they are copied.
-        let b = host.read_f32(base)?;
+        let b = host.view_f32(base)?;
         host.release(base)?;
         match (self.scope, pass) {
             (Scope::Tensor, _) if whole => {
@@ -1047,7 +1048,7 @@ impl MergeMethod for Ties {
             return host.affine(base, 1.0, 0.0);
         }
         let shape = host.shape(base)?;
-        let b = Self::read_expert(host, base)?;
+        let b = Self::read_expert(host, base)?.into_owned();
         let mut values = Vec::with_capacity(active.len());
         for (e, _, _) in &active {
             host.check_cancelled()?;

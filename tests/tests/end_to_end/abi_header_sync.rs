@@ -66,12 +66,14 @@ const TYPE_NAMES: &[(&str, &str)] = &[
     ("DisjointMergeFn", "ms_disjoint_merge_fn"),
     ("BernoulliMaskFn", "ms_bernoulli_mask_fn"),
     ("BernoulliMaskPFn", "ms_bernoulli_mask_p_fn"),
+    ("ViewF32Fn", "ms_view_f32_fn"),
     ("SvdFn", "ms_svd_fn"),
     ("LowRankFn", "ms_low_rank_fn"),
     ("ParallelJob", "ms_parallel_job_fn"),
     ("HostSignConsensusV1", "ms_host_sign_consensus_v1"),
     ("HostRandomV1", "ms_host_random_v1"),
     ("HostRandomV2", "ms_host_random_v2"),
+    ("HostViewsV1", "ms_host_views_v1"),
     ("HostLinalgV1", "ms_host_linalg_v1"),
     ("HostParallelV1", "ms_host_parallel_v1"),
 ];
@@ -356,6 +358,7 @@ fn rust_facts() -> BTreeMap<String, Value> {
     fn_type!(f, DisjointMergeFn = unsafe extern "C" fn(Ctx, *const H, usize, H, DisjointOp, *mut H) -> Status);
     fn_type!(f, BernoulliMaskFn = unsafe extern "C" fn(Ctx, H, f64, u64, u64, *mut H) -> Status);
     fn_type!(f, BernoulliMaskPFn = unsafe extern "C" fn(Ctx, H, u64, u64, *mut H) -> Status);
+    fn_type!(f, ViewF32Fn = unsafe extern "C" fn(Ctx, H, *mut *const f32, *mut usize) -> Status);
     fn_type!(f, SvdFn = unsafe extern "C" fn(Ctx, H, usize, *mut H, *mut H, *mut H) -> Status);
     fn_type!(f, LowRankFn = unsafe extern "C" fn(Ctx, H, usize, *mut H) -> Status);
     fn_type!(f, ParallelJob = unsafe extern "C" fn(Ctx, usize) -> Status);
@@ -363,6 +366,7 @@ fn rust_facts() -> BTreeMap<String, Value> {
         ("MS_HOST_EXT_SIGN_CONSENSUS_V1", HOST_EXT_SIGN_CONSENSUS_V1),
         ("MS_HOST_EXT_RANDOM_V1", HOST_EXT_RANDOM_V1),
         ("MS_HOST_EXT_RANDOM_V2", HOST_EXT_RANDOM_V2),
+        ("MS_HOST_EXT_VIEWS_V1", HOST_EXT_VIEWS_V1),
         ("MS_HOST_EXT_LINALG_V1", HOST_EXT_LINALG_V1),
         ("MS_HOST_EXT_PARALLEL_V1", HOST_EXT_PARALLEL_V1),
     ] {
@@ -390,6 +394,13 @@ fn rust_facts() -> BTreeMap<String, Value> {
             struct_size: usize,
             bernoulli_mask: BernoulliMaskFn,
             bernoulli_mask_p: BernoulliMaskPFn,
+        }
+    );
+    layout!(
+        f,
+        HostViewsV1 {
+            struct_size: usize,
+            view_f32: ViewF32Fn,
         }
     );
     layout!(
@@ -626,6 +637,7 @@ fn header_helpers_agree() {
             + size_of::<HostSignConsensusV1>()
             + size_of::<HostRandomV1>()
             + size_of::<HostRandomV2>()
+            + size_of::<HostViewsV1>()
             + size_of::<HostLinalgV1>()
             + size_of::<HostParallelV1>()
     );

@@ -25,6 +25,9 @@ pub struct CallCtx<'a> {
     pub progress: f64,
     /// Threads the parallel extension lends the plugin (at least 1).
     threads: usize,
+    /// Tensors whose values are lent to the plugin (`views` extension): kept until the call
+    /// returns, even when their handles are released.
+    lent: Vec<Tensor>,
 }
 
 pub(crate) enum HostError {
@@ -52,6 +55,7 @@ impl<'a> CallCtx<'a> {
             log,
             progress: 0.0,
             threads: 1,
+            lent: Vec::new(),
         }
     }
 
@@ -102,6 +106,11 @@ impl<'a> CallCtx<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Keeps `t`'s storage alive until the call returns (its values are lent to the plugin).
+    pub(crate) fn keep_alive(&mut self, t: Tensor) {
+        self.lent.push(t);
     }
 
     /// Records an error for the plugin's current call.

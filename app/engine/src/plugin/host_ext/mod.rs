@@ -1,4 +1,4 @@
-//! Host extensions (ABI 1.2; `random.v2` since 1.3): optional tables a plugin looks up by id with
+//! Host extensions (ABI 1.2; `random.v2` since 1.3, `views.v1` since 1.4): optional tables a plugin looks up by id with
 //! `HostApiV1::get_extension`. The method-specific fused operations live here rather than in the
 //! core table (which keeps its copies of them only for 1.0/1.1 plugins), and so do the worker
 //! threads the host lends to plugins.
@@ -7,6 +7,7 @@ pub mod linalg;
 pub mod parallel;
 pub mod random;
 pub mod sign_consensus;
+pub mod views;
 
 use mergescope_plugin_api::abi;
 use std::ffi::c_void;
@@ -19,6 +20,7 @@ pub(crate) fn lookup(id: &str) -> *const c_void {
         abi::HOST_EXT_RANDOM_V2 => std::ptr::from_ref(&random::TABLE_V2).cast(),
         abi::HOST_EXT_LINALG_V1 => std::ptr::from_ref(&linalg::TABLE).cast(),
         abi::HOST_EXT_PARALLEL_V1 => std::ptr::from_ref(&parallel::TABLE).cast(),
+        abi::HOST_EXT_VIEWS_V1 => std::ptr::from_ref(&views::TABLE).cast(),
         _ => std::ptr::null(),
     }
 }
@@ -35,6 +37,7 @@ mod tests {
             abi::HOST_EXT_RANDOM_V2,
             abi::HOST_EXT_LINALG_V1,
             abi::HOST_EXT_PARALLEL_V1,
+            abi::HOST_EXT_VIEWS_V1,
         ] {
             assert!(!lookup(id).is_null(), "{id}");
         }
