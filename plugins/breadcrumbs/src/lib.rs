@@ -101,14 +101,14 @@ impl MergeMethod for Breadcrumbs {
         let experts = input.experts;
         let base = input.require_base("breadcrumbs")?;
         let shape = host.shape(base)?;
-        let b = host.read_f32(base)?;
+        let b = host.view_f32(base)?;
         // w_t·m_t⊙τ_t for every expert, as mergekit forms them (in f32).
         let deltas: Vec<Vec<f32>> = experts
             .iter()
             .enumerate()
             .map(|(t, e)| {
-                let e = host.read_f32(*e)?;
-                let d: Vec<f32> = e.iter().zip(&b).map(|(x, y)| x - y).collect();
+                let e = host.view_f32(*e)?;
+                let d: Vec<f32> = e.iter().zip(b.iter()).map(|(x, y)| x - y).collect();
                 let keep = breadcrumbs_mask(&d, self.density[t], self.gamma[t]);
                 let w = self.weights[t] as f32;
                 Ok(d.iter().zip(keep).map(|(v, k)| if k { v * w } else { 0.0 }).collect())

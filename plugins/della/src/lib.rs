@@ -228,13 +228,13 @@ impl MergeMethod for Della {
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
         let base = input.require_base("della")?;
         let shape = host.shape(base)?;
-        let b = host.read_f32(base)?;
+        let b = host.view_f32(base)?;
         // w_t·τ̃_t for every expert, as mergekit forms them (in f32).
         let mut deltas = Vec::with_capacity(input.experts.len());
         for (t, e) in input.experts.iter().enumerate() {
             host.check_cancelled()?;
-            let e = host.read_f32(*e)?;
-            let d: Vec<f32> = e.iter().zip(&b).map(|(x, y)| x - y).collect();
+            let e = host.view_f32(*e)?;
+            let d: Vec<f32> = e.iter().zip(b.iter()).map(|(x, y)| x - y).collect();
             deltas.push(self.pruned(host, input, &shape, t, d)?);
         }
         let out = combine(&b, &deltas, &self.weights, self.consensus, self.normalize, self.lambda);

@@ -165,8 +165,8 @@ impl MergeMethod for Karcher {
         // mergekit's order: the configured models, then the base (added as one more input).
         let mut tensors: Vec<Tensor> = input.experts.to_vec();
         tensors.extend(input.base);
-        let values = tensors.iter().map(|t| host.read_f32(*t)).collect::<Result<Vec<_>>>()?;
-        let n = values.first().map_or(0, Vec::len);
+        let values = tensors.iter().map(|t| host.view_f32(*t)).collect::<Result<Vec<_>>>()?;
+        let n = values.first().map_or(0, |v| v.len());
         if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| v.len() != n) {
             let which = if i < input.experts.len() {
                 format!("expert {}", i + 1)
@@ -180,7 +180,7 @@ impl MergeMethod for Karcher {
                 v.len()
             )));
         }
-        let refs: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
+        let refs: Vec<&[f32]> = values.iter().map(AsRef::as_ref).collect();
         host.from_f32(&karcher_mean(&refs, self.max_iter, self.tol), &shape)
     }
 }

@@ -117,8 +117,8 @@ impl ModelStock {
     fn rows(host: &Host<'_>, tensor: &TensorMeta<'_>, base: Tensor, experts: &[Tensor]) -> Result<Tensor> {
         let shape = host.shape(base)?;
         let width = shape.last().copied().unwrap_or(1).max(1);
-        let b = host.read_f32(base)?;
-        let es = experts.iter().map(|e| host.read_f32(*e)).collect::<Result<Vec<_>>>()?;
+        let b = host.view_f32(base)?;
+        let es = experts.iter().map(|e| host.view_f32(*e)).collect::<Result<Vec<_>>>()?;
         let n = es.len();
         let mut out = vec![0f32; b.len()];
         for (r, row) in out.chunks_mut(width).enumerate() {

@@ -170,10 +170,10 @@ impl MergeMethod for Multislerp {
         let experts = input
             .experts
             .iter()
-            .map(|e| host.read_f32(*e))
+            .map(|e| host.view_f32(*e))
             .collect::<Result<Vec<_>>>()?;
-        let base = input.base.map(|b| host.read_f32(b)).transpose()?;
-        let n = experts.first().map_or(0, Vec::len);
+        let base = input.base.map(|b| host.view_f32(b)).transpose()?;
+        let n = experts.first().map_or(0, |v| v.len());
         if let Some((i, e)) = experts.iter().enumerate().find(|(_, e)| e.len() != n) {
             return Err(Error::Message(format!(
                 "tensor '{name}': expert {} has {} elements but expert 1 has {n}; Multi-SLERP needs every model's \
@@ -196,7 +196,7 @@ impl MergeMethod for Multislerp {
                 experts.len()
             )));
         }
-        let refs: Vec<&[f32]> = experts.iter().map(Vec::as_slice).collect();
+        let refs: Vec<&[f32]> = experts.iter().map(AsRef::as_ref).collect();
         let merged = multislerp(base.as_deref(), &refs, &self.weights, self.eps).map_err(|z| {
             let (what, short, example) = if base.is_some() {
                 (

@@ -142,7 +142,7 @@ impl MergeMethod for Nuslerp {
             }
         } else {
             let shape = host.shape(v0)?;
-            let values = per_vector(self.t, &shape, &host.read_f32(v0)?, &host.read_f32(v1)?, self.row_wise);
+            let values = per_vector(self.t, &shape, &host.view_f32(v0)?, &host.view_f32(v1)?, self.row_wise);
             host.from_f32(&values, &shape)?
         };
         match base {

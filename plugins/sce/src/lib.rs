@@ -184,11 +184,11 @@ impl MergeMethod for Sce {
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
         let base = input.require_base("sce")?;
         let shape = host.shape(base)?;
-        let b = host.read_f32(base)?;
+        let b = host.view_f32(base)?;
         let es = input
             .experts
             .iter()
-            .map(|e| host.read_f32(*e))
+            .map(|e| host.view_f32(*e))
             .collect::<Result<Vec<_>>>()?;
         if let Some((i, e)) = es.iter().enumerate().find(|(_, e)| e.len() != b.len()) {
             return Err(Error::Message(format!(
@@ -200,7 +200,7 @@ impl MergeMethod for Sce {
                 b.len()
             )));
         }
-        let refs: Vec<&[f32]> = es.iter().map(Vec::as_slice).collect();
+        let refs: Vec<&[f32]> = es.iter().map(AsRef::as_ref).collect();
         host.from_f32(&merge(&b, &refs, self.select_topk), &shape)
     }
 }
