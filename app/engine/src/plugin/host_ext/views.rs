@@ -3,8 +3,7 @@
 //! kept alive in the call's context until the call returns, even when the plugin releases it
 //! first, so a lent pointer never dangles during the call.
 
-use crate::plugin::call::{HostError, with_ctx};
-use candle_core::{CpuStorage, DType, Storage, Tensor};
+use crate::plugin::call::{HostError, with_cpu_f32, with_ctx};
 use mergescope_plugin_api::abi::{HostViewsV1, Status, TensorHandle};
 use std::ffi::c_void;
 
@@ -14,28 +13,13 @@ pub(crate) static TABLE: HostViewsV1 = HostViewsV1 {
     view_f32: h_view_f32,
 };
 
-/// Where a contiguous f32 tensor in host memory keeps its values: (first value, count).
-fn cpu_f32_values(t: &Tensor) -> Option<(*const f32, usize)> {
-    if t.dtype() != DType::F32 {
-        return None;
-    }
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        Storage::Cpu(CpuStorage::F32(v)) => layout.contiguous_offsets().and_then(|(s, e)| {
-            let values = v.get(s..e)?;
-            Some((values.as_ptr(), values.len()))
-        }),
-        _ => None,
-    }
-}
-
 unsafe extern "C" fn h_view_f32(ctx: *mut c_void, t: TensorHandle, data: *mut *const f32, len: *mut usize) -> Status {
     with_ctx(ctx, |c| {
         if data.is_null() || len.is_null() {
             return Err(HostError::Invalid("view_f32: null output pointer".into()));
         }
         let tensor = c.tensor(t)?;
-        let (ptr, n) = cpu_f32_values(tensor).ok_or_else(|| {
+        let (ptr, n) = with_cpu_f32(tensor, |v| (v.as_ptr(), v.len())).ok_or_else(|| {
             HostError::Unsupported(format!(
                 "view_f32: tensor {t} is not contiguous f32 in host memory; copy it out with read_f32"
             ))
@@ -57,7 +41,7 @@ unsafe extern "C" fn h_view_f32(ctx: *mut c_void, t: TensorHandle, data: *mut *c
 mod tests {
     use super::*;
     use crate::plugin::call::CallCtx;
-    use candle_core::Device;
+    use candle_core::{DType, Device, Tensor};
     use std::sync::atomic::AtomicBool;
 
     #[test]
