@@ -15,6 +15,17 @@ use std::path::{Path, PathBuf};
 pub const CONFIG_FILE: &str = "adapter_config.json";
 /// The adapter's weights file.
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+
+/// PEFT's name of one LoRA factor (`half`: "A" or "B") of the weight `weight` of the model:
+/// `base_model.model.<module>.lora_A.weight`, or `…lora_embedding_A` for an embedding.
+pub fn peft_factor_name(weight: &str, half: &str, embedding: bool) -> String {
+    let module = weight.strip_suffix(".weight").unwrap_or(weight);
+    if embedding {
+        format!("{PEFT_PREFIX}{module}.lora_embedding_{half}")
+    } else {
+        format!("{PEFT_PREFIX}{module}.lora_{half}.weight")
+    }
+}
 /// The prefix PEFT gives every tensor of a saved adapter.
 const PEFT_PREFIX: &str = "base_model.model.";
 
@@ -612,14 +623,6 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
             model.path.display()
         )));
     }
-    let lora_name = |name: &str, half: &str, embedding: bool| {
-        let module = name.strip_suffix(".weight").unwrap_or(name);
-        if embedding {
-            format!("{PEFT_PREFIX}{module}.lora_embedding_{half}")
-        } else {
-            format!("{PEFT_PREFIX}{module}.lora_{half}.weight")
-        }
-    };
     if !(options.sv_epsilon >= 0.0 && options.sv_epsilon.is_finite()) {
         return Err(EngineError::Invalid(format!(
             "--sv-epsilon {} is not a threshold; give a singular value (0, the default, keeps every one up to the \
@@ -715,7 +718,7 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
                 };
                 for (half, shape) in [("A", a), ("B", b)] {
                     specs.push(OutputTensor {
-                        name: lora_name(name, half, embedding),
+                        name: peft_factor_name(name, half, embedding),
                         dtype: t.dtype,
                         shape,
                     });
@@ -762,8 +765,8 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
         let Some((a, bm)) = factors.remove(name) else {
             return Err(EngineError::Bug(format!("no LoRA factors for '{name}'")));
         };
-        writer.write_values(&lora_name(name, "A", embedding), 0, &a)?;
-        writer.write_values(&lora_name(name, "B", embedding), 0, &bm)?;
+        writer.write_values(&peft_factor_name(name, "A", embedding), 0, &a)?;
+        writer.write_values(&peft_factor_name(name, "B", embedding), 0, &bm)?;
         let module = name.strip_suffix(".weight").unwrap_or(name);
         if k != max_rank {
             ranks.insert(module.to_owned(), k);

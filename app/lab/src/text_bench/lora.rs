@@ -13,6 +13,7 @@ use crate::demo::save_params;
 use crate::nn::Params;
 use candle_core::{DType, Device, Tensor, Var};
 use mergescope_engine::error::{EngineError, Result};
+use mergescope_engine::lora::peft_factor_name;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,9 +32,6 @@ pub const LORA_TARGETS: [&str; 6] = [
 /// Peak learning rate of LoRA experts when none is given (`--lora-rank` without `--text-lr`):
 /// the factors start at zero update and need a larger step than full fine-tuning's 10⁻⁴.
 pub const TEXT_LORA_LR: f64 = 1e-3;
-
-/// The prefix PEFT gives every tensor of a saved adapter.
-const PEFT_PREFIX: &str = "base_model.model.";
 
 /// How each expert is fine-tuned. Absent from a recipe (builds before LoRA): full.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -233,9 +231,8 @@ impl LoraFactors {
     pub fn adapter_tensors(&self) -> Params {
         let mut out = BTreeMap::new();
         for p in &self.pairs {
-            let module = p.weight.strip_suffix(".weight").unwrap_or(&p.weight);
-            out.insert(format!("{PEFT_PREFIX}{module}.lora_A.weight"), p.a.as_tensor().detach());
-            out.insert(format!("{PEFT_PREFIX}{module}.lora_B.weight"), p.b.as_tensor().detach());
+            out.insert(peft_factor_name(&p.weight, "A", false), p.a.as_tensor().detach());
+            out.insert(peft_factor_name(&p.weight, "B", false), p.b.as_tensor().detach());
         }
         out
     }
