@@ -182,39 +182,35 @@ struct TensorStats {
 /// Per expert, a histogram of one digit of |τ| (`BINS` counters).
 type Histograms = Vec<Vec<u64>>;
 
-/// State of the statistics passes (behind a mutex: the host may run a pass's tensors, or chunks
-/// of them, on several threads for a thread-safe instance). Everything global is an integer sum,
-/// so it does not depend on how the host split the tensors or in which order the pieces came.
+/// Integer sums of the statistics passes over a set of elements: the whole model (global scope)
+/// or one tensor that comes in chunks (tensor scope). Being integers, they do not depend on how
+/// the host split the elements or in which order the pieces came.
 #[derive(Default)]
-struct Stats {
-    /// Elements in the model (counted in global pass 0, each chunk its own length).
-    total: u64,
-    /// Idle histogram sets of the current global pass (0: counts by the top 16 bits of |τ|; 1:
-    /// by the low 16 bits). A call takes one (or makes one), counts its piece into it without
-    /// holding the lock and puts it back, so there are about as many as concurrent calls;
-    /// `finish_pass` adds them up.
-    spare: Vec<Histograms>,
-    /// Per expert, after global pass 0: (top 16 bits of the threshold, its rank inside that bin).
-    target: Vec<Option<(u32, u64)>>,
-    /// Σ_j s_j over the model (global pass 2), an integer so that the sum is exact in any order.
-    sign_sum: i64,
-    /// Per-tensor statistics by tensor name (tensor scope).
-    per_tensor: HashMap<String, TensorStats>,
-    /// Tensor scope: the tensors that come in chunks and are not complete in the current pass.
-    partial: HashMap<String, Partial>,
-}
-
-/// Tensor scope: what the chunks of one tensor have counted so far in the current pass.
-#[derive(Default)]
-struct Partial {
-    /// Elements counted in this pass (the tensor is complete at its `full_numel`).
+struct Counts {
+    /// Elements counted in the current pass.
     seen: u64,
-    /// Idle histogram sets, taken by a chunk while it counts (as the global passes' spares).
+    /// Idle histogram sets of the current pass (0: counts by the top 16 bits of |τ|; 1: by the
+    /// low 16 bits). A call takes one (or makes one), counts its piece into it without holding
+    /// the lock and puts it back, so there are about as many as concurrent calls; they are
+    /// summed when the pass is complete.
     spare: Vec<Histograms>,
     /// Per expert, after pass 0: (top 16 bits of the threshold, its rank inside that bin).
     target: Vec<Option<(u32, u64)>>,
-    /// Σ_j s_j over the tensor (pass 2).
+    /// Σ_j s_j (pass 2), an integer so that the sum is exact in any order.
     sign_sum: i64,
+}
+
+/// State of the statistics passes (behind a mutex: the host may run a pass's tensors, or chunks
+/// of them, on several threads for a thread-safe instance).
+#[derive(Default)]
+struct Stats {
+    /// Global scope: the model's counts.
+    global: Counts,
+    /// Per-tensor statistics by tensor name (tensor scope).
+    per_tensor: HashMap<String, TensorStats>,
+    /// Tensor scope: the counts of the tensors that come in chunks, until their statistics are
+    /// complete.
+    partial: HashMap<String, Counts>,
 }
 
 /// The TIES method.
@@ -640,34 +636,38 @@ impl Ties {
         Ok(TensorStats { thresholds, majority })
     }
 
-    /// Global passes 0 and 1: adds the histograms of |τ| per expert over one tensor or chunk
-    /// (its own elements only: `b.len()`, not the full tensor's). The counting runs on a histogram
-    /// set taken from the spares, without holding the lock, so concurrent chunks do not wait for
-    /// each other.
-    fn count_pass(
-        &self,
+    /// Passes 0 and 1 over one tensor or chunk, into the counts `which` picks from the state (the
+    /// model's or the tensor's): one digit of |τ| per expert counted into a histogram set taken
+    /// from their spares, without holding the lock (so concurrent chunks do not wait for each
+    /// other); the set put back and the piece's own length (`b.len()`, not the full tensor's)
+    /// added to `seen`. Returns the state, still locked, for the caller to look at the counts.
+    fn count_piece<'s>(
+        &'s self,
         host: &Host<'_>,
         pass: u32,
         tensor: &TensorMeta<'_>,
         b: &[f32],
         experts: &[Tensor],
-    ) -> Result<()> {
+        which: &dyn Fn(&mut Stats) -> &mut Counts,
+    ) -> Result<MutexGuard<'s, Stats>> {
         let (spare, targets) = {
             let mut stats = self.lock_stats()?;
-            if pass == 0 {
-                stats.total += b.len() as u64;
-            } else if stats.target.len() != self.n_experts {
-                return Err(Error::Message(
-                    "ties: the statistics passes ran out of order (internal error)".to_string(),
-                ));
+            let counts = which(&mut stats);
+            if pass == 1 && counts.target.len() != self.n_experts {
+                return Err(Error::Message(format!(
+                    "tensor '{}': ties ran its statistics passes out of order (internal error)",
+                    tensor.name
+                )));
             }
-            let targets = if pass == 0 { Vec::new() } else { stats.target.clone() };
-            (stats.spare.pop(), targets)
+            (counts.spare.pop(), counts.target.clone())
         };
         let mut hists = spare.unwrap_or_else(|| vec![vec![0u64; BINS]; self.n_experts]);
         Self::count_experts(host, tensor, b, experts, pass, &targets, &mut hists)?;
-        self.lock_stats()?.spare.push(hists);
-        Ok(())
+        let mut stats = self.lock_stats()?;
+        let counts = which(&mut stats);
+        counts.spare.push(hists);
+        counts.seen += b.len() as u64;
+        Ok(stats)
     }
 
     /// Adds one digit of |τ| of every expert of a tensor or chunk to `hists`: the top digits in
@@ -803,20 +803,11 @@ impl Ties {
             }
             return Ok(());
         }
-        let (spare, targets) = {
-            let mut stats = self.lock_stats()?;
-            let part = stats.partial.entry(tensor.name.to_owned()).or_default();
-            if pass == 1 && part.target.len() != self.n_experts {
-                return Err(internal("ran its passes out of order"));
-            }
-            (part.spare.pop(), part.target.clone())
-        };
-        let mut hists = spare.unwrap_or_else(|| vec![vec![0u64; BINS]; self.n_experts]);
-        Self::count_experts(host, tensor, b, experts, pass, &targets, &mut hists)?;
-        let mut stats = self.lock_stats()?;
-        let part = stats.partial.entry(tensor.name.to_owned()).or_default();
-        part.spare.push(hists);
-        part.seen += b.len() as u64;
+        let name = tensor.name;
+        let mut stats = self.count_piece(host, pass, tensor, b, experts, &|s: &mut Stats| {
+            s.partial.entry(name.to_owned()).or_default()
+        })?;
+        let part = stats.partial.entry(name.to_owned()).or_default();
         if part.seen < tensor.full_numel {
             return Ok(());
         }
@@ -964,8 +955,8 @@ impl MergeMethod for Ties {
             // A whole tensor got all its statistics in pass 0.
             return Ok(());
         }
-        // The statistics loops run over plain copies of the tensor or chunk; the host tensors
-        // are released as soon as they are copied.
+        // The statistics loops read the inputs through views (copies where the host cannot lend
+        // them); the host tensors are released at once.
         let b = host.view_f32(base)?;
         host.release(base)?;
         match (self.scope, pass) {
@@ -974,10 +965,13 @@ impl MergeMethod for Ties {
                 self.lock_stats()?.per_tensor.insert(tensor.name.to_owned(), stats);
             }
             (Scope::Tensor, _) => self.tensor_chunk_pass(host, pass, tensor, &b, experts)?,
-            (Scope::Global, 0 | 1) => self.count_pass(host, pass, tensor, &b, experts)?,
+            (Scope::Global, 0 | 1) => {
+                // The model's counts are complete only in `finish_pass`.
+                drop(self.count_piece(host, pass, tensor, &b, experts, &|s: &mut Stats| &mut s.global)?);
+            }
             (Scope::Global, _) => {
                 let sum = self.chunk_sign_votes(host, &b, experts, self.global_thresholds(tensor)?)?;
-                self.lock_stats()?.sign_sum += sum;
+                self.lock_stats()?.global.sign_sum += sum;
             }
         }
         Ok(())
@@ -1002,23 +996,26 @@ impl MergeMethod for Ties {
             }
             (Scope::Global, 0) => {
                 let mut stats = self.lock_stats()?;
-                let mut hists = sum_sets(std::mem::take(&mut stats.spare), self.n_experts);
-                stats.target = self.targets_from(&hists, stats.total)?;
+                let global = &mut stats.global;
+                let mut hists = sum_sets(std::mem::take(&mut global.spare), self.n_experts);
+                // Each expert's k comes from the elements of the whole model.
+                global.target = self.targets_from(&hists, std::mem::take(&mut global.seen))?;
                 // The set is reused, zeroed, by pass 1.
                 hists.iter_mut().for_each(|hist| hist.iter_mut().for_each(|c| *c = 0));
-                stats.spare.push(hists);
+                global.spare.push(hists);
                 Ok(())
             }
             (Scope::Global, 1) => {
                 let mut stats = self.lock_stats()?;
-                let hists = sum_sets(std::mem::take(&mut stats.spare), self.n_experts);
-                let thresholds = Self::thresholds_from(&hists, &stats.target)?;
+                let global = &mut stats.global;
+                let hists = sum_sets(std::mem::take(&mut global.spare), self.n_experts);
+                let thresholds = Self::thresholds_from(&hists, &global.target)?;
                 drop(stats);
                 self.thresholds = Some(thresholds);
                 Ok(())
             }
             (Scope::Global, 2) => {
-                let votes = self.lock_stats()?.sign_sum;
+                let votes = self.lock_stats()?.global.sign_sum;
                 self.majority = Some(majority_of(votes));
                 Ok(())
             }
