@@ -15,6 +15,10 @@ What it makes, under OUT_DIR:
   modules/                                 a tiny multimodal model (Mistral3ForConditionalGeneration,
                                            one of mergekit's modular architectures) merged per module
                                            with `modules:`: inputs/, mergekit/, manifest.json
+  slices/                                  a tiny 6-layer Llama (float32 inputs, so that TIES's magnitude
+                                           cuts have no ties) merged with `slices` whose sources carry
+                                           their own parameters, gradients restarting in every slice:
+                                           inputs/, mergekit/, manifest.json
   tokenizer_union/                         the same for models whose tokenizers differ (added
                                            tokens, a permuted vocabulary) merged with
                                            tokenizer_source: union and the tokenizer block
@@ -29,13 +33,13 @@ the tests and CI need no Python; this script only has to be run again to regener
 (for instance against a newer mergekit), and the diff of manifest.json shows what changed.
 
 How to run:
-  python3 scripts/mergekit-parity.py OUT_DIR [--venv DIR] [--mergekit VERSION] [--only tokenizer-union|modules]
+  python3 scripts/mergekit-parity.py OUT_DIR [--venv DIR] [--mergekit VERSION] [--only tokenizer-union|modules|slices]
 
 It creates a virtualenv (default ~/.cache/mergescope/mergekit-venv, reused when present),
 pip-installs mergekit into it from the default package index (that pulls torch), then runs
 itself again inside that virtualenv to generate the inputs, run `mergekit-yaml` on the CPU
 for every config and write the manifest. OUT_DIR's inputs/, mergekit/, manifest.json and
-tokenizer_union/ and modules/ are replaced (with --only NAME: that folder only); nothing
+tokenizer_union/, modules/ and slices/ are replaced (with --only NAME: that folder only); nothing
 else in OUT_DIR is touched. Any failure exits non-zero.
 """
 
@@ -919,6 +923,29 @@ def modules_configs() -> dict[str, dict]:
             },
             **dtypes,
         },
+        # Gradients in several modules, each restarting in every slice of its module: the text
+        # decoder in two one-layer slices (t = 1 in each), the vision tower's two layers from
+        # its models (t = 0, 1), the projector (no layers) at t = 0.
+        "modules_gradients": {
+            "merge_method": "task_arithmetic",
+            "base_model": "inputs/base",
+            "parameters": {"weight": [0.2, 0.8]},
+            "modules": {
+                "text_decoder": {"slices": [
+                    {"sources": [{"model": "inputs/base", "layer_range": [0, 1]},
+                                 {"model": "inputs/expert1", "layer_range": [0, 1],
+                                  "parameters": {"weight": [{"filter": "mlp", "value": [1.0, 0.0]}]}},
+                                 {"model": "inputs/expert2", "layer_range": [0, 1]}]},
+                    {"sources": [{"model": "inputs/base", "layer_range": [1, 2]},
+                                 {"model": "inputs/expert2", "layer_range": [1, 2], "parameters": {"weight": 0.5}},
+                                 {"model": "inputs/expert1", "layer_range": [1, 2]}]},
+                ]},
+                "vision_tower": {"models": [m("expert1", weight=[0.9, 0.1]), m("expert2")],
+                                 "parameters": {"lambda": [0.5, 1.5]}},
+                "multi_modal_projector": {"models": [m("expert1"), m("expert2")]},
+            },
+            **dtypes,
+        },
     }
 
 
@@ -984,6 +1011,192 @@ def inside_venv_modules(out: Path, venv: Path) -> None:
         print(f"  {r['name']:<34} {len(r['tensors'])} tensors")
 
 
+# --- slices: per-source parameters in every slice ---------------------------------------------
+# mergekit resolves a tensor's parameters from the slice that produces it (MergePlanner.plan_slice,
+# ConfigReader.parameter_sources: the source's parameters, then the slice's, then the top level's)
+# and restarts a gradient's position t in every slice (t = i / (n - 1) over the slice's n layers,
+# 1 for a one-layer slice); pre-layer weights take slices[0]'s models and parameters, post-layer
+# weights slices[-1]'s, both at t = 0 (MergePlanner.plan_module). A tiny Llama with 6 layers,
+# stored as float32 so that magnitude cuts (TIES) have no ties to break.
+SLICES_ARCH = dict(ARCH, hidden_size=8, intermediate_size=16, num_hidden_layers=6, num_attention_heads=2,
+                   num_key_value_heads=2, vocab_size=16, max_position_embeddings=16, torch_dtype="float32")
+SLICES_SEEDS = {"base": 20, "expert1": 21, "expert2": 22, "expert3": 23}
+
+
+def slices_tensor_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    h, i, v = SLICES_ARCH["hidden_size"], SLICES_ARCH["intermediate_size"], SLICES_ARCH["vocab_size"]
+    out = [("model.embed_tokens.weight", (v, h))]
+    for layer in range(SLICES_ARCH["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        out += [(f"{p}.input_layernorm.weight", (h,))]
+        out += [(f"{p}.self_attn.{x}_proj.weight", (h, h)) for x in "qkvo"]
+        out += [(f"{p}.post_attention_layernorm.weight", (h,)), (f"{p}.mlp.gate_proj.weight", (i, h)),
+                (f"{p}.mlp.up_proj.weight", (i, h)), (f"{p}.mlp.down_proj.weight", (h, i))]
+    out += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
+    return out
+
+
+def slices_configs() -> dict[str, dict]:
+    """mergekit configs with per-source parameters in several slices; paths relative to OUT_DIR/slices."""
+    dtypes = {"dtype": "float32", "out_dtype": "float32"}
+
+    def src(name: str, first: int, end: int, **params) -> dict:
+        entry = {"model": f"inputs/{name}", "layer_range": [first, end]}
+        if params:
+            entry["parameters"] = params
+        return entry
+
+    return {
+        # TIES: density and weight per source, different in every slice; the second slice lists
+        # the base second and its experts in another order; the third has a slice-level lambda,
+        # a weight gradient (over its 2 layers) and a filter list falling through to the top level.
+        "ties_slices": {
+            "merge_method": "ties",
+            "base_model": "inputs/base",
+            "parameters": {"normalize": True, "weight": 1.0},
+            "slices": [
+                {"sources": [src("base", 0, 3), src("expert1", 0, 3, density=0.3, weight=0.5),
+                             src("expert2", 0, 3, density=0.6, weight=0.3), src("expert3", 0, 3, density=0.5)]},
+                {"sources": [src("expert3", 3, 4, density=0.8, weight=0.9), src("base", 3, 4),
+                             src("expert1", 3, 4, density=0.2), src("expert2", 3, 4, density=0.4, weight=0.6)]},
+                {"sources": [src("base", 4, 6), src("expert2", 4, 6, density=0.7, weight=[0.2, 0.8]),
+                             src("expert1", 4, 6, density=0.5, weight=0.4),
+                             src("expert3", 4, 6, density=0.3, weight=[{"filter": "mlp", "value": 1.2}])],
+                 "parameters": {"lambda": 0.8}},
+            ],
+            **dtypes,
+        },
+        # Task arithmetic: gradients per source and at the top level, each restarting in every
+        # slice; the second slice takes expert3 where the others take expert1, and a lambda of its
+        # own; the last slice has one layer (t = 1).
+        "task_arithmetic_slices": {
+            "merge_method": "task_arithmetic",
+            "base_model": "inputs/base",
+            "parameters": {"weight": [{"filter": "self_attn", "value": [0.2, 0.6]}, {"value": 0.4}],
+                           "lambda": [1.0, 0.5]},
+            "slices": [
+                {"sources": [src("base", 0, 2), src("expert1", 0, 2, weight=[0.0, 1.0]), src("expert2", 0, 2)]},
+                {"sources": [src("base", 2, 5), src("expert3", 2, 5, weight=[1.0, 0.5, 0.0]),
+                             src("expert2", 2, 5, weight=[{"filter": "mlp", "value": [0.9, 0.1]}])],
+                 "parameters": {"lambda": 0.9}},
+                {"sources": [src("base", 5, 6), src("expert1", 5, 6, weight=0.3),
+                             src("expert2", 5, 6, weight=[0.5, 1.5])]},
+            ],
+            **dtypes,
+        },
+        # Linear without a base: other models and layers in every slice (5 output layers),
+        # weights per source or per slice, normalised.
+        "linear_slices": {
+            "merge_method": "linear",
+            "parameters": {"normalize": True},
+            "slices": [
+                {"sources": [src("expert1", 0, 2, weight=1.0), src("expert2", 0, 2, weight=[1.0, 3.0])]},
+                {"sources": [src("expert3", 4, 6, weight=2.0), src("expert1", 1, 3)],
+                 "parameters": {"weight": [0.5, 1.5]}},
+                {"sources": [src("expert2", 5, 6), src("expert3", 5, 6)], "parameters": {"weight": 0.25}},
+            ],
+            **dtypes,
+        },
+        # SLERP: a top-level t gradient restarting in each slice, and a slice's own filtered t;
+        # the second slice lists the base second.
+        "slerp_slices": {
+            "merge_method": "slerp",
+            "base_model": "inputs/base",
+            "parameters": {"t": [0.0, 1.0]},
+            "slices": [
+                {"sources": [src("base", 0, 3), src("expert1", 0, 3)]},
+                {"sources": [src("expert2", 3, 6), src("base", 3, 6)],
+                 "parameters": {"t": [{"filter": "self_attn", "value": [0.9, 0.1]}, {"value": [0.2, 0.7]}]}},
+            ],
+            **dtypes,
+        },
+        # A frankenmerge (7 layers) with a per-source scale: o_proj and down_proj scaled in the
+        # repeated layers, a gradient in the last slice.
+        "passthrough_slices_scale": {
+            "merge_method": "passthrough",
+            "slices": [
+                {"sources": [src("expert1", 0, 3)]},
+                {"sources": [src("expert2", 2, 5, scale=[{"filter": "o_proj", "value": 0.5},
+                                                          {"filter": "down_proj", "value": 0.25},
+                                                          {"value": 1.0}])]},
+                {"sources": [src("expert3", 4, 6, scale=[0.6, 1.0])]},
+            ],
+            **dtypes,
+        },
+    }
+
+
+def inside_venv_slices(out: Path, venv: Path) -> None:
+    import importlib.metadata as md
+
+    import numpy as np
+    import yaml
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    root = out / "slices"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    versions = {p: md.version(p) for p in ("mergekit", "torch", "safetensors", "numpy", "transformers")}
+    versions["python"] = platform.python_version()
+    shapes = slices_tensor_shapes()
+    base = {}
+    for model, seed in SLICES_SEEDS.items():
+        rng = np.random.default_rng(seed)
+        tensors = {}
+        for name, shape in shapes:
+            if model == "base":
+                a = 1.0 + rng.normal(0.0, NORM_STD, size=shape) if len(shape) == 1 else rng.normal(0.0, BASE_STD, size=shape)
+                tensors[name] = a.astype(np.float32)
+            else:
+                tensors[name] = (base[name] + rng.normal(0.0, DELTA_STD, size=shape).astype(np.float32)).astype(np.float32)
+        if model == "base":
+            base = tensors
+        folder = root / "inputs" / model
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(SLICES_ARCH, indent=2) + "\n")
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    mergekit_yaml = venv / "bin" / "mergekit-yaml"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    (root / "mergekit").mkdir()
+    results = []
+    for name, cfg in slices_configs().items():
+        rel_yaml, rel_out = f"mergekit/{name}.yml", f"mergekit/{name}"
+        (root / rel_yaml).write_text(yaml.safe_dump(cfg, sort_keys=False))
+        r = run([mergekit_yaml, rel_yaml, rel_out, *MERGEKIT_FLAGS], cwd=root, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.stderr.write(r.stdout + r.stderr)
+            die(f"mergekit-yaml failed for slices/{name} (exit {r.returncode})")
+        folder = root / rel_out
+        (folder / "README.md").unlink(missing_ok=True)
+        tensors = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    tensors[k] = list(fh.get_tensor(k).shape)
+        layers = json.loads((folder / "config.json").read_text()).get("num_hidden_layers")
+        results.append({"name": name, "config": rel_yaml, "output": rel_out, "num_hidden_layers": layers,
+                        "files": sorted(p.name for p in folder.iterdir()), "tensors": dict(sorted(tensors.items()))})
+    manifest = {
+        "about": "mergekit's merges of `slices` with per-source parameters in every slice, made by "
+        "scripts/mergekit-parity.py --only slices; paths are relative to this file's folder.",
+        "versions": versions,
+        "mergekit_yaml_flags": MERGEKIT_FLAGS,
+        "inputs": {"architecture": SLICES_ARCH, "seeds": SLICES_SEEDS,
+                   "generator": "per model numpy.random.default_rng(seed): the base's norms 1 + N(0, norm_std), "
+                   "its other tensors N(0, std); experts = base + N(0, delta_std); stored as float32",
+                   "std": BASE_STD, "norm_std": NORM_STD, "delta_std": DELTA_STD,
+                   "tensors": {n: list(s) for n, s in shapes}},
+        "configs": results,
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    print(f"\nSlices: {len(results)} merges, {size} bytes under {root}")
+    for r in results:
+        print(f"  {r['name']:<34} {len(r['tensors'])} tensors, {r['num_hidden_layers']} layers")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", type=Path, help="where inputs/, mergekit/ and manifest.json go")
@@ -992,9 +1205,10 @@ def main() -> None:
     ap.add_argument("--mergekit", metavar="VERSION", default=None,
                     help="install exactly this mergekit version (default: the latest, or "
                     "whatever the reused virtualenv has)")
-    ap.add_argument("--only", choices=["tokenizer-union", "modules"], default=None,
+    ap.add_argument("--only", choices=["tokenizer-union", "modules", "slices"], default=None,
                     help="make only this case (tokenizer-union: OUT_DIR/tokenizer_union/, modules: "
-                    "OUT_DIR/modules/, leaving the other fixtures as they are); default: every fixture")
+                    "OUT_DIR/modules/, slices: OUT_DIR/slices/, leaving the other fixtures as they are); "
+                    "default: every fixture")
     args = ap.parse_args()
     out, venv = args.out_dir.resolve(), args.venv.expanduser().absolute()
 
@@ -1005,6 +1219,8 @@ def main() -> None:
             inside_venv_tokenizer_union(out, venv)
         if args.only in (None, "modules"):
             inside_venv_modules(out, venv)
+        if args.only in (None, "slices"):
+            inside_venv_slices(out, venv)
         return
     if sys.version_info < (3, 10):
         die("Python 3.10 or newer is needed (mergekit requires it)")

@@ -4,14 +4,17 @@
 //! A sliced merge has one source per input in every slice (base first when there is one, then
 //! the experts). Input k of the merge is assembled as one checkpoint: output layer o (counted
 //! across the slices) is layer `first + i` of slice s's k-th model; tensors outside the
-//! numbered layers come from the first slice's model when they are embeddings, else (final
-//! norm, output head) from the last slice's, as mergekit's architectures place them.
+//! numbered layers come from the first slice's model when they stand before the layers
+//! ([`is_pre_layer`]: embeddings, a vision tower's patch convolution and pre-norm), else (final
+//! norm, output head) from the last slice's, as mergekit gathers its pre-layer weights from
+//! `slices[0]`'s sources and its post-layer weights from `slices[-1]`'s
+//! (`MergePlanner.plan_module`). A module without layers (a projector) takes every tensor from
+//! its first slice (mergekit's architectures list them as its pre-layer weights).
 //!
 //! With an output vocabulary (mergekit's `tokenizer_source` or `tokenizer:` block, built from
 //! every model the slices name), [`align`] permutes the rows of each input's embeddings with the
 //! tokenizer of the first slice's model they came from, and those of its output head with the
-//! last slice's model's, as mergekit gathers its pre-layer weights from `slices[0]`'s sources
-//! and its post-layer weights from `slices[-1]`'s.
+//! last slice's model's.
 //!
 //! Slices may each be scoped to a [`ModuleScope`], a part of a multimodal model (mergekit's
 //! `modules`: a text decoder, a vision tower, a projector), known by the prefixes of its tensor
@@ -107,18 +110,30 @@ pub struct SliceSource {
     pub layers: [usize; 2],
 }
 
-/// Whether a tensor outside the layers belongs before them (token and position embeddings).
-fn is_embedding(name: &str) -> bool {
-    [
+/// Whether a tensor outside the layers stands before them, as mergekit 0.1.5's architecture
+/// definitions (`mergekit/_data/architectures/*.json`) list their `pre_weights`: token, position
+/// and patch embeddings (not GPT-NeoX's output head `embed_out`, a post-layer weight there), a
+/// vision tower's patch convolution and pre-norm (Pixtral's `patch_conv`, `ln_pre`; Llama 4's
+/// `layernorm_pre`), ChatGLM's rotary frequencies and Jais's position slopes.
+pub(crate) fn is_pre_layer(name: &str) -> bool {
+    const PRE: &[&str] = &[
         "embed",
         "wte",
         "wpe",
-        "tok_embeddings",
-        "word_embeddings",
-        "position_embeddings",
-    ]
-    .iter()
-    .any(|k| name.contains(k))
+        "patch_conv",
+        "ln_pre",
+        "layernorm_pre",
+        "rotary_pos_emb",
+        "relative_pe",
+    ];
+    PRE.iter().any(|k| name.contains(k)) && !name.contains("embed_out")
+}
+
+/// Whether a tensor outside the layers of a module is taken from (and its parameters resolved
+/// with) the module's first slice rather than its last: a pre-layer weight, or any tensor of a
+/// module without layers.
+pub(crate) fn from_first_slice(name: &str, layerless: bool) -> bool {
+    layerless || is_pre_layer(name)
 }
 
 /// Number of output layers of a sliced merge (with modules: of the first module, the one whose
@@ -233,8 +248,10 @@ fn assemble(slices: &[Slice], k: usize, wanted: &dyn Fn(&str) -> bool, opened: &
         }
         out_layer += end - from;
     }
-    // Tensors outside the layers: embeddings from the first slice's model, the rest from the last's.
-    for (model, embeddings) in [(&first.sources[k].model, true), (&last.sources[k].model, false)] {
+    // Tensors outside the layers: pre-layer weights from the first slice's model, the rest from
+    // the last's (a module without layers: all from the first).
+    let layerless = out_layer == 0;
+    for (model, first_slice) in [(&first.sources[k].model, true), (&last.sources[k].model, false)] {
         let Some((ckpt, names)) = opened.get_mut(model) else {
             continue;
         };
@@ -244,7 +261,7 @@ fn assemble(slices: &[Slice], k: usize, wanted: &dyn Fn(&str) -> bool, opened: &
             .filter(|n| {
                 wanted(n)
                     && layer_position(&n.split('.').collect::<Vec<_>>()).is_none()
-                    && is_embedding(n) == embeddings
+                    && from_first_slice(n, layerless) == first_slice
             })
             .cloned()
             .collect();
@@ -266,7 +283,7 @@ pub fn align(slices: &[Slice], spec: &TokenizerSpec, inputs: &mut [Checkpoint]) 
             m.name
         )));
     }
-    for (slice, embeddings) in [(first, true), (last, false)] {
+    for (slice, first_slice) in [(first, true), (last, false)] {
         let models: Vec<PathBuf> = slice.sources.iter().map(|s| s.model.clone()).collect();
         if models.len() != inputs.len() {
             return Err(EngineError::Bug(format!(
@@ -277,7 +294,7 @@ pub fn align(slices: &[Slice], spec: &TokenizerSpec, inputs: &mut [Checkpoint]) 
         }
         if let Some(plan) = VocabPlan::build(spec, &models)? {
             let mut all: Vec<&mut Checkpoint> = inputs.iter_mut().collect();
-            plan.align_where(&mut all, |name| is_embedding(name) == embeddings)?;
+            plan.align_where(&mut all, |name| is_pre_layer(name) == first_slice)?;
         }
     }
     Ok(())
@@ -308,6 +325,29 @@ mod tests {
             w.write_values(n, 0, &[value, layer]).unwrap();
         }
         w.commit().unwrap();
+    }
+
+    #[test]
+    fn pre_layer_weights_are_mergekits() {
+        for name in [
+            "model.embed_tokens.weight",
+            "transformer.wte.weight",
+            "vision_tower.patch_conv.weight",
+            "vision_tower.ln_pre.weight",
+            "vision_model.layernorm_pre.bias",
+        ] {
+            assert!(is_pre_layer(name), "{name}");
+        }
+        for name in [
+            "embed_out.weight",
+            "lm_head.weight",
+            "model.norm.weight",
+            "vision_model.layernorm_post.weight",
+        ] {
+            assert!(!is_pre_layer(name), "{name}");
+        }
+        assert!(from_first_slice("multi_modal_projector.norm.weight", true));
+        assert!(!from_first_slice("multi_modal_projector.norm.weight", false));
     }
 
     #[test]

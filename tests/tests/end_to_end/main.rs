@@ -22,6 +22,7 @@ mod golden_weight_average;
 mod lora;
 mod mergekit_lora_slices;
 mod mergekit_parity;
+mod mergekit_slices;
 mod mergekit_tokenizer;
 mod mergekit_yaml;
 mod model_level;

@@ -30,14 +30,16 @@ enum Conv {
 }
 
 /// One parameter of a method: mergekit's name, mergescope's, whether it is given per model,
-/// mergekit's default when it differs from the plugin's (written into the recipe), and the
-/// conversion.
+/// mergekit's default when it differs from the plugin's (written into the recipe), mergekit's
+/// default where it is the plugin's (`implied`: written only where slices spell the parameter
+/// out per layer, `sliced`), and the conversion.
 #[derive(Clone, Copy, Debug)]
 struct Param {
     mergekit: &'static str,
     ours: &'static str,
     per_model: bool,
     default: Option<DefaultValue>,
+    implied: Option<DefaultValue>,
     conv: Conv,
 }
 
@@ -63,6 +65,7 @@ const fn shared(mergekit: &'static str, ours: &'static str) -> Param {
         ours,
         per_model: false,
         default: None,
+        implied: None,
         conv: Conv::Same,
     }
 }
@@ -81,6 +84,12 @@ const fn default(mut p: Param, v: DefaultValue) -> Param {
 
 const fn conv(mut p: Param, c: Conv) -> Param {
     p.conv = c;
+    p
+}
+
+/// mergekit's default `v`, the plugin's too (so the recipe leaves it out).
+const fn implied(mut p: Param, v: DefaultValue) -> Param {
+    p.implied = Some(v);
     p
 }
 
@@ -127,7 +136,7 @@ const BREADCRUMBS_PARAMS: &[Param] = &[
     LAMBDA,
     WEIGHT,
     default(per_model("density", "density"), Number(1.0)),
-    per_model("gamma", "gamma"),
+    implied(per_model("gamma", "gamma"), Number(0.01)),
     shared("normalize", "normalize"),
 ];
 
@@ -206,7 +215,7 @@ const MAPPINGS: &[Mapping] = &[
             LAMBDA,
             WEIGHT,
             default(per_model("density", "density"), Number(1.0)),
-            per_model("epsilon", "epsilon"),
+            implied(per_model("epsilon", "epsilon"), Number(0.15)),
             default(shared("normalize", "normalize"), Bool(true)),
             default(shared("rescale", "rescale"), Bool(true)),
         ],
@@ -221,7 +230,7 @@ const MAPPINGS: &[Mapping] = &[
             LAMBDA,
             WEIGHT,
             default(per_model("density", "density"), Number(1.0)),
-            per_model("epsilon", "epsilon"),
+            implied(per_model("epsilon", "epsilon"), Number(0.15)),
             default(shared("normalize", "normalize"), Bool(false)),
             default(shared("rescale", "rescale"), Bool(true)),
         ],
@@ -255,7 +264,7 @@ const MAPPINGS: &[Mapping] = &[
         params: &[
             per_model("weight", "weights"),
             shared("normalize_weights", "normalize_weights"),
-            shared("eps", "eps"),
+            implied(shared("eps", "eps"), Number(1e-8)),
         ],
     },
     Mapping {
@@ -272,7 +281,7 @@ const MAPPINGS: &[Mapping] = &[
         base: Base::Required,
         experts: None,
         fixed: &[],
-        params: &[shared("select_topk", "select_topk")],
+        params: &[implied(shared("select_topk", "select_topk"), Number(1.0))],
     },
     Mapping {
         mergekit: "karcher",
@@ -280,7 +289,10 @@ const MAPPINGS: &[Mapping] = &[
         base: Base::Ignored,
         experts: None,
         fixed: &[],
-        params: &[shared("max_iter", "max_iter"), shared("tol", "tol")],
+        params: &[
+            implied(shared("max_iter", "max_iter"), Number(10.0)),
+            implied(shared("tol", "tol"), Number(1e-5)),
+        ],
     },
     Mapping {
         mergekit: "passthrough",
@@ -288,7 +300,8 @@ const MAPPINGS: &[Mapping] = &[
         base: Base::Ignored,
         experts: Some(1),
         fixed: &[],
-        params: &[per_model("scale", "scale")],
+        // mergekit's scale None multiplies by nothing: the plugin's 1.
+        params: &[implied(per_model("scale", "scale"), Number(1.0))],
     },
 ];
 
@@ -343,13 +356,63 @@ impl Mapping {
         self.base != Base::Ignored
     }
 
+    /// Whether the method cannot run without a base model.
+    pub(crate) fn requires_base(&self) -> bool {
+        self.base == Base::Required
+    }
+
+    /// Whether mergekit's parameter `mergekit` is given per model (mergekit resolves it for each
+    /// input from the input's own parameters first).
+    pub(crate) fn is_per_model_key(&self, mergekit: &str) -> bool {
+        self.params.iter().any(|p| p.mergekit == mergekit && p.per_model)
+    }
+
+    /// mergekit's default of its parameter `mergekit`, in mergekit's terms, when it has one
+    /// (written into the recipe where it differs from the plugin's, or where slices spell the
+    /// parameter out per layer).
+    pub(crate) fn mergekit_default(&self, mergekit: &str) -> Option<Value> {
+        self.params
+            .iter()
+            .find(|p| p.mergekit == mergekit)
+            .and_then(|p| p.default.or(p.implied))
+            .map(DefaultValue::json)
+    }
+
+    /// Checks that `key` (given in `where_`) is a parameter of the method; `int8_mask` is
+    /// accepted and ignored, with a note.
+    pub(crate) fn check_key(&self, file: &Path, key: &str, where_: &str, notes: &mut Vec<String>) -> Result<()> {
+        if key == "int8_mask" {
+            let note = "int8_mask only saves mergekit memory; mergescope ignores it";
+            if !notes.iter().any(|n| n == note) {
+                notes.push(note.to_owned());
+            }
+            return Ok(());
+        }
+        if self.params.iter().any(|p| p.mergekit == key) {
+            return Ok(());
+        }
+        let known: BTreeSet<&str> = self.params.iter().map(|p| p.mergekit).collect();
+        let known = if known.is_empty() {
+            "none".to_owned()
+        } else {
+            known.into_iter().collect::<Vec<_>>().join(", ")
+        };
+        Err(invalid(
+            file,
+            format!(
+                "{where_}: merge_method {} has no parameter '{key}'; it has {known}",
+                self.mergekit
+            ),
+        ))
+    }
+
     /// For a method without a base role, mergekit merges a `base_model` that `models` does not
     /// list as one more input, after the others: the entries with it added (and a note).
     pub(crate) fn add_unlisted_base(&self, base: Option<&Path>, entries: &mut Vec<Entry>, notes: &mut Vec<String>) {
         let (Base::Ignored, Some(b)) = (self.base, base) else {
             return;
         };
-        if entries.iter().any(|e| e.model == b) || entries.iter().any(|e| !e.sources.is_empty()) {
+        if entries.iter().any(|e| e.model == b) {
             return;
         }
         self.append_unlisted_base("", b, entries, notes);
@@ -375,69 +438,59 @@ impl Mapping {
         entries.push(Entry {
             model: b.to_path_buf(),
             params: Map::new(),
-            sources: Vec::new(),
-            position: entries.len(),
         });
     }
 
     /// The base entry (when the method uses one and it is an input) and the experts, in the
-    /// configuration's order.
+    /// configuration's order (of `models`; slices are matched slice by slice in `sliced`).
     pub(crate) fn roles<'e>(
         &self,
         file: &Path,
         base: Option<&Path>,
         entries: &'e [Entry],
     ) -> Result<(Option<&'e Entry>, Vec<&'e Entry>)> {
-        let sliced = entries.first().is_some_and(|e| !e.sources.is_empty());
-
         let is_base = |e: &Entry| base.is_some_and(|b| e.model == b);
         let (base_entry, experts): (Option<&Entry>, Vec<&Entry>) = match self.base {
-            Base::Ignored => {
-                if base.is_some() && !entries.iter().any(&is_base) {
-                    return Err(invalid(
-                        file,
-                        "base_model is not among the slices' sources; list it in a slice or remove it",
-                    ));
-                }
-                (None, entries.iter().collect())
-            }
+            Base::Ignored => (None, entries.iter().collect()),
             Base::Required | Base::Optional => {
                 if self.base == Base::Required && base.is_none() {
-                    return Err(invalid(
-                        file,
-                        format!(
-                            "merge_method {} needs base_model (the model the others were tuned from)",
-                            self.mergekit
-                        ),
-                    ));
+                    return Err(self.no_base(file));
                 }
                 let base_entry = entries.iter().find(|e| is_base(e));
-                if sliced && base.is_some() && base_entry.is_none() {
-                    return Err(invalid(
-                        file,
-                        "base_model is not among the slices' sources; list it as a source of every slice",
-                    ));
-                }
                 (base_entry, entries.iter().filter(|e| !is_base(e)).collect())
             }
         };
         if experts.is_empty() {
             return Err(invalid(file, "lists no model to merge besides the base"));
         }
-        if let Some(n) = self.experts
-            && experts.len() != n
-        {
-            return Err(invalid(
+        self.check_expert_count(file, "this config", experts.len())?;
+        Ok((base_entry, experts))
+    }
+
+    /// The error of a method that needs a base without one.
+    pub(crate) fn no_base(&self, file: &Path) -> crate::error::EngineError {
+        invalid(
+            file,
+            format!(
+                "merge_method {} needs base_model (the model the others were tuned from)",
+                self.mergekit
+            ),
+        )
+    }
+
+    /// Checks the number of models besides the base (`n`, of `what`) against the method's.
+    pub(crate) fn check_expert_count(&self, file: &Path, what: &str, n: usize) -> Result<()> {
+        match self.experts {
+            Some(want) if want != n => Err(invalid(
                 file,
                 format!(
-                    "merge_method {} takes exactly {n} model{} besides the base, this config has {}",
+                    "merge_method {} takes exactly {want} model{} besides the base, {what} has {n}",
                     self.mergekit,
-                    if n == 1 { "" } else { "s" },
-                    experts.len()
+                    if want == 1 { "" } else { "s" },
                 ),
-            ));
+            )),
+            _ => Ok(()),
         }
-        Ok((base_entry, experts))
     }
 
     /// The plugin parameters: the fixed ones, then each mergekit parameter converted (per-model
@@ -453,37 +506,12 @@ impl Mapping {
         for (k, v) in self.fixed {
             out.insert((*k).to_owned(), json!(v));
         }
-        let known: BTreeSet<&str> = self.params.iter().map(|p| p.mergekit).collect();
-        let known_list = || {
-            if known.is_empty() {
-                "none".to_owned()
-            } else {
-                known.iter().copied().collect::<Vec<_>>().join(", ")
-            }
-        };
-        let check_key = |key: &str, where_: &str, notes: &mut Vec<String>| -> Result<()> {
-            if key == "int8_mask" {
-                notes.push("int8_mask only saves mergekit memory; mergescope ignores it".to_owned());
-                return Ok(());
-            }
-            if known.contains(key) {
-                return Ok(());
-            }
-            Err(invalid(
-                file,
-                format!(
-                    "{where_}: merge_method {} has no parameter '{key}'; it has {}",
-                    self.mergekit,
-                    known_list()
-                ),
-            ))
-        };
         for key in shared_params.keys() {
-            check_key(key, "parameters", notes)?;
+            self.check_key(file, key, "parameters", notes)?;
         }
         for e in experts {
             for key in e.params.keys() {
-                check_key(key, &format!("the parameters of '{}'", e.model.display()), notes)?;
+                self.check_key(file, key, &format!("the parameters of '{}'", e.model.display()), notes)?;
             }
         }
         for p in self.params {
@@ -526,9 +554,12 @@ impl Mapping {
                     }
                     // One number for all when the models agree; else one value per model (a
                     // number, or mergekit's per-model gradients and filters, which the host
-                    // resolves per tensor).
+                    // resolves per tensor). A method of exactly one model (passthrough, whose
+                    // plugin's `scale` is not per task) takes that model's value as it is.
                     let first = list[0].clone();
-                    if first.is_number() && list.iter().all(|v| *v == first) {
+                    if (first.is_number() && list.iter().all(|v| *v == first))
+                        || (self.experts == Some(1) && list.len() == 1)
+                    {
                         Some(first)
                     } else {
                         Some(Value::Array(list))

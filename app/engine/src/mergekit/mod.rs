@@ -15,6 +15,7 @@
 mod methods;
 mod models;
 mod modules;
+mod sliced;
 
 pub use methods::{MERGEKIT_METHODS, plugin_for};
 pub use models::resolve_model;
@@ -22,7 +23,7 @@ pub use models::resolve_model;
 use crate::dtype::OutDType;
 use crate::error::{EngineError, Result};
 use crate::recipe::{Recipe, TokenOverride, TokenizerTable, VocabSource, params_to_toml};
-use crate::slices::{Slice, SliceSource};
+use crate::slices::Slice;
 use crate::tokenizer_union::{
     ChatTemplate, EmbeddingSource, Source, TokenEmbedding, TokenRef, TokenizerSpec, VocabPlan,
 };
@@ -200,23 +201,36 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
                 tokenizer: None,
             }
         }
-        (models, slices, None) if models.is_some() != slices.is_some() => {
-            let (entries, slices) = match (models, slices) {
-                (Some(models), _) => (read_models(file, "models", models, &model_ref)?, Vec::new()),
-                (_, Some(slices)) => read_slices(file, "slices", slices, &model_ref, false)?,
-                (None, None) => (Vec::new(), Vec::new()),
-            };
-            single_layout(
+        (Some(models), None, None) => {
+            let entries = read_models(file, "models", models, &model_ref)?;
+            models_layout(
                 file,
                 &top,
                 mapping,
                 base.as_deref(),
                 &shared,
                 entries,
-                slices,
                 &model_ref,
                 &mut notes,
             )?
+        }
+        (None, Some(slices), None) => {
+            let defs = sliced::read(file, "slices", slices, &model_ref, false, &mut notes)?;
+            let plan = sliced::plan(file, mapping, base.as_deref(), &shared, &defs, None, false, &mut notes)?;
+            // With slices, every model the slices name joins the vocabulary, and each input's
+            // embeddings and output head are aligned with the model they come from
+            // (`slices::align`).
+            let listed: Vec<PathBuf> = defs
+                .iter()
+                .flat_map(|s| s.sources.iter().map(|src| src.model.clone()))
+                .collect();
+            Layout {
+                base: plan.base,
+                experts: plan.experts,
+                params: plan.params,
+                slices: plan.slices,
+                tokenizer: read_tokenizer(file, &top, base.as_deref(), &listed, &model_ref)?,
+            }
         }
         (None, None, None) => {
             return Err(invalid(
@@ -336,17 +350,15 @@ struct Layout {
     tokenizer: Option<TokenizerSpec>,
 }
 
-/// The layout of a configuration with `models` or `slices` (`entries`, and `slices` in the
-/// slices form).
+/// The layout of a configuration with `models` (`entries`).
 #[allow(clippy::too_many_arguments)]
-fn single_layout(
+fn models_layout(
     file: &Path,
     top: &Map<String, Value>,
     mapping: &methods::Mapping,
     base: Option<&Path>,
     shared: &Map<String, Value>,
     mut entries: Vec<Entry>,
-    slices: Vec<Slice>,
     model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>,
     notes: &mut Vec<String>,
 ) -> Result<Layout> {
@@ -357,14 +369,13 @@ fn single_layout(
         .map(|e| e.model.clone())
         .or_else(|| base.map(Path::to_path_buf).filter(|_| mapping.uses_base()));
     let params = mapping.params(file, shared, &experts, notes)?;
-    // With slices, every model the slices name joins the vocabulary, and each input's embeddings
-    // and output head are aligned with the model they come from (`slices::align`).
-    let tokenizer = read_tokenizer(file, top, base, &entries, &slices, model_ref)?;
+    let listed: Vec<PathBuf> = entries.iter().map(|e| e.model.clone()).collect();
+    let tokenizer = read_tokenizer(file, top, base, &listed, model_ref)?;
     Ok(Layout {
         base: base_path,
         experts: experts.iter().map(|e| e.model.clone()).collect(),
         params,
-        slices: slice_layout(&slices, base_entry, &experts),
+        slices: Vec::new(),
         tokenizer,
     })
 }
@@ -398,13 +409,12 @@ fn tokenizer_table(spec: &TokenizerSpec, recipe_base: Option<&Path>) -> Tokenize
 }
 
 /// The `tokenizer_source` or `tokenizer` block, as a [`TokenizerSpec`] over the configuration's
-/// models (the base first).
+/// models (the base first, then the `listed` ones in the configuration's order).
 fn read_tokenizer(
     file: &Path,
     top: &Map<String, Value>,
     base: Option<&Path>,
-    entries: &[Entry],
-    slices: &[Slice],
+    listed: &[PathBuf],
     model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>,
 ) -> Result<Option<TokenizerSpec>> {
     let given = |k: &str| top.get(k).filter(|v| !v.is_null());
@@ -469,13 +479,9 @@ fn read_tokenizer(
         return Err(invalid(file, "tokenizer_source: base needs a base_model"));
     }
     let mut models: Vec<PathBuf> = base.iter().map(|b| b.to_path_buf()).collect();
-    let listed = entries
-        .iter()
-        .flat_map(|e| std::iter::once(e.model.clone()).chain(e.sources.iter().map(|s| s.model.clone())))
-        .chain(slices.iter().flat_map(|s| s.sources.iter().map(|x| x.model.clone())));
     for m in listed {
-        if !models.contains(&m) {
-            models.push(m);
+        if !models.contains(m) {
+            models.push(m.clone());
         }
     }
     Ok(Some(TokenizerSpec {
@@ -583,14 +589,10 @@ fn token_embedding(
 /// One input model as the configuration lists it.
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
-    /// Resolved path (for slices: the model of the first slice at this position).
+    /// Resolved path (for slices: the model of the first slice at this input).
     pub model: PathBuf,
-    /// Its `parameters`.
+    /// Its `parameters` (for slices: resolved over the slices, `sliced`).
     pub params: Map<String, Value>,
-    /// The slice sources at this position (slices form only).
-    pub sources: Vec<SliceSource>,
-    /// Position in the configuration's list (of models, or of each slice's sources).
-    pub position: usize,
 }
 
 fn params_of(file: &Path, what: &str, v: Option<&Value>) -> Result<Map<String, Value>> {
@@ -646,123 +648,7 @@ fn read_models(
                     ));
                 }
             };
-            Ok(Entry {
-                model,
-                params,
-                sources: Vec::new(),
-                position: i,
-            })
-        })
-        .collect()
-}
-
-/// Slices: every slice must list its sources in the same order of models (the k-th source of
-/// each slice is input k); the parameters of a position come from its first slice.
-/// `key` names the list in messages; `allow_empty` lets a source take layers [0, 0) (a module
-/// without layers).
-fn read_slices(
-    file: &Path,
-    key: &str,
-    slices: &Value,
-    model_ref: &dyn Fn(&str, &Value) -> Result<PathBuf>,
-    allow_empty: bool,
-) -> Result<(Vec<Entry>, Vec<Slice>)> {
-    let list = slices
-        .as_array()
-        .filter(|l| !l.is_empty())
-        .ok_or_else(|| invalid(file, format!("'{key}' must be a non-empty list of {{sources: [...]}}")))?;
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut out = Vec::new();
-    for (si, slice) in list.iter().enumerate() {
-        let what = format!("{key}[{si}]");
-        let obj = slice
-            .as_object()
-            .ok_or_else(|| invalid(file, format!("{what} must be a mapping with 'sources'")))?;
-        check_keys(file, &what, obj, &["sources"])?;
-        let sources = obj
-            .get("sources")
-            .and_then(Value::as_array)
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| invalid(file, format!("{what} has no 'sources' list")))?;
-        if si > 0 && sources.len() != entries.len() {
-            return Err(invalid(
-                file,
-                format!(
-                    "{what} has {} sources but {key}[0] has {}; mergescope merges slices whose sources are the same \
-                     inputs in the same order",
-                    sources.len(),
-                    entries.len()
-                ),
-            ));
-        }
-        let mut recipe_sources = Vec::new();
-        for (k, src) in sources.iter().enumerate() {
-            let what = format!("{what}.sources[{k}]");
-            let obj = src
-                .as_object()
-                .ok_or_else(|| invalid(file, format!("{what} must be a mapping with 'model' and 'layer_range'")))?;
-            check_keys(file, &what, obj, &["model", "layer_range", "parameters"])?;
-            let model = model_ref(
-                &what,
-                obj.get("model")
-                    .ok_or_else(|| invalid(file, format!("{what} has no 'model'")))?,
-            )?;
-            let range = obj
-                .get("layer_range")
-                .and_then(Value::as_array)
-                .and_then(|r| match r.as_slice() {
-                    [a, b] => Some([a.as_u64()? as usize, b.as_u64()? as usize]),
-                    _ => None,
-                })
-                .filter(|[a, b]| a < b || (allow_empty && *a == 0 && *b == 0))
-                .ok_or_else(|| {
-                    invalid(
-                        file,
-                        format!("{what}: layer_range must be [first, end) with first < end"),
-                    )
-                })?;
-            let source = SliceSource {
-                model: model.clone(),
-                layers: range,
-            };
-            if si == 0 {
-                entries.push(Entry {
-                    model,
-                    params: params_of(file, &what, obj.get("parameters"))?,
-                    sources: vec![source.clone()],
-                    position: k,
-                });
-            } else {
-                if obj.get("parameters").is_some_and(|p| !p.is_null()) {
-                    return Err(invalid(
-                        file,
-                        format!(
-                            "{what}: parameters are read from slices[0]'s sources; give per-model parameters there \
-                             (or shared ones under the top-level 'parameters')"
-                        ),
-                    ));
-                }
-                entries[k].sources.push(source.clone());
-            }
-            recipe_sources.push(source);
-        }
-        out.push(Slice {
-            sources: recipe_sources,
-            module: None,
-        });
-    }
-    Ok((entries, out))
-}
-
-/// The recipe's slices with their sources in the order of the recipe's inputs (base first when
-/// it is one of them, then the experts).
-fn slice_layout(slices: &[Slice], base: Option<&Entry>, experts: &[&Entry]) -> Vec<Slice> {
-    let order: Vec<usize> = base.iter().chain(experts.iter()).map(|e| e.position).collect();
-    slices
-        .iter()
-        .map(|s| Slice {
-            sources: order.iter().filter_map(|&k| s.sources.get(k).cloned()).collect(),
-            module: s.module.clone(),
+            Ok(Entry { model, params })
         })
         .collect()
 }

@@ -15,11 +15,12 @@
 //! modules' prefixes.
 
 use super::methods::Mapping;
-use super::{check_keys, invalid, params_of, read_models, read_slices, slice_layout};
+use super::sliced::{self, SliceDef, SourceDef, chain};
+use super::{check_keys, invalid, params_of, read_models};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::layered::layer_index;
-use crate::slices::{ModuleScope, Slice, SliceSource};
+use crate::slices::{ModuleScope, Slice};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -112,40 +113,6 @@ fn architecture(model: &Path) -> Option<String> {
     let text = std::fs::read_to_string(model.join("config.json")).ok()?;
     let config: Value = serde_json::from_str(&text).ok()?;
     config.get("architectures")?.get(0)?.as_str().map(str::to_owned)
-}
-
-/// Whether a value given in the YAML holds a gradient (a list of plain values) anywhere.
-fn has_gradient(v: &Value) -> bool {
-    match v {
-        Value::Array(items) if !items.is_empty() && items.iter().all(|i| !i.is_object() && !i.is_array()) => true,
-        Value::Array(items) => items.iter().any(has_gradient),
-        Value::Object(obj) => obj.get("value").is_some_and(has_gradient),
-        _ => false,
-    }
-}
-
-/// Whether any parameter of `params` holds a gradient.
-fn params_have_gradient(params: &Map<String, Value>) -> bool {
-    params.values().any(has_gradient)
-}
-
-/// mergekit's precedence of settings: `v`, and where `v` is a filter list no entry of which
-/// matches, `fallback`.
-fn chain(v: &Value, fallback: Option<&Value>) -> Value {
-    match (v, fallback) {
-        (Value::Array(items), Some(f))
-            if !items.is_empty()
-                && items.iter().all(Value::is_object)
-                && !items
-                    .iter()
-                    .any(|i| i.get("filter").is_none_or(|f| f.is_null() || f == "*")) =>
-        {
-            let mut out = items.clone();
-            out.push(json!({ "value": f }));
-            Value::Array(out)
-        }
-        _ => v.clone(),
-    }
 }
 
 /// One listed module, converted.
@@ -243,8 +210,6 @@ pub(crate) fn convert(
 
     let mut layers = Layers::default();
     let mut converted: Vec<Converted> = Vec::new();
-    let gradient_given = params_have_gradient(shared);
-    let mut gradients = gradient_given;
     for (name, def) in listed {
         let what = format!("modules.{name}");
         let Some(scope) = all.iter().find(|s| &s.name == name).cloned() else {
@@ -289,8 +254,7 @@ pub(crate) fn convert(
         }
         check_keys(file, &what, obj, MODULE_KEYS)?;
         let module_params = params_of(file, &what, obj.get("parameters"))?;
-        gradients |= params_have_gradient(&module_params);
-        let (mut entries, slices) = match (
+        let defs: Vec<SliceDef> = match (
             obj.get("models").filter(|v| !v.is_null()),
             obj.get("slices").filter(|v| !v.is_null()),
         ) {
@@ -310,27 +274,33 @@ pub(crate) fn convert(
                 {
                     mapping.append_unlisted_base(&format!("{what}: "), b, &mut entries, notes);
                 }
-                let mut sources = Vec::new();
-                for e in &mut entries {
+                // One slice of every model's layers of the module (mergekit's normalize_config).
+                let mut sources = Vec::with_capacity(entries.len());
+                for (i, e) in entries.into_iter().enumerate() {
                     let n = layers.count(&e.model, &scope)?;
-                    let src = SliceSource {
-                        model: e.model.clone(),
+                    sources.push(SourceDef {
+                        model: e.model,
                         layers: [0, n],
-                    };
-                    e.sources = vec![src.clone()];
-                    sources.push(src);
+                        params: e.params,
+                        what: format!("{what}.models[{i}]"),
+                    });
                 }
-                (entries, vec![Slice { sources, module: None }])
+                vec![SliceDef {
+                    sources,
+                    params: Map::new(),
+                    base: None,
+                    what: format!("{what}.models"),
+                }]
             }
             (None, Some(slices)) => {
-                let (entries, slices) = read_slices(file, &format!("{what}.slices"), slices, model_ref, true)?;
+                let defs = sliced::read(file, &format!("{what}.slices"), slices, model_ref, true, notes)?;
                 // Output layer counts stay as the models have them (config.json is not rewritten
                 // per module).
-                let total: usize = slices
+                let total: usize = defs
                     .iter()
                     .map(|s| s.sources.first().map_or(0, |src| src.layers[1] - src.layers[0]))
                     .sum();
-                if let Some(src) = slices.first().and_then(|s| s.sources.first()) {
+                if let Some(src) = defs.first().and_then(|s| s.sources.first()) {
                     let n = layers.count(&src.model, &scope)?;
                     if total != n {
                         return Err(invalid(
@@ -344,45 +314,36 @@ pub(crate) fn convert(
                         ));
                     }
                 }
-                (entries, slices)
+                defs
             }
         };
-        // Precedence: the model's, the module's, the top level's (filter lists fall through).
+        // Precedence: the model's (or slice source's), the slice's, the module's, the top
+        // level's (filter lists fall through).
         let mut module_shared = shared.clone();
         for (k, v) in &module_params {
-            let chained = chain(v, shared.get(k));
-            module_shared.insert(k.clone(), chained);
-        }
-        for e in &mut entries {
-            gradients |= params_have_gradient(&e.params);
-            for (k, v) in e.params.iter_mut() {
-                *v = chain(v, module_shared.get(k));
+            if let Some(chained) = chain(Some(v), shared.get(k)) {
+                module_shared.insert(k.clone(), chained);
             }
         }
-        let (base_entry, experts) = mapping.roles(file, base, &entries)?;
-        let params = mapping.params(file, &module_shared, &experts, notes)?;
-        let slices = slice_layout(&slices, base_entry, &experts)
-            .into_iter()
-            .map(|s| Slice {
-                module: Some(scope.clone()),
-                ..s
-            })
-            .collect();
+        // With several modules every gradient is evaluated per slice of its module (the host
+        // would count the layers over all modules).
+        let plan = sliced::plan(
+            file,
+            mapping,
+            base,
+            &module_shared,
+            &defs,
+            Some(&scope),
+            listed.len() > 1,
+            notes,
+        )?;
         converted.push(Converted {
             scope,
-            base: base_entry.map(|e| e.model.clone()),
-            experts: experts.iter().map(|e| e.model.clone()).collect(),
-            slices,
-            params,
+            base: plan.base,
+            experts: plan.experts,
+            slices: plan.slices,
+            params: plan.params,
         });
-    }
-    if gradients && converted.len() > 1 {
-        return Err(invalid(
-            file,
-            "'modules': a parameter is a gradient (a list of values across the layers); with more than one module \
-             mergescope counts the layers over all of them, not per module as mergekit: give numbers (filters are \
-             fine) or merge one module per configuration",
-        ));
     }
     // Every module is one part of the same inputs: the same roles in each.
     let first = &converted[0];
@@ -556,23 +517,5 @@ mod tests {
         assert!(vision.contains("visual.blocks.0.attn.qkv.weight"));
         assert!(!vision.contains("visual.merger.mlp.0.weight"));
         assert!(s[0].contains("lm_head.weight") && !s[0].contains("visual.blocks.0.norm1.weight"));
-    }
-
-    #[test]
-    fn filter_lists_fall_through_and_gradients_are_found() {
-        let v = json!([{"filter": "attention", "value": 0.9}]);
-        assert_eq!(
-            chain(&v, Some(&json!(0.2))),
-            json!([{"filter": "attention", "value": 0.9}, {"value": 0.2}])
-        );
-        assert_eq!(chain(&json!(0.5), Some(&json!(0.2))), json!(0.5));
-        let map = |v: Value| v.as_object().cloned().unwrap();
-        assert!(params_have_gradient(&map(json!({"t": [0.1, 0.9]}))));
-        assert!(params_have_gradient(&map(
-            json!({"t": [{"filter": "mlp", "value": [0, 1]}]})
-        )));
-        assert!(!params_have_gradient(&map(
-            json!({"t": [{"filter": "mlp", "value": 0.5}], "w": 1})
-        )));
     }
 }
