@@ -118,11 +118,7 @@ pub fn decode_f32_vec(dtype: DType, bytes: &[u8]) -> Vec<f32> {
         // bf16 is the top half of an f32: widening is a shift (exact). Read as u16 words when the
         // bytes are aligned (they are, from the reader's buffers), so the loop vectorises.
         DType::BF16 => match bytemuck::try_cast_slice::<u8, u16>(&bytes[..bytes.len() & !1]) {
-            Ok(words) => {
-                let mut out = Vec::with_capacity(words.len());
-                out.extend(words.iter().map(|w| f32::from_bits(u32::from(u16::from_le(*w)) << 16)));
-                out
-            }
+            Ok(words) => widen_bf16(words),
             Err(_) => bytes
                 .chunks_exact(2)
                 .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
@@ -133,6 +129,28 @@ pub fn decode_f32_vec(dtype: DType, bytes: &[u8]) -> Vec<f32> {
             .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
             .collect(),
         DType::Other { size, .. } => vec![0.0; bytes.len() / size.max(1)],
+    }
+}
+
+mergescope_plugin_api::avx2_dispatch! {
+    /// bf16 words (little-endian) widened to f32: a shift, exact.
+    fn widen_bf16(words: &[u16]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(words.len());
+        out.extend(words.iter().map(|w| f32::from_bits(u32::from(u16::from_le(*w)) << 16)));
+        out
+    }
+}
+
+mergescope_plugin_api::avx2_dispatch! {
+    /// f32 values appended to `out` as little-endian bf16 bytes (round to nearest even).
+    fn narrow_bf16(values: &[f32], out: &mut Vec<u8>) {
+        // Sized first, then written by index: a loop the compiler vectorises at the dispatched
+        // width (an `extend` over a flat_map stays a separate, narrower function).
+        let start = out.len();
+        out.resize(start + values.len() * 2, 0);
+        for (o, v) in out[start..].chunks_exact_mut(2).zip(values) {
+            o.copy_from_slice(&bf16_bits(*v).to_le_bytes());
+        }
     }
 }
 
@@ -151,6 +169,10 @@ fn bf16_bits(v: f32) -> u16 {
 pub fn encode_f32(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
     out.clear();
     match dtype {
+        // f32 bits are their little-endian bytes on a little-endian machine: one copy.
+        DType::F32 | DType::Other { .. } if cfg!(target_endian = "little") => {
+            out.extend_from_slice(bytemuck::cast_slice(values));
+        }
         DType::F32 | DType::Other { .. } => {
             out.reserve(values.len() * 4);
             out.extend(values.iter().flat_map(|v| v.to_bits().to_le_bytes()));
@@ -159,10 +181,7 @@ pub fn encode_f32(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
             out.reserve(values.len() * 2);
             out.extend(values.iter().flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes()));
         }
-        DType::BF16 => {
-            out.reserve(values.len() * 2);
-            out.extend(values.iter().flat_map(|v| bf16_bits(*v).to_le_bytes()));
-        }
+        DType::BF16 => narrow_bf16(values, out),
         DType::F64 => {
             let words: Vec<u64> = values.iter().map(|v| f64::from(*v).to_bits().to_le()).collect();
             out.extend_from_slice(bytemuck::cast_slice(&words));

@@ -6,20 +6,26 @@ use crate::error::EngineError;
 /// here, so the common case is one branch-free pass the compiler vectorises; the position is
 /// searched only when there is one.
 pub fn first_non_finite(values: &[f32]) -> Option<(usize, f32)> {
-    let all_finite = values
-        .chunks(4096)
-        .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()));
-    if all_finite {
+    if all_finite(values) {
         return None;
     }
     values.iter().position(|v| !v.is_finite()).map(|i| (i, values[i]))
+}
+
+mergescope_plugin_api::avx2_dispatch! {
+    /// Whether every value is finite: one branch-free pass per block of 4096.
+    fn all_finite(values: &[f32]) -> bool {
+        values
+            .chunks(4096)
+            .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()))
+    }
 }
 
 /// The error for an input holding NaN or Inf: it names the file, the tensor and the element.
 pub fn non_finite_input(input: &str, tensor: &str, index: usize, value: f32) -> EngineError {
     EngineError::Invalid(format!(
         "input '{input}' holds {value} in tensor '{tensor}' (element {index}); merging it would write non-finite \
-         weights: repair that checkpoint, or leave it out of the merge"
+             weights: repair that checkpoint, or leave it out of the merge"
     ))
 }
 
@@ -31,8 +37,8 @@ pub fn non_finite_output(plugin: &str, tensor: &str, index: usize, value: f32) -
         tensor: tensor.to_owned(),
         message: format!(
             "it produced a non-finite value ({value}) at element {index} although every input is finite; check the \
-             parameters (a division by a zero norm, a step size too large, an overflow) or report the bug to the \
-             plugin's author"
+                 parameters (a division by a zero norm, a step size too large, an overflow) or report the bug to the \
+                 plugin's author"
         ),
     }
 }

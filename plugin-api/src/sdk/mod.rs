@@ -6,6 +6,7 @@ pub mod combine;
 pub mod disjoint;
 mod host;
 mod params;
+mod simd;
 mod stats;
 pub mod testing;
 

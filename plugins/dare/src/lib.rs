@@ -360,9 +360,8 @@ impl Dare {
         for (t, (e, (p, w))) in experts.iter().zip(self.drop_rate.iter().zip(&self.weights)).enumerate() {
             if *p > 0.0 && *p < 1.0 && *w != 0.0 {
                 host.check_cancelled()?;
-                pending.push((t, expert_seed(self.seed, tensor.name, t), 1.0 - p, host.read_f32(*e)?));
+                pending.push((t, expert_seed(self.seed, tensor.name, t), 1.0 - p, host.view_f32(*e)?));
             }
-            host.release(*e)?;
         }
         let (seen, mut full, mut kept) = self
             .lock_l1()?
@@ -399,13 +398,14 @@ impl Dare {
             let mut masks = Vec::with_capacity(pending.len());
             for (_, seed, keep, _) in &pending {
                 let mask = host.bernoulli_mask(like_handle, *keep, *seed, tensor.offset + from as u64)?;
-                // Copied (not lent), so the released block masks do not pile up in the call.
-                masks.push(host.read_f32(mask)?);
+                // Lent (readable until the call returns, also after the release): the masks of one
+                // chunk of the ordered pass are a few MB.
+                masks.push(host.view_f32(mask)?);
                 host.release(mask)?;
             }
-            let mut blocks: Vec<&mut [f32]> = pending.iter_mut().map(|(.., v)| &mut v[from..from + len]).collect();
+            let blocks: Vec<&[f32]> = pending.iter().map(|(.., v)| &v[from..from + len]).collect();
             let ms: Vec<&[f32]> = masks.iter().map(AsRef::as_ref).collect();
-            fused::l1_sparsify(&mut blocks, &b[from..from + len], &ms, &mut full, &mut kept);
+            fused::l1_norms(&blocks, &b[from..from + len], &ms, &mut full, &mut kept);
             from += len;
         }
         if let Some((_, h)) = like.filter(|(_, h)| *h != base) {

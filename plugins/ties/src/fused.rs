@@ -22,39 +22,41 @@ pub(crate) struct Voter<'v> {
     pub weight: Option<f32>,
 }
 
-/// θ0 + λ·τ_m over `base` (the chunk), written over `base` (every voter's values at least as
-/// long).
-pub(crate) fn merge(base: &mut [f32], voters: &[Voter<'_>], plan: &Plan) {
-    let n_voters = voters.len();
-    // Per voter, its weighted trimmed values u_t of the current block.
-    let mut u = vec![0f32; n_voters * BLOCK];
-    let mut scratch = Scratch::default();
-    for (bi, base) in base.chunks_mut(BLOCK).enumerate() {
-        let from = bi * BLOCK;
-        let len = base.len();
+mergescope_plugin_api::avx2_dispatch! {
+    /// θ0 + λ·τ_m over `base` (the chunk), written over `base` (every voter's values at least as
+    /// long).
+    pub(crate) fn merge(base: &mut [f32], voters: &[Voter<'_>], plan: &Plan) {
+        let n_voters = voters.len();
+        // Per voter, its weighted trimmed values u_t of the current block.
+        let mut u = vec![0f32; n_voters * BLOCK];
+        let mut scratch = Scratch::default();
+        for (bi, base) in base.chunks_mut(BLOCK).enumerate() {
+            let from = bi * BLOCK;
+            let len = base.len();
 
-        // u_t = w_t·trim(θ_t − θ0), the host's `sub`, `trim_abs` and `affine(w, 0)`.
-        for (v, u) in voters.iter().zip(u.chunks_mut(BLOCK)) {
-            let (u, e) = (&mut u[..len], &v.values[from..from + len]);
-            let thr = v.threshold;
-            match v.weight {
-                None => {
-                    for ((u, e), b) in u.iter_mut().zip(e).zip(&*base) {
-                        let tau = e - b;
-                        *u = if tau.abs() >= thr { tau } else { 0.0 };
+            // u_t = w_t·trim(θ_t − θ0), the host's `sub`, `trim_abs` and `affine(w, 0)`.
+            for (v, u) in voters.iter().zip(u.chunks_mut(BLOCK)) {
+                let (u, e) = (&mut u[..len], &v.values[from..from + len]);
+                let thr = v.threshold;
+                match v.weight {
+                    None => {
+                        for ((u, e), b) in u.iter_mut().zip(e).zip(&*base) {
+                            let tau = e - b;
+                            *u = if tau.abs() >= thr { tau } else { 0.0 };
+                        }
                     }
-                }
-                Some(w) => {
-                    for ((u, e), b) in u.iter_mut().zip(e).zip(&*base) {
-                        let tau = e - b;
-                        let trimmed = if tau.abs() >= thr { tau } else { 0.0 };
-                        *u = trimmed * w + 0.0;
+                    Some(w) => {
+                        for ((u, e), b) in u.iter_mut().zip(e).zip(&*base) {
+                            let tau = e - b;
+                            let trimmed = if tau.abs() >= thr { tau } else { 0.0 };
+                            *u = trimmed * w + 0.0;
+                        }
                     }
                 }
             }
+            // The sign election, disjoint aggregation and θ0 + λ·τ_m: the SDK's one copy.
+            merge_block(base, &u, plan, &mut scratch);
         }
-        // The sign election, disjoint aggregation and θ0 + λ·τ_m: the SDK's one copy.
-        merge_block(base, &u, plan, &mut scratch);
     }
 }
 

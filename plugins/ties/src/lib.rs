@@ -269,32 +269,34 @@ fn as_bins(hist: &mut [u64]) -> Result<&mut [u64; BINS]> {
         .map_err(|_| Error::Message(format!("ties: a histogram has {len} bins, not {BINS} (internal error)")))
 }
 
-/// Adds the histogram of a digit of |e_j − b_j| (τ exactly as the host computes it, in f32) to
-/// `hist`. `Err(j)`: τ_j is NaN (the first one). Works block by block: the bit patterns of a
-/// block and their maximum (NaN patterns are the largest) in one vectorised loop, then the counts.
-fn count_digit(hist: &mut [u64; BINS], e: &[f32], b: &[f32], digit: Digit) -> std::result::Result<(), usize> {
-    let mut bits = [0u32; BLOCK];
-    for (block, (e, b)) in e.chunks(BLOCK).zip(b.chunks(BLOCK)).enumerate() {
-        let bits = &mut bits[..e.len().min(b.len())];
-        let mut largest = 0u32;
-        for ((m, x), y) in bits.iter_mut().zip(e).zip(b) {
-            *m = (x - y).abs().to_bits();
-            largest = largest.max(*m);
+mergescope_plugin_api::avx2_dispatch! {
+    /// Adds the histogram of a digit of |e_j − b_j| (τ exactly as the host computes it, in f32) to
+    /// `hist`. `Err(j)`: τ_j is NaN (the first one). Works block by block: the bit patterns of a
+    /// block and their maximum (NaN patterns are the largest) in one vectorised loop, then the counts.
+    fn count_digit(hist: &mut [u64; BINS], e: &[f32], b: &[f32], digit: Digit) -> std::result::Result<(), usize> {
+        let mut bits = [0u32; BLOCK];
+        for (block, (e, b)) in e.chunks(BLOCK).zip(b.chunks(BLOCK)).enumerate() {
+            let bits = &mut bits[..e.len().min(b.len())];
+            let mut largest = 0u32;
+            for ((m, x), y) in bits.iter_mut().zip(e).zip(b) {
+                *m = (x - y).abs().to_bits();
+                largest = largest.max(*m);
+            }
+            if largest > INF_BITS {
+                let j = bits.iter().position(|&m| m > INF_BITS).unwrap_or(0);
+                return Err(block * BLOCK + j);
+            }
+            match digit {
+                Digit::High => bits.iter().for_each(|&m| hist[(m >> 16) as usize] += 1),
+                Digit::Low(hi) => bits.iter().for_each(|&m| {
+                    if m >> 16 == hi {
+                        hist[(m & 0xffff) as usize] += 1;
+                    }
+                }),
+            }
         }
-        if largest > INF_BITS {
-            let j = bits.iter().position(|&m| m > INF_BITS).unwrap_or(0);
-            return Err(block * BLOCK + j);
-        }
-        match digit {
-            Digit::High => bits.iter().for_each(|&m| hist[(m >> 16) as usize] += 1),
-            Digit::Low(hi) => bits.iter().for_each(|&m| {
-                if m >> 16 == hi {
-                    hist[(m & 0xffff) as usize] += 1;
-                }
-            }),
-        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Below this many elements per job the statistics loops of one tensor stay on one thread.

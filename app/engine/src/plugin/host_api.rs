@@ -364,27 +364,29 @@ unsafe extern "C" fn h_kth_largest_abs(ctx: *mut c_void, a: TensorHandle, k: usi
     })
 }
 
-/// Σ_i w_i·x_i over same-length slices, blocked so each block stays in cache.
-fn weighted_sum_cpu(inputs: &[&[f32]], weights: &[f64]) -> Vec<f32> {
-    const BLOCK: usize = 4096;
-    let w: Vec<f32> = weights.iter().map(|w| *w as f32).collect();
-    let (Some(first), Some(w0)) = (inputs.first(), w.first()) else {
-        return Vec::new();
-    };
-    // The first term initialises the output: `0 + w0·x0` is `w0·x0 + 0` (which also turns a
-    // -0 into +0, as the sum from zero does), so no zero-filled buffer is written first.
-    let mut out: Vec<f32> = Vec::with_capacity(first.len());
-    out.extend(first.iter().map(|s| w0 * s + 0.0));
-    for (bi, block) in out.chunks_mut(BLOCK).enumerate() {
-        let start = bi * BLOCK;
-        for (x, wj) in inputs.iter().zip(&w).skip(1) {
-            let src = &x[start..start + block.len()];
-            for (o, s) in block.iter_mut().zip(src) {
-                *o += wj * s;
+mergescope_plugin_api::avx2_dispatch! {
+    /// Σ_i w_i·x_i over same-length slices, blocked so each block stays in cache.
+    fn weighted_sum_cpu(inputs: &[&[f32]], weights: &[f64]) -> Vec<f32> {
+        const BLOCK: usize = 4096;
+        let w: Vec<f32> = weights.iter().map(|w| *w as f32).collect();
+        let (Some(first), Some(w0)) = (inputs.first(), w.first()) else {
+            return Vec::new();
+        };
+        // The first term initialises the output: `0 + w0·x0` is `w0·x0 + 0` (which also turns a
+        // -0 into +0, as the sum from zero does), so no zero-filled buffer is written first.
+        let mut out: Vec<f32> = Vec::with_capacity(first.len());
+        out.extend(first.iter().map(|s| w0 * s + 0.0));
+        for (bi, block) in out.chunks_mut(BLOCK).enumerate() {
+            let start = bi * BLOCK;
+            for (x, wj) in inputs.iter().zip(&w).skip(1) {
+                let src = &x[start..start + block.len()];
+                for (o, s) in block.iter_mut().zip(src) {
+                    *o += wj * s;
+                }
             }
         }
+        out
     }
-    out
 }
 
 unsafe extern "C" fn h_weighted_sum(
