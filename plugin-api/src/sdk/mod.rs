@@ -4,12 +4,14 @@
 
 pub mod combine;
 pub mod disjoint;
+mod gram;
 mod host;
 mod params;
 mod simd;
 mod stats;
 pub mod testing;
 
+pub use gram::gram_sums;
 pub use host::Host;
 pub(crate) use host::check;
 pub use params::{Choice, ParamSpec, ParamType, Params, schema_json};

@@ -10,10 +10,8 @@
 //! (partial sums added in offset order, so the result does not depend on the threads), and the
 //! merge pass is elementwise, in parallel chunks; filter-wise merges take whole tensors.
 
-use mergescope_plugin_api::abi::{
-    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE, REDUCE_SUM_SQUARES,
-};
-use mergescope_plugin_api::sdk::{ChunkSums, PerTensor};
+use mergescope_plugin_api::abi::{CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
+use mergescope_plugin_api::sdk::{ChunkSums, PerTensor, gram_sums};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
 };
@@ -84,23 +82,14 @@ fn ratio_or_base(host: &Host<'_>, tensor: &str, n: usize, cos: f64) -> f64 {
 }
 
 impl ModelStock {
-    /// ‖δ_i‖² of every expert, then ⟨δ_i, δ_j⟩ of every pair i < j, over one chunk.
+    /// ‖δ_i‖² of every expert, then ⟨δ_i, δ_j⟩ of every pair i < j, over one chunk, from the
+    /// host's lent values: the same sequential f64 sums as the host's `sub`, then
+    /// `reduce(REDUCE_SUM_SQUARES)` and `dot`, made before, so the same bits ([`gram_sums`]).
     fn chunk_sums(host: &Host<'_>, base: Tensor, experts: &[Tensor]) -> Result<Vec<f64>> {
-        let offsets = experts.iter().map(|e| host.sub(*e, base)).collect::<Result<Vec<_>>>()?;
-        let n = offsets.len();
-        let mut sums = Vec::with_capacity(n + n * (n - 1) / 2);
-        for o in &offsets {
-            sums.push(host.reduce(REDUCE_SUM_SQUARES, *o)?);
-        }
-        for i in 0..n {
-            for j in i + 1..n {
-                sums.push(host.dot(offsets[i], offsets[j])?);
-            }
-        }
-        for o in offsets {
-            host.release(o)?;
-        }
-        Ok(sums)
+        let b = host.view_f32(base)?;
+        let es = experts.iter().map(|e| host.view_f32(*e)).collect::<Result<Vec<_>>>()?;
+        let es: Vec<&[f32]> = es.iter().map(AsRef::as_ref).collect();
+        Ok(gram_sums(&es, Some(&b)))
     }
 
     /// t from a tensor's summed statistics (layout of [`ModelStock::chunk_sums`]).

@@ -11,9 +11,9 @@
 //! merge pass is then elementwise, one fused weighted sum per chunk, in parallel.
 
 use mergescope_plugin_api::abi::{
-    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_ONE_EXPERT, CAP_THREAD_SAFE, REDUCE_SUM_SQUARES,
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_ONE_EXPERT, CAP_THREAD_SAFE,
 };
-use mergescope_plugin_api::sdk::{ChunkSums, PerTensor};
+use mergescope_plugin_api::sdk::{ChunkSums, PerTensor, gram_sums};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
@@ -100,14 +100,10 @@ impl MergeMethod for Slerp {
         let (tensor, experts) = (&input.meta, input.experts);
         let v0 = input.require_base("slerp")?;
         let v1 = experts[0];
-        self.sums.add(
-            tensor,
-            vec![
-                host.reduce(REDUCE_SUM_SQUARES, v0)?,
-                host.reduce(REDUCE_SUM_SQUARES, v1)?,
-                host.dot(v0, v1)?,
-            ],
-        );
+        // ‖v0‖², ‖v1‖², ⟨v0, v1⟩: the sequential sums of the host's `reduce` and `dot`, from its
+        // lent values.
+        let (a, b) = (host.view_f32(v0)?, host.view_f32(v1)?);
+        self.sums.add(tensor, gram_sums(&[&a, &b], None));
         Ok(())
     }
 
