@@ -27,7 +27,8 @@ use mergescope_studies::scaling::sweep::run::RESULTS_FILE;
 use mergescope_studies::scaling::sweep::spec::{Grid, MethodSpec};
 use mergescope_studies::scaling::sweep::store::{Row, read_rows};
 use mergescope_studies::scaling::sweep::{
-    SweepInputs, SweepProgress, SweepSpec, Variable, VariableResult, analyse, figures, run_sweep, write_plots,
+    SweepBench, SweepInputs, SweepProgress, SweepSpec, Variable, VariableResult, analyse, figures, run_sweep,
+    write_plots,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -873,8 +874,10 @@ fn with_inputs<T>(job: &SweepJob, f: impl FnOnce(&SweepInputs<'_>) -> Result<T>)
     let plugins: Vec<&Plugin> = job.plugins.iter().map(|p| &**p).collect();
     let inputs = SweepInputs {
         spec: &job.spec,
-        bench: &job.benchmark,
-        tasks: &tasks,
+        bench: SweepBench::Demo {
+            bench: &job.benchmark,
+            tasks: &tasks,
+        },
         plugins: &plugins,
         out_dir: &job.folder,
         opts: &opts,

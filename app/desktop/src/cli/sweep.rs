@@ -11,9 +11,11 @@ use mergescope_lab::demo::resolve_benchmark;
 use mergescope_lab::nn::Arch;
 use mergescope_studies::grid::ExecutorKind;
 use mergescope_studies::scaling::sweep::run::{RESULTS_FILE, SPEC_FILE};
+use mergescope_studies::scaling::sweep::spec::TEXT_ARCH;
 use mergescope_studies::scaling::sweep::store::{Row, read_rows};
 use mergescope_studies::scaling::sweep::{
-    SweepInputs, SweepProgress, SweepSpec, analyse, fits_markdown, run_sweep, write_plots,
+    BenchKind, OpenBench, SweepInputs, SweepProgress, SweepSpec, analyse, check_sweep, fits_markdown, is_text_build,
+    open_text_benchmark, run_sweep, write_plots,
 };
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -29,12 +31,19 @@ pub struct SweepArgs {
     /// The sweep's TOML specification (see `--print-spec` for a commented starting point).
     #[arg(value_name = "SPEC.toml", conflicts_with = "preset")]
     pub spec: Option<PathBuf>,
-    /// A built-in sweep: `paper-002` (seed 002's protocol scaled to the demo benchmark).
+    /// A built-in sweep: `paper-002` (seed 002's protocol scaled to the demo benchmark, or
+    /// with --arch text to the text benchmark).
     #[arg(long)]
     pub preset: Option<String>,
-    /// Architecture for a preset: mlp, cnn or vit.
+    /// What a preset fine-tunes: mlp, cnn or vit (the demo benchmark's backbone), or text
+    /// (all-MiniLM-L6-v2 on the text benchmark: docs/text-benchmark.md).
     #[arg(long, default_value = "mlp")]
     pub arch: String,
+    /// The benchmark the sweep trains on, instead of the specification's: `demo`, a demo
+    /// benchmark folder, or (with arch text) a text build folder (`demo build --benchmark
+    /// text` writes one; default ~/.cache/mergescope/demo/text-minilm-seed0) or its suite.toml.
+    #[arg(long, value_name = "NAME|DIR")]
+    pub benchmark: Option<String>,
     /// Sweep folder: results.csv, plots/, fits.md, the checkpoints. Running the same command
     /// again resumes a killed sweep. Default: sweeps/<preset or spec name>-<arch>.
     #[arg(long, value_name = "DIR")]
@@ -80,9 +89,17 @@ fn spec_of(args: &SweepArgs) -> anyhow::Result<(SweepSpec, String)> {
             Ok((spec, stem))
         }
         (None, Some(name)) => {
-            let arch =
-                Arch::parse(&args.arch).with_context(|| format!("--arch '{}': use mlp, cnn or vit", args.arch))?;
-            Ok((SweepSpec::preset(name, arch)?, name.clone()))
+            let kind = if args.arch == TEXT_ARCH {
+                BenchKind::Text
+            } else {
+                BenchKind::Demo(Arch::parse(&args.arch).with_context(|| {
+                    format!(
+                        "--arch '{}': use mlp, cnn or vit (the demo benchmark) or text (the text benchmark)",
+                        args.arch
+                    )
+                })?)
+            };
+            Ok((SweepSpec::preset_for(name, kind)?, name.clone()))
         }
         (None, None) => bail!("give a specification file or --preset paper-002 (see `mergescope sweep --help`)"),
     }
@@ -142,7 +159,10 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
         plots(out, &SweepSpec::from_toml(&text)?, None, wh)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let (spec, name) = spec_of(&args)?;
+    let (mut spec, name) = spec_of(&args)?;
+    if let Some(b) = &args.benchmark {
+        spec.benchmark.clone_from(b);
+    }
     if args.print_spec {
         print!("{}", spec.to_toml()?);
         return Ok(ExitCode::SUCCESS);
@@ -158,27 +178,37 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
     for m in &spec.methods {
         registry.find(&m.plugin).map_err(anyhow::Error::msg)?;
     }
-    let tasks = benchmark_tasks(None)?;
     let (device, note) = open_device(device_choice);
     if let Some(n) = note {
         eprintln!("warning: {n}");
     }
     let cancel = super::cancel_on_ctrl_c();
-    let arch = spec.arch()?;
-    let bench = match resolve_benchmark(&spec.benchmark, Some(arch)) {
-        Ok(b) => b,
-        // A fresh machine: build the demo the sweep starts from (as the window does).
-        Err(e) if spec.benchmark == "demo" => {
-            eprintln!("no {arch} demo benchmark built yet: building it first ({e})");
-            let dir = mergescope_lab::demo::demo_dir(arch, 0)?;
-            super::demo::build_with_bar(arch, 0, &dir, &tasks, args.run.quiet, cancel)?
+    let bench = match spec.kind()? {
+        BenchKind::Text => OpenBench::Text(open_text_benchmark(&spec.benchmark)?),
+        BenchKind::Demo(arch) => {
+            if is_text_build(Path::new(&spec.benchmark)) {
+                bail!(
+                    "'{}' is a text benchmark build: sweep it with --arch text (or arch = \"text\" in the specification)",
+                    spec.benchmark
+                );
+            }
+            let tasks = benchmark_tasks(None)?;
+            let bench = match resolve_benchmark(&spec.benchmark, Some(arch)) {
+                Ok(b) => b,
+                // A fresh machine: build the demo the sweep starts from (as the window does).
+                Err(e) if spec.benchmark == "demo" => {
+                    eprintln!("no {arch} demo benchmark built yet: building it first ({e})");
+                    let dir = mergescope_lab::demo::demo_dir(arch, 0)?;
+                    super::demo::build_with_bar(arch, 0, &dir, &tasks, args.run.quiet, cancel)?
+                }
+                Err(e) => return Err(e.into()),
+            };
+            OpenBench::Demo { bench, tasks }
         }
-        Err(e) => return Err(e.into()),
     };
     let parts = super::sweep_slurm::SweepParts {
         spec: &spec,
-        bench: &bench,
-        tasks: &tasks,
+        bench: bench.as_sweep(),
         out_dir: &out,
     };
     super::sweep_slurm::with_sweep_inputs(plugin_dirs, &parts, device, |inputs| {
@@ -198,6 +228,13 @@ fn run_with(
     cancel: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<ExitCode> {
     let (out, spec) = (inputs.out_dir, inputs.spec);
+    // The specification's mistakes, named with its file, before anything is written.
+    if let Err(e) = check_sweep(inputs) {
+        return Err(match &args.spec {
+            Some(path) => anyhow::Error::new(e).context(format!("in '{}'", path.display())),
+            None => e.into(),
+        });
+    }
     if executor == ExecutorKind::Slurm {
         let draw = |rows: &[Row]| plots(out, spec, Some(rows), wh);
         let run = super::sweep_slurm::SlurmRun {

@@ -12,8 +12,6 @@ use clap::Args;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
-use mergescope_lab::data::{TaskData, benchmark_tasks};
-use mergescope_lab::demo::Benchmark;
 use mergescope_studies::grid::slurm::{SlurmOptions, SlurmProgress};
 use mergescope_studies::grid::{ExecutorKind, GridJob, GridOutcome, GridPlan, SlurmJob};
 use mergescope_studies::scaling::sweep::executor::{
@@ -21,7 +19,7 @@ use mergescope_studies::scaling::sweep::executor::{
 };
 use mergescope_studies::scaling::sweep::run::SPEC_FILE;
 use mergescope_studies::scaling::sweep::store::Row;
-use mergescope_studies::scaling::sweep::{SweepInputs, SweepProgress, SweepSpec, run_one_cell};
+use mergescope_studies::scaling::sweep::{OpenBench, SweepBench, SweepInputs, SweepProgress, SweepSpec, run_one_cell};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -288,10 +286,9 @@ pub(super) fn cell(plugin_dirs: &[PathBuf], job: &SweepJob, index: usize) -> any
         )
     })?;
     let spec = SweepSpec::from_toml(&text).with_context(|| format!("in '{}'", spec_path.display()))?;
-    let bench = Benchmark::open(&job.benchmark)?;
+    let bench = OpenBench::open_dir(spec.kind()?, &job.benchmark)?;
     let mut dirs = plugin_dirs.to_vec();
     dirs.extend(job.plugin_dirs.iter().cloned());
-    let tasks = benchmark_tasks(None)?;
     let choice =
         DeviceChoice::parse(&job.device).with_context(|| format!("device '{}': use cpu, cuda or metal", job.device))?;
     let (device, note) = open_device(choice);
@@ -300,8 +297,7 @@ pub(super) fn cell(plugin_dirs: &[PathBuf], job: &SweepJob, index: usize) -> any
     }
     let sweep = SweepParts {
         spec: &spec,
-        bench: &bench,
-        tasks: &tasks,
+        bench: bench.as_sweep(),
         out_dir: &job.out_dir,
     };
     with_sweep_inputs(&dirs, &sweep, device, |inputs| cell_of(inputs, job, index, key))?
@@ -312,9 +308,7 @@ pub struct SweepParts<'a> {
     /// The specification.
     pub spec: &'a SweepSpec,
     /// The benchmark it starts from.
-    pub bench: &'a Benchmark,
-    /// Its task data.
-    pub tasks: &'a [TaskData],
+    pub bench: SweepBench<'a>,
     /// The sweep folder.
     pub out_dir: &'a Path,
 }
@@ -342,7 +336,6 @@ pub fn with_sweep_inputs<T>(
     Ok(f(&SweepInputs {
         spec: parts.spec,
         bench: parts.bench,
-        tasks: parts.tasks,
         plugins: &plugins,
         out_dir: parts.out_dir,
         opts: &opts,

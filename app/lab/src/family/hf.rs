@@ -121,7 +121,9 @@ pub fn load_weights(path: &Path, device: &Device) -> Result<HashMap<String, Tens
     Ok(load_params(path, device)?.into_iter().collect())
 }
 
-/// A variable builder over `weights` in f32 on `device`.
+/// A variable builder over `weights` on `device`: in f32, or in f64 when every weight is f64
+/// (the seed-004 oracle's gradient descent, whose gaps f32 rounding would hide).
 pub fn var_builder(weights: HashMap<String, Tensor>, device: &Device) -> VarBuilder<'static> {
-    VarBuilder::from_tensors(weights, DType::F32, device)
+    let f64 = !weights.is_empty() && weights.values().all(|t| t.dtype() == DType::F64);
+    VarBuilder::from_tensors(weights, if f64 { DType::F64 } else { DType::F32 }, device)
 }

@@ -217,12 +217,13 @@ impl Backbone {
         })
     }
 
-    fn encoder(&self, weights: &Params, device: &Device) -> Result<BertEncoder> {
+    /// The encoder over `weights` (this backbone's tensors, or a variant of them).
+    pub(crate) fn encoder(&self, weights: &Params, device: &Device) -> Result<BertEncoder> {
         let map: HashMap<String, Tensor> = weights.iter().map(|(k, t)| (k.clone(), t.clone())).collect();
         BertEncoder::load(&self.config, map, device, &self.dir)
     }
 
-    fn pad_id(&self) -> u32 {
+    pub(crate) fn pad_id(&self) -> u32 {
         self.config.pad_token_id as u32
     }
 }
@@ -417,9 +418,9 @@ fn train_steps(
             return Err(EngineError::Cancelled);
         }
         opt.set_lr(recipe.lr_at(step));
-        let (batch, labels) = tok.batch(&batcher.next_batch(), backbone.pad_id(), device)?;
+        let idx = batcher.next_batch();
         let encoder = backbone.encoder(&current()?, device)?;
-        let loss = cross_entropy(&head.logits(&pooled(&encoder, &batch)?)?, &labels)?;
+        let loss = batch_loss(backbone, &encoder, head, tok, &idx, device)?;
         let value = loss.to_scalar::<f32>()?;
         if !value.is_finite() {
             return Err(EngineError::Diverged {
@@ -789,8 +790,99 @@ fn build_into(
     Ok(manifest)
 }
 
+/// Mean cross-entropy of the examples `idx` of `tok` through `encoder` and the frozen `head`:
+/// the text benchmark's training loss (the experts' minibatches, the seed-004 oracle's full
+/// batches).
+pub(crate) fn batch_loss(
+    backbone: &Backbone,
+    encoder: &BertEncoder,
+    head: &LinearHead,
+    tok: &Tokenized,
+    idx: &[usize],
+    device: &Device,
+) -> Result<Tensor> {
+    let (batch, labels) = tok.batch(idx, backbone.pad_id(), device)?;
+    cross_entropy(&head.logits(&pooled(encoder, &batch)?)?, &labels)
+}
+
+/// The seed stream of the minibatches of the expert of task `index` (in the build's task
+/// order): what [`build_text`] fine-tunes task `index` with, so a caller of
+/// [`fine_tune_snapshots`] with the build's recipe and this stream remakes the build's expert.
+pub fn expert_stream(index: usize) -> u64 {
+    0xE0 + index as u64
+}
+
+/// One expert's fine-tuning as the build makes it, for callers that vary the recipe (seed
+/// 002's sweeps): `recipe`'s fine-tuning of `backbone` (every tensor, or LoRA factors; AdamW
+/// with warm-up and decay over `recipe.expert_steps`, minibatches of `recipe.batch_size` drawn
+/// by `recipe.seed` and `stream`) through the frozen `head` on `tok`. After each step listed in
+/// `snapshots` the dense model (with LoRA: W + (alpha/r)·B·A) is handed to `snapshot` (to
+/// save or copy there: its tensors may share storage that later steps update), whose error
+/// ends the run; `on_step` hears every step's loss; `cancel` stops it between steps. A
+/// step whose loss is not finite ends it with [`EngineError::Diverged`]. Returns the mean loss
+/// of the last 10 steps.
+#[allow(clippy::too_many_arguments)]
+pub fn fine_tune_snapshots(
+    backbone: &Backbone,
+    head: &LinearHead,
+    tok: &Tokenized,
+    recipe: &TextRecipe,
+    stream: u64,
+    device: &Device,
+    snapshots: &[usize],
+    snapshot: &mut dyn FnMut(usize, Params) -> Result<()>,
+    on_step: &mut dyn FnMut(f32),
+    cancel: &AtomicBool,
+) -> Result<f64> {
+    recipe.validate()?;
+    if tok.is_empty() {
+        return Err(EngineError::invalid("fine-tuning needs at least one training example"));
+    }
+    // The loop stops at the next step when `cancel` is set or a snapshot could not be saved.
+    let stop = AtomicBool::new(cancel.load(Ordering::Relaxed));
+    let job = FineTuneJob {
+        backbone,
+        head,
+        tok,
+        recipe,
+        stream,
+        device,
+        cancel: &stop,
+    };
+    let mut saved: Result<()> = Ok(());
+    let mut step = 0usize;
+    let mut after = |loss: f32, dense: &dyn Fn() -> Result<Params>| {
+        on_step(loss);
+        step += 1;
+        if saved.is_ok() && snapshots.contains(&step) {
+            saved = dense().and_then(|p| snapshot(step, p));
+        }
+        if saved.is_err() || cancel.load(Ordering::Relaxed) {
+            stop.store(true, Ordering::Relaxed);
+        }
+    };
+    let weights = &backbone.weights;
+    let run = match &recipe.fine_tuning {
+        FineTuning::Full => {
+            let vars = to_vars(weights)?;
+            let trainable = vars.iter().map(|(_, v)| v.clone()).collect();
+            let current = || Ok(crate::train::from_vars(&vars));
+            let dense = || Ok(crate::train::detached(&vars));
+            train_steps(&job, trainable, &current, &mut |l| after(l, &dense))
+        }
+        FineTuning::Lora(l) => {
+            let factors = LoraFactors::init(weights, l, recipe.seed, 0x10AA ^ stream, device)?;
+            let current = || factors.apply(weights);
+            let dense = || factors.merged(weights);
+            train_steps(&job, factors.vars(), &current, &mut |l| after(l, &dense))
+        }
+    };
+    saved?;
+    run
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::text_bench::data::builtin_tasks;
 
@@ -836,7 +928,7 @@ mod tests {
 
     /// A tiny random BERT folder (2 layers, hidden 16, a letter-by-letter WordPiece
     /// tokenizer) that the build reads as it reads all-MiniLM-L6-v2.
-    fn tiny_backbone(dir: &Path) -> PathBuf {
+    pub(crate) fn tiny_backbone(dir: &Path) -> PathBuf {
         let dir = dir.join("tiny-bert");
         std::fs::create_dir_all(&dir).unwrap();
         let mut vocab: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"].map(String::from).to_vec();
@@ -1125,5 +1217,102 @@ mod tests {
         .to_string();
         assert!(e.contains("max_length 512"), "{e}");
         assert!(!dir.path().join("out").exists());
+    }
+
+    /// The sweeps' door remakes the build's expert: the build's recipe and task stream give
+    /// the same tensors; its snapshots come in order, each a different model; a snapshot that
+    /// cannot be saved ends the run with that error, and cancel stops it.
+    #[test]
+    fn fine_tuning_with_snapshots_remakes_the_builds_expert() {
+        use mergescope_engine::checkpoint::Checkpoint;
+        let tmp = tempfile::tempdir().unwrap();
+        let backbone_dir = tiny_backbone(tmp.path());
+        let tasks: Vec<TextTask> = builtin_tasks()
+            .unwrap()
+            .into_iter()
+            .filter(|t| ["name_gender", "word_sentiment"].contains(&t.name.as_str()))
+            .collect();
+        let mut recipe = TextRecipe::default_for(3);
+        (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 4);
+        (recipe.warmup_steps, recipe.batch_size) = (1, 8);
+        (recipe.max_train, recipe.max_eval) = (Some(24), Some(8));
+        let out = tmp.path().join("out");
+        let d = Device::Cpu;
+        let never = AtomicBool::new(false);
+        build_text(&backbone_dir, &tasks, &recipe, &out, &d, &mut |_| {}, &never).unwrap();
+        let backbone = Backbone::load(&out.join("base"), recipe.max_length, &d).unwrap();
+        let i = 1;
+        let heads = crate::demo::load_params(&out.join("heads/word_sentiment.safetensors"), &d).unwrap();
+        let head = LinearHead {
+            weight: heads[bert::HEAD_WEIGHT].clone(),
+            bias: heads[bert::HEAD_BIAS].clone(),
+        };
+        let mut task = tasks[i].clone();
+        task.truncate(TextSplit::Train, 24);
+        let tok = Tokenized::new(&backbone.tokenizer, task.split(TextSplit::Train)).unwrap();
+        let name = "encoder.layer.0.attention.self.query.weight";
+        let mut saved: Vec<(usize, Vec<f32>)> = Vec::new();
+        let mut losses = 0;
+        let last = fine_tune_snapshots(
+            &backbone,
+            &head,
+            &tok,
+            &recipe,
+            expert_stream(i),
+            &d,
+            &[2, 4],
+            &mut |k, p| {
+                saved.push((k, values(&p[name])));
+                Ok(())
+            },
+            &mut |_| losses += 1,
+            &never,
+        )
+        .unwrap();
+        assert_eq!(losses, 4);
+        assert!(last.is_finite());
+        assert_eq!(saved.iter().map(|(k, _)| *k).collect::<Vec<_>>(), [2, 4]);
+        let built = Checkpoint::open(&out.join("experts/word_sentiment/model.safetensors")).unwrap();
+        let want = built.read_f32(&built.tensors[name]).unwrap();
+        for (k, got) in &saved {
+            if *k == 4 {
+                assert_eq!(*got, want, "the K = 4 snapshot is the build's expert");
+            } else {
+                assert_ne!(*got, want, "the K = 2 snapshot is an earlier model");
+                assert_ne!(*got, values(&backbone.weights[name]));
+            }
+        }
+        // A failed save ends the run with its error, before the last step.
+        let mut steps = 0;
+        let e = fine_tune_snapshots(
+            &backbone,
+            &head,
+            &tok,
+            &recipe,
+            expert_stream(i),
+            &d,
+            &[1],
+            &mut |_, _| Err(EngineError::invalid("disk full")),
+            &mut |_| steps += 1,
+            &never,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("disk full"), "{e}");
+        assert_eq!(steps, 1);
+        let cancel = AtomicBool::new(true);
+        let e = fine_tune_snapshots(
+            &backbone,
+            &head,
+            &tok,
+            &recipe,
+            0,
+            &d,
+            &[],
+            &mut |_, _| Ok(()),
+            &mut |_| {},
+            &cancel,
+        )
+        .unwrap_err();
+        assert!(matches!(e, EngineError::Cancelled), "{e}");
     }
 }

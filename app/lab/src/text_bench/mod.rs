@@ -2,7 +2,8 @@
 //! all-MiniLM-L6-v2, with five text-classification tasks from registry-shipped data
 //! ([`data`]), linear-probe heads, and one fine-tuned expert per task ([`build`]: full
 //! fine-tuning, or LoRA ([`lora`])),
-//! written as a `bert` suite that `eval`, `merge --eval` and `compare` read.
+//! written as a `bert` suite that `eval`, `merge --eval` and `compare` read; [`oracle`] checks
+//! seed 004's task-vectors-as-gradients identity on it.
 
 pub mod build;
 pub mod data;
@@ -13,3 +14,8 @@ pub use build::{TextBenchmark, TextManifest, TextRecipe, build_text, text_demo_d
 pub use data::{TextSplit, TextTask, builtin_tasks};
 pub use lora::{FineTuning, LoraRecipe};
 pub use options::{TextBuild, TextBuildPlan, TextBuildRequest};
+
+/// Seed 004's oracle on this benchmark: task arithmetic of full-batch gradient-descent task
+/// vectors against multi-task gradient descent.
+pub mod oracle;
+pub use oracle::{OracleReport, OracleSettings, run_oracle};

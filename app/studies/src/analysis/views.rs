@@ -397,3 +397,90 @@ pub fn line_figure(
         notes: Vec::new(),
     })
 }
+
+/// Seed 004's oracle on the text benchmark
+/// ([`mergescope_lab::text_bench::oracle`]): ||θ_TA − θ_MT|| against the learning rate on
+/// log-log axes, one curve per epoch count; dashed, a slope-2 reference (at a third of the
+/// first E ≥ 2 curve, beside it rather than on it) and the spacing of the run's floating-point numbers around θ_MT
+/// (what the E = 1 gap, rounding only, is measured against); the fitted slopes as notes.
+pub fn oracle_figure(report: &mergescope_lab::text_bench::OracleReport) -> Figure {
+    let positive =
+        |pts: Vec<[f64; 2]>| -> Vec<[f64; 2]> { pts.into_iter().filter(|p| p[1] > 0.0 && p[1].is_finite()).collect() };
+    let at = |e: usize, value: &dyn Fn(&mergescope_lab::text_bench::oracle::OracleRow) -> f64| {
+        positive(
+            report
+                .rows
+                .iter()
+                .filter(|r| r.epochs == e)
+                .map(|r| [r.lr, value(r)])
+                .collect(),
+        )
+    };
+    let epochs = report.epoch_counts();
+    let mut series: Vec<Series> = epochs
+        .iter()
+        .enumerate()
+        .map(|(i, &e)| Series {
+            color: Some(i),
+            ..Series::new(format!("E = {e}"), at(e, &|r| r.gap))
+        })
+        .collect();
+    if let Some(e) = epochs.iter().copied().find(|&e| e >= 2) {
+        let points = at(e, &|r| r.gap);
+        if let (Some(first), Some(last)) = (points.first(), points.last()) {
+            let y = |x: f64| first[1] / 3.0 * (x / first[0]).powi(2);
+            series.push(Series {
+                dashed: true,
+                color: Some(epochs.len()),
+                ..Series::new(
+                    "slope 2 (reference)".to_owned(),
+                    vec![[first[0], y(first[0])], [last[0], y(last[0])]],
+                )
+            });
+        }
+    }
+    if let Some(&first) = epochs.first() {
+        series.push(Series {
+            dashed: true,
+            color: Some(epochs.len() + 1),
+            ..Series::new(
+                format!("||ulp(θ_MT)||, E = {first} ({} spacing)", report.precision.name()),
+                at(first, &|r| r.ulp),
+            )
+        });
+    }
+    let slope = |s: Option<f64>| s.map_or("–".to_owned(), |s| format!("{s:.2}"));
+    let notes = report
+        .slopes()
+        .iter()
+        .map(|s| {
+            if s.epochs == 1 {
+                let worst = at(1, &|r| r.gap / r.ulp).iter().map(|p| p[1]).fold(0.0, f64::max);
+                format!("E = 1: gap ≤ {worst:.2} × ||ulp(θ_MT)|| (rounding only)")
+            } else {
+                format!(
+                    "E = {}: slope {} (gap), {} (gap / ||θ_MT − θ0||)",
+                    s.epochs,
+                    slope(s.absolute),
+                    slope(s.relative)
+                )
+            }
+        })
+        .collect();
+    Figure::Lines(Lines {
+        title: format!(
+            "Task arithmetic vs multi-task GD (seed 004): {} tasks, α = {}, {}",
+            report.tasks.len(),
+            format_number(report.alpha),
+            report.precision.name()
+        ),
+        x_label: "learning rate η".to_owned(),
+        y_label: "||θ_TA − θ_MT||".to_owned(),
+        y2_label: None,
+        log_x: true,
+        log_y: true,
+        series,
+        better: None,
+        notes,
+    })
+}

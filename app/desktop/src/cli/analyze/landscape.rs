@@ -213,7 +213,7 @@ fn run_on_slurm(
     models: crate::cli::inputs::Models,
     device: &mergescope_engine::device::Device,
 ) -> anyhow::Result<()> {
-    let output = a.common.png.as_ref().or(a.common.csv.as_ref());
+    let output = a.common.output.png.as_ref().or(a.common.output.csv.as_ref());
     let workdir = match (&a.run.slurm.workdir, output) {
         (Some(w), _) => w.clone(),
         (None, Some(out)) => {

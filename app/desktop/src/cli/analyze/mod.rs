@@ -1,8 +1,10 @@
 //! `mergescope analyze`: the analysis views headless — PCA of checkpoints and trajectories,
 //! task-vector cosines, spectra and CART's rank curves, per-task radar charts and loss
-//! landscapes — written as PNG and CSV (the same figures the GUI draws).
+//! landscapes — written as PNG and CSV (the same figures the GUI draws); seed 002's views; and
+//! seed 004's oracle on a text benchmark build (`analyze oracle`).
 
 mod landscape;
+mod oracle;
 mod seed002;
 mod views;
 
@@ -36,6 +38,9 @@ pub enum AnalyzeCommand {
     Weights(seed002::WeightsArgs),
     /// Seed 002: the excess-risk bound, σ² and ζ² estimated from calibration gradients.
     Bound(seed002::BoundArgs),
+    /// Seed 004 on a text benchmark build: task arithmetic of full-batch gradient-descent task
+    /// vectors against multi-task gradient descent, the gap over η and epochs.
+    Oracle(oracle::OracleArgs),
 }
 
 /// Where the inputs come from and where the figure goes; shared by every view.
@@ -44,10 +49,23 @@ pub struct Common {
     /// Which models, and the tasks they are scored on.
     #[command(flatten)]
     pub models: ModelArgs,
+    /// Where the figure goes.
+    #[command(flatten)]
+    pub output: Output,
+    /// Device the views that evaluate models (radar, landscape) run on: cpu, cuda or metal
+    /// (falls back to the CPU with a warning when the build or the machine lacks it).
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub device: String,
+}
+
+/// Where a view's picture and numbers go.
+#[derive(Args, Debug)]
+pub struct Output {
     /// Write the picture here (PNG).
     #[arg(long, value_name = "FILE")]
     pub png: Option<PathBuf>,
-    /// Write the numbers here (CSV). Without --png or --csv the CSV goes to stdout.
+    /// Write the numbers here (CSV). Without --png or --csv a figure's CSV goes to stdout
+    /// (`oracle` prints its table either way).
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
     /// Picture size in pixels, WIDTHxHEIGHT.
@@ -56,22 +74,23 @@ pub struct Common {
     /// Replace --png/--csv files that exist.
     #[arg(long)]
     pub overwrite: bool,
-    /// Device the views that evaluate models (radar, landscape) run on: cpu, cuda or metal
-    /// (falls back to the CPU with a warning when the build or the machine lacks it).
-    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
-    pub device: String,
+}
+
+/// The device `name` (cpu, cuda or metal) of a --device option, opened (a fallback is
+/// announced on stderr).
+pub fn open_device_named(name: &str) -> anyhow::Result<Device> {
+    let choice = DeviceChoice::parse(name).with_context(|| format!("--device '{name}': use cpu, cuda or metal"))?;
+    let (device, note) = open_device(choice);
+    if let Some(n) = note {
+        eprintln!("warning: {n}");
+    }
+    Ok(device)
 }
 
 impl Common {
     /// The device of --device, opened (a fallback is announced on stderr).
     pub fn device(&self) -> anyhow::Result<Device> {
-        let choice = DeviceChoice::parse(&self.device)
-            .with_context(|| format!("--device '{}': use cpu, cuda or metal", self.device))?;
-        let (device, note) = open_device(choice);
-        if let Some(n) = note {
-            eprintln!("warning: {n}");
-        }
-        Ok(device)
+        open_device_named(&self.device)
     }
 
     /// The evaluator of --benchmark (a demo benchmark or a suite) on --device for `models`,
@@ -87,6 +106,18 @@ impl Common {
         )?)
     }
 
+    /// Refuses to start when an output exists and --overwrite was not given.
+    pub fn check_outputs(&self) -> anyhow::Result<()> {
+        self.output.check_outputs()
+    }
+
+    /// Writes the figure as PNG and/or CSV (atomically), or its CSV to stdout.
+    pub fn write(&self, figure: &Figure) -> anyhow::Result<()> {
+        self.output.write(figure)
+    }
+}
+
+impl Output {
     fn size(&self) -> anyhow::Result<(u32, u32)> {
         let parse = || {
             let (w, h) = self.size.split_once(['x', 'X'])?;
@@ -129,6 +160,16 @@ impl Common {
         }
         Ok(())
     }
+
+    /// Writes the figure's picture to --png (atomically), if given.
+    pub fn write_png(&self, figure: &Figure) -> anyhow::Result<()> {
+        if let Some(p) = &self.png {
+            let (w, h) = self.size()?;
+            write_atomic(p, &render_png(figure, w, h)?)?;
+            eprintln!("picture: {}", p.display());
+        }
+        Ok(())
+    }
 }
 
 /// A file's name without `.safetensors` (and `.trajectory`).
@@ -144,6 +185,7 @@ pub fn run(command: &AnalyzeCommand) -> anyhow::Result<ExitCode> {
         AnalyzeCommand::Heterogeneity(a) => seed002::heterogeneity(a),
         AnalyzeCommand::Weights(a) => seed002::weights(a),
         AnalyzeCommand::Bound(a) => seed002::bound_view(a),
+        AnalyzeCommand::Oracle(a) => oracle::run(a),
     }?;
     Ok(ExitCode::SUCCESS)
 }

@@ -229,7 +229,7 @@ impl SlurmSweep {
         let job = SweepJob {
             out_dir: out.clone(),
             workdir,
-            benchmark: absolute(&inputs.bench.dir)?,
+            benchmark: absolute(inputs.bench.dir())?,
             plugin_dirs: settings
                 .plugin_dirs
                 .iter()

@@ -4,6 +4,8 @@
 //! Everything already on disk (checkpoints, finished cells) is reused, so a killed sweep
 //! resumes where it stopped.
 
+pub use super::bench::class_balanced_subset;
+use super::bench::{Backend, SweepBench};
 use super::cells::{
     Cell, RunJob, collapsed_rows, diverged_file, expert_file, plan_cells, rows_from_report, runs_needed,
 };
@@ -12,17 +14,11 @@ use super::store::{ResultsFile, Row};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Progress};
 use mergescope_engine::plugin::loader::Plugin;
-use mergescope_lab::data::{SplitKind, TaskData};
-use mergescope_lab::demo::{Benchmark, load_params, save_params};
-use mergescope_lab::evaluator::{BackboneEvaluator, Evaluator};
-use mergescope_lab::nn::Params;
-use mergescope_lab::run::{self, TaskSource};
-use mergescope_lab::train::{
-    BatchSize, Budget, Examples, TrainConfig, TrainTask, fine_tune_with_snapshots, train_metadata,
-};
+use mergescope_lab::evaluator::Evaluator;
+use mergescope_lab::run;
 use rayon::prelude::*;
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -67,10 +63,9 @@ impl SweepProgress {
 pub struct SweepInputs<'a> {
     /// The specification.
     pub spec: &'a SweepSpec,
-    /// The benchmark whose base and heads start every run.
-    pub bench: &'a Benchmark,
-    /// Task data of the benchmark's tasks.
-    pub tasks: &'a [TaskData],
+    /// The benchmark whose base and heads start every run: the demo benchmark with its task
+    /// data, or the text benchmark.
+    pub bench: SweepBench<'a>,
     /// The method plugins (every plugin named by the specification).
     pub plugins: &'a [&'a Plugin],
     /// The sweep folder (created if missing; reused if it holds the same sweep).
@@ -137,32 +132,6 @@ impl Tracker<'_> {
     }
 }
 
-/// The first `ratio` of each class's training examples, in their order (a deterministic
-/// class-balanced subset; at least one example of each class present).
-pub fn class_balanced_subset(data: &TaskData, ratio: f64) -> (Vec<u8>, Vec<u8>) {
-    let side = data.image_size.0 * data.image_size.1;
-    let labels = &data.train.labels;
-    let mut per_class: BTreeMap<u8, usize> = BTreeMap::new();
-    for &l in labels {
-        *per_class.entry(l).or_default() += 1;
-    }
-    let keep: BTreeMap<u8, usize> = per_class
-        .iter()
-        .map(|(&c, &n)| (c, ((n as f64 * ratio).round() as usize).clamp(1, n)))
-        .collect();
-    let mut taken: BTreeMap<u8, usize> = BTreeMap::new();
-    let (mut images, mut out_labels) = (Vec::new(), Vec::new());
-    for (i, &l) in labels.iter().enumerate() {
-        let t = taken.entry(l).or_default();
-        if *t < keep[&l] {
-            *t += 1;
-            images.extend_from_slice(&data.train.images[i * side..(i + 1) * side]);
-            out_labels.push(l);
-        }
-    }
-    (images, out_labels)
-}
-
 /// Runs (or resumes) the sweep; `progress` hears about every step and cell.
 pub fn run_sweep(
     inputs: &SweepInputs<'_>,
@@ -172,8 +141,8 @@ pub fn run_sweep(
     let SweepInputs {
         spec, bench, out_dir, ..
     } = *inputs;
-    let pool: Vec<String> = bench.task_names().iter().map(|s| (*s).to_owned()).collect();
-    let data = check_inputs(inputs, &pool)?;
+    let pool = bench.task_names();
+    check_inputs(inputs, &pool)?;
     prepare_folder(spec, bench, out_dir)?;
     let models = out_dir.join("models");
 
@@ -196,7 +165,7 @@ pub fn run_sweep(
     };
     tracker.report(if reused > 0 { "resuming" } else { "starting" });
 
-    let mut run = SweepRun::new(inputs, &pool, data, &models, &tracker, cancel)?;
+    let mut run = SweepRun::new(inputs, &pool, &models, &tracker, cancel)?;
     let mut runs_trained = 0;
     for cell in cells.iter().filter(|c| !is_done(c)) {
         if cancel.load(Ordering::Relaxed) {
@@ -230,35 +199,21 @@ pub(super) fn rows_per_cell(r: &Row) -> Option<usize> {
     }
 }
 
-/// Checks the specification against the benchmark and plugins, and finds the data of every
-/// task of the benchmark's pool, in pool order.
-fn check_inputs<'a>(inputs: &SweepInputs<'a>, pool: &[String]) -> Result<Vec<&'a TaskData>> {
+/// Checks the specification against the benchmark and the plugins, as [`run_sweep`] does first
+/// (before the folder is touched): a front end calls it to name the specification's file in
+/// the error.
+pub fn check_sweep(inputs: &SweepInputs<'_>) -> Result<()> {
+    check_inputs(inputs, &inputs.bench.task_names())
+}
+
+/// Checks the specification against the benchmark (of `pool`'s tasks) and plugins.
+fn check_inputs(inputs: &SweepInputs<'_>, pool: &[String]) -> Result<()> {
     let SweepInputs {
-        spec,
-        bench,
-        tasks,
-        plugins,
-        ..
+        spec, bench, plugins, ..
     } = *inputs;
     let ids: Vec<&str> = plugins.iter().map(|p| p.id()).collect();
     spec.validate(pool.len(), &ids)?;
-    if spec.arch()? != bench.manifest.arch {
-        return Err(EngineError::Param(format!(
-            "the sweep is for {} but the benchmark '{}' is {}",
-            spec.arch,
-            bench.dir.display(),
-            bench.manifest.arch.name()
-        )));
-    }
-    pool.iter()
-        .map(|name| {
-            tasks.iter().find(|t| &t.name == name).ok_or_else(|| {
-                EngineError::Invalid(format!(
-                    "no task data for the benchmark's task '{name}': add its file to the task folder"
-                ))
-            })
-        })
-        .collect()
+    bench.check(spec)
 }
 
 /// One cell of a sweep run on its own, as a Slurm array task runs it.
@@ -276,7 +231,7 @@ pub struct CellRun {
 /// the inputs and preparing `out_dir` as [`run_sweep`] does (the specification is written there,
 /// the base and heads linked), for an executor that runs the cells elsewhere.
 pub fn prepare_cells(inputs: &SweepInputs<'_>) -> Result<Vec<String>> {
-    let pool: Vec<String> = inputs.bench.task_names().iter().map(|s| (*s).to_owned()).collect();
+    let pool = inputs.bench.task_names();
     check_inputs(inputs, &pool)?;
     prepare_folder(inputs.spec, inputs.bench, inputs.out_dir)?;
     Ok(plan_cells(inputs.spec, &pool)
@@ -301,8 +256,8 @@ pub fn run_one_cell(
     let SweepInputs {
         spec, bench, out_dir, ..
     } = *inputs;
-    let pool: Vec<String> = bench.task_names().iter().map(|s| (*s).to_owned()).collect();
-    let data = check_inputs(inputs, &pool)?;
+    let pool = bench.task_names();
+    check_inputs(inputs, &pool)?;
     check_folder(spec, out_dir)?;
     let cells = plan_cells(spec, &pool);
     let cell = cells.get(index).ok_or_else(|| {
@@ -330,7 +285,7 @@ pub fn run_one_cell(
         cell_seconds: Mutex::new((0.0, 0)),
         progress,
     };
-    let mut run = SweepRun::new(inputs, &pool, data, &models, &tracker, cancel)?;
+    let mut run = SweepRun::new(inputs, &pool, &models, &tracker, cancel)?;
     run.shared = true;
     run.merge_file = out_dir.join("merges").join(format!("cell-{index}.safetensors"));
     let (runs_trained, rows) = run.run_cell(cell)?;
@@ -345,12 +300,11 @@ pub fn run_one_cell(
 struct SweepRun<'a, 'i> {
     inputs: &'a SweepInputs<'i>,
     pool: &'a [String],
-    data: Vec<&'i TaskData>,
     models: &'a Path,
-    base: Params,
-    heads: BTreeMap<String, mergescope_lab::nn::Head>,
-    /// Test evaluators by the pool indices of their tasks (their data is converted once).
-    evaluators: HashMap<Vec<usize>, BackboneEvaluator>,
+    /// The benchmark loaded on the sweep's device.
+    backend: Box<dyn Backend + 'i>,
+    /// Test evaluators by the pool indices of their tasks (their data is read once).
+    evaluators: HashMap<Vec<usize>, Box<dyn Evaluator>>,
     tracker: &'a Tracker<'a>,
     cancel: &'a AtomicBool,
     /// Other processes may run cells of the same folder: fine-tuning runs are made under locks.
@@ -363,19 +317,15 @@ impl<'a, 'i> SweepRun<'a, 'i> {
     fn new(
         inputs: &'a SweepInputs<'i>,
         pool: &'a [String],
-        data: Vec<&'i TaskData>,
         models: &'a Path,
         tracker: &'a Tracker<'a>,
         cancel: &'a AtomicBool,
     ) -> Result<Self> {
-        let device = &inputs.opts.device;
         Ok(SweepRun {
             inputs,
             pool,
-            data,
             models,
-            base: load_params(&inputs.bench.base_path(), device)?,
-            heads: inputs.bench.heads(device)?,
+            backend: inputs.bench.load(inputs.spec, &inputs.opts.device)?,
             evaluators: HashMap::new(),
             tracker,
             cancel,
@@ -446,18 +396,15 @@ impl<'a, 'i> SweepRun<'a, 'i> {
         let t0 = Instant::now();
         let stage = format!("fine-tuning {} ({})", hyper.run_id(), jobs.len());
         self.tracker.report(&stage);
-        let SweepInputs { spec, bench, opts, .. } = *self.inputs;
+        let backend = &*self.backend;
         jobs.par_iter()
             .map(|(t, job)| {
                 train_expert(
-                    spec,
-                    bench,
-                    self.data[*t],
-                    &self.base,
-                    &self.heads,
+                    backend,
+                    *t,
+                    &self.pool[*t],
                     job,
                     self.models,
-                    &opts.device,
                     &|| {
                         self.tracker.steps_done.fetch_add(1, Ordering::Relaxed);
                         self.tracker.report(&stage);
@@ -507,7 +454,6 @@ impl<'a, 'i> SweepRun<'a, 'i> {
         let SweepInputs {
             spec,
             bench,
-            tasks,
             plugins,
             opts,
             ..
@@ -527,9 +473,12 @@ impl<'a, 'i> SweepRun<'a, 'i> {
             ))
         })?;
         let names = cell.task_names(self.pool);
-        let group_bench = group_benchmark(bench, self.models, hyper, &names);
+        let experts: Vec<PathBuf> = names
+            .iter()
+            .map(|n| self.models.join(expert_file(hyper, n, hyper.steps)))
+            .collect();
         let out = self.merge_file.clone();
-        let req = MergeRequest::new(group_bench.expert_paths(), out.clone())
+        let req = MergeRequest::new(experts, out.clone())
             .with_base(Some(bench.base_path()))
             .with_params(m.params_for(names.len()))
             .with_seed(spec.seed)
@@ -543,11 +492,7 @@ impl<'a, 'i> SweepRun<'a, 'i> {
             progress: &on_progress,
             log: Observer::silent().log,
         };
-        let source = TaskSource::Benchmark {
-            bench: &group_bench,
-            tasks,
-        };
-        run::merge(plugin, &req, Some(source), opts, observer, self.cancel).map_err(|e| match e {
+        let failed = |e: EngineError| match e {
             EngineError::Cancelled => EngineError::Cancelled,
             e => EngineError::Invalid(format!(
                 "{} on tasks {} at {} (K={}): {e}",
@@ -556,28 +501,32 @@ impl<'a, 'i> SweepRun<'a, 'i> {
                 hyper.run_id(),
                 hyper.steps
             )),
-        })?;
+        };
+        // Only a model-level method learns on the group's tasks.
+        let source = if plugin.is_model_level() {
+            Some(self.backend.source(&names, hyper, self.models).map_err(failed)?)
+        } else {
+            None
+        };
+        run::merge(
+            plugin,
+            &req,
+            source.as_ref().map(|s| s.get()),
+            opts,
+            observer,
+            self.cancel,
+        )
+        .map_err(failed)?;
         Ok(out)
     }
 
     /// The (cached) test evaluator of the tasks `members` of the pool.
-    fn evaluator(&mut self, members: &[usize]) -> Result<&BackboneEvaluator> {
-        let SweepInputs {
-            spec,
-            bench,
-            tasks,
-            opts,
-            ..
-        } = *self.inputs;
+    fn evaluator(&mut self, members: &[usize]) -> Result<&dyn Evaluator> {
         match self.evaluators.entry(members.to_vec()) {
-            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Occupied(e) => Ok(&**e.into_mut()),
             Entry::Vacant(v) => {
                 let names: Vec<String> = members.iter().map(|&t| self.pool[t].clone()).collect();
-                let mut ev = bench.evaluator(tasks, Some(&names), SplitKind::Test, &opts.device)?;
-                if let Some(n) = spec.eval_examples {
-                    ev = ev.subsample(n)?;
-                }
-                Ok(v.insert(ev))
+                Ok(&**v.insert(self.backend.evaluator(&names)?))
             }
         }
     }
@@ -585,7 +534,7 @@ impl<'a, 'i> SweepRun<'a, 'i> {
 
 /// Checks that `out_dir` is empty or holds the same sweep (same benchmark, seed, evaluation and
 /// methods: a grid may grow), writes the specification there, and links the base and heads.
-fn prepare_folder(spec: &SweepSpec, bench: &Benchmark, out_dir: &Path) -> Result<()> {
+fn prepare_folder(spec: &SweepSpec, bench: SweepBench<'_>, out_dir: &Path) -> Result<()> {
     let models = out_dir.join("models");
     std::fs::create_dir_all(models.join("experts")).map_err(|e| EngineError::io("cannot create", &models, e))?;
     std::fs::create_dir_all(out_dir.join("merges")).map_err(|e| EngineError::io("cannot create", out_dir, e))?;
@@ -602,11 +551,11 @@ fn prepare_folder(spec: &SweepSpec, bench: &Benchmark, out_dir: &Path) -> Result
         )));
     }
     mergescope_engine::writer::write_atomic(&spec_path, spec.to_toml()?.as_bytes())?;
-    for (from, name) in [
-        (bench.base_path(), "base.safetensors"),
-        (bench.heads_path(), "heads.safetensors"),
-    ] {
+    for (from, name) in bench.links() {
         let to = models.join(name);
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| EngineError::io("cannot create", dir, e))?;
+        }
         if !to.exists() && std::fs::hard_link(&from, &to).is_err() {
             std::fs::copy(&from, &to).map_err(|e| EngineError::io("cannot copy", &from, e))?;
         }
@@ -636,92 +585,31 @@ fn check_folder(spec: &SweepSpec, out_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The benchmark `bench` restricted to `names`, with the experts of `hyper` from the sweep's
-/// models folder.
-fn group_benchmark(bench: &Benchmark, models: &Path, hyper: &Hyper, names: &[String]) -> Benchmark {
-    let mut manifest = bench.manifest.clone();
-    manifest.tasks.retain(|t| names.contains(&t.name));
-    for t in &mut manifest.tasks {
-        t.expert = expert_file(hyper, &t.name, hyper.steps);
-    }
-    Benchmark {
-        dir: models.to_path_buf(),
-        manifest,
-    }
-}
-
-/// Fine-tunes the expert of `data` for `job`, writing each of its snapshots atomically.
-#[allow(clippy::too_many_arguments)]
+/// Makes the fine-tuning run `job` of pool task `task` (`name`) through `backend`. A run that
+/// diverges is a result, not a failure: its marker (the step, then the error) lands beside its
+/// snapshots, and the sweep records its experts from that step on as collapsed.
 fn train_expert(
-    spec: &SweepSpec,
-    bench: &Benchmark,
-    data: &TaskData,
-    base: &Params,
-    heads: &BTreeMap<String, mergescope_lab::nn::Head>,
+    backend: &dyn Backend,
+    task: usize,
+    name: &str,
     job: &RunJob,
     models: &Path,
-    device: &candle_core::Device,
     on_step: &(dyn Fn() + Sync),
     cancel: &AtomicBool,
 ) -> Result<()> {
     let h = &job.hyper;
-    let steps = job.snapshots.last().copied().unwrap_or(h.steps);
-    let index = bench.task_names().iter().position(|n| *n == data.name).unwrap_or(0) as u64;
-    let cfg = TrainConfig {
-        optim: h.optim()?,
-        batch: BatchSize::Size(h.batch),
-        budget: Budget::Steps(steps),
-        seed: spec.seed.wrapping_add(index),
-        augment_shift: bench.manifest.recipe.expert.augment_shift,
-    };
-    let head = heads
-        .get(&data.name)
-        .ok_or_else(|| EngineError::Invalid(format!("the benchmark has no head for task '{}'", data.name)))?;
-    let (images, labels) = class_balanced_subset(data, h.data_ratio);
-    let task = TrainTask {
-        data: Examples {
-            images: &images,
-            labels: &labels,
-        },
-        head,
-    };
-    let arch = bench.manifest.arch;
-    let mut save = |k: usize, params: Params| -> Result<()> {
-        let path = models.join(expert_file(h, &data.name, k));
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| EngineError::io("cannot create", dir, e))?;
-        }
-        let mut meta = mergescope_lab::demo::checkpoint_metadata(arch, spec.seed, "expert");
-        meta.insert("mergescope.demo.task".to_owned(), data.name.clone());
-        meta.insert("mergescope.train.data_ratio".to_owned(), h.data_ratio.to_string());
-        meta.extend(train_metadata(&cfg, k, labels.len()));
-        save_params(&path, &params, &meta)
-    };
-    match fine_tune_with_snapshots(
-        arch,
-        base,
-        &[task],
-        &cfg,
-        device,
-        &job.snapshots,
-        &mut save,
-        &mut |_| on_step(),
-        cancel,
-    ) {
-        Ok(_) => Ok(()),
+    match backend.train(job, task, models, on_step, cancel) {
+        Ok(()) => Ok(()),
         Err(EngineError::Cancelled) => Err(EngineError::Cancelled),
-        // A diverged run is a result, not a failure: the sweep records its experts from the
-        // divergence on as collapsed.
         Err(e @ EngineError::Diverged { step, .. }) => {
-            let marker = models.join(diverged_file(h, &data.name));
+            let marker = models.join(diverged_file(h, name));
             if let Some(dir) = marker.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| EngineError::io("cannot create", dir, e))?;
             }
             mergescope_engine::writer::write_atomic(&marker, format!("{step}\n{e}\n").as_bytes())
         }
         Err(e) => Err(EngineError::Invalid(format!(
-            "fine-tuning '{}' at {}: {e}",
-            data.name,
+            "fine-tuning '{name}' at {}: {e}",
             h.run_id()
         ))),
     }

@@ -105,14 +105,40 @@ impl MethodSpec {
     }
 }
 
+/// The kind of benchmark a sweep trains on, as its `arch` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchKind {
+    /// The demo benchmark of an image architecture (the seven 28×28 tasks).
+    Demo(Arch),
+    /// The text benchmark (`arch = "text"`): a BERT-family encoder, all-MiniLM-L6-v2, and its
+    /// text tasks (docs/text-benchmark.md).
+    Text,
+}
+
+impl BenchKind {
+    /// The `arch` a specification writes for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchKind::Demo(a) => a.name(),
+            BenchKind::Text => TEXT_ARCH,
+        }
+    }
+}
+
+/// The `arch` of a sweep on the text benchmark.
+pub const TEXT_ARCH: &str = "text";
+
 /// A sweep, as written in its TOML file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SweepSpec {
-    /// Backbone of the demo benchmark: `mlp`, `cnn` or `vit`.
+    /// What is fine-tuned: `mlp`, `cnn` or `vit` (the demo benchmark's backbone), or `text`
+    /// (the text benchmark's encoder, all-MiniLM-L6-v2).
     pub arch: String,
-    /// `demo` (the built demo of `arch`), `demo/<arch>-seed<N>`, or a benchmark folder: its
-    /// base and task heads start every fine-tuning run.
+    /// `demo` (the built demo of `arch`; for `text`, the cache's text build of seed 0),
+    /// `demo/<arch>-seed<N>`, or a benchmark folder (for `text`, a text build: the folder
+    /// `demo build --benchmark text` writes, or its `suite.toml`): its base and task heads
+    /// start every fine-tuning run.
     #[serde(default = "default_benchmark")]
     pub benchmark: String,
     /// Seed of the task groups, the minibatches and the merges.
@@ -306,15 +332,32 @@ impl SweepSpec {
         toml::to_string_pretty(self).map_err(|e| EngineError::Invalid(format!("cannot write the sweep as TOML: {e}")))
     }
 
-    /// The architecture.
+    /// The demo architecture (an error for a text sweep, which has none).
     pub fn arch(&self) -> Result<Arch> {
-        Arch::parse(&self.arch)
-            .ok_or_else(|| EngineError::Param(format!("arch '{}' is unknown: use mlp, cnn or vit", self.arch)))
+        match self.kind()? {
+            BenchKind::Demo(a) => Ok(a),
+            BenchKind::Text => Err(EngineError::Param(format!(
+                "arch '{TEXT_ARCH}' is the text benchmark's encoder, not a demo architecture"
+            ))),
+        }
+    }
+
+    /// The kind of benchmark the sweep trains on.
+    pub fn kind(&self) -> Result<BenchKind> {
+        if self.arch == TEXT_ARCH {
+            return Ok(BenchKind::Text);
+        }
+        Arch::parse(&self.arch).map(BenchKind::Demo).ok_or_else(|| {
+            EngineError::Param(format!(
+                "arch '{}' is unknown: use mlp, cnn or vit (the demo benchmark) or text (the text benchmark)",
+                self.arch
+            ))
+        })
     }
 
     /// Checks every value against a pool of `pool` tasks and the installed `plugins`.
     pub fn validate(&self, pool: usize, plugins: &[&str]) -> Result<()> {
-        self.arch()?;
+        self.kind()?;
         let bad = |what: String| Err(EngineError::Param(format!("sweep specification: {what}")));
         if self.groups == 0 {
             return bad("groups must be at least 1".into());
@@ -419,12 +462,69 @@ impl SweepSpec {
 
     /// The preset `name` (one of [`SweepSpec::PRESETS`]) for `arch`.
     pub fn preset(name: &str, arch: Arch) -> Result<SweepSpec> {
-        match name {
-            "paper-002" => Ok(SweepSpec::paper_002(arch)),
+        SweepSpec::preset_for(name, BenchKind::Demo(arch))
+    }
+
+    /// The preset `name` (one of [`SweepSpec::PRESETS`]) for a benchmark of `kind`.
+    pub fn preset_for(name: &str, kind: BenchKind) -> Result<SweepSpec> {
+        match (name, kind) {
+            ("paper-002", BenchKind::Demo(arch)) => Ok(SweepSpec::paper_002(arch)),
+            ("paper-002", BenchKind::Text) => Ok(SweepSpec::paper_002_text()),
             _ => Err(EngineError::Param(format!(
                 "unknown preset '{name}'; available: {}",
                 SweepSpec::PRESETS.join(", ")
             ))),
+        }
+    }
+
+    /// The `paper-002` preset on the text benchmark: seed 002's protocol around the text
+    /// recipe (AdamW, η = 10⁻⁴, b = 32, K = 120 with 10 % warm-up then linear decay; the
+    /// defaults are the build's own experts), one variable at a time over the learning rate,
+    /// the steps (snapshots of the 120-step run) and the tasks merged (3 of the 5 by default),
+    /// three seeded groups, merged by weight averaging (task arithmetic at λ = 1/N, the paper's
+    /// simple average), task arithmetic at λ = 0.5 (what `compare` chose on this benchmark's five
+    /// tasks) and TIES.
+    pub fn paper_002_text() -> SweepSpec {
+        let recipe = mergescope_lab::text_bench::TextRecipe::default_for(0);
+        SweepSpec {
+            arch: TEXT_ARCH.to_owned(),
+            benchmark: default_benchmark(),
+            seed: 0,
+            groups: 3,
+            mode: Mode::OneAtATime,
+            aggregate: Aggregate::Mean,
+            eval_examples: None,
+            defaults: Hyper {
+                lr: recipe.lr,
+                batch: recipe.batch_size,
+                steps: recipe.expert_steps,
+                data_ratio: 1.0,
+                optimizer: "adamw".into(),
+                tasks: 3,
+            },
+            grid: Grid {
+                lr: vec![3e-5, 1e-4, 3e-4, 1e-3],
+                steps: vec![30, 60, 90, 120],
+                tasks: vec![2, 3, 4, 5],
+                ..Grid::default()
+            },
+            methods: vec![
+                MethodSpec {
+                    plugin: "weight-average".into(),
+                    label: Some("WA (TA λ=1/N)".into()),
+                    params: BTreeMap::new(),
+                },
+                MethodSpec {
+                    plugin: "task-arithmetic".into(),
+                    label: Some("TA (λ=0.5)".into()),
+                    params: [("lambda".to_owned(), Value::from(0.5))].into_iter().collect(),
+                },
+                MethodSpec {
+                    plugin: "ties".into(),
+                    label: Some("TIES".into()),
+                    params: BTreeMap::new(),
+                },
+            ],
         }
     }
 
@@ -578,5 +678,34 @@ mod tests {
         assert!(e.contains("steps"), "{e}");
         // "1/N" becomes 1 ÷ the group's size.
         assert_eq!(spec.methods[0].params_for(4)["lambda"], Value::from(0.25));
+    }
+
+    /// The text preset varies η, K and N around the build's own recipe, and names its kind.
+    #[test]
+    fn the_text_preset_is_the_text_recipe_varied_one_at_a_time() {
+        let spec = SweepSpec::preset_for("paper-002", BenchKind::Text).unwrap();
+        assert_eq!(spec.kind().unwrap(), BenchKind::Text);
+        assert!(spec.arch().unwrap_err().to_string().contains("not a demo architecture"));
+        assert_eq!(SweepSpec::from_toml(&spec.to_toml().unwrap()).unwrap(), spec);
+        let recipe = mergescope_lab::text_bench::TextRecipe::default_for(0);
+        assert_eq!(
+            (spec.defaults.lr, spec.defaults.batch, spec.defaults.steps),
+            (recipe.lr, recipe.batch_size, recipe.expert_steps)
+        );
+        assert_eq!(spec.swept(), [Variable::Steps, Variable::LearningRate, Variable::Tasks]);
+        // One 120-step run per learning rate; its snapshots serve K = 30, 60, 90.
+        let snaps = spec.snapshots();
+        assert_eq!(snaps.len(), 4);
+        assert_eq!(snaps[&spec.defaults.run_id()], [30, 60, 90, 120]);
+        spec.validate(5, &["weight-average", "task-arithmetic", "ties"])
+            .unwrap();
+        let e = SweepSpec {
+            arch: "bert".into(),
+            ..spec
+        }
+        .kind()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("arch 'bert'") && e.contains("text"), "{e}");
     }
 }

@@ -1,0 +1,713 @@
+//! Seed 004's oracle ("On Task Vectors and Gradients", Zhou et al.) on the text benchmark:
+//! real all-MiniLM-L6-v2 through each task's frozen linear head.
+//!
+//! For each learning rate η and epoch count E, every task t takes E full-batch gradient-descent
+//! steps from the base on its mean cross-entropy L̄ₜ over its first N train texts, giving
+//! θₜ⁽ᴱ⁾ and the task vector τₜ = θₜ⁽ᴱ⁾ − θ₀; task arithmetic is θ_TA = θ₀ + α Σₜ τₜ. The
+//! multi-task run takes E full-batch steps of size αη on Σₜ L̄ₜ, giving θ_MT. Theorem 1: at
+//! E = 1 the two are equal (up to rounding); Eq. 2: for E ≥ 2 they differ by a term of
+//! order η², so ‖θ_TA − θ_MT‖ grows with slope 2 in η on log-log axes, and the relative gap
+//! ‖θ_TA − θ_MT‖ / ‖θ_MT − θ₀‖ (the move being of order η) with slope 1.
+//!
+//! The loss and the forward pass are the build's ([`super::build::batch_loss`]), the step the
+//! lab's SGD ([`Optimizer`]); the models are scored with the build's [`accuracy`].
+//!
+//! Gradient descent runs in f64 by default ([`Precision`]). In f32 the E = 1 identity holds to
+//! f32 rounding, but MiniLM's loss is so sharply curved that the expansion holds only for
+//! η ≲ 2·10⁻⁵, where the E ≥ 2 gap (10⁻⁸ to 10⁻⁶) is below the rounding of the weights to f32
+//! (about 10⁻⁵, and each step's gradient is taken at rounded weights): no η shows the η² law
+//! in f32 (measured in docs/text-benchmark.md).
+
+use super::build::{Backbone, LinearHead, TextBenchmark, accuracy, batch_loss};
+use super::data::{TextSplit, Tokenized, parse_split};
+use crate::demo::BuildProgress;
+use crate::family::{bert, hf};
+use crate::nn::Params;
+use crate::train::{OptimConfig, Optimizer, detached, from_vars, to_vars};
+use candle_core::{DType, Device, Tensor};
+use mergescope_engine::error::{EngineError, Result};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// The floating-point type gradient descent runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// f32, as the build fine-tunes.
+    F32,
+    /// f64: the weights, activations, gradients and steps (the default).
+    F64,
+}
+
+impl Precision {
+    /// The candle dtype.
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::F64 => DType::F64,
+        }
+    }
+
+    /// `f32` or `f64`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F64 => "f64",
+        }
+    }
+
+    /// The distance from `x`, rounded to this precision, to the next number of this precision
+    /// away from zero.
+    fn ulp(self, x: f64) -> f64 {
+        match self {
+            Precision::F32 => {
+                let a = (x as f32).abs();
+                f64::from(f32::from_bits(a.to_bits() + 1)) - f64::from(a)
+            }
+            Precision::F64 => {
+                let a = x.abs();
+                f64::from_bits(a.to_bits() + 1) - a
+            }
+        }
+    }
+}
+
+/// What the oracle runs: tasks, examples, learning rates, epoch counts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OracleSettings {
+    /// Tasks of the build to use, in this order (empty: all of them, in the build's order).
+    pub tasks: Vec<String>,
+    /// Train texts per task, the first ones of its train split: the full batch.
+    pub examples: usize,
+    /// Learning rates η.
+    pub lrs: Vec<f64>,
+    /// Epoch counts E (one full-batch step per epoch).
+    pub epochs: Vec<usize>,
+    /// Task arithmetic's α (the multi-task step is αη).
+    pub alpha: f64,
+    /// Tokens kept per text (`None`: the build's).
+    pub max_length: Option<usize>,
+    /// Test texts per task the models are scored on (the first ones; 0: no scoring).
+    pub eval_examples: usize,
+    /// The type gradient descent runs in.
+    pub precision: Precision,
+}
+
+impl Default for OracleSettings {
+    fn default() -> Self {
+        OracleSettings {
+            tasks: Vec::new(),
+            examples: 32,
+            lrs: vec![2.5e-6, 5e-6, 1e-5, 2e-5],
+            epochs: vec![1, 2, 4],
+            alpha: 1.0,
+            max_length: None,
+            eval_examples: 100,
+            precision: Precision::F64,
+        }
+    }
+}
+
+impl OracleSettings {
+    /// Checks the settings before any work (named as the CLI's options).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(EngineError::Param(m));
+        if self.lrs.is_empty() {
+            return bad("--lr: give at least one learning rate η".into());
+        }
+        if let Some(lr) = self.lrs.iter().find(|lr| !(lr.is_finite() && **lr > 0.0)) {
+            return bad(format!(
+                "--lr {lr}: every learning rate η must be a positive number (gradient descent steps downhill)"
+            ));
+        }
+        if self.epochs.is_empty() {
+            return bad("--epochs: give at least one epoch count".into());
+        }
+        if self.epochs.contains(&0) {
+            return bad(
+                "--epochs 0: every epoch count must be at least 1 (an epoch is one full-batch step; at 0 both models are the base)"
+                    .into(),
+            );
+        }
+        if self.examples == 0 {
+            return bad("--examples 0: each task needs at least one train text".into());
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return bad(format!("--alpha {}: α must be a positive number", self.alpha));
+        }
+        if let Some(n) = self.max_length
+            && !(1..=128).contains(&n)
+        {
+            return bad(format!("--max-length {n} must be between 1 and 128"));
+        }
+        Ok(())
+    }
+}
+
+/// The two models at one learning rate and epoch count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OracleRow {
+    /// Learning rate η of the task runs (the multi-task run's is αη).
+    pub lr: f64,
+    /// Epochs (full-batch steps) E.
+    pub epochs: usize,
+    /// ‖θ_TA − θ_MT‖ over every backbone tensor.
+    pub gap: f64,
+    /// ‖θ_MT − θ₀‖.
+    pub moved: f64,
+    /// ‖θ_TA − θ₀‖.
+    pub ta_moved: f64,
+    /// ‖ulp(θ_MT)‖ over the entries that moved: the spacing of the numbers of the run's
+    /// precision around θ_MT, the scale of the E = 1 gap, which is rounding only.
+    pub ulp: f64,
+    /// Test accuracy of θ_TA per task (empty when nothing was scored).
+    pub ta_accuracy: Vec<f64>,
+    /// Test accuracy of θ_MT per task.
+    pub mt_accuracy: Vec<f64>,
+}
+
+impl OracleRow {
+    /// ‖θ_TA − θ_MT‖ / ‖θ_MT − θ₀‖.
+    pub fn relative(&self) -> f64 {
+        self.gap / self.moved
+    }
+}
+
+/// The log-log slope of the gap over η at one epoch count.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OracleSlope {
+    /// Epochs E.
+    pub epochs: usize,
+    /// Slope of log ‖θ_TA − θ_MT‖ against log η (≈ 2 for E ≥ 2).
+    pub absolute: Option<f64>,
+    /// Slope of log (‖θ_TA − θ_MT‖ / ‖θ_MT − θ₀‖) against log η (≈ 1 for E ≥ 2).
+    pub relative: Option<f64>,
+}
+
+/// What the oracle measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OracleReport {
+    /// Tasks, in order.
+    pub tasks: Vec<String>,
+    /// Train texts per task (the full batch).
+    pub examples: Vec<usize>,
+    /// Test texts per task scored.
+    pub eval_examples: Vec<usize>,
+    /// Tokens kept per text.
+    pub max_length: usize,
+    /// Task arithmetic's α.
+    pub alpha: f64,
+    /// The type gradient descent ran in.
+    pub precision: Precision,
+    /// Number of backbone parameters (the length of θ).
+    pub parameters: usize,
+    /// Test accuracy of the base per task.
+    pub base_accuracy: Vec<f64>,
+    /// One row per (η, E), η ascending, then E ascending.
+    pub rows: Vec<OracleRow>,
+    /// Seconds of gradient descent (all runs).
+    pub train_seconds: f64,
+    /// Seconds of scoring.
+    pub eval_seconds: f64,
+}
+
+impl OracleReport {
+    /// The epoch counts measured, ascending.
+    pub fn epoch_counts(&self) -> Vec<usize> {
+        let mut e: Vec<usize> = self.rows.iter().map(|r| r.epochs).collect();
+        e.sort_unstable();
+        e.dedup();
+        e
+    }
+
+    /// The log-log slopes over η, per epoch count.
+    pub fn slopes(&self) -> Vec<OracleSlope> {
+        self.epoch_counts()
+            .into_iter()
+            .map(|e| {
+                let rows: Vec<&OracleRow> = self.rows.iter().filter(|r| r.epochs == e).collect();
+                let abs: Vec<[f64; 2]> = rows.iter().map(|r| [r.lr, r.gap]).collect();
+                let rel: Vec<[f64; 2]> = rows.iter().map(|r| [r.lr, r.relative()]).collect();
+                OracleSlope {
+                    epochs: e,
+                    absolute: log_log_slope(&abs),
+                    relative: log_log_slope(&rel),
+                }
+            })
+            .collect()
+    }
+
+    /// The rows as CSV: η, E, the norms, the relative gap, and every accuracy (the base's
+    /// repeated on each row).
+    pub fn to_csv(&self) -> String {
+        let mut out = String::from("lr,epochs,gap,relative_gap,moved_mt,moved_ta,ulp_norm");
+        for prefix in ["base", "ta", "mt"] {
+            for t in &self.tasks {
+                let _ = write!(out, ",{prefix}_accuracy_{t}");
+            }
+        }
+        out.push('\n');
+        for r in &self.rows {
+            let _ = write!(
+                out,
+                "{},{},{},{},{},{},{}",
+                r.lr,
+                r.epochs,
+                r.gap,
+                r.relative(),
+                r.moved,
+                r.ta_moved,
+                r.ulp
+            );
+            for a in self.base_accuracy.iter().chain(&r.ta_accuracy).chain(&r.mt_accuracy) {
+                let _ = write!(out, ",{a}");
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Least-squares slope of log y against log x over the points with x, y > 0 and finite; `None`
+/// with fewer than two such points at distinct x.
+pub fn log_log_slope(points: &[[f64; 2]]) -> Option<f64> {
+    let logs: Vec<(f64, f64)> = points
+        .iter()
+        .filter(|p| p[0] > 0.0 && p[1] > 0.0 && p[0].is_finite() && p[1].is_finite())
+        .map(|p| (p[0].ln(), p[1].ln()))
+        .collect();
+    let n = logs.len() as f64;
+    let (mx, my) = (
+        logs.iter().map(|p| p.0).sum::<f64>() / n,
+        logs.iter().map(|p| p.1).sum::<f64>() / n,
+    );
+    let sxx: f64 = logs.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = logs.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    (logs.len() >= 2 && sxx > 0.0).then(|| sxy / sxx)
+}
+
+/// One task of the oracle: its frozen head, its full batch, its scored test texts.
+struct OracleTask {
+    head: LinearHead,
+    train: Tokenized,
+    test: Tokenized,
+}
+
+/// The text build in `dir` (or the folder of a `suite.toml` in it), with a message that says
+/// what a text build is when `dir` is not one.
+fn open_text_build(dir: &Path) -> Result<TextBenchmark> {
+    let dir = if dir.is_file() && dir.file_name().is_some_and(|n| n == "suite.toml") {
+        dir.parent().unwrap_or(Path::new("."))
+    } else {
+        dir
+    };
+    if !dir.join("manifest.json").is_file() {
+        return Err(EngineError::invalid(format!(
+            "'{}' is not a text benchmark build (no manifest.json): pass the folder `mergescope demo build --benchmark text --backbone DIR` writes (~/.cache/mergescope/demo/text-minilm-seed0, with base/, heads/, data/ and suite.toml)",
+            dir.display()
+        )));
+    }
+    TextBenchmark::open(dir)
+}
+
+/// The data of `split` of build task `name` with `classes`, the first `n` texts.
+fn read_split(
+    dir: &Path,
+    name: &str,
+    classes: &[String],
+    split: TextSplit,
+    n: usize,
+    backbone: &Backbone,
+) -> Result<Tokenized> {
+    let path = dir.join("data").join(format!("{name}.{}.jsonl", split.name()));
+    let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io("cannot read", &path, e))?;
+    let examples = parse_split(name, split, &text, classes)?;
+    Tokenized::new(&backbone.tokenizer, &examples[..n.min(examples.len())])
+}
+
+/// The tasks `settings` names, checked against the build's.
+fn load_tasks(
+    bench: &TextBenchmark,
+    settings: &OracleSettings,
+    backbone: &Backbone,
+    device: &Device,
+) -> Result<(Vec<String>, Vec<OracleTask>)> {
+    let built: Vec<&str> = bench.manifest.tasks.iter().map(|t| t.name.as_str()).collect();
+    let names: Vec<String> = if settings.tasks.is_empty() {
+        built.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        settings.tasks.clone()
+    };
+    let mut tasks = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        if names[..i].contains(name) {
+            return Err(EngineError::Param(format!("--tasks names '{name}' twice")));
+        }
+        let Some(meta) = bench.manifest.tasks.iter().find(|t| &t.name == name) else {
+            return Err(EngineError::Param(format!(
+                "unknown task '{name}': the text benchmark in '{}' has {}",
+                bench.dir.display(),
+                built.join(", ")
+            )));
+        };
+        let path = bench.dir.join("heads").join(format!("{name}.safetensors"));
+        let mut head = hf::load_weights(&path, device)?;
+        let mut take = |key: &str| {
+            head.remove(key).ok_or_else(|| {
+                EngineError::invalid(format!("'{}' has no {key}; rebuild the benchmark", path.display()))
+            })
+        };
+        let head = LinearHead {
+            weight: take(bert::HEAD_WEIGHT)?,
+            bias: take(bert::HEAD_BIAS)?,
+        };
+        let read = |split, n| read_split(&bench.dir, name, &meta.classes, split, n, backbone);
+        tasks.push(OracleTask {
+            head,
+            train: read(TextSplit::Train, settings.examples)?,
+            test: if settings.eval_examples == 0 {
+                Tokenized {
+                    ids: Vec::new(),
+                    type_ids: Vec::new(),
+                    labels: Vec::new(),
+                }
+            } else {
+                read(TextSplit::Test, settings.eval_examples)?
+            },
+        });
+    }
+    Ok((names, tasks))
+}
+
+/// Every tensor of `p` (f32 or f64), flattened in name order, as f64 (exactly).
+fn flatten(p: &Params) -> Result<Vec<f64>> {
+    let mut out = Vec::new();
+    for t in p.values() {
+        out.extend(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?);
+    }
+    Ok(out)
+}
+
+/// Every tensor of `p` in `dtype`.
+fn cast(p: &Params, dtype: DType) -> Result<Params> {
+    p.iter().map(|(k, t)| Ok((k.clone(), t.to_dtype(dtype)?))).collect()
+}
+
+/// `values` (in [`flatten`]'s order) as f32 tensors shaped like `like`'s (what scoring reads).
+fn unflatten(values: &[f64], like: &Params, device: &Device) -> Result<Params> {
+    let mut at = 0;
+    let mut out = Params::new();
+    for (k, t) in like {
+        let n = t.elem_count();
+        let part = values
+            .get(at..at + n)
+            .ok_or_else(|| EngineError::Bug("a flattened model is shorter than the backbone".into()))?;
+        let part: Vec<f32> = part.iter().map(|&x| x as f32).collect();
+        out.insert(k.clone(), Tensor::from_vec(part, t.shape(), device)?);
+        at += n;
+    }
+    Ok(out)
+}
+
+/// Gradient descent from the base (`base`, in the run's precision, with `heads` cast to it).
+struct Descent<'a> {
+    backbone: &'a Backbone,
+    base: &'a Params,
+    tasks: &'a [OracleTask],
+    heads: &'a [LinearHead],
+    epochs: &'a [usize],
+    device: &'a Device,
+    cancel: &'a AtomicBool,
+}
+
+impl Descent<'_> {
+    /// `max(epochs)` full-batch steps of size `lr` on the sum of the mean losses of tasks
+    /// `which`; after each epoch count of `epochs` (ascending), its index and the flattened
+    /// weights go to `snapshot`.
+    fn run(
+        &self,
+        which: &[usize],
+        lr: f64,
+        snapshot: &mut dyn FnMut(usize, Vec<f64>),
+        on_step: &mut dyn FnMut(f32),
+    ) -> Result<()> {
+        let vars = to_vars(self.base)?;
+        let mut opt = Optimizer::new(OptimConfig::sgd(lr), vars.iter().map(|(_, v)| v.clone()).collect())?;
+        let last = self.epochs.iter().copied().max().unwrap_or(0);
+        for step in 1..=last {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(EngineError::Cancelled);
+            }
+            let encoder = self.backbone.encoder(&from_vars(&vars), self.device)?;
+            let mut total: Option<Tensor> = None;
+            for &t in which {
+                let task = &self.tasks[t];
+                let all: Vec<usize> = (0..task.train.len()).collect();
+                let loss = batch_loss(self.backbone, &encoder, &self.heads[t], &task.train, &all, self.device)?;
+                total = Some(match total {
+                    None => loss,
+                    Some(sum) => (sum + loss)?,
+                });
+            }
+            let loss = total.ok_or_else(|| EngineError::Bug("a descent over no task".into()))?;
+            let value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+            if !value.is_finite() {
+                return Err(EngineError::Diverged { step, loss: value, lr });
+            }
+            opt.step(&loss.backward()?)?;
+            on_step(value);
+            if let Some(k) = self.epochs.iter().position(|&e| e == step) {
+                snapshot(k, flatten(&detached(&vars))?);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the oracle on the text build in `dir` (see the module's documentation). Progress is
+/// reported per gradient step and per model scored; `cancel` stops it between steps.
+pub fn run_oracle(
+    dir: &Path,
+    settings: &OracleSettings,
+    device: &Device,
+    progress: &mut dyn FnMut(&BuildProgress),
+    cancel: &AtomicBool,
+) -> Result<OracleReport> {
+    settings.validate()?;
+    let bench = open_text_build(dir)?;
+    let max_length = settings.max_length.unwrap_or(bench.manifest.recipe.max_length);
+    let backbone = Backbone::load(&bench.dir.join("base"), max_length, device)?;
+    let (names, tasks) = load_tasks(&bench, settings, &backbone, device)?;
+    let mut lrs = settings.lrs.clone();
+    lrs.sort_by(f64::total_cmp);
+    lrs.dedup();
+    let mut epochs = settings.epochs.clone();
+    epochs.sort_unstable();
+    epochs.dedup();
+    let last = epochs.last().copied().unwrap_or(0);
+    let scoring = settings.eval_examples > 0;
+    let steps = lrs.len() * last * (tasks.len() + 1);
+    let scores = if scoring { 1 + 2 * lrs.len() * epochs.len() } else { 0 };
+    let mut report = BuildProgress::reporter(progress, steps + scores);
+    let mut done = 0usize;
+    let (mut train_seconds, mut eval_seconds) = (0.0, 0.0);
+
+    let score = |weights: &Params| -> Result<Vec<f64>> {
+        if !scoring {
+            return Ok(Vec::new());
+        }
+        tasks
+            .iter()
+            .map(|t| accuracy(&backbone, weights, &t.head, &t.test, device))
+            .collect()
+    };
+    let clock = Instant::now();
+    let base_accuracy = score(&backbone.weights)?;
+    if scoring {
+        done += 1;
+        report("score the base", done, None);
+    }
+    eval_seconds += clock.elapsed().as_secs_f64();
+
+    let dtype = settings.precision.dtype();
+    let start = cast(&backbone.weights, dtype)?;
+    let heads: Vec<LinearHead> = tasks
+        .iter()
+        .map(|t| {
+            Ok(LinearHead {
+                weight: t.head.weight.to_dtype(dtype)?,
+                bias: t.head.bias.to_dtype(dtype)?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let base = flatten(&start)?;
+    let descent = Descent {
+        backbone: &backbone,
+        base: &start,
+        tasks: &tasks,
+        heads: &heads,
+        epochs: &epochs,
+        device,
+        cancel,
+    };
+    let alpha = settings.alpha;
+    let mut rows = Vec::new();
+    for &lr in &lrs {
+        let clock = Instant::now();
+        let all: Vec<usize> = (0..tasks.len()).collect();
+        let stage = format!("η {lr}: multi-task");
+        let mut mt = vec![Vec::new(); epochs.len()];
+        descent.run(&all, alpha * lr, &mut |k, theta| mt[k] = theta, &mut |l| {
+            done += 1;
+            report(&stage, done, Some(l));
+        })?;
+        // Σₜ τₜ per epoch count, in f64 (no rounding of its own in f32 runs).
+        let mut sums = vec![vec![0f64; base.len()]; epochs.len()];
+        for (t, name) in names.iter().enumerate() {
+            let stage = format!("η {lr}: {name}");
+            descent.run(
+                &[t],
+                lr,
+                &mut |k, theta| {
+                    for ((s, x), b) in sums[k].iter_mut().zip(&theta).zip(&base) {
+                        *s += x - b;
+                    }
+                },
+                &mut |l| {
+                    done += 1;
+                    report(&stage, done, Some(l));
+                },
+            )?;
+        }
+        train_seconds += clock.elapsed().as_secs_f64();
+        for ((&e, sum), mt) in epochs.iter().zip(&sums).zip(&mt) {
+            let (mut gap, mut moved, mut ta_moved, mut spacing) = (0f64, 0f64, 0f64, 0f64);
+            let mut ta = Vec::with_capacity(base.len());
+            for ((s, &m), &b) in sum.iter().zip(mt).zip(&base) {
+                let t = b + alpha * s;
+                gap += (t - m).powi(2);
+                moved += (m - b).powi(2);
+                ta_moved += (t - b).powi(2);
+                if m != b {
+                    spacing += settings.precision.ulp(m).powi(2);
+                }
+                ta.push(t);
+            }
+            let clock = Instant::now();
+            let ta_accuracy = score(&unflatten(&ta, &backbone.weights, device)?)?;
+            let mt_accuracy = score(&unflatten(mt, &backbone.weights, device)?)?;
+            if scoring {
+                done += 2;
+                report(&format!("η {lr}, E {e}: score"), done, None);
+            }
+            eval_seconds += clock.elapsed().as_secs_f64();
+            if cancel.load(Ordering::Relaxed) {
+                return Err(EngineError::Cancelled);
+            }
+            rows.push(OracleRow {
+                lr,
+                epochs: e,
+                gap: gap.sqrt(),
+                moved: moved.sqrt(),
+                ta_moved: ta_moved.sqrt(),
+                ulp: spacing.sqrt(),
+                ta_accuracy,
+                mt_accuracy,
+            });
+        }
+    }
+    Ok(OracleReport {
+        examples: tasks.iter().map(|t| t.train.len()).collect(),
+        eval_examples: tasks.iter().map(|t| t.test.len()).collect(),
+        tasks: names,
+        max_length,
+        alpha,
+        precision: settings.precision,
+        parameters: base.len(),
+        base_accuracy,
+        rows,
+        train_seconds,
+        eval_seconds,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text_bench::build::{TextRecipe, build_text, tests::tiny_backbone};
+    use crate::text_bench::data::builtin_tasks;
+
+    #[test]
+    fn the_slope_is_the_exponent_of_a_power_law() {
+        let pts: Vec<[f64; 2]> = [0.5, 1.0, 2.0, 8.0].iter().map(|&x| [x, 3.0 * x * x]).collect();
+        assert!((log_log_slope(&pts).unwrap() - 2.0).abs() < 1e-12);
+        assert_eq!(log_log_slope(&pts[..1]), None);
+        assert_eq!(log_log_slope(&[[1.0, 0.0], [2.0, 1.0]]), None, "zero gaps are left out");
+        assert_eq!(log_log_slope(&[[1.0, 1.0], [1.0, 2.0]]), None);
+    }
+
+    #[test]
+    fn bad_settings_say_which_option_is_wrong() {
+        let ok = OracleSettings::default();
+        assert!(ok.validate().is_ok());
+        type Edit = fn(&mut OracleSettings);
+        let cases: [(Edit, &str); 6] = [
+            (|s| s.lrs = vec![0.01, 0.0], "--lr 0"),
+            (|s| s.lrs = vec![-1.0], "--lr -1"),
+            (|s| s.lrs = vec![f64::NAN], "--lr NaN"),
+            (|s| s.epochs = vec![1, 0], "--epochs 0"),
+            (|s| s.examples = 0, "--examples 0"),
+            (|s| s.max_length = Some(500), "--max-length 500"),
+        ];
+        for (edit, want) in cases {
+            let mut s = ok.clone();
+            edit(&mut s);
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
+
+    #[test]
+    fn on_a_tiny_bert_one_epoch_is_exact_and_the_gap_after_two_is_second_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let backbone = tiny_backbone(tmp.path());
+        let tasks: Vec<_> = builtin_tasks()
+            .unwrap()
+            .into_iter()
+            .filter(|t| ["word_sentiment", "name_gender"].contains(&t.name.as_str()))
+            .collect();
+        let mut recipe = TextRecipe::default_for(0);
+        (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 1);
+        (recipe.warmup_steps, recipe.batch_size) = (1, 8);
+        (recipe.max_train, recipe.max_eval) = (Some(16), Some(16));
+        let dir = tmp.path().join("build");
+        let d = Device::Cpu;
+        let no = AtomicBool::new(false);
+        build_text(&backbone, &tasks, &recipe, &dir, &d, &mut |_| {}, &no).unwrap();
+
+        let e = run_oracle(tmp.path(), &OracleSettings::default(), &d, &mut |_| {}, &no)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("not a text benchmark build") && e.contains("demo build --benchmark text"),
+            "{e}"
+        );
+        let mut s = OracleSettings {
+            tasks: vec!["name_gender".into(), "emoji_group".into()],
+            ..OracleSettings::default()
+        };
+        let e = run_oracle(&dir, &s, &d, &mut |_| {}, &no).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown task 'emoji_group'") && e.contains("name_gender, word_sentiment"),
+            "{e}"
+        );
+
+        s.tasks.clear();
+        (s.examples, s.eval_examples, s.lrs, s.epochs) = (16, 8, vec![0.02, 0.01], vec![2, 1]);
+        let mut steps = 0;
+        let r = run_oracle(&dir.join("suite.toml"), &s, &d, &mut |p| steps = p.done, &no).unwrap();
+        assert_eq!(steps, 2 * 2 * 3 + 1 + 2 * 2 * 2, "every step and score is reported");
+        assert_eq!(r.tasks, ["name_gender", "word_sentiment"]);
+        assert_eq!(
+            (r.examples.clone(), r.eval_examples.clone()),
+            (vec![16, 16], vec![8, 8])
+        );
+        let at = |lr: f64, e: usize| r.rows.iter().find(|x| x.lr == lr && x.epochs == e).unwrap();
+        for lr in [0.01, 0.02] {
+            let one = at(lr, 1);
+            assert!(one.moved > 1e-3, "{one:?}");
+            assert!(one.gap <= 4.0 * one.ulp, "Theorem 1: {one:?}");
+            assert_eq!(one.ta_accuracy.len(), 2);
+        }
+        let (big, small) = (at(0.02, 2), at(0.01, 2));
+        assert!(big.gap > 100.0 * big.ulp, "{big:?}");
+        let ratio = big.gap / small.gap;
+        eprintln!("{}", r.to_csv());
+        assert!((3.6..4.4).contains(&ratio), "halving η divided the gap by {ratio}");
+        let slopes = r.slopes();
+        assert_eq!(slopes.len(), 2);
+        let rel = slopes[1].relative.unwrap();
+        assert!((rel - 1.0).abs() < 0.15, "{slopes:?}");
+    }
+}
