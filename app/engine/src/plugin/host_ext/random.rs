@@ -7,6 +7,7 @@ use crate::rng;
 use candle_core::Tensor;
 use mergescope_plugin_api::abi::{HostRandomV1, HostRandomV2, Status, TensorHandle};
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 
 /// The static table of `mergescope.host.random.v1`.
 pub(crate) static TABLE: HostRandomV1 = HostRandomV1 {
@@ -46,47 +47,36 @@ fn counter_mask(n: u64, seed: u64, offset: u64, threshold: impl Fn(usize) -> u64
 /// `u32`s, so the loop vectorises; with AVX2 where the CPU has it (the draws are integer
 /// arithmetic, so every instruction set gives the same bits).
 fn counter_mask_uniform(n: u64, seed: u64, offset: u64, threshold: u64) -> Vec<f32> {
-    let mut mask = vec![0f32; n as usize];
+    let len = n as usize;
+    let mut mask: Vec<f32> = Vec::with_capacity(len);
     let mut i = 0u64;
     while i < n {
         let index = offset + i;
         let key = rng::stream_key(seed, index);
         let run = (n - i).min((1u64 << 32) - (index & 0xFFFF_FFFF));
-        let out = &mut mask[i as usize..(i + run) as usize];
+        let out = &mut mask.spare_capacity_mut()[i as usize..(i + run) as usize];
         match u32::try_from(threshold) {
             // bits32 < 2³² always: every element kept.
-            Err(_) => out.fill(1.0),
+            Err(_) => out.fill(MaybeUninit::new(1.0)),
             Ok(t) => mask_run(out, key, index as u32, t),
         }
         i += run;
     }
+    // SAFETY: the runs tile 0..n, and each run wrote every element of its range above (no
+    // zero-fill first: the masks of a DARE merge are as large as its inputs).
+    unsafe { mask.set_len(len) };
     mask
 }
 
-/// Element k of `out` = [bits32(key, lo + k) < threshold] (the index's lower 32 bits; `out`
-/// never crosses a multiple of 2³²).
-fn mask_run(out: &mut [f32], key: u64, lo: u32, threshold: u32) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe { mask_run_avx2(out, key, lo, threshold) };
-        return;
+mergescope_plugin_api::avx2_dispatch! {
+    /// Element k of `out` = [bits32(key, lo + k) < threshold] (the index's lower 32 bits; `out`
+    /// never crosses a multiple of 2³²). Integer arithmetic: the same bits on every path.
+    fn mask_run(out: &mut [MaybeUninit<f32>], key: u64, lo: u32, threshold: u32) {
+        for (k, o) in out.iter_mut().enumerate() {
+            let j = lo.wrapping_add(k as u32);
+            o.write(f32::from(u8::from(rng::bits32(key, u64::from(j)) < threshold)));
+        }
     }
-    mask_run_generic(out, key, lo, threshold);
-}
-
-#[inline(always)]
-fn mask_run_generic(out: &mut [f32], key: u64, lo: u32, threshold: u32) {
-    for (k, o) in out.iter_mut().enumerate() {
-        let j = lo.wrapping_add(k as u32);
-        *o = f32::from(u8::from(rng::bits32(key, u64::from(j)) < threshold));
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn mask_run_avx2(out: &mut [f32], key: u64, lo: u32, threshold: u32) {
-    mask_run_generic(out, key, lo, threshold);
 }
 
 pub(crate) unsafe extern "C" fn h_bernoulli_mask(
@@ -161,7 +151,7 @@ mod tests {
     #[test]
     fn uniform_masks_equal_the_general_loop_on_every_path() {
         // Runs crossing 2³² (a key change), thresholds 0, 2³² (p = 1) and in between, and the
-        // generic loop against the AVX2 one where the CPU has it.
+        // per-element loop against the dispatched (AVX2 where the CPU has it) one.
         for (seed, offset) in [(11u64, 5u64), (3, (1u64 << 32) - 700), (7, 3 << 32)] {
             for p in [0.0, 0.2, 0.5, 0.8, 1.0] {
                 let t = rng::keep_threshold(p);
@@ -173,12 +163,6 @@ mod tests {
                 );
             }
         }
-        let key = rng::stream_key(5, 0);
-        let mut a = vec![0f32; 1001];
-        let mut b = vec![0f32; 1001];
-        mask_run(&mut a, key, 17, 1 << 31);
-        mask_run_generic(&mut b, key, 17, 1 << 31);
-        assert_eq!(a, b);
     }
 
     #[test]
