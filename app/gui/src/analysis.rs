@@ -8,15 +8,16 @@ use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_figures::Figure;
 use mergescope_lab::data::benchmark_tasks;
-use mergescope_lab::demo::Benchmark;
+use mergescope_lab::demo::{Benchmark, BuildProgress};
 use mergescope_lab::evaluate::{EvaluatorSpec, open_normalised};
 use mergescope_lab::evaluator::EvalReport;
 use mergescope_lab::evaluator::Evaluator;
+use mergescope_lab::text_bench::oracle::{OracleSettings, run_oracle};
 use mergescope_studies::analysis::landscape::{Metric, MetricKind};
 use mergescope_studies::analysis::landscape_run::{LandscapeKind, LandscapeSource, LandscapeSpec, prepare_landscape};
 use mergescope_studies::analysis::spectrum::{matrix_names, task_spectra};
 use mergescope_studies::analysis::views::{
-    Role, cosine_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
+    Role, cosine_figure, oracle_figure, pca_figure, radar_figure, rank_curves_figure, spectrum_figure,
 };
 use mergescope_studies::analysis::{checkpoint_label, gram_of_files};
 use mergescope_studies::scaling::views::{
@@ -56,11 +57,13 @@ pub enum ViewKind {
     Weights,
     /// Seed 002: the excess-risk bound's stability and optimisation parts.
     Bound,
+    /// Seed 004: task vectors as gradients, ||θ_TA − θ_MT|| against η on the text benchmark.
+    Oracle,
 }
 
 impl ViewKind {
     /// Every view.
-    pub const ALL: [ViewKind; 13] = [
+    pub const ALL: [ViewKind; 14] = [
         ViewKind::Pca,
         ViewKind::Radar,
         ViewKind::Cosine,
@@ -74,6 +77,7 @@ impl ViewKind {
         ViewKind::Heterogeneity,
         ViewKind::Weights,
         ViewKind::Bound,
+        ViewKind::Oracle,
     ];
 
     /// Name in the view picker.
@@ -92,6 +96,7 @@ impl ViewKind {
             ViewKind::Heterogeneity => "Heterogeneity",
             ViewKind::Weights => "Task weights",
             ViewKind::Bound => "Bound",
+            ViewKind::Oracle => "Oracle (text)",
         }
     }
 
@@ -138,6 +143,8 @@ pub struct AnalysisInputs {
     pub suite: Option<PathBuf>,
     /// The device the session's runs use; landscapes evaluate on it.
     pub device: DeviceChoice,
+    /// The text benchmark build the oracle runs on (the open suite's, else the cache's).
+    pub text_build: Option<PathBuf>,
 }
 
 impl AnalysisInputs {
@@ -157,8 +164,9 @@ impl AnalysisInputs {
     }
 }
 
-/// A figure as it improves, with landscape progress.
-type Update = (Box<Figure>, Option<(usize, usize)>);
+/// A figure as it improves (or none yet), with progress (landscape points, or the oracle's
+/// steps).
+type Update = (Option<Box<Figure>>, Option<(usize, usize)>);
 
 /// The choices a view is computed with.
 #[derive(Clone, Debug, PartialEq)]
@@ -249,7 +257,7 @@ impl Analysis {
             "mergescope-analysis",
             notify,
             "the analysis panicked; please report it with the log",
-            move |cancel, send| compute(kind, &inputs, &options, cancel, &mut |f, p| send((Box::new(f), p))),
+            move |cancel, send| compute(kind, &inputs, &options, cancel, &mut |f, p| send((f.map(Box::new), p))),
         );
         if let Err(e) = started {
             self.error = Some(format!("cannot start the analysis thread: {e}"));
@@ -278,7 +286,9 @@ impl Analysis {
         for m in messages {
             match m {
                 TaskMessage::Update((f, p)) => {
-                    self.figure = Some(*f);
+                    if let Some(f) = f {
+                        self.figure = Some(*f);
+                    }
                     self.progress = p;
                 }
                 TaskMessage::Done(r) => {
@@ -298,8 +308,12 @@ fn compute(
     inputs: &AnalysisInputs,
     options: &ViewOptions,
     cancel: &AtomicBool,
-    emit: &mut dyn FnMut(Figure, Option<(usize, usize)>),
+    emit: &mut dyn FnMut(Option<Figure>, Option<(usize, usize)>),
 ) -> Result<()> {
+    if kind == ViewKind::Oracle {
+        return oracle(inputs, cancel, emit);
+    }
+    let mut emit = |f: Figure, p: Option<(usize, usize)>| emit(Some(f), p);
     let base = inputs
         .base
         .clone()
@@ -386,6 +400,8 @@ fn compute(
             let r = bound_of_files(bench, &tasks, &base, &experts, &options.bound, cancel)?;
             emit(bound_figure(&r.variants), None);
         }
+        // Drawn above: it needs no base.
+        ViewKind::Oracle => {}
         ViewKind::TaLine | ViewKind::CartGrid | ViewKind::CartRank | ViewKind::Plane | ViewKind::TrajectoryPlane => {
             let suite_ev = inputs.suite_evaluator(&base, &experts, cancel)?;
             let bench = match (&inputs.benchmark, &suite_ev) {
@@ -460,5 +476,38 @@ fn compute(
             emit(prepared.figure(&grid, &device)?, Some((grid.done(), total)));
         }
     }
+    Ok(())
+}
+
+/// How the window tells the user to make a text benchmark for the oracle.
+pub const ORACLE_NEEDS_TEXT: &str = "the oracle (seed 004) runs on the text benchmark: make one with Benchmark > Build text benchmark (or open a text build's suite.toml)";
+
+/// Seed 004's oracle on the text build with the CLI's default settings
+/// (`mergescope analyze oracle --text-bench DIR`): progress per gradient step and model scored
+/// (at most every 0.1 s), then the figure.
+fn oracle(
+    inputs: &AnalysisInputs,
+    cancel: &AtomicBool,
+    emit: &mut dyn FnMut(Option<Figure>, Option<(usize, usize)>),
+) -> Result<()> {
+    let dir = inputs
+        .text_build
+        .as_ref()
+        .ok_or_else(|| EngineError::invalid(ORACLE_NEEDS_TEXT))?;
+    let (device, _) = open_device(inputs.device);
+    let mut last: Option<Instant> = None;
+    let mut progress = |p: &BuildProgress| {
+        if last.is_none_or(|t| t.elapsed().as_secs_f64() > 0.1) || p.done == p.total {
+            emit(None, Some((p.done, p.total)));
+            last = Some(Instant::now());
+        }
+    };
+    let report = run_oracle(dir, &OracleSettings::default(), &device, &mut progress, cancel).map_err(|e| match e {
+        EngineError::Cancelled => {
+            EngineError::invalid("the oracle was cancelled (nothing is kept): choose Oracle (text) to run it again")
+        }
+        e => EngineError::invalid(format!("the oracle on '{}': {e}", dir.display())),
+    })?;
+    emit(Some(oracle_figure(&report)), None);
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The Experiments panel's state, without egui: a fine-tuning sweep being edited (seed 002's
-//! `paper-002` preset for the open benchmark to start), the folder it runs in, the sweep on a
-//! background thread (progress, cancel; Resume starts it again on the same folder, which
-//! reuses every finished cell), and the scaling results read back from the folder's results
+//! `paper-002` preset for the open benchmark to start; the benchmark may also be a demo build
+//! of another architecture or a text benchmark build, [`known_text_builds`]), the folder it
+//! runs in, the sweep on a background thread (progress, cancel; Resume starts it again on the
+//! same folder, which reuses every finished cell), and the scaling results read back from the folder's results
 //! file whenever cells finish, so the plots fill in while it runs. The work is
 //! `engine::scaling::sweep`, the same code as `mergescope sweep`. The cells run in this
 //! process (the local executor) or as one Slurm array job ([`ExecutorKind::Slurm`], the lab's
@@ -18,17 +19,18 @@ use mergescope_figures::Figure;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::{Benchmark, resolve_benchmark};
 use mergescope_lab::nn::Arch;
+use mergescope_lab::text_bench::{TextBenchmark, text_demo_dir};
 use mergescope_lab::train::OptimizerKind;
 pub use mergescope_studies::grid::ExecutorKind;
 use mergescope_studies::grid::slurm::{SlurmOptions, SlurmProgress};
 use mergescope_studies::scaling::sweep::executor::{SlurmSweep, SlurmSweepSettings, mergescope_env};
 use mergescope_studies::scaling::sweep::plots::PLOTS_DIR;
 use mergescope_studies::scaling::sweep::run::RESULTS_FILE;
-use mergescope_studies::scaling::sweep::spec::{Grid, MethodSpec};
+use mergescope_studies::scaling::sweep::spec::{BenchKind, Grid, MethodSpec};
 use mergescope_studies::scaling::sweep::store::{Row, read_rows};
 use mergescope_studies::scaling::sweep::{
-    SweepBench, SweepInputs, SweepProgress, SweepSpec, Variable, VariableResult, analyse, figures, run_sweep,
-    write_plots,
+    SweepBench, SweepInputs, SweepProgress, SweepSpec, Variable, VariableResult, analyse, figures, is_text_build,
+    open_text_benchmark, run_sweep, write_plots,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -192,12 +194,60 @@ impl Outcome {
     }
 }
 
+/// The benchmark a sweep of the window trains on.
+pub enum JobBench {
+    /// A demo benchmark of an image architecture.
+    Demo(Box<Benchmark>),
+    /// A text benchmark build (all-MiniLM-L6-v2 and its text tasks).
+    Text(Box<TextBenchmark>),
+}
+
+/// How the window tells the user to make a text benchmark.
+pub const BUILD_TEXT_HINT: &str = "make one with Benchmark > Build text benchmark (it asks for the all-MiniLM-L6-v2 model folder; scripts/fetch-minilm.sh fetches it), then choose it here";
+
+/// The folder a text sweep's `benchmark` names: `demo` or `text` (the cache's build of seed 0),
+/// a build folder, or its `suite.toml`; `None` when the cache cannot be found.
+pub fn text_build_dir(name: &str) -> Option<PathBuf> {
+    match name {
+        "demo" | "text" => text_demo_dir(0).ok(),
+        _ => {
+            let p = PathBuf::from(name);
+            Some(match p.file_name() {
+                Some(f) if f == "suite.toml" => p.parent().map(Path::to_path_buf).unwrap_or_default(),
+                _ => p,
+            })
+        }
+    }
+}
+
+/// The text benchmark builds the window knows, in order, each once: the folder of the open
+/// suite when it is a text build (Benchmark > Build text benchmark opens the one it made), then
+/// the cache's build of seed 0 (`~/.cache/mergescope/demo/text-minilm-seed0`).
+pub fn known_text_builds(suite: Option<&Path>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let open = suite.and_then(|s| text_build_dir(&s.display().to_string()));
+    for dir in open.into_iter().chain(text_demo_dir(0).ok()) {
+        if is_text_build(&dir) && !out.iter().any(|d| same_dir(d, &dir)) {
+            out.push(dir);
+        }
+    }
+    out
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    a == b
+        || match (a.canonicalize(), b.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+}
+
 /// Everything a sweep runs on, gathered on the UI thread when it starts.
 pub struct SweepJob {
     /// The specification.
     pub spec: SweepSpec,
     /// The benchmark whose base and heads start every run.
-    pub benchmark: Benchmark,
+    pub benchmark: JobBench,
     /// The method plugins, one per method of the specification.
     pub plugins: Vec<Arc<Plugin>>,
     /// The sweep folder.
@@ -489,7 +539,15 @@ impl Experiments {
 
     /// Replaces the specification by preset `name` for `bench`'s architecture (CNN without
     /// one), keeping the methods whose plugins are installed.
+    /// A text sweep stays on its text build.
     pub fn reset_to_preset(&mut self, name: &str, bench: Option<&Benchmark>, installed: &[&str]) {
+        if self.is_text() {
+            let mut spec = text_preset(name, installed);
+            spec.benchmark = self.spec.benchmark.clone();
+            self.name = name.to_owned();
+            self.set_spec(spec);
+            return;
+        }
         let arch = bench.map_or(Arch::Cnn, |b| b.manifest.arch);
         let mut spec = preset_spec(name, arch);
         spec.methods.retain(|m| installed.contains(&m.plugin.as_str()));
@@ -500,12 +558,64 @@ impl Experiments {
         self.set_spec(spec);
     }
 
+    /// Whether the sweep is on the text benchmark (`arch = "text"`).
+    pub fn is_text(&self) -> bool {
+        matches!(self.spec.kind(), Ok(BenchKind::Text))
+    }
+
+    /// Sweeps the text benchmark in `dir` (a build folder, or `demo` for the cache's): the
+    /// preset for the text benchmark (`paper-002` when the name is no preset), with the
+    /// installed methods, unless the sweep already is on the text benchmark (then only its
+    /// benchmark changes).
+    pub fn use_text_benchmark(&mut self, dir: &str, installed: &[&str]) {
+        let mut spec = if self.is_text() {
+            self.spec.clone()
+        } else {
+            if SweepSpec::preset_for(&self.name, BenchKind::Text).is_err() {
+                SweepSpec::PRESETS[0].clone_into(&mut self.name);
+            }
+            text_preset(&self.name, installed)
+        };
+        spec.benchmark = dir.to_owned();
+        self.error = None;
+        self.set_spec(spec);
+    }
+
+    /// Sweeps the demo benchmark `bench` (the open one), or the cache's build of `arch`: the
+    /// preset for that architecture when the sweep is on another one (or on the text
+    /// benchmark), else only the benchmark changes.
+    pub fn use_demo_benchmark(&mut self, arch: Arch, bench: Option<&Benchmark>, installed: &[&str]) {
+        let arch = bench.map_or(arch, |b| b.manifest.arch);
+        let id = bench.map_or_else(|| "demo".to_owned(), benchmark_id);
+        if self.spec.arch().ok() == Some(arch) {
+            let mut spec = self.spec.clone();
+            spec.benchmark = id;
+            self.set_spec(spec);
+        } else {
+            let name = self.name.clone();
+            let mut spec = preset_spec(&name, arch);
+            spec.methods.retain(|m| installed.contains(&m.plugin.as_str()));
+            spec.benchmark = id;
+            self.set_spec(spec);
+        }
+        self.error = None;
+    }
+
+    /// The text build folder the sweep names, when it is a text sweep.
+    pub fn text_dir(&self) -> Option<PathBuf> {
+        if self.is_text() {
+            text_build_dir(&self.spec.benchmark)
+        } else {
+            None
+        }
+    }
+
     /// The preset's own entry for `plugin` (its label and parameters), if it has one.
     pub fn preset_method(&self, plugin: &str) -> Option<MethodSpec> {
-        let arch = self.spec.arch().unwrap_or(Arch::Cnn);
+        let kind = self.spec.kind().unwrap_or(BenchKind::Demo(Arch::Cnn));
         SweepSpec::PRESETS
             .iter()
-            .filter_map(|p| SweepSpec::preset(p, arch).ok())
+            .filter_map(|p| SweepSpec::preset_for(p, kind).ok())
             .flat_map(|s| s.methods)
             .find(|m| m.plugin == plugin)
     }
@@ -628,9 +738,35 @@ impl Experiments {
 
     /// Whether the sweep can run: every grid parses and the specification is valid for the
     /// open benchmark (when it is the sweep's) and the installed plugins.
+    /// A text sweep needs its build: without one the error says how to make it.
     pub fn check(&self, open: Option<&Benchmark>, installed: &[&str]) -> Result<()> {
         if let Some(e) = self.grids.iter().find_map(|g| g.error.clone()) {
             return Err(EngineError::Param(e));
+        }
+        if self.is_text() {
+            let dir = self.text_dir().unwrap_or_default();
+            if !is_text_build(&dir) {
+                return Err(EngineError::Param(format!(
+                    "no text benchmark build in '{}': {BUILD_TEXT_HINT}",
+                    dir.display()
+                )));
+            }
+            if self.spec.eval_examples.is_some() {
+                return Err(EngineError::Param(
+                    "eval examples / task: the text benchmark's suite scores every test text; tick 'all'".to_owned(),
+                ));
+            }
+            if let Some(h) = self
+                .spec
+                .points()
+                .into_iter()
+                .find(|h| !h.optimizer.eq_ignore_ascii_case("adamw"))
+            {
+                return Err(EngineError::Param(format!(
+                    "optimiser '{}': the text benchmark fine-tunes with AdamW only; choose adamw",
+                    h.optimizer
+                )));
+            }
         }
         let pool = self.matching(open).map_or(usize::MAX, |b| b.manifest.tasks.len());
         self.spec.validate(pool, installed)
@@ -660,10 +796,17 @@ impl Experiments {
     pub fn prepare(&self, registry: &Registry, open: Option<&Benchmark>, device: DeviceChoice) -> Result<SweepJob> {
         let installed: Vec<&str> = registry.plugins.iter().map(|p| p.id()).collect();
         self.check(open, &installed)?;
-        let benchmark = match self.matching(open) {
-            Some(b) => b.clone(),
-            None => resolve_benchmark(&self.spec.benchmark, self.spec.arch().ok())
-                .map_err(|e| EngineError::Invalid(format!("the sweep's benchmark '{}': {e}", self.spec.benchmark)))?,
+        let benchmark = if self.is_text() {
+            let b = open_text_benchmark(&self.spec.benchmark)
+                .map_err(|e| EngineError::Invalid(format!("the sweep's text benchmark: {e}; or {BUILD_TEXT_HINT}")))?;
+            JobBench::Text(Box::new(b))
+        } else {
+            JobBench::Demo(Box::new(match self.matching(open) {
+                Some(b) => b.clone(),
+                None => resolve_benchmark(&self.spec.benchmark, self.spec.arch().ok()).map_err(|e| {
+                    EngineError::Invalid(format!("the sweep's benchmark '{}': {e}", self.spec.benchmark))
+                })?,
+            }))
         };
         let plugins = self
             .spec
@@ -814,6 +957,14 @@ impl Experiments {
     }
 }
 
+/// The preset `name` for the text benchmark (`paper-002` when the name is unknown), with the
+/// installed methods.
+fn text_preset(name: &str, installed: &[&str]) -> SweepSpec {
+    let mut spec = SweepSpec::preset_for(name, BenchKind::Text).unwrap_or_else(|_| SweepSpec::paper_002_text());
+    spec.methods.retain(|m| installed.contains(&m.plugin.as_str()));
+    spec
+}
+
 /// The preset `name` for `arch` (`paper-002` when the name is unknown).
 fn preset_spec(name: &str, arch: Arch) -> SweepSpec {
     SweepSpec::preset(name, arch).unwrap_or_else(|_| SweepSpec::paper_002(arch))
@@ -865,7 +1016,10 @@ fn work(job: &SweepJob, cancel: &AtomicBool, send: &(dyn Fn(Update) + Sync)) -> 
 
 /// Calls `f` with the sweep's inputs.
 fn with_inputs<T>(job: &SweepJob, f: impl FnOnce(&SweepInputs<'_>) -> Result<T>) -> Result<T> {
-    let tasks = benchmark_tasks(None)?;
+    let tasks = match &job.benchmark {
+        JobBench::Demo(_) => benchmark_tasks(None)?,
+        JobBench::Text(_) => Vec::new(),
+    };
     let (device, _) = open_device(job.device);
     let opts = ExecOptions {
         device,
@@ -874,9 +1028,9 @@ fn with_inputs<T>(job: &SweepJob, f: impl FnOnce(&SweepInputs<'_>) -> Result<T>)
     let plugins: Vec<&Plugin> = job.plugins.iter().map(|p| &**p).collect();
     let inputs = SweepInputs {
         spec: &job.spec,
-        bench: SweepBench::Demo {
-            bench: &job.benchmark,
-            tasks: &tasks,
+        bench: match &job.benchmark {
+            JobBench::Demo(bench) => SweepBench::Demo { bench, tasks: &tasks },
+            JobBench::Text(b) => SweepBench::Text(b),
         },
         plugins: &plugins,
         out_dir: &job.folder,

@@ -462,6 +462,9 @@ impl Document {
             },
             suite: self.suite.clone(),
             device: self.device,
+            text_build: crate::experiments::known_text_builds(self.suite.as_deref())
+                .into_iter()
+                .next(),
         };
         self.analysis.start(kind, inputs, self.notify.clone());
         self.analysis.runs = runs;

@@ -26,6 +26,9 @@ fn hint(kind: ViewKind) -> &'static str {
         ViewKind::Heterogeneity => {
             "Seed 002: |τ_i − mean τ|² per expert before and after a TIES mask, and its signed reduction δ_i"
         }
+        ViewKind::Oracle => {
+            "Seed 004 on the text benchmark: ||θ_TA − θ_MT|| against the learning rate η, one curve per epoch count (it fine-tunes MiniLM, as `mergescope analyze oracle` does)"
+        }
         ViewKind::Weights => "Seed 002: the weights K_i / Σ K_j plain averaging gives experts trained for K_i steps",
         ViewKind::Bound => {
             "Seed 002: the excess-risk bound's stability and optimisation parts, σ² and ζ² from calibration gradients"
@@ -92,6 +95,15 @@ pub fn analysis_panel(ui: &mut egui::Ui, doc: &mut Document, view: &mut ViewStat
         view_controls(ui, doc, view);
     } else if kind == ViewKind::Bound {
         bound_controls(ui, doc, view);
+    } else if kind == ViewKind::Oracle {
+        let text = match &doc.analysis.inputs.text_build {
+            Some(dir) => format!(
+                "On the text build '{}', with `mergescope analyze oracle`'s defaults",
+                dir.display()
+            ),
+            None => "No text benchmark build: Benchmark > Build text benchmark makes one".to_owned(),
+        };
+        ui.label(RichText::new(text).weak().small());
     }
     ui.horizontal(|ui| {
         let a = &doc.analysis;
@@ -99,14 +111,19 @@ pub fn analysis_panel(ui: &mut egui::Ui, doc: &mut Document, view: &mut ViewStat
             ui.spinner();
             let text = match a.progress {
                 Some((done, total)) => {
-                    format!("{done} of {total} points, {:.0} s", since.elapsed().as_secs_f64())
+                    let what = if kind == ViewKind::Oracle { "steps" } else { "points" };
+                    format!("{done} of {total} {what}, {:.0} s", since.elapsed().as_secs_f64())
                 }
                 None => format!("computing, {:.0} s", since.elapsed().as_secs_f64()),
             };
             ui.label(text);
             if ui
                 .button("Cancel")
-                .on_hover_text("Points computed so far stay cached")
+                .on_hover_text(if kind == ViewKind::Oracle {
+                    "Stops the oracle after the step it is on (nothing is kept)"
+                } else {
+                    "Points computed so far stay cached"
+                })
                 .clicked()
             {
                 doc.analysis.cancel();

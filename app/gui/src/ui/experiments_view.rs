@@ -5,14 +5,16 @@
 //! Slurm cluster (the Executor choice), whose job the window follows.
 
 use crate::document::{Document, Level};
-use crate::experiments::{ExecutorKind, SlurmStatus, short_label};
+use crate::experiments::{BUILD_TEXT_HINT, ExecutorKind, SlurmStatus, benchmark_id, known_text_builds, short_label};
 use crate::text::time_text;
 use crate::ui::{dialogs, figure_view};
 use egui::{Context, RichText, Ui};
+use mergescope_lab::nn::Arch;
 use mergescope_studies::scaling::fit::Direction;
 use mergescope_studies::scaling::sweep::spec::{Aggregate, Mode};
-use mergescope_studies::scaling::sweep::{SweepSpec, Variable};
+use mergescope_studies::scaling::sweep::{SweepSpec, Variable, is_text_build};
 use serde_json::Value;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Width of the specification column.
@@ -158,40 +160,105 @@ fn source_ui(ui: &mut Ui, doc: &mut Document) {
     });
 }
 
+/// The benchmark list's entry for the text benchmark when none is built: how to make one.
+const NO_TEXT_BUILD: &str = "text · none built: Benchmark > Build text benchmark makes one";
+
+/// What the benchmark control picked.
+enum BenchPick {
+    /// The open demo benchmark.
+    Open,
+    /// The cache's demo build of an architecture.
+    Demo(Arch),
+    /// A text benchmark build.
+    Text(PathBuf),
+}
+
+fn folder_name(dir: &Path) -> String {
+    dir.file_name()
+        .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+fn text_entry(dir: &Path) -> String {
+    format!("text · all-MiniLM-L6-v2 ({})", folder_name(dir))
+}
+
+/// The sweep's benchmark: the open demo benchmark, the cache's build of an image architecture,
+/// or a text benchmark build (the open suite's, or the cache's); without a text build its list
+/// says how to make one (and a text sweep without its build says so under the form).
 fn benchmark_row(ui: &mut Ui, doc: &mut Document) {
+    let texts = known_text_builds(doc.suite.as_deref());
     let e = &doc.experiments;
+    let open = doc.benchmark.as_ref();
+    let open_chosen = open.filter(|b| benchmark_id(b) == e.spec.benchmark && !e.is_text());
+    let text_dir = e.text_dir();
+    let selected = match (open_chosen, &text_dir) {
+        (Some(b), _) => format!(
+            "{} seed {} · {} tasks ({})",
+            b.manifest.arch,
+            b.manifest.seed,
+            b.manifest.tasks.len(),
+            folder_name(&b.dir)
+        ),
+        (None, Some(dir)) if is_text_build(dir) => text_entry(dir),
+        (None, _) => format!("{} ({})", e.spec.benchmark, e.spec.arch),
+    };
+    let mut pick = None;
     ui.horizontal_wrapped(|ui| {
-        ui.label("Benchmark");
-        let open = doc.benchmark.as_ref();
-        match open.filter(|b| crate::experiments::benchmark_id(b) == e.spec.benchmark) {
-            Some(b) => {
-                let name = b
-                    .dir
-                    .file_name()
-                    .map_or(String::new(), |n| n.to_string_lossy().into_owned());
-                ui.label(format!(
-                    "{} seed {} · {} tasks ({name})",
-                    b.manifest.arch,
-                    b.manifest.seed,
-                    b.manifest.tasks.len()
-                ))
-                .on_hover_text(b.dir.display().to_string());
-            }
-            None => {
-                ui.label(RichText::new(format!("{} ({})", e.spec.benchmark, e.spec.arch)).monospace());
-            }
-        }
+        let label = ui.label("Benchmark");
+        egui::ComboBox::from_id_salt("sweep-benchmark")
+            .selected_text(selected)
+            .width(300.0)
+            .show_ui(ui, |ui| {
+                if let Some(b) = open {
+                    let text = format!("{} seed {} (the open benchmark)", b.manifest.arch, b.manifest.seed);
+                    if ui
+                        .selectable_label(open_chosen.is_some(), text)
+                        .on_hover_text(b.dir.display().to_string())
+                        .clicked()
+                    {
+                        pick = Some(BenchPick::Open);
+                    }
+                }
+                for arch in Arch::ALL {
+                    let on = !e.is_text() && open_chosen.is_none() && e.spec.arch == arch.name();
+                    if ui
+                        .selectable_label(on, format!("{arch} (the cache's demo build)"))
+                        .clicked()
+                    {
+                        pick = Some(BenchPick::Demo(arch));
+                    }
+                }
+                for dir in &texts {
+                    let on = text_dir.as_deref().is_some_and(|d| d == dir.as_path());
+                    if ui
+                        .selectable_label(on, text_entry(dir))
+                        .on_hover_text(dir.display().to_string())
+                        .clicked()
+                    {
+                        pick = Some(BenchPick::Text(dir.clone()));
+                    }
+                }
+                if texts.is_empty() {
+                    ui.add_enabled(false, egui::Button::new(NO_TEXT_BUILD).frame(false))
+                        .on_disabled_hover_text(BUILD_TEXT_HINT);
+                }
+            })
+            .response
+            .labelled_by(label.id)
+            .on_hover_text("What the sweep fine-tunes and scores: a demo benchmark of an image architecture, or the text benchmark");
     });
-    if let Some(b) = doc.benchmark.clone()
-        && crate::experiments::benchmark_id(&b) != doc.experiments.spec.benchmark
-        && ui
-            .small_button("Use the open benchmark")
-            .on_hover_text(b.dir.display().to_string())
-            .clicked()
-    {
-        let spec = &mut doc.experiments.spec;
-        spec.benchmark = crate::experiments::benchmark_id(&b);
-        spec.arch = b.manifest.arch.name().to_owned();
+    if let Some(p) = pick {
+        let ids = installed(doc);
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        match p {
+            BenchPick::Open => {
+                if let Some(b) = doc.benchmark.clone() {
+                    doc.experiments.use_demo_benchmark(b.manifest.arch, Some(&b), &ids);
+                }
+            }
+            BenchPick::Demo(arch) => doc.experiments.use_demo_benchmark(arch, None, &ids),
+            BenchPick::Text(dir) => doc.experiments.use_text_benchmark(&dir.display().to_string(), &ids),
+        }
     }
 }
 
@@ -261,7 +328,11 @@ fn default_widget(ui: &mut Ui, spec: &mut SweepSpec, var: Variable, label: egui:
 
 /// The hyperparameters: each one's default and the values its grid tries.
 fn hyper_ui(ui: &mut Ui, doc: &mut Document) {
-    let pool = doc.benchmark.as_ref().map_or(64, |b| b.manifest.tasks.len());
+    let pool = doc
+        .benchmark
+        .as_ref()
+        .filter(|_| !doc.experiments.is_text())
+        .map_or(64, |b| b.manifest.tasks.len());
     let e = &mut doc.experiments;
     egui::Grid::new("sweep-hyper")
         .num_columns(3)
