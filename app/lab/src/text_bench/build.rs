@@ -886,6 +886,15 @@ pub(crate) mod tests {
     use super::*;
     use crate::text_bench::data::builtin_tasks;
 
+    /// The built-in tasks named in `names`, in the built-in order.
+    fn builtin_tasks_named(names: &[&str]) -> Vec<TextTask> {
+        builtin_tasks()
+            .unwrap()
+            .into_iter()
+            .filter(|t| names.contains(&t.name.as_str()))
+            .collect()
+    }
+
     #[test]
     fn the_learning_rate_warms_up_then_decays_to_zero() {
         let mut r = TextRecipe::default_for(0);
@@ -1088,11 +1097,7 @@ pub(crate) mod tests {
         use mergescope_engine::checkpoint::Checkpoint;
         let tmp = tempfile::tempdir().unwrap();
         let backbone = tiny_backbone(tmp.path());
-        let tasks: Vec<TextTask> = builtin_tasks()
-            .unwrap()
-            .into_iter()
-            .filter(|t| ["word_sentiment", "name_gender"].contains(&t.name.as_str()))
-            .collect();
+        let tasks = builtin_tasks_named(&["word_sentiment", "name_gender"]);
         let mut recipe = TextRecipe::lora_for(0, 2);
         (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 4);
         (recipe.warmup_steps, recipe.batch_size) = (1, 8);
@@ -1227,11 +1232,7 @@ pub(crate) mod tests {
         use mergescope_engine::checkpoint::Checkpoint;
         let tmp = tempfile::tempdir().unwrap();
         let backbone_dir = tiny_backbone(tmp.path());
-        let tasks: Vec<TextTask> = builtin_tasks()
-            .unwrap()
-            .into_iter()
-            .filter(|t| ["name_gender", "word_sentiment"].contains(&t.name.as_str()))
-            .collect();
+        let tasks = builtin_tasks_named(&["name_gender", "word_sentiment"]);
         let mut recipe = TextRecipe::default_for(3);
         (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 4);
         (recipe.warmup_steps, recipe.batch_size) = (1, 8);

@@ -486,15 +486,9 @@ impl SweepSpec {
     /// tasks) and TIES.
     pub fn paper_002_text() -> SweepSpec {
         let recipe = mergescope_lab::text_bench::TextRecipe::default_for(0);
-        SweepSpec {
-            arch: TEXT_ARCH.to_owned(),
-            benchmark: default_benchmark(),
-            seed: 0,
-            groups: 3,
-            mode: Mode::OneAtATime,
-            aggregate: Aggregate::Mean,
-            eval_examples: None,
-            defaults: Hyper {
+        SweepSpec::one_at_a_time(
+            TEXT_ARCH,
+            Hyper {
                 lr: recipe.lr,
                 batch: recipe.batch_size,
                 steps: recipe.expert_steps,
@@ -502,50 +496,47 @@ impl SweepSpec {
                 optimizer: "adamw".into(),
                 tasks: 3,
             },
-            grid: Grid {
+            Grid {
                 lr: vec![3e-5, 1e-4, 3e-4, 1e-3],
                 steps: vec![30, 60, 90, 120],
                 tasks: vec![2, 3, 4, 5],
                 ..Grid::default()
             },
-            methods: vec![
-                MethodSpec {
-                    plugin: "weight-average".into(),
-                    label: Some("WA (TA λ=1/N)".into()),
-                    params: BTreeMap::new(),
-                },
-                MethodSpec {
-                    plugin: "task-arithmetic".into(),
-                    label: Some("TA (λ=0.5)".into()),
-                    params: [("lambda".to_owned(), Value::from(0.5))].into_iter().collect(),
-                },
-                MethodSpec {
-                    plugin: "ties".into(),
-                    label: Some("TIES".into()),
-                    params: BTreeMap::new(),
-                },
+            vec![
+                preset_method("weight-average", "WA (TA λ=1/N)", &[]),
+                preset_method("task-arithmetic", "TA (λ=0.5)", &[("lambda", Value::from(0.5))]),
+                preset_method("ties", "TIES", &[]),
             ],
-        }
+        )
     }
 
-    /// The `paper-002` preset for `arch`: seed 002's protocol (defaults at the largest step
-    /// count, one variable at a time, TA with λ = 1/N, TIES, DARE and AdaMerging, mean over
-    /// tasks) scaled to the seven-task demo benchmark.
-    pub fn paper_002(arch: Arch) -> SweepSpec {
-        let method = |plugin: &str, label: &str, params: &[(&str, Value)]| MethodSpec {
-            plugin: plugin.to_owned(),
-            label: Some(label.to_owned()),
-            params: params.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect(),
-        };
+    /// A preset's specification: seed 002's protocol (seed 0, three task groups, one variable
+    /// at a time, the mean over tasks, every test example) on the default benchmark of `arch`.
+    fn one_at_a_time(arch: &str, defaults: Hyper, grid: Grid, methods: Vec<MethodSpec>) -> SweepSpec {
         SweepSpec {
-            arch: arch.name().to_owned(),
+            arch: arch.to_owned(),
             benchmark: default_benchmark(),
             seed: 0,
             groups: 3,
             mode: Mode::OneAtATime,
             aggregate: Aggregate::Mean,
             eval_examples: None,
-            defaults: Hyper {
+            defaults,
+            grid,
+            methods,
+        }
+    }
+
+    /// The `paper-002` preset for `arch`: seed 002's protocol (defaults at the largest step
+    /// count, one variable at a time, TA with λ = 1/N, TIES, DARE and AdaMerging, mean over
+    /// tasks) scaled to the seven-task demo benchmark.
+    /// The `paper-002` preset for `arch`: seed 002's protocol (defaults at the largest step
+    /// count, one variable at a time, TA with λ = 1/N, TIES, DARE and AdaMerging, mean over
+    /// tasks) scaled to the seven-task demo benchmark.
+    pub fn paper_002(arch: Arch) -> SweepSpec {
+        SweepSpec::one_at_a_time(
+            arch.name(),
+            Hyper {
                 lr: 5e-4,
                 batch: 64,
                 steps: 300,
@@ -553,7 +544,7 @@ impl SweepSpec {
                 optimizer: "adamw".into(),
                 tasks: 4,
             },
-            grid: Grid {
+            Grid {
                 lr: vec![2e-4, 5e-4, 2e-3, 5e-3],
                 batch: vec![16, 32, 64],
                 steps: vec![50, 100, 200, 300],
@@ -561,11 +552,11 @@ impl SweepSpec {
                 optimizer: Vec::new(),
                 tasks: vec![2, 3, 4, 5, 6],
             },
-            methods: vec![
-                method("task-arithmetic", "TA (λ=1/N)", &[("lambda", Value::from("1/N"))]),
-                method("ties", "TIES", &[]),
-                method("dare", "DARE", &[("lambda", Value::from("1/N"))]),
-                method(
+            vec![
+                preset_method("task-arithmetic", "TA (λ=1/N)", &[("lambda", Value::from("1/N"))]),
+                preset_method("ties", "TIES", &[]),
+                preset_method("dare", "DARE", &[("lambda", Value::from("1/N"))]),
+                preset_method(
                     "adamerging",
                     "AdaMerging",
                     &[
@@ -576,7 +567,7 @@ impl SweepSpec {
                     ],
                 ),
             ],
-        }
+        )
     }
 }
 
@@ -604,6 +595,14 @@ pub fn task_groups(pool: usize, n: usize, groups: usize, seed: u64) -> Vec<Vec<u
     out
 }
 
+/// A preset's method: `plugin` under `label`, with `params`.
+fn preset_method(plugin: &str, label: &str, params: &[(&str, Value)]) -> MethodSpec {
+    MethodSpec {
+        plugin: plugin.to_owned(),
+        label: Some(label.to_owned()),
+        params: params.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect(),
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
