@@ -334,8 +334,12 @@ unsafe extern "C" fn h_dot(ctx: *mut c_void, a: TensorHandle, b: TensorHandle, o
                 b.elem_count()
             )));
         }
-        let (va, vb) = (to_f32_vec(a)?, to_f32_vec(b)?);
-        let d: f64 = va.iter().zip(&vb).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+        let dot = |x: &[f32], y: &[f32]| -> f64 { x.iter().zip(y).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum() };
+        // Read in place where both are f32 on the CPU (no copies); the same sequential sum either way.
+        let d = match with_cpu_slices(&[a, b], |s| dot(s[0], s[1])) {
+            Some(d) => d,
+            None => dot(&to_f32_vec(a)?, &to_f32_vec(b)?),
+        };
         write_f64(out, d)
     })
 }
