@@ -102,8 +102,9 @@ impl ModelStock {
         ratio_or_base(host, tensor, n, cos)
     }
 
-    /// Row by row (vectors along the last dimension), on copies of the values.
-    fn rows(host: &Host<'_>, tensor: &TensorMeta<'_>, base: Tensor, experts: &[Tensor]) -> Result<Tensor> {
+    /// Row by row (vectors along the last dimension), from the host's lent values; each row's
+    /// norms and dot products are [`gram_sums`] over it, as a tensor's are over its chunks.
+    fn rows(&self, host: &Host<'_>, tensor: &TensorMeta<'_>, base: Tensor, experts: &[Tensor]) -> Result<Tensor> {
         let shape = host.shape(base)?;
         let width = shape.last().copied().unwrap_or(1).max(1);
         let b = host.view_f32(base)?;
@@ -113,17 +114,10 @@ impl ModelStock {
         for (r, row) in out.chunks_mut(width).enumerate() {
             let at = r * width..(r * width + row.len());
             let b = &b[at.clone()];
-            let offsets: Vec<Vec<f64>> = es
-                .iter()
-                .map(|e| e[at.clone()].iter().zip(b).map(|(x, y)| f64::from(x - y)).collect())
-                .collect();
-            let norms_sq: Vec<f64> = offsets.iter().map(|o| o.iter().map(|v| v * v).sum()).collect();
-            let cos = mean_cosine(&norms_sq, |i, j| {
-                offsets[i].iter().zip(&offsets[j]).map(|(x, y)| x * y).sum()
-            });
-            let t = ratio_or_base(host, tensor.name, n, cos);
+            let rows: Vec<&[f32]> = es.iter().map(|e| &e[at.clone()]).collect();
+            let t = self.ratio_from(host, tensor.name, &gram_sums(&rows, Some(b)));
             for (k, o) in row.iter_mut().enumerate() {
-                let avg: f64 = es.iter().map(|e| f64::from(e[at.start + k])).sum::<f64>() / n as f64;
+                let avg: f64 = rows.iter().map(|e| f64::from(e[k])).sum::<f64>() / n as f64;
                 *o = (t * avg + (1.0 - t) * f64::from(b[k])) as f32;
             }
         }
@@ -203,7 +197,7 @@ impl MergeMethod for ModelStock {
         let (tensor, experts) = (&input.meta, input.experts);
         let base = input.require_base("model-stock")?;
         if self.filter_wise {
-            return Self::rows(host, tensor, base, experts);
+            return self.rows(host, tensor, base, experts);
         }
         let t = *self.ratios.get(tensor, "model-stock")?;
         let n = experts.len();

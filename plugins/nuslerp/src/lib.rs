@@ -7,7 +7,8 @@
 //! the base, in mergekit's order), or (1 − t)·v0 + t·v1 where
 //! 1 − c² ≤ 1e-16 (colinear). With a base θ0: θ = θ0 + nuslerp(t, θ1 − θ0, θ2 − θ0).
 
-use mergescope_plugin_api::abi::{CAP_THREAD_SAFE, REDUCE_SUM_SQUARES};
+use mergescope_plugin_api::abi::CAP_THREAD_SAFE;
+use mergescope_plugin_api::sdk::gram_sums;
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
@@ -128,12 +129,9 @@ impl MergeMethod for Nuslerp {
             None => (experts[0], experts[1]),
         };
         let merged = if self.flatten {
-            let (s0, s1, d) = coefficients(
-                self.t,
-                host.reduce(REDUCE_SUM_SQUARES, v0)?,
-                host.reduce(REDUCE_SUM_SQUARES, v1)?,
-                host.dot(v0, v1)?,
-            );
+            // ‖v0‖², ‖v1‖², ⟨v0, v1⟩ in one read: the host's `reduce` and `dot` sums, same bits.
+            let g = gram_sums(&[&host.view_f32(v0)?, &host.view_f32(v1)?], None);
+            let (s0, s1, d) = coefficients(self.t, g[0], g[1], g[2]);
             let sum = host.weighted_sum(&[v0, v1], Some(&[s0, s1]))?;
             if d == 1.0 {
                 sum
