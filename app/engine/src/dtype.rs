@@ -142,13 +142,11 @@ mergescope_plugin_api::avx2_dispatch! {
 }
 
 mergescope_plugin_api::avx2_dispatch! {
-    /// f32 values appended to `out` as little-endian bf16 bytes (round to nearest even).
-    fn narrow_bf16(values: &[f32], out: &mut Vec<u8>) {
-        // Sized first, then written by index: a loop the compiler vectorises at the dispatched
-        // width (an `extend` over a flat_map stays a separate, narrower function).
-        let start = out.len();
-        out.resize(start + values.len() * 2, 0);
-        for (o, v) in out[start..].chunks_exact_mut(2).zip(values) {
+    /// f32 values written to `out` (two bytes each) as little-endian bf16 (round to nearest
+    /// even): a loop over bytes by index, which the compiler vectorises at the dispatched width
+    /// (an `extend` over a flat_map stays a separate, narrower function).
+    fn narrow_bf16(values: &[f32], out: &mut [u8]) {
+        for (o, v) in out.chunks_exact_mut(2).zip(values) {
             o.copy_from_slice(&bf16_bits(*v).to_le_bytes());
         }
     }
@@ -165,7 +163,8 @@ fn bf16_bits(v: f32) -> u16 {
     }
 }
 
-/// Encodes f32 values as little-endian bytes of `dtype` (round to nearest even).
+/// Encodes f32 values as little-endian bytes of `dtype` (round to nearest even) into `out`,
+/// which it replaces.
 pub fn encode_f32(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
     out.clear();
     match dtype {
@@ -174,17 +173,36 @@ pub fn encode_f32(dtype: DType, values: &[f32], out: &mut Vec<u8>) {
             out.extend_from_slice(bytemuck::cast_slice(values));
         }
         DType::F32 | DType::Other { .. } => {
-            out.reserve(values.len() * 4);
-            out.extend(values.iter().flat_map(|v| v.to_bits().to_le_bytes()));
+            out.resize(values.len() * 4, 0);
+            encode_f32_into(dtype, values, out);
+        }
+        _ => {
+            out.resize(values.len() * dtype.size(), 0);
+            encode_f32_into(dtype, values, out);
+        }
+    }
+}
+
+/// Encodes f32 values as little-endian bytes of `dtype` (round to nearest even) into `out`,
+/// which holds exactly `values.len() × size` bytes (every one of them is written). Any other
+/// length is a caller's bug: the values that fit are written.
+pub fn encode_f32_into(dtype: DType, values: &[f32], out: &mut [u8]) {
+    match dtype {
+        DType::F32 | DType::Other { .. } => {
+            for (o, v) in out.chunks_exact_mut(4).zip(values) {
+                o.copy_from_slice(&v.to_bits().to_le_bytes());
+            }
         }
         DType::F16 => {
-            out.reserve(values.len() * 2);
-            out.extend(values.iter().flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes()));
+            for (o, v) in out.chunks_exact_mut(2).zip(values) {
+                o.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
+            }
         }
         DType::BF16 => narrow_bf16(values, out),
         DType::F64 => {
-            let words: Vec<u64> = values.iter().map(|v| f64::from(*v).to_bits().to_le()).collect();
-            out.extend_from_slice(bytemuck::cast_slice(&words));
+            for (o, v) in out.chunks_exact_mut(8).zip(values) {
+                o.copy_from_slice(&f64::from(*v).to_bits().to_le_bytes());
+            }
         }
     }
 }

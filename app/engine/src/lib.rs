@@ -19,6 +19,7 @@
 pub mod checkpoint;
 pub mod compat;
 pub mod device;
+mod direct_write;
 pub mod dtype;
 pub mod error;
 pub mod executor;
