@@ -17,7 +17,8 @@ What it makes, under OUT_DIR:
                                            with `modules:`: inputs/, mergekit/, manifest.json
   slices/                                  a tiny 6-layer Llama (float32 inputs, so that TIES's magnitude
                                            cuts have no ties) merged with `slices` whose sources carry
-                                           their own parameters, gradients restarting in every slice:
+                                           their own parameters, gradients restarting in every slice,
+                                           slices merging different numbers of models:
                                            inputs/, mergekit/, manifest.json
   tokenizer_union/                         the same for models whose tokenizers differ (added
                                            tokens, a permuted vocabulary) merged with
@@ -1120,6 +1121,35 @@ def slices_configs() -> dict[str, dict]:
                                                           {"filter": "down_proj", "value": 0.25},
                                                           {"value": 1.0}])]},
                 {"sources": [src("expert3", 4, 6, scale=[0.6, 1.0])]},
+            ],
+            **dtypes,
+        },
+        # Slices merging different numbers of models (mergekit merges each slice with the models
+        # it lists): TIES over the base with three experts in the first slice and two in the
+        # second (another order), a top-level weight gradient restarting in each slice.
+        "ties_slices_3_then_2": {
+            "merge_method": "ties",
+            "base_model": "inputs/base",
+            "parameters": {"normalize": True, "weight": [0.4, 1.0], "density": 0.6},
+            "slices": [
+                {"sources": [src("base", 0, 3), src("expert1", 0, 3, density=0.3),
+                             src("expert2", 0, 3, weight=0.7), src("expert3", 0, 3)]},
+                {"sources": [src("expert3", 3, 6, density=0.8), src("base", 3, 6), src("expert1", 3, 6)],
+                 "parameters": {"lambda": 0.9}},
+            ],
+            **dtypes,
+        },
+        # Linear without a base: three models in the first slice, two in the second, one in the
+        # last (5 output layers), weights per source and per slice, normalised.
+        "linear_slices_3_2_1": {
+            "merge_method": "linear",
+            "parameters": {"normalize": True, "weight": 1.0},
+            "slices": [
+                {"sources": [src("expert1", 0, 2, weight=2.0), src("expert2", 0, 2, weight=[1.0, 3.0]),
+                             src("expert3", 0, 2)]},
+                {"sources": [src("expert3", 2, 4, weight=0.5), src("expert1", 3, 5)],
+                 "parameters": {"weight": [0.5, 1.5]}},
+                {"sources": [src("expert2", 5, 6)]},
             ],
             **dtypes,
         },

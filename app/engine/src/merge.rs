@@ -47,7 +47,7 @@ pub type MemModel = BTreeMap<String, MemTensor>;
 
 /// `plugin`, if it merges tensor by tensor (what the merges of this module run); a model-level
 /// method is refused.
-fn per_tensor(plugin: &Plugin) -> Result<&Plugin> {
+pub(crate) fn per_tensor(plugin: &Plugin) -> Result<&Plugin> {
     if plugin.is_model_level() {
         return Err(EngineError::Invalid(format!(
             "method '{}' is a model-level method: it evaluates candidates on the tasks' calibration data, so it \
@@ -216,7 +216,17 @@ pub fn merge_in_memory_with(
                 .collect(),
         ),
     };
-    let groups = instance_groups(plugin, params, single, seed, base.is_some(), experts.len(), env, &items)?;
+    let groups = instance_groups(
+        plugin,
+        params,
+        single,
+        seed,
+        base.is_some(),
+        experts.len(),
+        env,
+        &items,
+        None,
+    )?;
     let run = GroupRun::new(plugin, base.is_some(), experts.len(), opts, observer, &cancel);
     run.execute(&groups, &MemSource { models: models.clone() }, &sink)?;
     let out = sink.out.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -336,8 +346,8 @@ pub struct MergeReport {
     pub params: Value,
 }
 
-struct FileSource<'a> {
-    models: Vec<&'a Checkpoint>,
+pub(crate) struct FileSource<'a> {
+    pub(crate) models: Vec<&'a Checkpoint>,
 }
 
 impl FileSource<'_> {
@@ -367,8 +377,8 @@ impl Source for FileSource<'_> {
     }
 }
 
-struct FileSink<'a> {
-    writer: &'a OutputWriter,
+pub(crate) struct FileSink<'a> {
+    pub(crate) writer: &'a OutputWriter,
 }
 
 impl Sink for FileSink<'_> {
@@ -565,7 +575,12 @@ pub fn open_inputs(req: &MergeRequest) -> Result<(Option<Checkpoint>, Vec<Checkp
     }
     let has_base = usize::from(req.base.is_some());
     let inputs = has_base + req.experts.len();
-    slices::check(&req.slices, inputs)?;
+    slices::check(&req.slices, req.base.is_some(), req.experts.len())?;
+    if slices::is_slice_by_slice(&req.slices, inputs) {
+        return Err(EngineError::Bug(
+            "the inputs of a merge slice by slice are each slice's own (slices::merge_slice_by_slice)".to_owned(),
+        ));
+    }
     let mut opened: Vec<Checkpoint> = (0..inputs)
         .map(|k| slices::open_input(&req.slices, k))
         .collect::<Result<_>>()?;
@@ -636,16 +651,18 @@ pub fn write_copies(writer: &OutputWriter, reference: &Checkpoint, copies: &[Ten
 
 /// A plugin instance and the tensors it merges: the whole model, or with layer-wise parameters
 /// ([`layered`]) one group of tensors that share parameter values.
-struct InstanceGroup<'p> {
+pub(crate) struct InstanceGroup<'p> {
     instance: Instance<'p>,
     resolved: ResolvedParams,
     items: Vec<PlanItem>,
 }
 
 /// The instances of a merge of `items`: `single` (the instance made before the inputs were
-/// checked, when no parameter is layer-wise), or one per group of tensors sharing values.
+/// checked, when no parameter is layer-wise), or one per group of tensors sharing values, the
+/// layer-wise values resolved on `param_names` (the items' names unless given; a slice merged on
+/// its own gives them with its layers numbered from 0).
 #[allow(clippy::too_many_arguments)]
-fn instance_groups<'p>(
+pub(crate) fn instance_groups<'p>(
     plugin: &'p Plugin,
     params: &Value,
     single: Option<(Instance<'p>, ResolvedParams)>,
@@ -654,6 +671,7 @@ fn instance_groups<'p>(
     n_experts: usize,
     env: CallEnv<'_>,
     items: &[PlanItem],
+    param_names: Option<&[String]>,
 ) -> Result<Vec<InstanceGroup<'p>>> {
     if let Some((instance, resolved)) = single {
         return Ok(vec![InstanceGroup {
@@ -662,7 +680,10 @@ fn instance_groups<'p>(
             items: items.to_vec(),
         }]);
     }
-    let names: Vec<String> = items.iter().map(|i| i.name.clone()).collect();
+    let names: Vec<String> = match param_names {
+        Some(n) => n.to_vec(),
+        None => items.iter().map(|i| i.name.clone()).collect(),
+    };
     layered::split(params, plugin.schema(), &names)?
         .unwrap_or_default()
         .into_iter()
@@ -679,7 +700,7 @@ fn instance_groups<'p>(
 }
 
 /// What runs every group of a merge share.
-struct GroupRun<'a> {
+pub(crate) struct GroupRun<'a> {
     plugin_id: &'a str,
     has_base: bool,
     n_experts: usize,
@@ -690,7 +711,7 @@ struct GroupRun<'a> {
 
 impl<'a> GroupRun<'a> {
     /// A run of `plugin` over a merge of `n_experts` experts, with a base or not.
-    fn new(
+    pub(crate) fn new(
         plugin: &'a Plugin,
         has_base: bool,
         n_experts: usize,
@@ -710,7 +731,7 @@ impl<'a> GroupRun<'a> {
 
     /// Runs every group's instance over its tensors, reporting progress over the whole merge
     /// (each group's counts shifted by the elements of the groups before it).
-    fn execute(&self, groups: &[InstanceGroup<'_>], source: &dyn Source, sink: &dyn Sink) -> Result<()> {
+    pub(crate) fn execute(&self, groups: &[InstanceGroup<'_>], source: &dyn Source, sink: &dyn Sink) -> Result<()> {
         let elements = |items: &[PlanItem]| {
             items
                 .iter()
@@ -757,7 +778,7 @@ impl<'a> GroupRun<'a> {
 /// The parameters an output records: the resolved values with defaults; for a layer-wise merge,
 /// the user's layer-wise values (gradients, filters) in place of one group's numbers, so that
 /// the record replays the whole merge.
-fn recorded_params(groups: &[InstanceGroup<'_>], user: &Value, layer_wise: bool) -> Value {
+pub(crate) fn recorded_params(groups: &[InstanceGroup<'_>], user: &Value, layer_wise: bool) -> Value {
     let mut json = groups.first().map_or_else(|| user.clone(), |g| g.resolved.to_json());
     if layer_wise && let (Some(out), Some(given)) = (json.as_object_mut(), user.as_object()) {
         for (key, value) in given {
@@ -776,6 +797,11 @@ pub fn merge_files(
     cancel: &AtomicBool,
 ) -> Result<MergeReport> {
     let started = Instant::now();
+    if !req.slices.is_empty()
+        && slices::is_slice_by_slice(&req.slices, usize::from(req.base.is_some()) + req.experts.len())
+    {
+        return slices::merge_slice_by_slice(plugin, req, opts, observer, cancel);
+    }
     let (base, experts) = open_inputs(req)?;
     let mut models: Vec<&Checkpoint> = Vec::new();
     models.extend(base.as_ref());
@@ -825,6 +851,7 @@ pub fn merge_files(
         experts.len(),
         env,
         &items,
+        None,
     )?;
     let params_json = recorded_params(&groups, &req.params, layer_wise);
     let metadata = output_metadata(plugin, &params_json, req.seed, &models, base.is_some(), &report.notes);

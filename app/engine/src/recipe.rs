@@ -33,6 +33,11 @@
 //! sources = [{ model = "b", layers = [8, 32] }]
 //! ```
 //!
+//! Slices may also merge different models, as mergekit's do: a slice listing another number of
+//! sources (its base first when the recipe has one, then its own models), or giving its own
+//! `params` (over the recipe's `[params]`, e.g. `params = { lambda = 0.9 }`), makes every slice
+//! a merge of its own, its gradients restarting in it ([`crate::slices`], "Slice by slice").
+//!
 //! Models whose tokenizers differ are merged on an output vocabulary built from their
 //! `tokenizer.json` files, as mergekit's `tokenizer_source`, `tokenizer:` block and
 //! `chat_template` do (docs/mergekit.md, "Tokenizers"; [`crate::tokenizer_union`]). Either key
@@ -366,7 +371,7 @@ fn json_to_toml(v: &serde_json::Value, in_list: bool) -> Option<toml::Value> {
     })
 }
 
-fn toml_to_json(v: &toml::Value) -> serde_json::Value {
+pub(crate) fn toml_to_json(v: &toml::Value) -> serde_json::Value {
     match v {
         toml::Value::String(s) => s.clone().into(),
         toml::Value::Integer(i) => (*i).into(),

@@ -2,7 +2,8 @@
 //! layers renumbered in order (frankenmerges with passthrough, or slice-wise merges).
 //!
 //! A sliced merge has one source per input in every slice (base first when there is one, then
-//! the experts). Input k of the merge is assembled as one checkpoint: output layer o (counted
+//! the experts) unless it is merged slice by slice (below). Input k of the merge is assembled as
+//! one checkpoint: output layer o (counted
 //! across the slices) is layer `first + i` of slice s's k-th model; tensors outside the
 //! numbered layers come from the first slice's model when they stand before the layers
 //! ([`is_pre_layer`]: embeddings, a vision tower's patch convolution and pre-norm), else (final
@@ -22,6 +23,22 @@
 //! tensors only (its layers numbered from 0, its tensors outside the layers from its first and
 //! last slice), and the tensors of no listed module are left out, as mergekit writes only the
 //! modules a configuration lists.
+//!
+//! **Slice by slice.** When a slice lists another number of models than the merge has inputs, or
+//! any slice gives its own `params`, every slice is merged on its own, as mergekit does
+//! (`MergePlanner.plan_slice`): the slice's sources are its inputs (its base first when the merge
+//! has a base, then the models it merges, as many as it likes), its tensors are merged by
+//! instances of the method created for its own number of models, with the recipe's parameters
+//! overlaid by the slice's `params`, and its output layers are written into the one output
+//! ([`per_slice`]). A slice's parameters are resolved on its own layers: a gradient runs over the
+//! slice (layer i of n at t = i / (n − 1), 1 for a one-layer slice) and restarts in the next,
+//! the weights before the layers take the first slice's parameters and those after them the
+//! last's, both at t = 0, as mergekit's do; a filter matches the tensor's name with its layer
+//! numbered within the slice.
+
+mod per_slice;
+
+pub(crate) use per_slice::merge_files as merge_slice_by_slice;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{EngineError, Result};
@@ -40,6 +57,10 @@ pub struct Slice {
     /// The module of a multimodal model the slice builds (all slices have one, or none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module: Option<ModuleScope>,
+    /// The method parameters of this slice's tensors, over the recipe's `params` (key by key);
+    /// with them every slice is merged on its own (see the module doc).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<toml::Table>,
 }
 
 /// The tensors of one module of a model (mergekit's architecture modules): those whose names
@@ -149,15 +170,39 @@ pub fn layer_count(slices: &[Slice]) -> usize {
         .sum()
 }
 
-/// Checks the shape of a sliced merge with `inputs` inputs: every slice has one source per
-/// input, and the sources of a slice span the same number of layers.
-pub fn check(slices: &[Slice], inputs: usize) -> Result<()> {
+/// Whether a sliced merge with `inputs` inputs is merged slice by slice (see the module doc):
+/// some slice lists another number of sources, or gives its own `params`.
+pub fn is_slice_by_slice(slices: &[Slice], inputs: usize) -> bool {
+    slices.iter().any(|s| s.params.is_some() || s.sources.len() != inputs)
+}
+
+/// Checks the shape of a sliced merge with a base or not and `experts` experts: every slice has
+/// one source per input (or, merged slice by slice, its base when the merge has one and at
+/// least one model besides), and the sources of a slice span the same number of layers.
+pub fn check(slices: &[Slice], has_base: bool, experts: usize) -> Result<()> {
     module_groups(slices)?;
+    let inputs = usize::from(has_base) + experts;
+    let each = is_slice_by_slice(slices, inputs);
     for (i, s) in slices.iter().enumerate() {
-        if s.sources.len() != inputs {
+        if each && s.sources.len() <= usize::from(has_base) {
             return Err(EngineError::Invalid(format!(
-                "slice {i} has {} sources but the merge has {inputs} inputs; give every slice one source per input \
-                 (the base first, then the experts)",
+                "slices[{i}].sources lists {} source{} but the merge has a base; give the slice its base first, then \
+                 at least one model to merge",
+                s.sources.len(),
+                if s.sources.len() == 1 { "" } else { "s" }
+            )));
+        }
+        if each && s.module.is_some() {
+            return Err(EngineError::Invalid(format!(
+                "slices[{i}] is scoped to module '{}' and the slices are merged one by one (they list different \
+                 numbers of models, or give their own params); mergescope does not merge modules slice by slice yet: \
+                 give every slice one source per input and no params",
+                s.module.as_ref().map_or("", |m| m.name.as_str())
+            )));
+        }
+        if !each && s.sources.len() != inputs {
+            return Err(EngineError::Bug(format!(
+                "slice {i} has {} sources but the merge has {inputs} inputs",
                 s.sources.len()
             )));
         }
@@ -193,7 +238,13 @@ pub fn open_input(slices: &[Slice], k: usize) -> Result<Checkpoint> {
     let mut opened: Opened = BTreeMap::new();
     for group in module_groups(slices)? {
         let scope = group[0].module.as_ref();
-        assemble(group, k, &|name| scope.is_none_or(|m| m.contains(name)), &mut opened)?;
+        assemble(
+            group,
+            None,
+            k,
+            &|name| scope.is_none_or(|m| m.contains(name)),
+            &mut opened,
+        )?;
     }
     let parts: Vec<(Checkpoint, Vec<(String, String)>)> = opened.into_values().collect();
     Checkpoint::assemble(first.sources[k].model.clone(), parts)
@@ -202,14 +253,49 @@ pub fn open_input(slices: &[Slice], k: usize) -> Result<Checkpoint> {
 /// Models opened for an input, each with its (output name, source name) pairs.
 type Opened = BTreeMap<PathBuf, (Checkpoint, Vec<(String, String)>)>;
 
-/// Collects input `k`'s tensors of `slices` (one module's, or all) among the tensors `wanted`.
-fn assemble(slices: &[Slice], k: usize, wanted: &dyn Fn(&str) -> bool, opened: &mut Opened) -> Result<()> {
+/// Input `k` of slice `si` merged on its own (see the module doc): its layers numbered as in
+/// the output, the tensors before the layers when it is the first slice and those after them
+/// when it is the last. Returns it with the output layer of the slice's first layer.
+pub(crate) fn open_slice_input(slices: &[Slice], si: usize, k: usize) -> Result<(Checkpoint, usize)> {
+    let Some(slice) = slices.get(si) else {
+        return Err(EngineError::Bug(format!("no slice {si}")));
+    };
+    let Some(src) = slice.sources.get(k) else {
+        return Err(EngineError::Bug(format!("slices[{si}] has no source {k}")));
+    };
+    let mut opened: Opened = BTreeMap::new();
+    let offset = slices[..si].iter().map(span).sum();
+    assemble(slices, Some(si), k, &|_| true, &mut opened)?;
+    let parts: Vec<(Checkpoint, Vec<(String, String)>)> = opened.into_values().collect();
+    Ok((Checkpoint::assemble(src.model.clone(), parts)?, offset))
+}
+
+/// The number of layers a slice makes.
+fn span(s: &Slice) -> usize {
+    s.sources.first().map_or(0, |src| src.layers[1] - src.layers[0])
+}
+
+/// Collects input `k`'s tensors of `slices` (one module's, or all) among the tensors `wanted`;
+/// with `only`, of that slice alone (the others only number the layers).
+fn assemble(
+    slices: &[Slice],
+    only: Option<usize>,
+    k: usize,
+    wanted: &dyn Fn(&str) -> bool,
+    opened: &mut Opened,
+) -> Result<()> {
     let (Some(first), Some(last)) = (slices.first(), slices.last()) else {
         return Ok(());
     };
     let mut out_layer = 0usize;
     for (si, slice) in slices.iter().enumerate() {
-        let src = &slice.sources[k];
+        if only.is_some_and(|o| o != si) {
+            out_layer += span(slice);
+            continue;
+        }
+        let Some(src) = slice.sources.get(k) else {
+            return Err(EngineError::Bug(format!("slices[{si}] has no source {k}")));
+        };
         if !opened.contains_key(&src.model) {
             opened.insert(src.model.clone(), (Checkpoint::open(&src.model)?, Vec::new()));
         }
@@ -251,8 +337,19 @@ fn assemble(slices: &[Slice], k: usize, wanted: &dyn Fn(&str) -> bool, opened: &
     // Tensors outside the layers: pre-layer weights from the first slice's model, the rest from
     // the last's (a module without layers: all from the first).
     let layerless = out_layer == 0;
-    for (model, first_slice) in [(&first.sources[k].model, true), (&last.sources[k].model, false)] {
-        let Some((ckpt, names)) = opened.get_mut(model) else {
+    let ends: Vec<(&Slice, bool)> = match only {
+        None => vec![(first, true), (last, false)],
+        Some(o) => [(0, true), (slices.len() - 1, false)]
+            .into_iter()
+            .filter(|(end, _)| *end == o)
+            .map(|(_, first_slice)| (&slices[o], first_slice))
+            .collect(),
+    };
+    for (slice, first_slice) in ends {
+        let Some(src) = slice.sources.get(k) else {
+            return Err(EngineError::Bug(format!("a slice has no source {k}")));
+        };
+        let Some((ckpt, names)) = opened.get_mut(&src.model) else {
             continue;
         };
         let outside: Vec<String> = ckpt
@@ -363,6 +460,7 @@ mod tests {
                     layers: [0, 3],
                 }],
                 module: None,
+                params: None,
             },
             Slice {
                 sources: vec![SliceSource {
@@ -370,9 +468,10 @@ mod tests {
                     layers: [1, 4],
                 }],
                 module: None,
+                params: None,
             },
         ];
-        check(&slices, 1).unwrap();
+        check(&slices, false, 1).unwrap();
         assert_eq!(layer_count(&slices), 6);
         let c = open_input(&slices, 0).unwrap();
         let read = |n: &str| c.read_f32(&c.tensors[n]).unwrap();
@@ -397,10 +496,64 @@ mod tests {
                 layers: [2, 6],
             }],
             module: None,
+            params: None,
         }];
         let e = open_input(&bad, 0).unwrap_err().to_string();
         assert!(e.contains("[2, 6)") && e.contains("has 4 layers"), "{e}");
-        let e = check(&slices, 2).unwrap_err().to_string();
-        assert!(e.contains("1 sources but the merge has 2 inputs"), "{e}");
+        // With a base, a slice of one source has no model to merge besides it.
+        assert!(is_slice_by_slice(&slices, 2));
+        let e = check(&slices, true, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("slices[0].sources lists 1 source") && e.contains("base first"),
+            "{e}"
+        );
+        check(&slices, false, 2).unwrap();
+    }
+
+    #[test]
+    fn a_slice_merged_on_its_own_takes_its_layers_and_its_end_of_the_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.safetensors"), dir.path().join("b.safetensors"));
+        write(&a, 4, 1.0);
+        write(&b, 4, 2.0);
+        let src = |model: &std::path::Path, layers: [usize; 2]| SliceSource {
+            model: model.to_path_buf(),
+            layers,
+        };
+        let slices = vec![
+            Slice {
+                sources: vec![src(&a, [0, 3])],
+                module: None,
+                params: None,
+            },
+            Slice {
+                sources: vec![src(&b, [1, 4]), src(&a, [1, 4])],
+                module: None,
+                params: None,
+            },
+        ];
+        assert!(is_slice_by_slice(&slices, 1));
+        check(&slices, false, 1).unwrap();
+        // Slice 0: the embeddings and output layers 0..3, not the final norm.
+        let (first, offset) = open_slice_input(&slices, 0, 0).unwrap();
+        assert_eq!(offset, 0);
+        let names: Vec<&str> = first.tensors.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "model.embed_tokens.weight",
+                "model.layers.0.mlp.up_proj.weight",
+                "model.layers.1.mlp.up_proj.weight",
+                "model.layers.2.mlp.up_proj.weight"
+            ]
+        );
+        // Slice 1's second source: a's layers 1..4 as output layers 3..6, and a's final norm.
+        let (second, offset) = open_slice_input(&slices, 1, 1).unwrap();
+        assert_eq!(offset, 3);
+        let read = |n: &str| second.read_f32(&second.tensors[n]).unwrap();
+        assert_eq!(second.tensors.len(), 4);
+        assert_eq!(read("model.layers.3.mlp.up_proj.weight"), [1.0, 1.0]);
+        assert_eq!(read("model.layers.5.mlp.up_proj.weight"), [1.0, 3.0]);
+        assert_eq!(read("model.norm.weight"), [1.0, -1.0]);
     }
 }

@@ -3,7 +3,8 @@
 //! slices`: a tiny 6-layer Llama stored as float32, a base and three experts). Each slice's
 //! sources carry their own parameters (TIES density and weight, task-arithmetic and linear
 //! weights, passthrough scale), slices carry their own `parameters`, gradients restart in every
-//! slice, slices list the base in another place, their models in another order, or other models.
+//! slice, slices list the base in another place, their models in another order, or other models,
+//! or merge different numbers of models (each slice then merged on its own, as mergekit does).
 //! Every configuration is converted and merged as `mergescope merge --config` does, compared with
 //! mergekit's output tensor by tensor, and run again from its converted recipe (`mergescope recipe
 //! convert`), which must give the same tensors.
@@ -62,7 +63,7 @@ fn tensor_by_tensor(case: &str, ours: &MemModel, theirs: &MemModel) -> (f64, Str
 fn slices_with_per_source_parameters_agree_with_mergekit() {
     let manifest: Value = serde_json::from_slice(&std::fs::read(root().join("manifest.json")).unwrap()).unwrap();
     let configs = manifest["configs"].as_array().unwrap();
-    assert_eq!(configs.len(), 5, "the slices fixtures");
+    assert_eq!(configs.len(), 7, "the slices fixtures");
     let dir = tempfile::tempdir().unwrap();
     for cfg in configs {
         let case = cfg["name"].as_str().unwrap();
@@ -138,16 +139,31 @@ fn slices_mergescope_cannot_merge_name_the_key_and_why() {
     let two = |first: String, second: String| format!("slices:\n  - sources:\n{first}  - sources:\n{second}");
     let ties = "merge_method: ties\nbase_model: inputs/base\n";
     let cases: Vec<(String, &[&str])> = vec![
-        // A different number of models in a slice: mergekit merges it, mergescope cannot.
+        // A slice with a base of its own where the next has none (a method whose base is
+        // optional): mergescope merges every slice with a base or every slice without.
+        (
+            format!(
+                "merge_method: multislerp\n{}",
+                two(
+                    src("base", 0, 3, "") + &src("expert1", 0, 3, "") + &src("expert2", 0, 3, ""),
+                    src("expert1", 3, 6, "") + &src("expert2", 3, 6, "")
+                )
+                .replacen("  - sources:\n", "  - base_model: inputs/base\n    sources:\n", 1)
+            ),
+            &[
+                "slices[1].sources",
+                "slices[1] merges without a base",
+                "slices[0] with one",
+                "give every slice a base_model",
+            ],
+        ),
+        // A slice listing only the base.
         (
             format!(
                 "{ties}{}",
-                two(
-                    src("base", 0, 3, "") + &src("expert1", 0, 3, "") + &src("expert2", 0, 3, ""),
-                    src("base", 3, 6, "") + &src("expert1", 3, 6, "")
-                )
+                two(src("base", 0, 3, "") + &src("expert1", 0, 3, ""), src("base", 3, 6, ""))
             ),
-            &["slices[1].sources", "as many sources", "1 model besides a base"],
+            &["slices[1].sources lists no model to merge besides the base"],
         ),
         // The base missing from a slice: mergekit refuses it too.
         (
@@ -244,4 +260,119 @@ fn slices_mergescope_cannot_merge_name_the_key_and_why() {
         assert_contains(&e, needles);
         assert!(e.contains("merge.yml"), "{e}: names the file");
     }
+}
+
+/// Slices that merge different numbers of models become a recipe whose slices carry their own
+/// sources and `params`, each merged on its own; the recipe's TOML reads back the same.
+#[test]
+fn slices_with_different_numbers_of_models_become_slices_with_their_own_params() {
+    let text = std::fs::read_to_string(root().join("mergekit/ties_slices_3_then_2.yml")).unwrap();
+    let converted = mergekit::convert(&text, &root().join("merge.yml"), &root().join("x")).unwrap();
+    let r = &converted.recipe;
+    assert_eq!(r.experts.len(), 3, "the recipe's experts are slices[0]'s");
+    assert!(r.params.is_empty(), "{:?}", r.params);
+    let counts: Vec<usize> = r.slices.iter().map(|s| s.sources.len()).collect();
+    assert_eq!(counts, [4, 3], "the base first, then each slice's models");
+    assert_eq!(r.slices[1].sources[0].model, root().join("inputs/base"));
+    let p1 = r.slices[1].params.as_ref().unwrap();
+    // Slice 1: expert3 (density 0.8) then expert1 (the top level's 0.6); its own lambda; the
+    // top-level weight gradient kept as a gradient, which restarts in the slice.
+    assert_eq!(p1["density"].as_array().map(Vec::len), Some(2), "{p1}");
+    assert_eq!(p1["lambda"].as_float(), Some(0.9), "{p1}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.toml");
+    let text = r.to_toml().unwrap();
+    std::fs::write(&path, &text).unwrap();
+    assert_eq!(&Recipe::load(&path).unwrap(), r, "{text}");
+}
+
+/// mergescope's own `[[slices]]` recipes express mergekit's per-slice merges and gradients the
+/// same way: a slice with `params` (or another number of sources) is merged on its own, its
+/// gradients running over its own layers. Here mergekit's `slerp_slices` written by hand.
+#[test]
+fn a_hand_written_recipe_restarts_gradients_in_each_slice() {
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = root().join("inputs");
+    let at = |m: &str| inputs.join(m).display().to_string().replace('\\', "/");
+    // With `params` on the slices every slice is merged on its own; without them the top-level
+    // gradient spreads over all six output layers.
+    let recipe = |own: bool, out: &str| {
+        let (first, second) = if own {
+            (
+                "params = {}\n",
+                "params = { t = [{ filter = \"self_attn\", value = [0.9, 0.1] }, { value = [0.2, 0.7] }] }\n",
+            )
+        } else {
+            ("", "")
+        };
+        format!(
+            "method = \"slerp\"\nbase = \"{base}\"\nexperts = [\"{e1}\"]\nout = \"{out}\"\n[params]\nt = [0.0, 1.0]\n\
+             [[slices]]\nsources = [{{ model = \"{base}\", layers = [0, 3] }}, {{ model = \"{e1}\", layers = [0, 3] }}]\n\
+             {first}[[slices]]\nsources = [{{ model = \"{base}\", layers = [3, 6] }}, {{ model = \"{e2}\", layers = [3, 6] }}]\n\
+             {second}",
+            base = at("base"),
+            e1 = at("expert1"),
+            e2 = at("expert2"),
+            out = dir.path().join(out).display().to_string().replace('\\', "/"),
+        )
+    };
+    let run = |own: bool, out: &str| {
+        let path = dir.path().join(format!("{out}.toml"));
+        std::fs::write(&path, recipe(own, out)).unwrap();
+        let r = Recipe::load(&path).unwrap();
+        merge_to_files("mergescope_plugin_slerp", &r.to_request(false).unwrap()).unwrap();
+        read_model(&r.out)
+    };
+    let ours = run(true, "own");
+    let theirs = read_model(&root().join("mergekit/slerp_slices"));
+    let (worst, at) = tensor_by_tensor("hand-written slerp_slices", &ours, &theirs);
+    println!("hand-written recipe: max |Δ| = {worst:.2e} (largest in {at})");
+    let spread = run(false, "spread");
+    let l1 = "model.layers.1.mlp.up_proj.weight";
+    assert!(
+        mergescope_tests::max_difference(&spread, &ours) > 1e-4 && spread[l1].data != ours[l1].data,
+        "a gradient over all layers differs from one restarting in each slice"
+    );
+}
+
+/// What a slice merged on its own cannot take names the slice and the fix.
+#[test]
+fn slices_merged_one_by_one_name_the_slice_in_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = root().join("inputs");
+    let at = |m: &str| inputs.join(m).display().to_string().replace('\\', "/");
+    let head = format!(
+        "method = \"weight-average\"\nexperts = [\"{e1}\", \"{e2}\"]\nout = \"{out}\"\n",
+        e1 = at("expert1"),
+        e2 = at("expert2"),
+        out = dir.path().join("out").display().to_string().replace('\\', "/"),
+    );
+    let slices = format!(
+        "[[slices]]\nsources = [{{ model = \"{e1}\", layers = [0, 3] }}, {{ model = \"{e2}\", layers = [0, 3] }}]\n\
+         [[slices]]\nsources = [{{ model = \"{e3}\", layers = [3, 6] }}]\n",
+        e1 = at("expert1"),
+        e2 = at("expert2"),
+        e3 = at("expert3"),
+    );
+    let path = dir.path().join("r.toml");
+    // A per-model list of two weights for a slice of one model.
+    std::fs::write(&path, format!("{head}[params]\nweights = [1.0, 2.0]\n{slices}")).unwrap();
+    let req = Recipe::load(&path).unwrap().to_request(false).unwrap();
+    let e = merge_to_files("mergescope_plugin_weight_average", &req).unwrap_err();
+    assert_contains(&e, &["slices[1]", "weights"]);
+    assert!(!dir.path().join("out").exists(), "nothing written");
+    // Without the list it merges: the last slice is expert3's layers alone.
+    std::fs::write(&path, format!("{head}{slices}")).unwrap();
+    let req = Recipe::load(&path).unwrap().to_request(false).unwrap();
+    merge_to_files("mergescope_plugin_weight_average", &req).unwrap();
+    let out = read_model(&dir.path().join("out"));
+    let e3 = read_model(&inputs.join("expert3"));
+    assert_eq!(
+        out["model.layers.4.mlp.up_proj.weight"],
+        e3["model.layers.4.mlp.up_proj.weight"]
+    );
+    assert_eq!(
+        out["lm_head.weight"], e3["lm_head.weight"],
+        "post-layer weights from the last slice"
+    );
 }

@@ -16,9 +16,13 @@
 //! - the weights before the layers are merged from `slices[0]`'s sources with its parameters, those
 //!   after them from `slices[-1]`'s, both at t = 0 (`plan_module`).
 //!
-//! How mergescope does it: input k of the merge is assembled from the k-th source of every slice
-//! (the base first, then the other sources in the slice's order; [`crate::slices`]), so every slice
-//! must have a base when one has, and as many other sources. A parameter that takes the same value
+//! How mergescope does it: when every slice merges as many models, input k of the merge is
+//! assembled from the k-th source of every slice (the base first, then the other sources in the
+//! slice's order; [`crate::slices`]). When the numbers differ, the recipe's slices are merged one
+//! by one ([`crate::slices`], "Slice by slice"): each slice's sources, its own `params` resolved
+//! for it alone (gradients kept as gradients, which the host evaluates over the slice's own
+//! layers), and no top-level parameters; every slice must then have a base when one has (not
+//! inside `modules` yet). Otherwise, a parameter that takes the same value
 //! in every slice stays as given (a gradient over the output layers is the same as mergekit's when
 //! there is one slice); one that differs between slices, or a gradient with several slices, becomes
 //! a `{filter, value}` list with an entry per output layer (its tensors' name prefix and number,
@@ -31,6 +35,7 @@ use super::{Entry, check_keys, invalid, params_of};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::layered::layer_position;
+use crate::recipe::params_to_toml;
 use crate::slices::{ModuleScope, Slice, SliceSource, from_first_slice};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
@@ -247,33 +252,48 @@ pub(crate) fn plan(
         .iter()
         .map(|s| roles(file, mapping, top_base, s))
         .collect::<Result<_>>()?;
-    // mergescope's inputs are the same in every slice: a base or none, and as many others.
-    let (has_base, n) = (roles[0].base.is_some(), roles[0].others.len());
-    if n == 0 {
-        return Err(invalid(
-            file,
-            format!("{} lists no model to merge besides the base", first.what),
-        ));
-    }
-    mapping.check_expert_count(file, &first.what, n)?;
-    for (slice, r) in slices.iter().zip(&roles).skip(1) {
-        if r.base.is_some() != has_base || r.others.len() != n {
+    // Every slice has a base or none; the number of other models may differ (then every slice
+    // is merged on its own, as mergekit merges it).
+    let has_base = roles[0].base.is_some();
+    for (slice, r) in slices.iter().zip(&roles) {
+        if r.others.is_empty() {
+            return Err(invalid(
+                file,
+                format!("{}.sources lists no model to merge besides the base", slice.what),
+            ));
+        }
+        mapping.check_expert_count(file, &slice.what, r.others.len())?;
+        if r.base.is_some() != has_base {
             return Err(invalid(
                 file,
                 format!(
-                    "{}.sources: {} merges {} model{} besides {}, {} merges {n}{}; mergekit merges each slice with \
-                     the models it lists, mergescope merges every slice's layers as the same inputs (a base or none, \
-                     and as many other models): give every slice as many sources",
+                    "{}.sources: {} merges {} a base, {} {}; mergescope merges every slice with a base or every \
+                     slice without one: give every slice a base_model (or none)",
                     slice.what,
                     slice.what,
-                    r.others.len(),
-                    if r.others.len() == 1 { "" } else { "s" },
-                    if r.base.is_some() { "a base" } else { "no base" },
+                    if r.base.is_some() { "with" } else { "without" },
                     first.what,
-                    if has_base { " besides a base" } else { " and no base" },
+                    if has_base { "with one" } else { "without" },
                 ),
             ));
         }
+    }
+    let uniform = roles.iter().all(|r| r.others.len() == roles[0].others.len());
+    if !uniform && let Some(m) = scope {
+        let odd = slices
+            .iter()
+            .zip(&roles)
+            .find(|(_, r)| r.others.len() != roles[0].others.len())
+            .map_or(first.what.as_str(), |(s, _)| s.what.as_str());
+        return Err(invalid(
+            file,
+            format!(
+                "{odd}.sources: the slices of module {} merge different numbers of models; mergescope merges a \
+                 module's slices as the same inputs (slices with different models are merged one by one only \
+                 without modules): give every slice of the module as many sources",
+                m.name
+            ),
+        ));
     }
     if !mapping.uses_base()
         && let Some(b) = top_base
@@ -304,6 +324,76 @@ pub(crate) fn plan(
         }
     }
 
+    let (params, slice_params) = if uniform {
+        let params = resolve(file, mapping, shared, slices, &roles, scope, expand_gradients, notes)?;
+        (params, vec![None; slices.len()])
+    } else {
+        // Each slice's parameters on its own layers (the host numbers them within the slice).
+        let mut per_slice = Vec::with_capacity(slices.len());
+        for i in 0..slices.len() {
+            let mut own = Vec::new();
+            let p = resolve(
+                file,
+                mapping,
+                shared,
+                &slices[i..=i],
+                &roles[i..=i],
+                scope,
+                false,
+                &mut own,
+            )?;
+            for n in own {
+                if !notes.contains(&n) {
+                    notes.push(n);
+                }
+            }
+            per_slice.push(Some(params_to_toml(&p)));
+        }
+        (Map::new(), per_slice)
+    };
+
+    let recipe_slices = roles
+        .iter()
+        .zip(slice_params)
+        .map(|(r, params)| Slice {
+            sources: r
+                .base
+                .iter()
+                .chain(r.others.iter())
+                .map(|src| SliceSource {
+                    model: src.model.clone(),
+                    layers: src.layers,
+                })
+                .collect(),
+            module: scope.cloned(),
+            params,
+        })
+        .collect();
+    Ok(Plan {
+        base: roles[0].base.map(|s| s.model.clone()),
+        experts: roles[0].others.iter().map(|s| s.model.clone()).collect(),
+        slices: recipe_slices,
+        params,
+    })
+}
+
+/// The plugin's parameters for `slices` (with their `roles`, as many other models in each):
+/// each resolved per slice over `shared` and spread over the slices' output layers ([`Layout`]).
+#[allow(clippy::too_many_arguments)]
+fn resolve(
+    file: &Path,
+    mapping: &Mapping,
+    shared: &Map<String, Value>,
+    slices: &[SliceDef],
+    roles: &[Roles],
+    scope: Option<&ModuleScope>,
+    expand_gradients: bool,
+    notes: &mut Vec<String>,
+) -> Result<Map<String, Value>> {
+    let Some(first) = roles.first() else {
+        return Ok(Map::new());
+    };
+    let has_base = first.base.is_some();
     let mut layout = Layout::new(slices, scope, expand_gradients);
     // Shared parameters: the slice's, then the top level's (or the module's).
     let mut shared_keys: BTreeSet<&String> = shared.keys().collect();
@@ -335,7 +425,7 @@ pub(crate) fn plan(
             .flat_map(|s| s.sources.iter().flat_map(|src| src.params.keys())),
     );
     model_keys.retain(|k| mapping.is_per_model_key(k));
-    let mut experts: Vec<Entry> = roles[0]
+    let mut experts: Vec<Entry> = first
         .others
         .iter()
         .map(|src| Entry {
@@ -347,7 +437,7 @@ pub(crate) fn plan(
         for key in &model_keys {
             let settings: Vec<Option<Value>> = slices
                 .iter()
-                .zip(&roles)
+                .zip(roles)
                 .map(|(s, r)| {
                     let slice_level = chain(s.params.get(*key), shared.get(*key));
                     chain(r.others[j].params.get(*key), slice_level.as_ref())
@@ -364,29 +454,7 @@ pub(crate) fn plan(
         }
     }
     let refs: Vec<&Entry> = experts.iter().collect();
-    let params = mapping.params(file, &shared_out, &refs, notes)?;
-
-    let recipe_slices = roles
-        .iter()
-        .map(|r| Slice {
-            sources: r
-                .base
-                .iter()
-                .chain(r.others.iter())
-                .map(|src| SliceSource {
-                    model: src.model.clone(),
-                    layers: src.layers,
-                })
-                .collect(),
-            module: scope.cloned(),
-        })
-        .collect();
-    Ok(Plan {
-        base: roles[0].base.map(|s| s.model.clone()),
-        experts: roles[0].others.iter().map(|s| s.model.clone()).collect(),
-        slices: recipe_slices,
-        params,
-    })
+    mapping.params(file, &shared_out, &refs, notes)
 }
 
 /// mergekit's precedence of two settings: `v`, and where `v` is not given, or is a filter list no
