@@ -2,8 +2,9 @@
 //! (`mergescope analyze oracle`) on the real all-MiniLM-L6-v2: a reduced build (two tasks, 16
 //! train texts each, 16 tokens), then task arithmetic of full-batch gradient-descent task
 //! vectors against multi-task gradient descent. Bad inputs are refused first, without the
-//! model. CI fetches the model (scripts/fetch-minilm.sh) and sets MERGESCOPE_REQUIRE_MINILM;
-//! elsewhere the test says how to fetch it and passes without it.
+//! model (every refusal is also a case of the bad-input suite, `bad_inputs/oracle.rs`). CI
+//! fetches the model (scripts/fetch-minilm.sh) and sets MERGESCOPE_REQUIRE_MINILM; elsewhere
+//! the test says how to fetch it and passes without it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -41,7 +42,7 @@ fn on_minilm_one_epoch_of_task_arithmetic_is_multitask_descent_and_the_gap_after
     let fails = |args: Vec<String>| env.fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let e = fails(oracle(&["--text-bench", &nowhere]));
     assert!(
-        e.contains("not a text benchmark build") && e.contains("demo build --benchmark text"),
+        e.contains("nowhere' does not exist") && e.contains("demo build --benchmark text"),
         "{e}"
     );
     for (flags, want) in [

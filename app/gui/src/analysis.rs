@@ -12,7 +12,7 @@ use mergescope_lab::demo::{Benchmark, BuildProgress};
 use mergescope_lab::evaluate::{EvaluatorSpec, open_normalised};
 use mergescope_lab::evaluator::EvalReport;
 use mergescope_lab::evaluator::Evaluator;
-use mergescope_lab::text_bench::oracle::{OracleSettings, run_oracle};
+use mergescope_lab::text_bench::oracle::{OracleSettings, OracleText, run_oracle};
 use mergescope_studies::analysis::landscape::{Metric, MetricKind};
 use mergescope_studies::analysis::landscape_run::{LandscapeKind, LandscapeSource, LandscapeSpec, prepare_landscape};
 use mergescope_studies::analysis::spectrum::{matrix_names, task_spectra};
@@ -185,6 +185,9 @@ pub struct ViewOptions {
     pub density: f64,
     /// Bound: the constants the user chooses (the rest is measured).
     pub bound: BoundSettings,
+    /// Oracle: train texts per task, learning rates, epochs and precision as typed in the form
+    /// (`analyze oracle`'s options and defaults, parsed by the same door).
+    pub oracle: OracleText,
 }
 
 impl Default for ViewOptions {
@@ -197,6 +200,7 @@ impl Default for ViewOptions {
             tensor: None,
             density: 0.2,
             bound: BoundSettings::default(),
+            oracle: OracleText::default(),
         }
     }
 }
@@ -311,7 +315,7 @@ fn compute(
     emit: &mut dyn FnMut(Option<Figure>, Option<(usize, usize)>),
 ) -> Result<()> {
     if kind == ViewKind::Oracle {
-        return oracle(inputs, cancel, emit);
+        return oracle(inputs, &options.oracle, cancel, emit);
     }
     let mut emit = |f: Figure, p: Option<(usize, usize)>| emit(Some(f), p);
     let base = inputs
@@ -482,11 +486,13 @@ fn compute(
 /// How the window tells the user to make a text benchmark for the oracle.
 pub const ORACLE_NEEDS_TEXT: &str = "the oracle (seed 004) runs on the text benchmark: make one with Benchmark > Build text benchmark (or open a text build's suite.toml)";
 
-/// Seed 004's oracle on the text build with the CLI's default settings
-/// (`mergescope analyze oracle --text-bench DIR`): progress per gradient step and model scored
-/// (at most every 0.1 s), then the figure.
+/// Seed 004's oracle on the text build with the form's settings, checked as the CLI checks
+/// them (`mergescope analyze oracle --text-bench DIR --examples N --lr η,η --epochs E,E
+/// --precision P`; the other options at their defaults): progress per gradient step and model
+/// scored (at most every 0.1 s), then the figure.
 fn oracle(
     inputs: &AnalysisInputs,
+    form: &OracleText,
     cancel: &AtomicBool,
     emit: &mut dyn FnMut(Option<Figure>, Option<(usize, usize)>),
 ) -> Result<()> {
@@ -494,6 +500,7 @@ fn oracle(
         .text_build
         .as_ref()
         .ok_or_else(|| EngineError::invalid(ORACLE_NEEDS_TEXT))?;
+    let settings = form.settings(OracleSettings::default())?;
     let (device, _) = open_device(inputs.device);
     let mut last: Option<Instant> = None;
     let mut progress = |p: &BuildProgress| {
@@ -502,9 +509,9 @@ fn oracle(
             last = Some(Instant::now());
         }
     };
-    let report = run_oracle(dir, &OracleSettings::default(), &device, &mut progress, cancel).map_err(|e| match e {
+    let report = run_oracle(dir, &settings, &device, &mut progress, cancel).map_err(|e| match e {
         EngineError::Cancelled => {
-            EngineError::invalid("the oracle was cancelled (nothing is kept): choose Oracle (text) to run it again")
+            EngineError::invalid("the oracle was cancelled (nothing is kept): ▶ Run oracle runs it again")
         }
         e => EngineError::invalid(format!("the oracle on '{}': {e}", dir.display())),
     })?;

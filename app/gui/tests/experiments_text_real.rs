@@ -3,8 +3,8 @@
 //! `~/.cache/mergescope/demo/text-minilm-seed0`, which `mergescope demo build --benchmark text`
 //! or Benchmark > Build text benchmark writes): the Experiments window's `paper-002` sweep on it
 //! starts, reports progress and is cancelled, and the analysis panel's oracle view starts,
-//! reports its steps and is cancelled. It loads all-MiniLM-L6-v2 and fine-tunes it until the
-//! first progress, so it is ignored by default:
+//! reports its steps with its form locked, and is cancelled. It loads all-MiniLM-L6-v2 and
+//! fine-tunes it until the first progress, so it is ignored by default:
 //!
 //! ```sh
 //! cargo test -p mergescope-gui --test experiments_text_real -- --ignored
@@ -12,8 +12,9 @@
 
 mod common;
 
+use egui::accesskit::Role;
 use egui_kittest::Harness;
-use egui_kittest::kittest::Queryable as _;
+use egui_kittest::kittest::{NodeT as _, Queryable as _, by};
 use mergescope_gui::MergescopeApp;
 use mergescope_gui::analysis::ViewKind;
 use mergescope_gui::experiments::{Outcome, known_text_builds};
@@ -103,6 +104,11 @@ fn a_text_sweep_and_the_oracle_start_report_progress_and_cancel_on_a_real_build(
         started.elapsed().as_secs_f64()
     );
     h.get_by_label_contains(" steps, ");
+    // Its form is locked while it runs.
+    for name in ["train texts / task", "learning rates η", "epochs"] {
+        let field = h.get(by().role(Role::TextInput).label(name));
+        assert!(field.accesskit_node().is_disabled(), "{name} while the oracle runs");
+    }
     h.get_by_label("Cancel").click();
     step_until(&mut h, "the oracle's cancellation", |a| !a.doc.analysis.running());
     let error = h.state().doc.analysis.error.clone().unwrap_or_default();

@@ -10,6 +10,7 @@ mod common;
 mod cases;
 mod faults;
 mod files;
+mod oracle;
 mod plugins;
 mod suites;
 

@@ -4,7 +4,7 @@
 
 use crate::analysis::ViewKind;
 use crate::document::Document;
-use crate::ui::{ViewState, dialogs, figure_view};
+use crate::ui::{ViewState, dialogs, figure_view, oracle_form};
 use egui::RichText;
 use mergescope_studies::analysis::landscape::MetricKind;
 
@@ -96,14 +96,7 @@ pub fn analysis_panel(ui: &mut egui::Ui, doc: &mut Document, view: &mut ViewStat
     } else if kind == ViewKind::Bound {
         bound_controls(ui, doc, view);
     } else if kind == ViewKind::Oracle {
-        let text = match &doc.analysis.inputs.text_build {
-            Some(dir) => format!(
-                "On the text build '{}', with `mergescope analyze oracle`'s defaults",
-                dir.display()
-            ),
-            None => "No text benchmark build: Benchmark > Build text benchmark makes one".to_owned(),
-        };
-        ui.label(RichText::new(text).weak().small());
+        oracle_form::oracle_controls(ui, doc, view);
     }
     ui.horizontal(|ui| {
         let a = &doc.analysis;

@@ -13,6 +13,7 @@ pub mod inputs_view;
 pub mod log_view;
 pub mod menu;
 pub mod method_view;
+pub mod oracle_form;
 pub mod results_view;
 
 use crate::document::{Document, Level, LogLine};

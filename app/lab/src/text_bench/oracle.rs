@@ -27,123 +27,12 @@ use crate::train::{OptimConfig, Optimizer, detached, from_vars, to_vars};
 use candle_core::{DType, Device, Tensor};
 use mergescope_engine::error::{EngineError, Result};
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// The floating-point type gradient descent runs in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Precision {
-    /// f32, as the build fine-tunes.
-    F32,
-    /// f64: the weights, activations, gradients and steps (the default).
-    F64,
-}
-
-impl Precision {
-    /// The candle dtype.
-    pub fn dtype(self) -> DType {
-        match self {
-            Precision::F32 => DType::F32,
-            Precision::F64 => DType::F64,
-        }
-    }
-
-    /// `f32` or `f64`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::F64 => "f64",
-        }
-    }
-
-    /// The distance from `x`, rounded to this precision, to the next number of this precision
-    /// away from zero.
-    fn ulp(self, x: f64) -> f64 {
-        match self {
-            Precision::F32 => {
-                let a = (x as f32).abs();
-                f64::from(f32::from_bits(a.to_bits() + 1)) - f64::from(a)
-            }
-            Precision::F64 => {
-                let a = x.abs();
-                f64::from_bits(a.to_bits() + 1) - a
-            }
-        }
-    }
-}
-
-/// What the oracle runs: tasks, examples, learning rates, epoch counts.
-#[derive(Clone, Debug, PartialEq)]
-pub struct OracleSettings {
-    /// Tasks of the build to use, in this order (empty: all of them, in the build's order).
-    pub tasks: Vec<String>,
-    /// Train texts per task, the first ones of its train split: the full batch.
-    pub examples: usize,
-    /// Learning rates η.
-    pub lrs: Vec<f64>,
-    /// Epoch counts E (one full-batch step per epoch).
-    pub epochs: Vec<usize>,
-    /// Task arithmetic's α (the multi-task step is αη).
-    pub alpha: f64,
-    /// Tokens kept per text (`None`: the build's).
-    pub max_length: Option<usize>,
-    /// Test texts per task the models are scored on (the first ones; 0: no scoring).
-    pub eval_examples: usize,
-    /// The type gradient descent runs in.
-    pub precision: Precision,
-}
-
-impl Default for OracleSettings {
-    fn default() -> Self {
-        OracleSettings {
-            tasks: Vec::new(),
-            examples: 32,
-            lrs: vec![2.5e-6, 5e-6, 1e-5, 2e-5],
-            epochs: vec![1, 2, 4],
-            alpha: 1.0,
-            max_length: None,
-            eval_examples: 100,
-            precision: Precision::F64,
-        }
-    }
-}
-
-impl OracleSettings {
-    /// Checks the settings before any work (named as the CLI's options).
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(EngineError::Param(m));
-        if self.lrs.is_empty() {
-            return bad("--lr: give at least one learning rate η".into());
-        }
-        if let Some(lr) = self.lrs.iter().find(|lr| !(lr.is_finite() && **lr > 0.0)) {
-            return bad(format!(
-                "--lr {lr}: every learning rate η must be a positive number (gradient descent steps downhill)"
-            ));
-        }
-        if self.epochs.is_empty() {
-            return bad("--epochs: give at least one epoch count".into());
-        }
-        if self.epochs.contains(&0) {
-            return bad(
-                "--epochs 0: every epoch count must be at least 1 (an epoch is one full-batch step; at 0 both models are the base)"
-                    .into(),
-            );
-        }
-        if self.examples == 0 {
-            return bad("--examples 0: each task needs at least one train text".into());
-        }
-        if !(self.alpha.is_finite() && self.alpha > 0.0) {
-            return bad(format!("--alpha {}: α must be a positive number", self.alpha));
-        }
-        if let Some(n) = self.max_length
-            && !(1..=128).contains(&n)
-        {
-            return bad(format!("--max-length {n} must be between 1 and 128"));
-        }
-        Ok(())
-    }
-}
+mod settings;
+pub use settings::{MAX_LENGTH, OracleSettings, OracleText, Precision, parse_epochs, parse_examples, parse_lrs};
 
 /// The two models at one learning rate and epoch count.
 #[derive(Clone, Debug, PartialEq)]
@@ -294,24 +183,74 @@ struct OracleTask {
     test: Tokenized,
 }
 
+/// How to make a text build, for the messages that refuse a folder.
+const MAKE_ONE: &str = "pass the folder `mergescope demo build --benchmark text --backbone DIR` writes (~/.cache/mergescope/demo/text-minilm-seed0, with manifest.json, base/, heads/, data/ and suite.toml), or its suite.toml";
+
+/// How to repair a damaged text build.
+const REBUILD: &str = "rebuild it with `mergescope demo build --benchmark text --backbone DIR --force` (--out FOLDER for a build outside the cache)";
+
 /// The text build in `dir` (or the folder of a `suite.toml` in it), with a message that says
-/// what a text build is when `dir` is not one.
+/// what a text build is when `dir` is not one, and how to rebuild one that is incomplete.
 fn open_text_build(dir: &Path) -> Result<TextBenchmark> {
+    if !dir.exists() {
+        return Err(EngineError::invalid(format!(
+            "--text-bench '{}' does not exist: {MAKE_ONE}",
+            dir.display()
+        )));
+    }
     let dir = if dir.is_file() && dir.file_name().is_some_and(|n| n == "suite.toml") {
         dir.parent().unwrap_or(Path::new("."))
     } else {
         dir
     };
-    if !dir.join("manifest.json").is_file() {
-        return Err(EngineError::invalid(format!(
-            "'{}' is not a text benchmark build (no manifest.json): pass the folder `mergescope demo build --benchmark text --backbone DIR` writes (~/.cache/mergescope/demo/text-minilm-seed0, with base/, heads/, data/ and suite.toml)",
+    let missing = |why: &str| {
+        EngineError::invalid(format!(
+            "'{}' is not a text benchmark build ({why}): {MAKE_ONE}",
             dir.display()
-        )));
+        ))
+    };
+    if !dir.is_dir() {
+        return Err(missing("it is a file, not a folder"));
     }
-    TextBenchmark::open(dir)
+    if !dir.join("manifest.json").is_file() {
+        return Err(missing("no manifest.json"));
+    }
+    if !dir.join("base").is_dir() {
+        // An image demo build has a manifest too, and base.safetensors instead of base/.
+        return Err(missing("no base/ folder; an image demo build is not one"));
+    }
+    let bench = TextBenchmark::open(dir)?;
+    for f in ["config.json", "tokenizer.json"] {
+        let p = bench.dir.join("base").join(f);
+        if !p.is_file() {
+            return Err(EngineError::invalid(format!(
+                "the text benchmark in '{}' is incomplete: '{}' is missing; {REBUILD}",
+                bench.dir.display(),
+                p.display()
+            )));
+        }
+    }
+    Ok(bench)
 }
 
-/// The data of `split` of build task `name` with `classes`, the first `n` texts.
+/// The tasks `settings` names (all the build's when it names none), checked against the build's.
+fn task_names(bench: &TextBenchmark, settings: &OracleSettings) -> Result<Vec<String>> {
+    let built: Vec<&str> = bench.manifest.tasks.iter().map(|t| t.name.as_str()).collect();
+    if settings.tasks.is_empty() {
+        return Ok(built.iter().map(|s| (*s).to_owned()).collect());
+    }
+    if let Some(name) = settings.tasks.iter().find(|t| !built.contains(&t.as_str())) {
+        return Err(EngineError::Param(format!(
+            "unknown task '{name}' in --tasks: the text benchmark in '{}' has {}; name some of them, or leave --tasks out for all",
+            bench.dir.display(),
+            built.join(", ")
+        )));
+    }
+    Ok(settings.tasks.clone())
+}
+
+/// The data of `split` of build task `name` with `classes`: the first `n` texts tokenized,
+/// how many the split has, and its file.
 fn read_split(
     dir: &Path,
     name: &str,
@@ -319,65 +258,87 @@ fn read_split(
     split: TextSplit,
     n: usize,
     backbone: &Backbone,
-) -> Result<Tokenized> {
+) -> Result<(Tokenized, usize, PathBuf)> {
     let path = dir.join("data").join(format!("{name}.{}.jsonl", split.name()));
-    let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io("cannot read", &path, e))?;
-    let examples = parse_split(name, split, &text, classes)?;
-    Tokenized::new(&backbone.tokenizer, &examples[..n.min(examples.len())])
+    let damaged = |why: String| {
+        EngineError::invalid(format!(
+            "the text benchmark in '{}' is damaged: '{}': {why}; {REBUILD}",
+            dir.display(),
+            path.display()
+        ))
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| damaged(format!("cannot read it ({e})")))?;
+    let examples = parse_split(name, split, &text, classes).map_err(|e| {
+        // The parser's advice is for the data compiled into mergescope, not for a build's copy.
+        let e = e.to_string();
+        damaged(
+            e.trim_end_matches("; rebuild assets/text with scripts/text-bench-data.py")
+                .to_owned(),
+        )
+    })?;
+    let tokens = Tokenized::new(&backbone.tokenizer, &examples[..n.min(examples.len())])?;
+    Ok((tokens, examples.len(), path))
 }
 
-/// The tasks `settings` names, checked against the build's.
+/// The tasks `names` of the build, with their heads and data; refused when a task has fewer
+/// train texts than the full batch asks for.
 fn load_tasks(
     bench: &TextBenchmark,
+    names: &[String],
     settings: &OracleSettings,
     backbone: &Backbone,
     device: &Device,
-) -> Result<(Vec<String>, Vec<OracleTask>)> {
-    let built: Vec<&str> = bench.manifest.tasks.iter().map(|t| t.name.as_str()).collect();
-    let names: Vec<String> = if settings.tasks.is_empty() {
-        built.iter().map(|s| (*s).to_owned()).collect()
-    } else {
-        settings.tasks.clone()
-    };
+) -> Result<Vec<OracleTask>> {
     let mut tasks = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        if names[..i].contains(name) {
-            return Err(EngineError::Param(format!("--tasks names '{name}' twice")));
-        }
-        let Some(meta) = bench.manifest.tasks.iter().find(|t| &t.name == name) else {
-            return Err(EngineError::Param(format!(
-                "unknown task '{name}': the text benchmark in '{}' has {}",
-                bench.dir.display(),
-                built.join(", ")
-            )));
-        };
+    let mut short = Vec::new();
+    for name in names {
+        let meta = (bench.manifest.tasks.iter().find(|t| &t.name == name))
+            .ok_or_else(|| EngineError::Bug(format!("task '{name}' was checked against the build")))?;
         let path = bench.dir.join("heads").join(format!("{name}.safetensors"));
-        let mut head = hf::load_weights(&path, device)?;
+        let rebuild = |why: String| {
+            EngineError::invalid(format!(
+                "the text benchmark in '{}' is damaged: {why}; {REBUILD}",
+                bench.dir.display()
+            ))
+        };
+        let mut head = hf::load_weights(&path, device).map_err(|e| rebuild(e.to_string()))?;
         let mut take = |key: &str| {
-            head.remove(key).ok_or_else(|| {
-                EngineError::invalid(format!("'{}' has no {key}; rebuild the benchmark", path.display()))
-            })
+            head.remove(key)
+                .ok_or_else(|| rebuild(format!("the head '{}' has no {key}", path.display())))
         };
         let head = LinearHead {
             weight: take(bert::HEAD_WEIGHT)?,
             bias: take(bert::HEAD_BIAS)?,
         };
         let read = |split, n| read_split(&bench.dir, name, &meta.classes, split, n, backbone);
-        tasks.push(OracleTask {
-            head,
-            train: read(TextSplit::Train, settings.examples)?,
-            test: if settings.eval_examples == 0 {
-                Tokenized {
-                    ids: Vec::new(),
-                    type_ids: Vec::new(),
-                    labels: Vec::new(),
-                }
-            } else {
-                read(TextSplit::Test, settings.eval_examples)?
-            },
-        });
+        let (train, available, file) = read(TextSplit::Train, settings.examples)?;
+        if available < settings.examples {
+            short.push((name.clone(), available, file));
+        }
+        let test = if settings.eval_examples == 0 {
+            Tokenized {
+                ids: Vec::new(),
+                type_ids: Vec::new(),
+                labels: Vec::new(),
+            }
+        } else {
+            read(TextSplit::Test, settings.eval_examples)?.0
+        };
+        tasks.push(OracleTask { head, train, test });
     }
-    Ok((names, tasks))
+    if let Some(fewest) = short.iter().map(|s| s.1).min() {
+        let which: Vec<String> = short
+            .iter()
+            .map(|(name, n, file)| format!("'{name}' has {n} ('{}')", file.display()))
+            .collect();
+        return Err(EngineError::Param(format!(
+            "--examples {}: every task's full batch is its first {} train texts, but {}; give --examples {fewest} or fewer, or name other --tasks",
+            settings.examples,
+            settings.examples,
+            which.join(", ")
+        )));
+    }
+    Ok(tasks)
 }
 
 /// Every tensor of `p` (f32 or f64), flattened in name order, as f64 (exactly).
@@ -465,6 +426,16 @@ impl Descent<'_> {
     }
 }
 
+/// A run's divergence as the option to change: `lr` is the η of that run's row.
+fn diverged(e: EngineError, lr: f64, run: &str) -> EngineError {
+    match e {
+        EngineError::Diverged { step, loss, .. } => EngineError::Param(format!(
+            "--lr {lr}: gradient descent of the {run} run diverged at step {step} (loss {loss}); give smaller learning rates (on MiniLM the gap stays second order below about 2e-5)"
+        )),
+        e => e,
+    }
+}
+
 /// Runs the oracle on the text build in `dir` (see the module's documentation). Progress is
 /// reported per gradient step and per model scored; `cancel` stops it between steps.
 pub fn run_oracle(
@@ -476,9 +447,10 @@ pub fn run_oracle(
 ) -> Result<OracleReport> {
     settings.validate()?;
     let bench = open_text_build(dir)?;
+    let names = task_names(&bench, settings)?;
     let max_length = settings.max_length.unwrap_or(bench.manifest.recipe.max_length);
     let backbone = Backbone::load(&bench.dir.join("base"), max_length, device)?;
-    let (names, tasks) = load_tasks(&bench, settings, &backbone, device)?;
+    let tasks = load_tasks(&bench, &names, settings, &backbone, device)?;
     let mut lrs = settings.lrs.clone();
     lrs.sort_by(f64::total_cmp);
     lrs.dedup();
@@ -538,27 +510,31 @@ pub fn run_oracle(
         let all: Vec<usize> = (0..tasks.len()).collect();
         let stage = format!("η {lr}: multi-task");
         let mut mt = vec![Vec::new(); epochs.len()];
-        descent.run(&all, alpha * lr, &mut |k, theta| mt[k] = theta, &mut |l| {
-            done += 1;
-            report(&stage, done, Some(l));
-        })?;
+        descent
+            .run(&all, alpha * lr, &mut |k, theta| mt[k] = theta, &mut |l| {
+                done += 1;
+                report(&stage, done, Some(l));
+            })
+            .map_err(|e| diverged(e, lr, "multi-task"))?;
         // Σₜ τₜ per epoch count, in f64 (no rounding of its own in f32 runs).
         let mut sums = vec![vec![0f64; base.len()]; epochs.len()];
         for (t, name) in names.iter().enumerate() {
             let stage = format!("η {lr}: {name}");
-            descent.run(
-                &[t],
-                lr,
-                &mut |k, theta| {
-                    for ((s, x), b) in sums[k].iter_mut().zip(&theta).zip(&base) {
-                        *s += x - b;
-                    }
-                },
-                &mut |l| {
-                    done += 1;
-                    report(&stage, done, Some(l));
-                },
-            )?;
+            descent
+                .run(
+                    &[t],
+                    lr,
+                    &mut |k, theta| {
+                        for ((s, x), b) in sums[k].iter_mut().zip(&theta).zip(&base) {
+                            *s += x - b;
+                        }
+                    },
+                    &mut |l| {
+                        done += 1;
+                        report(&stage, done, Some(l));
+                    },
+                )
+                .map_err(|e| diverged(e, lr, &format!("'{name}'")))?;
         }
         train_seconds += clock.elapsed().as_secs_f64();
         for ((&e, sum), mt) in epochs.iter().zip(&sums).zip(&mt) {
@@ -625,27 +601,6 @@ mod tests {
         assert_eq!(log_log_slope(&pts[..1]), None);
         assert_eq!(log_log_slope(&[[1.0, 0.0], [2.0, 1.0]]), None, "zero gaps are left out");
         assert_eq!(log_log_slope(&[[1.0, 1.0], [1.0, 2.0]]), None);
-    }
-
-    #[test]
-    fn bad_settings_say_which_option_is_wrong() {
-        let ok = OracleSettings::default();
-        assert!(ok.validate().is_ok());
-        type Edit = fn(&mut OracleSettings);
-        let cases: [(Edit, &str); 6] = [
-            (|s| s.lrs = vec![0.01, 0.0], "--lr 0"),
-            (|s| s.lrs = vec![-1.0], "--lr -1"),
-            (|s| s.lrs = vec![f64::NAN], "--lr NaN"),
-            (|s| s.epochs = vec![1, 0], "--epochs 0"),
-            (|s| s.examples = 0, "--examples 0"),
-            (|s| s.max_length = Some(500), "--max-length 500"),
-        ];
-        for (edit, want) in cases {
-            let mut s = ok.clone();
-            edit(&mut s);
-            let e = s.validate().unwrap_err().to_string();
-            assert!(e.contains(want), "{want}: {e}");
-        }
     }
 
     #[test]

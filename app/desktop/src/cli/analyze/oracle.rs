@@ -7,7 +7,7 @@ use crate::cli::{cancel_on_ctrl_c, progress_bar};
 use clap::{Args, ValueEnum};
 use mergescope_engine::writer::write_atomic;
 use mergescope_lab::demo::BuildProgress;
-use mergescope_lab::text_bench::oracle::Precision;
+use mergescope_lab::text_bench::oracle::{OracleText, Precision};
 use mergescope_lab::text_bench::{OracleReport, OracleSettings, run_oracle};
 use mergescope_studies::analysis::views::oracle_figure;
 use std::path::PathBuf;
@@ -30,19 +30,19 @@ pub struct OracleArgs {
     #[arg(long, value_name = "A,B", value_delimiter = ',')]
     pub tasks: Vec<String>,
     /// Train texts per task (the first ones of its train split): the full batch of every
-    /// gradient step.
-    #[arg(long, value_name = "N", default_value_t = 32)]
-    pub examples: usize,
+    /// gradient step (default 32; no more than any task has).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub examples: Option<String>,
     /// Learning rates η of the task runs (comma-separated; default 2.5e-6,5e-6,1e-5,2e-5, where
     /// MiniLM's gap is still second order); the multi-task run steps αη.
-    #[arg(long, value_name = "η,η", value_delimiter = ',')]
-    pub lr: Vec<f64>,
+    #[arg(long, value_name = "η,η", allow_hyphen_values = true)]
+    pub lr: Vec<String>,
     /// Epoch counts E, one full-batch step each (comma-separated; default 1,2,4); the longest
     /// run gives the shorter ones on the way.
-    #[arg(long, value_name = "E,E", value_delimiter = ',')]
-    pub epochs: Vec<usize>,
+    #[arg(long, value_name = "E,E", allow_hyphen_values = true)]
+    pub epochs: Vec<String>,
     /// Task arithmetic's α: θ_TA = θ0 + α Σ τ_t, against multi-task steps of αη on Σ_t L_t.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub alpha: f64,
     /// Tokens kept per text (default: the build's).
     #[arg(long, value_name = "N")]
@@ -65,26 +65,36 @@ pub struct OracleArgs {
     pub quiet: bool,
 }
 
-pub fn run(a: &OracleArgs) -> anyhow::Result<()> {
-    let defaults = OracleSettings::default();
-    let settings = OracleSettings {
+/// The settings of the options, through the lab's one door (the window's oracle form goes
+/// through it too): `--examples`, `--lr` and `--epochs` as typed, the rest as parsed.
+fn settings(a: &OracleArgs) -> anyhow::Result<OracleSettings> {
+    let mut text = OracleText::default();
+    if let Some(n) = &a.examples {
+        text.examples = n.clone();
+    }
+    // Repeated options add to the list, as commas do.
+    if !a.lr.is_empty() {
+        text.lrs = a.lr.join(",");
+    }
+    if !a.epochs.is_empty() {
+        text.epochs = a.epochs.join(",");
+    }
+    text.precision = match a.precision {
+        PrecisionArg::F32 => Precision::F32,
+        PrecisionArg::F64 => Precision::F64,
+    };
+    let rest = OracleSettings {
         tasks: a.tasks.clone(),
-        examples: a.examples,
-        lrs: if a.lr.is_empty() { defaults.lrs } else { a.lr.clone() },
-        epochs: if a.epochs.is_empty() {
-            defaults.epochs
-        } else {
-            a.epochs.clone()
-        },
         alpha: a.alpha,
         max_length: a.max_length,
         eval_examples: a.eval_examples,
-        precision: match a.precision {
-            PrecisionArg::F32 => Precision::F32,
-            PrecisionArg::F64 => Precision::F64,
-        },
+        ..OracleSettings::default()
     };
-    settings.validate()?;
+    Ok(text.settings(rest)?)
+}
+
+pub fn run(a: &OracleArgs) -> anyhow::Result<()> {
+    let settings = settings(a)?;
     a.output.check_outputs()?;
     let device = open_device_named(&a.device)?;
     let bar = progress_bar(a.quiet);
