@@ -327,6 +327,13 @@ fn parent_dir(path: &Path) -> Result<()> {
     }
 }
 
+/// Writes one fine-tuning snapshot to `path` (atomically), creating its folder: the step both
+/// backends' `train` hand their fine-tuning loops.
+fn save_snapshot(path: &Path, params: &Params, meta: &BTreeMap<String, String>) -> Result<()> {
+    parent_dir(path)?;
+    save_params(path, params, meta)
+}
+
 /// The demo benchmark loaded: base, heads, the pool's task data.
 struct DemoBackend<'a> {
     spec: &'a SweepSpec,
@@ -392,13 +399,11 @@ impl Backend for DemoBackend<'_> {
         };
         let arch = bench.manifest.arch;
         let mut save = |k: usize, params: Params| -> Result<()> {
-            let path = models.join(expert_file(h, &data.name, k));
-            parent_dir(&path)?;
             let mut meta = mergescope_lab::demo::checkpoint_metadata(arch, spec.seed, "expert");
             meta.insert("mergescope.demo.task".to_owned(), data.name.clone());
             meta.insert("mergescope.train.data_ratio".to_owned(), h.data_ratio.to_string());
             meta.extend(train_metadata(&cfg, k, labels.len()));
-            save_params(&path, &params, &meta)
+            save_snapshot(&models.join(expert_file(h, &data.name, k)), &params, &meta)
         };
         fine_tune_with_snapshots(
             arch,
@@ -531,8 +536,6 @@ impl Backend for TextBackend<'_> {
         let steps = job.snapshots.last().copied().unwrap_or(h.steps);
         let recipe = self.recipe(h, steps);
         let mut save = |k: usize, params: Params| -> Result<()> {
-            let path = models.join(expert_file(h, &t.name, k));
-            parent_dir(&path)?;
             let meta: BTreeMap<String, String> = [
                 ("format", "pt".to_owned()),
                 ("mergescope.version", env!("CARGO_PKG_VERSION").to_owned()),
@@ -552,7 +555,7 @@ impl Backend for TextBackend<'_> {
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
             .collect();
-            save_params(&path, &params, &meta)
+            save_snapshot(&models.join(expert_file(h, &t.name, k)), &params, &meta)
         };
         fine_tune_snapshots(
             &self.backbone,
