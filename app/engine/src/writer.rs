@@ -355,6 +355,12 @@ impl OutputWriter {
         self.write(name, (elem_from * dtype.size()) as u64, &bytes)
     }
 
+    /// Whether any output file is written around the page cache (each write then waits for
+    /// the disk).
+    pub fn writes_direct(&self) -> bool {
+        self.direct.iter().any(Option::is_some)
+    }
+
     /// Stored dtype of an output tensor.
     pub fn dtype(&self, name: &str) -> Option<DType> {
         self.locations.get(name).map(|l| l.2)
