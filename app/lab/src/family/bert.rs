@@ -4,17 +4,25 @@
 //! state) and a per-task linear head; and what the whole bert family shares: tokenising
 //! ([`encode`]) and the heads ([`ClassifierHead`]). The family's other model types
 //! (`distilbert`, `roberta`, `xlm-roberta`) are read through [`super::encoder`].
+//!
+//! The network itself is `bert::net` (candle-transformers' `BertModel`, op for op), whose
+//! layers' linear maps take one parameter, [`Linears`]: as loaded, or frozen with LoRA's
+//! low-rank side paths (`bert::lowrank`), which the text benchmark's LoRA experts train through.
 
 use super::hf;
 use candle_core::{D, DType, Device, IndexOp, Tensor};
 use candle_nn::{Linear, Module};
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::bert::Config;
 use mergescope_engine::error::{EngineError, Result};
 use std::collections::HashMap;
 use std::path::Path;
 use tokenizers::{EncodeInput, Tokenizer};
 
 pub use super::head::{ClassifierHead, HEAD_BIAS, HEAD_WEIGHT};
+pub use lowrank::{Linears, SidePath};
+
+mod lowrank;
+mod net;
 
 /// Keys of a BERT `config.json` that transformers fills in when they are absent.
 fn config_defaults() -> Vec<(&'static str, serde_json::Value)> {
@@ -89,7 +97,7 @@ pub fn encode<'a>(
 
 /// A BERT encoder with its pooler, loaded from one checkpoint's weights.
 pub struct BertEncoder {
-    encoder: BertModel,
+    encoder: net::BertNet,
     pooler: Option<Linear>,
 }
 
@@ -97,6 +105,18 @@ impl BertEncoder {
     /// Builds the encoder of `config` from `weights` (names as transformers saves them, with or
     /// without the `bert.` prefix of the task models); `source` names the checkpoint in errors.
     pub fn load(config: &Config, weights: HashMap<String, Tensor>, device: &Device, source: &Path) -> Result<Self> {
+        Self::load_with(config, weights, &Linears::AsLoaded, device, source)
+    }
+
+    /// [`BertEncoder::load`] with the layers' linear maps computed as `linears` says (frozen,
+    /// with low-rank side paths, for LoRA training); the pooler is always as loaded.
+    pub fn load_with(
+        config: &Config,
+        weights: HashMap<String, Tensor>,
+        linears: &Linears,
+        device: &Device,
+        source: &Path,
+    ) -> Result<Self> {
         let prefix = if weights.contains_key("bert.embeddings.word_embeddings.weight") {
             "bert."
         } else {
@@ -110,7 +130,7 @@ impl BertEncoder {
             _ => None,
         };
         let vb = hf::var_builder(weights, device);
-        let encoder = BertModel::load(vb, config).map_err(|e| {
+        let encoder = net::BertNet::load(vb, config, linears).map_err(|e| {
             EngineError::invalid(format!(
                 "'{}' is not a BERT encoder of its config (hidden {}, {} layers): {e}",
                 source.display(),

@@ -2,8 +2,9 @@
 //! `DistilBertForSequenceClassification` does: encoder, first token's hidden state,
 //! `pre_classifier`, ReLU, `classifier` (the head is [`super::head::ClassifierHead`]).
 //!
-//! The encoder runs on candle-transformers' BERT network (`models::bert::BertModel`) with the
-//! DistilBERT tensors under BERT's names, not on `models::distilbert`: candle 0.11.1's
+//! The encoder runs on the BERT network ([`super::bert`], computed op for op as candle-transformers'
+//! `models::bert::BertModel`) with the DistilBERT tensors under BERT's names, not on
+//! `models::distilbert`: candle 0.11.1's
 //! DistilBERT applies `Tensor::gelu`, the tanh approximation, where transformers applies
 //! DistilBERT's `activation: "gelu"` as the exact (erf) GELU, which candle's BERT network does.
 //! A DistilBERT block is a BERT layer without token types or pooler (post-norm attention with

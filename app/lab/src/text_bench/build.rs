@@ -18,7 +18,7 @@
 use super::data::{TextSplit, TextTask, Tokenized};
 use super::lora::{FineTuning, LoraFactors};
 use crate::demo::{BuildProgress, kernel_path, open_build, save_params, write_manifest};
-use crate::family::bert::{self, BertEncoder, TokenBatch};
+use crate::family::bert::{self, BertEncoder, Linears, TokenBatch};
 use crate::family::hf;
 use crate::nn::{Params, cross_entropy};
 use crate::train::{BatchSize, Batcher, OptimConfig, Optimizer, to_vars};
@@ -219,8 +219,14 @@ impl Backbone {
 
     /// The encoder over `weights` (this backbone's tensors, or a variant of them).
     pub(crate) fn encoder(&self, weights: &Params, device: &Device) -> Result<BertEncoder> {
+        self.encoder_with(weights, &Linears::AsLoaded, device)
+    }
+
+    /// The encoder over `weights`, its layers' linear maps computed as `linears` says (LoRA's
+    /// frozen weights and side paths).
+    pub(crate) fn encoder_with(&self, weights: &Params, linears: &Linears, device: &Device) -> Result<BertEncoder> {
         let map: HashMap<String, Tensor> = weights.iter().map(|(k, t)| (k.clone(), t.clone())).collect();
-        BertEncoder::load(&self.config, map, device, &self.dir)
+        BertEncoder::load_with(&self.config, map, linears, device, &self.dir)
     }
 
     pub(crate) fn pad_id(&self) -> u32 {
@@ -372,8 +378,8 @@ fn fine_tune(job: &FineTuneJob<'_>, on_step: &mut dyn FnMut(f32)) -> Result<Expe
         FineTuning::Full => {
             let vars = to_vars(weights)?;
             let trainable = vars.iter().map(|(_, v)| v.clone()).collect();
-            let current = || Ok(crate::train::from_vars(&vars));
-            let final_loss = train_steps(job, trainable, &current, on_step)?;
+            let encoder = || job.backbone.encoder(&crate::train::from_vars(&vars), job.device);
+            let final_loss = train_steps(job, trainable, &encoder, on_step)?;
             Ok(Expert {
                 weights: crate::train::detached(&vars),
                 lora: None,
@@ -382,8 +388,9 @@ fn fine_tune(job: &FineTuneJob<'_>, on_step: &mut dyn FnMut(f32)) -> Result<Expe
         }
         FineTuning::Lora(l) => {
             let factors = LoraFactors::init(weights, l, job.recipe.seed, 0x10AA ^ job.stream, job.device)?;
-            let current = || factors.apply(weights);
-            let final_loss = train_steps(job, factors.vars(), &current, on_step)?;
+            let linears = factors.linears();
+            let encoder = || job.backbone.encoder_with(weights, &linears, job.device);
+            let final_loss = train_steps(job, factors.vars(), &encoder, on_step)?;
             Ok(Expert {
                 weights: factors.merged(weights)?,
                 lora: Some(factors),
@@ -393,12 +400,13 @@ fn fine_tune(job: &FineTuneJob<'_>, on_step: &mut dyn FnMut(f32)) -> Result<Expe
     }
 }
 
-/// The training loop: `recipe.expert_steps` AdamW steps on `trainable`, the model read from
-/// `current` at each step; returns the mean loss of the last 10 steps.
+/// The training loop: `recipe.expert_steps` AdamW steps on `trainable`, the encoder built by
+/// `encoder` at each step (over the variables, or the frozen backbone with LoRA's side paths);
+/// returns the mean loss of the last 10 steps.
 fn train_steps(
     job: &FineTuneJob<'_>,
     trainable: Vec<Var>,
-    current: &dyn Fn() -> Result<Params>,
+    encoder: &dyn Fn() -> Result<BertEncoder>,
     on_step: &mut dyn FnMut(f32),
 ) -> Result<f64> {
     let FineTuneJob {
@@ -419,8 +427,7 @@ fn train_steps(
         }
         opt.set_lr(recipe.lr_at(step));
         let idx = batcher.next_batch();
-        let encoder = backbone.encoder(&current()?, device)?;
-        let loss = batch_loss(backbone, &encoder, head, tok, &idx, device)?;
+        let loss = batch_loss(backbone, &encoder()?, head, tok, &idx, device)?;
         let value = loss.to_scalar::<f32>()?;
         if !value.is_finite() {
             return Err(EngineError::Diverged {
@@ -866,15 +873,16 @@ pub fn fine_tune_snapshots(
         FineTuning::Full => {
             let vars = to_vars(weights)?;
             let trainable = vars.iter().map(|(_, v)| v.clone()).collect();
-            let current = || Ok(crate::train::from_vars(&vars));
+            let encoder = || backbone.encoder(&crate::train::from_vars(&vars), device);
             let dense = || Ok(crate::train::detached(&vars));
-            train_steps(&job, trainable, &current, &mut |l| after(l, &dense))
+            train_steps(&job, trainable, &encoder, &mut |l| after(l, &dense))
         }
         FineTuning::Lora(l) => {
             let factors = LoraFactors::init(weights, l, recipe.seed, 0x10AA ^ stream, device)?;
-            let current = || factors.apply(weights);
+            let linears = factors.linears();
+            let encoder = || backbone.encoder_with(weights, &linears, device);
             let dense = || factors.merged(weights);
-            train_steps(&job, factors.vars(), &current, &mut |l| after(l, &dense))
+            train_steps(&job, factors.vars(), &encoder, &mut |l| after(l, &dense))
         }
     };
     saved?;

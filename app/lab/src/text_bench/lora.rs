@@ -2,7 +2,9 @@
 //! tensor, only a pair of low-rank factors per adapted weight is trained, A (`[r, in]`, drawn
 //! uniform in ±1/√in from the recipe's seed: PEFT's default `kaiming_uniform_(a=√5)`) and B
 //! (`[out, r]`, zero), the weight read as W + (alpha/r)·B·A (PEFT's scaling); every other
-//! tensor (embeddings, biases, layer norms, pooler) stays the backbone's. The expert is written
+//! tensor (embeddings, biases, layer norms, pooler) stays the backbone's. Training computes each
+//! adapted map as the usual side path, x·Wᵀ + (alpha/r)·((x·Aᵀ)·Bᵀ) + b with W frozen
+//! ([`LoraFactors::linears`]), so a step costs less than a full fine-tuning step. The expert is written
 //! as the merged dense model, so merges and evaluators read it as any other expert (its task
 //! vector is of rank ≤ r in each adapted weight and zero elsewhere), and beside it as a PEFT
 //! adapter (`adapters/<task>/`: `adapter_config.json`, `adapter_model.safetensors` with PEFT's
@@ -10,6 +12,7 @@
 //! engine reads as an expert over the base ([`mergescope_engine::merge::open_expert`]).
 
 use crate::demo::save_params;
+use crate::family::bert::{Linears, SidePath};
 use crate::nn::Params;
 use candle_core::{DType, Device, Tensor, Var};
 use mergescope_engine::error::{EngineError, Result};
@@ -199,32 +202,38 @@ impl LoraFactors {
         self.pairs.iter().flat_map(|p| [p.a.clone(), p.b.clone()]).collect()
     }
 
-    fn with_updates(&self, base: &Params, tracked: bool) -> Result<Params> {
+    /// How the encoder's layers compute with these factors during training: every layer's
+    /// weight frozen, and each adapted one read as x·Wᵀ + scale·((x·Aᵀ)·Bᵀ) + b, recording
+    /// operations back to A and B only (W + scale·B·A is never formed, nor W's gradient).
+    pub fn linears(&self) -> Linears {
+        let paths = self
+            .pairs
+            .iter()
+            .map(|p| {
+                let module = p.weight.strip_suffix(".weight").unwrap_or(&p.weight).to_owned();
+                let path = SidePath {
+                    a: p.a.as_tensor().clone(),
+                    b: p.b.as_tensor().clone(),
+                    scale: self.scale,
+                };
+                (module, path)
+            })
+            .collect();
+        Linears::Frozen(paths)
+    }
+
+    /// The merged dense model W + scale·B·A, detached from autograd (what the expert is).
+    pub fn merged(&self, base: &Params) -> Result<Params> {
         let mut out = base.clone();
         for p in &self.pairs {
             let w = base
                 .get(&p.weight)
                 .ok_or_else(|| EngineError::Bug(format!("the base lost '{}'", p.weight)))?;
-            let (a, b) = if tracked {
-                (p.a.as_tensor().clone(), p.b.as_tensor().clone())
-            } else {
-                (p.a.as_tensor().detach(), p.b.as_tensor().detach())
-            };
+            let (a, b) = (p.a.as_tensor().detach(), p.b.as_tensor().detach());
             let update = (b.matmul(&a)? * self.scale)?;
             out.insert(p.weight.clone(), (w + update)?);
         }
         Ok(out)
-    }
-
-    /// `base` with each adapted weight W read as W + scale·B·A, recording operations back to
-    /// the factors (for a loss).
-    pub fn apply(&self, base: &Params) -> Result<Params> {
-        self.with_updates(base, true)
-    }
-
-    /// The merged dense model W + scale·B·A, detached from autograd (what the expert is).
-    pub fn merged(&self, base: &Params) -> Result<Params> {
-        self.with_updates(base, false)
     }
 
     /// The factors by PEFT's names (`base_model.model.<module>.lora_A.weight`, `…lora_B.weight`).
@@ -383,6 +392,85 @@ mod tests {
         let names: Vec<String> = f.adapter_tensors().into_keys().collect();
         assert!(names.contains(&"base_model.model.encoder.layer.0.attention.self.query.lora_A.weight".to_owned()));
         assert!(names.contains(&"base_model.model.encoder.layer.1.output.dense.lora_B.weight".to_owned()));
+    }
+
+    /// The largest |x − y| over the largest |y|.
+    fn relative_gap(x: &Tensor, y: &Tensor) -> f32 {
+        let gap = crate::nn::max_abs_diff(x, y);
+        let scale = y.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        gap / scale
+    }
+
+    /// The side path computes the merged dense layer W + scale·B·A to f32 rounding, forward and
+    /// backward, and no layer matrix gets a gradient even when it could take one.
+    #[test]
+    fn the_side_path_is_the_merged_weight_and_only_the_factors_get_gradients() {
+        use crate::family::bert::TokenBatch;
+        use crate::text_bench::build::{Backbone, tests::tiny_backbone};
+        let tmp = tempfile::tempdir().unwrap();
+        let d = Device::Cpu;
+        let backbone = Backbone::load(&tiny_backbone(tmp.path()), 16, &d).unwrap();
+        let weights = &backbone.weights;
+        let factors = LoraFactors::init(weights, &LoraRecipe::new(2), 1, 2, &d).unwrap();
+        // B starts at zero; give it values so the side path counts.
+        let mut rng = mergescope_engine::rng::SplitMix64::new(9);
+        for p in &factors.pairs {
+            let v: Vec<f32> = (0..p.b.elem_count())
+                .map(|_| ((rng.uniform() * 2.0 - 1.0) * 0.2) as f32)
+                .collect();
+            p.b.set(&Tensor::from_vec(v, p.b.shape(), &d).unwrap()).unwrap();
+        }
+        let batch = TokenBatch {
+            ids: Tensor::new(&[[2u32, 9, 14, 30, 3], [2, 5, 17, 3, 0]], &d).unwrap(),
+            type_ids: Tensor::zeros((2, 5), DType::U32, &d).unwrap(),
+            mask: Tensor::new(&[[1u32, 1, 1, 1, 1], [1, 1, 1, 1, 0]], &d).unwrap(),
+        };
+        // Each hidden value weighed differently (the norms make a plain sum of squares constant).
+        let loss = |h: &Tensor| {
+            let n = h.elem_count() as u32;
+            let w = (Tensor::arange(0u32, n, &d).unwrap().to_dtype(DType::F32).unwrap() * 0.37)
+                .unwrap()
+                .cos()
+                .unwrap()
+                .reshape(h.shape())
+                .unwrap();
+            (h * w).unwrap().sum_all().unwrap()
+        };
+        // Every backbone tensor a variable, so a gradient that reached a layer matrix would show.
+        let vars = crate::train::to_vars(weights).unwrap();
+        let params = crate::train::from_vars(&vars);
+        let side = backbone.encoder_with(&params, &factors.linears(), &d).unwrap();
+        let got = side.hidden_states(&batch).unwrap();
+        let grads = loss(&got).backward().unwrap();
+        // The reference: the dense layer W + scale·B·A, formed with the factors tracked.
+        let mut dense = weights.clone();
+        for p in &factors.pairs {
+            let update = (p.b.as_tensor().matmul(p.a.as_tensor()).unwrap() * factors.scale).unwrap();
+            dense.insert(p.weight.clone(), (&weights[&p.weight] + update).unwrap());
+        }
+        let want = backbone.encoder(&dense, &d).unwrap().hidden_states(&batch).unwrap();
+        let want_grads = loss(&want).backward().unwrap();
+        let gap = relative_gap(&got, &want);
+        assert!(gap <= 1e-5, "forward: {gap}");
+        let merged = backbone.encoder(&factors.merged(weights).unwrap(), &d).unwrap();
+        assert!(relative_gap(&got, &merged.hidden_states(&batch).unwrap()) <= 1e-5);
+        for p in &factors.pairs {
+            for (name, f) in [("A", &p.a), ("B", &p.b)] {
+                let g = grads.get(f.as_tensor()).unwrap();
+                let w = want_grads.get(f.as_tensor()).unwrap();
+                assert!(w.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() > 0.0);
+                let gap = relative_gap(g, w);
+                assert!(gap <= 1e-5, "{name} of {}: {gap}", p.weight);
+            }
+        }
+        let mut matrices = 0;
+        for (name, v) in &vars {
+            if name.starts_with("encoder.layer.") && v.rank() == 2 {
+                matrices += 1;
+                assert!(grads.get(v.as_tensor()).is_none(), "{name} is frozen");
+            }
+        }
+        assert_eq!(matrices, 12);
     }
 
     #[test]
