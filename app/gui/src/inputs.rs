@@ -145,19 +145,25 @@ impl Inputs {
 
     /// Whether a merge can start: at least one expert and no problems anywhere.
     pub fn ready(&self) -> Result<()> {
-        if self.experts.is_empty() {
-            return Err(EngineError::invalid("add at least one expert checkpoint"));
-        }
-        let all = self.base.iter().chain(&self.experts);
-        if let Some(bad) = all.clone().find(|f| f.summary.is_err()) {
+        self.readable()?;
+        if let Some(bad) = self.base.iter().chain(&self.experts).find(|f| !f.problems.is_empty()) {
             return Err(EngineError::Invalid(format!(
-                "'{}' cannot be read; remove or replace it",
+                "'{}' does not match the other inputs; see its problems",
                 bad.label
             )));
         }
-        if let Some(bad) = all.clone().find(|f| !f.problems.is_empty()) {
+        Ok(())
+    }
+
+    /// Whether there is an expert and every input can be read (what a run needs before the
+    /// inputs' shapes are compared); the message says what to fix.
+    pub fn readable(&self) -> Result<()> {
+        if self.experts.is_empty() {
+            return Err(EngineError::invalid("add at least one expert checkpoint"));
+        }
+        if let Some(bad) = self.base.iter().chain(&self.experts).find(|f| f.summary.is_err()) {
             return Err(EngineError::Invalid(format!(
-                "'{}' does not match the other inputs; see its problems",
+                "'{}' cannot be read; remove or replace it",
                 bad.label
             )));
         }

@@ -109,6 +109,9 @@ pub struct RunRecord {
     /// Progress while running.
     #[serde(skip)]
     pub live: Option<Live>,
+    /// The layer slices the run merged (an opened recipe's; empty: whole models).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<mergescope_engine::slices::Slice>,
 }
 
 impl RunRecord {
@@ -380,6 +383,7 @@ mod tests {
             error: None,
             log: Vec::new(),
             live: None,
+            slices: Vec::new(),
         }
     }
 

@@ -45,8 +45,18 @@ fn a_recipe_with_tokenizer_settings_runs_from_the_window_as_the_cli_runs_it() {
     h.run_steps(3);
     let doc = &h.state().doc;
     assert_eq!(doc.method.as_deref(), Some("task-arithmetic"));
-    let settings = doc.recipe_tokenizer.as_ref().expect("the tokenizer settings are kept");
-    assert_eq!(settings.folder.tokenizer.as_ref().unwrap().pad_to_multiple_of, Some(8));
+    let settings = doc.recipe_settings.as_ref().expect("the tokenizer settings are kept");
+    assert_eq!(
+        settings
+            .folder
+            .as_ref()
+            .unwrap()
+            .tokenizer
+            .as_ref()
+            .unwrap()
+            .pad_to_multiple_of,
+        Some(8)
+    );
     assert!(
         doc.log.iter().any(|l| l.text.contains("tokenizer settings apply")),
         "{:?}",
@@ -127,7 +137,7 @@ fn a_recipe_with_tokenizer_settings_runs_from_the_window_as_the_cli_runs_it() {
     doc.inputs.add_expert(&twin, None);
     doc.inputs.recheck();
     doc.run().unwrap();
-    assert!(doc.recipe_tokenizer.is_none());
+    assert!(doc.recipe_settings.is_none());
     assert!(
         doc.log
             .iter()
@@ -152,15 +162,21 @@ fn a_recipe_with_tokenizer_settings_runs_from_the_window_as_the_cli_runs_it() {
     std::fs::write(&yml, yaml.replace("inputs/", &format!("{}/inputs/", tk.display()))).unwrap();
     doc.open_recipe(&yml);
     let settings = doc
-        .recipe_tokenizer
+        .recipe_settings
         .as_ref()
         .expect("the YAML's tokenizer settings are kept");
     assert_eq!(
-        settings.folder.tokenizer.as_ref().map(|t| &t.tokens),
+        settings.folder.as_ref().unwrap().tokenizer.as_ref().map(|t| &t.tokens),
         recipe.tokenizer_spec("").unwrap().as_ref().map(|t| &t.tokens)
     );
     assert_eq!(
-        settings.folder.source_recipe.as_ref().map(|(name, _)| name.as_str()),
+        settings
+            .folder
+            .as_ref()
+            .unwrap()
+            .source_recipe
+            .as_ref()
+            .map(|(name, _)| name.as_str()),
         Some("mergekit_config.yml")
     );
     doc.can_run().unwrap();

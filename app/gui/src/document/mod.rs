@@ -30,7 +30,7 @@ pub mod recipe;
 
 pub use benchmarks::{BuildKind, BuildState};
 pub use project::{PROJECT_FORMAT, PROJECT_VERSION, Project};
-pub use recipe::RecipeTokenizer;
+pub use recipe::RecipeSettings;
 
 /// How a session starts.
 #[derive(Clone, Debug, Default)]
@@ -91,7 +91,7 @@ pub struct Document {
     /// Output dtype of the next runs (an opened recipe's `dtype`); `None`: as the inputs.
     pub out_dtype: Option<OutDType>,
     /// An opened recipe's tokenizer settings, applied to the runs of its inputs.
-    pub recipe_tokenizer: Option<RecipeTokenizer>,
+    pub recipe_settings: Option<RecipeSettings>,
     /// All runs, oldest first.
     pub runs: Vec<RunRecord>,
     /// Demo build in progress.
@@ -149,7 +149,7 @@ impl Document {
             seed: 0,
             device: DeviceChoice::Cpu,
             out_dtype: None,
-            recipe_tokenizer: None,
+            recipe_settings: None,
             runs: Vec::new(),
             build: None,
             log: Vec::new(),
@@ -287,10 +287,12 @@ impl Document {
     /// Checks what a run needs; the message says what to fix.
     pub fn can_run(&self) -> Result<()> {
         self.plugin().ok_or_else(|| EngineError::invalid("choose a method"))?;
-        if self
-            .applied_recipe_tokenizer()
-            .is_some_and(|t| t.folder.tokenizer.is_some())
-        {
+        let applied = self.applied_recipe_settings();
+        if applied.is_some_and(|t| !t.slices.is_empty()) {
+            // The slices assemble each input from layer ranges of several models: the engine
+            // checks the assembled inputs when the run starts.
+            self.inputs.readable()?;
+        } else if applied.is_some_and(|t| t.folder.as_ref().is_some_and(|f| f.tokenizer.is_some())) {
             self.ready_with_aligned_vocabularies()?;
         } else {
             self.inputs.ready()?;
@@ -310,15 +312,23 @@ impl Document {
         self.next_run += 1;
         // An opened recipe's tokenizer settings: a Hugging Face folder, as `mergescope merge`
         // writes it from the recipe.
-        let folder = self.applied_recipe_tokenizer().map(|t| t.folder.clone());
-        if folder.is_none()
-            && let Some(t) = self.recipe_tokenizer.take()
+        let (folder, slices) = match self.applied_recipe_settings() {
+            Some(t) => (t.folder.clone(), t.slices.clone()),
+            None => (None, Vec::new()),
+        };
+        if self.applied_recipe_settings().is_none()
+            && let Some(t) = self.recipe_settings.take()
         {
             self.note(
                 Level::Warn,
                 format!(
-                    "run {id} and the next ones do not apply the tokenizer settings of the recipe '{}': its inputs \
-                     were changed; open the recipe again to apply them",
+                    "run {id} and the next ones do not apply the {} of the recipe '{}': its inputs were changed; \
+                     open the recipe again to apply them",
+                    if t.slices.is_empty() {
+                        "tokenizer settings"
+                    } else {
+                        "layer slices and tokenizer settings"
+                    },
                     t.recipe.display()
                 ),
             );
@@ -336,6 +346,7 @@ impl Document {
             .with_seed(self.seed);
         request.out_dtype = self.out_dtype;
         request.folder = folder;
+        request.slices = slices.clone();
         let job = self.jobs.submit(Job::Merge(Box::new(MergeJob {
             plugin: plugin.clone(),
             request,
@@ -364,6 +375,7 @@ impl Document {
             error: None,
             log: Vec::new(),
             live: None,
+            slices,
         });
         self.dirty = true;
         Ok(id)

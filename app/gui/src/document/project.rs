@@ -126,6 +126,7 @@ impl Document {
             shard_size: None,
             on_missing: MissingPolicy::Error,
             params: mergescope_engine::recipe::params_to_toml(&r.params),
+            slices: r.slices.clone(),
             ..mergescope_engine::recipe::Recipe::default()
         };
         let recipe_path = PathBuf::from(format!("{}.recipe.toml", dest.display()));

@@ -5,24 +5,29 @@ use super::{Document, Level};
 use mergescope_engine::compat::MissingPolicy;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::hf_folder::FolderOutput;
+use mergescope_engine::slices::Slice;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// The tokenizer settings of an opened recipe (its `[tokenizer]` table and `chat_template`, or a
-/// mergekit configuration's `tokenizer_source`, `tokenizer` and `chat_template`), which the
-/// method form cannot show: the runs of the recipe's inputs align the inputs' vocabularies and
-/// write a Hugging Face folder (weights, config, tokenizer, chat template), as `mergescope merge`
-/// does with the recipe.
+/// What an opened recipe says that the method form cannot show: its tokenizer settings (its
+/// `[tokenizer]` table and `chat_template`, or a mergekit configuration's `tokenizer_source`,
+/// `tokenizer` and `chat_template`: the runs align the inputs' vocabularies and write a Hugging
+/// Face folder with weights, config, tokenizer and chat template) and its layer slices (the
+/// runs build the model from them). They apply to the runs of the recipe's inputs, as
+/// `mergescope merge` applies them to the recipe.
 #[derive(Clone, Debug)]
-pub struct RecipeTokenizer {
+pub struct RecipeSettings {
     /// The recipe file.
     pub recipe: PathBuf,
     /// Its base: the settings apply while the inputs are the recipe's.
     pub base: Option<PathBuf>,
-    /// Its experts, in order.
+    /// Its experts, in order (with slices: the first slice's models).
     pub experts: Vec<PathBuf>,
-    /// The folder output of its runs, as the recipe's merge request has it.
-    pub folder: FolderOutput,
+    /// The folder output of its runs with tokenizer settings, as the recipe's merge request has
+    /// it; `None` when the recipe has none.
+    pub folder: Option<FolderOutput>,
+    /// Its layer slices (empty: the whole models are merged).
+    pub slices: Vec<Slice>,
 }
 
 impl Document {
@@ -55,14 +60,6 @@ impl Document {
             let request = r.to_request(false)?;
             (r, Vec::new(), request)
         };
-        if !recipe.slices.is_empty() {
-            return Err(EngineError::Invalid(format!(
-                "'{}' builds the model from layer slices, which the window does not show yet; run it with \
-                 `mergescope merge {} --out FOLDER`",
-                path.display(),
-                path.display()
-            )));
-        }
         if !self.registry.plugins.iter().any(|p| p.id() == recipe.method) {
             return Err(EngineError::Invalid(format!(
                 "the recipe's method '{}' is not loaded; load its plugin (File > Load plugin…) and open the recipe again",
@@ -84,17 +81,18 @@ impl Document {
         }
         self.seed = recipe.seed;
         self.out_dtype = recipe.dtype;
-        self.recipe_tokenizer = request
+        let folder = request
             .folder
-            .filter(|f| f.tokenizer.is_some() || f.chat_template.is_some())
-            .map(|folder| RecipeTokenizer {
-                recipe: path.to_path_buf(),
-                base: recipe.base.clone(),
-                experts: recipe.experts.clone(),
-                folder,
-            });
-        if let Some(t) = &self.recipe_tokenizer {
-            let what = match (&t.folder.tokenizer, &t.folder.chat_template) {
+            .filter(|f| f.tokenizer.is_some() || f.chat_template.is_some());
+        self.recipe_settings = (folder.is_some() || !request.slices.is_empty()).then(|| RecipeSettings {
+            recipe: path.to_path_buf(),
+            base: recipe.base.clone(),
+            experts: recipe.experts.clone(),
+            folder,
+            slices: request.slices.clone(),
+        });
+        if let Some(f) = self.recipe_settings.as_ref().and_then(|t| t.folder.as_ref()) {
+            let what = match (&f.tokenizer, &f.chat_template) {
                 (Some(spec), _) => format!(
                     "its vocabularies are aligned to the {} tokenizer{}",
                     match &spec.source {
@@ -102,7 +100,7 @@ impl Document {
                         mergescope_engine::tokenizer_union::Source::Base => "base's".to_owned(),
                         mergescope_engine::tokenizer_union::Source::Model(m) => format!("'{}'", m.display()),
                     },
-                    if t.folder.chat_template.is_some() {
+                    if f.chat_template.is_some() {
                         " and the chat template is set"
                     } else {
                         ""
@@ -118,6 +116,16 @@ impl Document {
                 ),
             );
         }
+        if !request.slices.is_empty() {
+            self.note(
+                Level::Info,
+                format!(
+                    "the recipe builds the model from {} layer slices: its runs from this window merge those slices \
+                     (the inputs listed are its first slice's models) while the inputs are the recipe's",
+                    request.slices.len()
+                ),
+            );
+        }
         if let Some(d) = recipe.dtype {
             self.note(
                 Level::Info,
@@ -130,9 +138,9 @@ impl Document {
         Ok(recipe.method)
     }
 
-    /// The opened recipe's tokenizer settings when the inputs are still the recipe's.
-    pub(super) fn applied_recipe_tokenizer(&self) -> Option<&RecipeTokenizer> {
-        let t = self.recipe_tokenizer.as_ref()?;
+    /// The opened recipe's settings when the inputs are still the recipe's.
+    pub(super) fn applied_recipe_settings(&self) -> Option<&RecipeSettings> {
+        let t = self.recipe_settings.as_ref()?;
         let base = self.inputs.base.as_ref().map(|b| &b.path);
         let experts = self.inputs.experts.iter().map(|e| &e.path);
         (base == t.base.as_ref() && experts.eq(t.experts.iter())).then_some(t)
