@@ -680,14 +680,15 @@ fn bad_modules_configs_name_the_key() {
             &["modules.text_decoder", "exactly one of models and slices"],
         ),
         (
-            "  text_decoder: {models: [{model: inputs/expert1}]}\n  vision_tower: {models: [{model: inputs/expert1}, \
-             {model: inputs/expert2}]}\n",
+            "  text_decoder: {models: [{model: inputs/expert1, parameters: {weight: 1}}]}\n  vision_tower: {models: \
+             [{model: inputs/expert1, parameters: {weight: 1}}, {model: inputs/expert2, parameters: {weight: 1}}]}\n",
             &["different numbers of models", "text_decoder", "vision_tower"],
         ),
         (
             "  text_decoder: {models: [{model: inputs/expert1}], parameters: {weight: [0, 1]}}\n  vision_tower: \
              {models: [{model: inputs/expert1}]}\n",
-            &["'task_weights' is set for some modules but not for vision_tower"],
+            // mergekit has no default weight: the module that lacks one is refused.
+            &["needs 'weight' for every model", "Missing required parameter weight"],
         ),
         (
             "  text_decoder: {slices: [{sources: [{model: inputs/base, layer_range: [0, 1]}, {model: \

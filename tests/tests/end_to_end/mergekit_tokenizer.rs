@@ -216,7 +216,7 @@ fn bad_tokenizer_settings_fail_naming_the_key_and_the_fix() {
     // A model without tokenizer.json: the main parity fixtures have none.
     let plain = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mergekit/merge.yml");
     let e = mergekit::convert(
-        "merge_method: linear\nmodels: [inputs/expert1, inputs/expert2]\ntokenizer_source: union\n",
+        "merge_method: linear\nparameters: {weight: 1.0}\nmodels: [inputs/expert1, inputs/expert2]\ntokenizer_source: union\n",
         &plain,
         &out,
     )
@@ -230,7 +230,7 @@ fn a_literal_chat_template_is_written_and_auto_takes_the_shared_one() {
     let dir = tempfile::tempdir().unwrap();
     let template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}";
     let yaml = format!(
-        "merge_method: linear\nmodels: [inputs/base, inputs/expert1]\ntokenizer_source: union\nchat_template: \"{}\"\n",
+        "merge_method: linear\nparameters: {{weight: 1.0}}\nmodels: [inputs/base, inputs/expert1]\ntokenizer_source: union\nchat_template: \"{}\"\n",
         template.replace('\n', "\\n").replace('"', "\\\"")
     );
     let out = dir.path().join("literal");
@@ -242,7 +242,7 @@ fn a_literal_chat_template_is_written_and_auto_takes_the_shared_one() {
     // A base tokenizer without a template, and only expert1 with one: auto takes expert1's.
     let out = dir.path().join("auto");
     run_yaml(
-        "merge_method: linear\nmodels: [inputs/base, inputs/expert1]\ntokenizer_source: base\nbase_model: inputs/base\nchat_template: auto\n",
+        "merge_method: linear\nparameters: {weight: 1.0}\nmodels: [inputs/base, inputs/expert1]\ntokenizer_source: base\nbase_model: inputs/base\nchat_template: auto\n",
         &out,
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -302,7 +302,7 @@ fn a_converted_recipe_keeps_the_tokenizer_settings_and_writes_the_same_files() {
     // base source with a token it lacks, padding and a literal template.
     cases.push((
         "linear_base_source".to_owned(),
-        "merge_method: linear\nbase_model: inputs/base\nmodels: [inputs/base, inputs/expert1, inputs/expert2]\n\
+        "merge_method: linear\nparameters: {weight: 1.0}\nbase_model: inputs/base\nmodels: [inputs/base, inputs/expert1, inputs/expert2]\n\
          tokenizer:\n  source: base\n  pad_to_multiple_of: 48\n  tokens:\n    '<|im_start|>': {source: inputs/expert1}\n\
          chat_template: \"{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}\"\n"
             .to_owned(),

@@ -212,15 +212,15 @@ fn bad_configs_name_the_key_and_the_fix() {
             &["exactly 1 model", "has 2"],
         ),
         (
-            "merge_method: linear\nmodels: [inputs/expert1, org/not-downloaded]\n",
+            "merge_method: linear\nparameters: {weight: 1.0}\nmodels: [inputs/expert1, org/not-downloaded]\n",
             &["org/not-downloaded", "huggingface-cli download"],
         ),
         (
-            "merge_method: linear\nmodels: [inputs/expert1]\ntokenizer_source: union\n",
+            "merge_method: linear\nparameters: {weight: 1.0}\nmodels: [inputs/expert1]\ntokenizer_source: union\n",
             &["union", "tokenizer.json", "save_pretrained"],
         ),
         (
-            "merge_method: linear\nmodels: [inputs/expert1]\nmodules: {default: {models: [inputs/expert1]}}\n",
+            "merge_method: linear\nparameters: {weight: 1.0}\nmodels: [inputs/expert1]\nmodules: {default: {models: [inputs/expert1]}}\n",
             &["'modules'", "exactly one"],
         ),
         ("merge_method: [ties\n", &["not valid YAML"]),

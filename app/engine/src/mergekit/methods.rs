@@ -534,6 +534,22 @@ impl Mapping {
                     .map(|e| e.params.get(p.mergekit).or_else(|| shared_params.get(p.mergekit)))
                     .collect();
                 if values.iter().all(Option::is_none) {
+                    // mergekit has no default for it (`ParameterSpec` without `default`): it
+                    // refuses the configuration ("Missing required parameter"), so do we.
+                    if let (None, None, Some(e)) = (p.default, p.implied, experts.first()) {
+                        return Err(invalid(
+                            file,
+                            format!(
+                                "mergekit's {} needs '{}' for every model and '{}' has none (mergekit refuses it: \
+                                 \"Missing required parameter {}\"); give it under each model's parameters or once \
+                                 under the top-level parameters",
+                                self.mergekit,
+                                p.mergekit,
+                                e.model.display(),
+                                p.mergekit
+                            ),
+                        ));
+                    }
                     None
                 } else {
                     let fallback = p.default.map(DefaultValue::json);
