@@ -315,22 +315,31 @@ impl OutputWriter {
 
     /// Writes encoded bytes of tensor `name` starting at element byte offset `byte_from`.
     pub fn write(&self, name: &str, byte_from: u64, bytes: &[u8]) -> Result<()> {
-        let (si, off, _) = self
-            .locations
-            .get(name)
-            .ok_or_else(|| EngineError::Bug(format!("tensor '{name}' is not in the output plan")))?;
-        if let Some(d) = self.direct.get(*si).and_then(Option::as_ref) {
+        let &(si, off, _) = self.location(name)?;
+        if let Some(d) = self.direct.get(si).and_then(Option::as_ref) {
             return d.write_with(off + byte_from, bytes.len(), |b| b.copy_from_slice(bytes));
         }
-        write_all_at(&self.files[*si], bytes, off + byte_from, &self.file_paths[*si])?;
+        self.write_buffered(si, off + byte_from, bytes)
+    }
+
+    /// Where tensor `name` goes: (shard index, byte offset of its data, dtype).
+    fn location(&self, name: &str) -> Result<&(usize, u64, DType)> {
+        self.locations
+            .get(name)
+            .ok_or_else(|| EngineError::Bug(format!("tensor '{name}' is not in the output plan")))
+    }
+
+    /// A positioned write through the page cache into shard `si`.
+    fn write_buffered(&self, si: usize, at: u64, bytes: &[u8]) -> Result<()> {
+        write_all_at(&self.files[si], bytes, at, &self.file_paths[si])?;
         // Every WRITEBACK_EVERY bytes the disk is asked to start writing what is dirty, so the
         // output goes to disk while the merge runs and the fsync before the rename waits only
         // for the last of it.
-        if let Some(unsynced) = self.unsynced.get(*si) {
+        if let Some(unsynced) = self.unsynced.get(si) {
             let before = unsynced.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             if before + bytes.len() as u64 >= WRITEBACK_EVERY && unsynced.swap(0, Ordering::Relaxed) >= WRITEBACK_EVERY
             {
-                start_writeback(&self.files[*si]);
+                start_writeback(&self.files[si]);
             }
         }
         Ok(())
@@ -340,19 +349,15 @@ impl OutputWriter {
     /// `elem_from`. Values beyond the dtype's range (e.g. over 65504 for F16) are refused rather
     /// than silently written as Inf.
     pub fn write_values(&self, name: &str, elem_from: usize, values: &[f32]) -> Result<()> {
-        let dtype = self
-            .dtype(name)
-            .ok_or_else(|| EngineError::Bug(format!("tensor '{name}' is not in the output plan")))?;
+        let &(si, off, dtype) = self.location(name)?;
         check_range(dtype, name, elem_from, values)?;
-        if let Some((si, off, _)) = self.locations.get(name)
-            && let Some(d) = self.direct.get(*si).and_then(Option::as_ref)
-        {
-            let at = off + (elem_from * dtype.size()) as u64;
+        let at = off + (elem_from * dtype.size()) as u64;
+        if let Some(d) = self.direct.get(si).and_then(Option::as_ref) {
             return d.write_with(at, values.len() * dtype.size(), |b| encode_f32_into(dtype, values, b));
         }
         let mut bytes = Vec::new();
         encode_f32(dtype, values, &mut bytes);
-        self.write(name, (elem_from * dtype.size()) as u64, &bytes)
+        self.write_buffered(si, at, &bytes)
     }
 
     /// Whether any output file is written around the page cache (each write then waits for
