@@ -711,6 +711,14 @@ pub(crate) struct GroupRun<'a> {
     opts: &'a ExecOptions,
     observer: Observer<'a>,
     cancel: &'a AtomicBool,
+    /// Where its counts sit in a larger whole: the elements done before it and the whole's
+    /// total ([`GroupRun::within`]).
+    span: Option<(u64, u64)>,
+}
+
+/// The elements of `items`, what progress counts.
+pub(crate) fn elements(items: &[PlanItem]) -> u64 {
+    items.iter().map(|i| i.shape.iter().product::<usize>() as u64).sum()
 }
 
 impl<'a> GroupRun<'a> {
@@ -730,24 +738,31 @@ impl<'a> GroupRun<'a> {
             opts,
             observer,
             cancel,
+            span: None,
+        }
+    }
+
+    /// This run as part of a larger whole of `total` elements, `done_before` of them done
+    /// before it: its progress is reported shifted by `done_before`, out of `total`.
+    pub(crate) fn within(self, done_before: u64, total: u64) -> Self {
+        GroupRun {
+            span: Some((done_before, total)),
+            ..self
         }
     }
 
     /// Runs every group's instance over its tensors, reporting progress over the whole merge
-    /// (each group's counts shifted by the elements of the groups before it).
+    /// (each group's counts shifted by the elements of the groups before it, and by those
+    /// before the run when it is [`GroupRun::within`] a larger whole).
     pub(crate) fn execute(&self, groups: &[InstanceGroup<'_>], source: &dyn Source, sink: &dyn Sink) -> Result<()> {
-        let elements = |items: &[PlanItem]| {
-            items
-                .iter()
-                .map(|i| i.shape.iter().product::<usize>() as u64)
-                .sum::<u64>()
-        };
-        let total: u64 = groups.iter().map(|g| elements(&g.items)).sum();
-        let mut done_before = 0u64;
+        let (start, total) = self
+            .span
+            .unwrap_or_else(|| (0, groups.iter().map(|g| elements(&g.items)).sum()));
+        let mut done_before = start;
         for group in groups {
             let offset = done_before;
             let progress = |p: &Progress| {
-                if groups.len() == 1 {
+                if groups.len() == 1 && self.span.is_none() {
                     (self.observer.progress)(p);
                 } else {
                     (self.observer.progress)(&Progress {

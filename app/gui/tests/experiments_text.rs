@@ -14,7 +14,7 @@
 
 mod common;
 
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use egui::accesskit::Role;
 use egui_kittest::Harness;
 use egui_kittest::kittest::{NodeT as _, Queryable as _, by};
@@ -22,10 +22,10 @@ use mergescope_gui::MergescopeApp;
 use mergescope_gui::analysis::{ORACLE_NEEDS_TEXT, ViewKind};
 use mergescope_gui::experiments::benchmark_id;
 use mergescope_gui::settings::Theme;
-use mergescope_lab::nn::Params;
+use mergescope_lab::text_bench::build_text;
 use mergescope_lab::text_bench::oracle::{OracleSettings, OracleText, Precision};
-use mergescope_lab::text_bench::{TextRecipe, build_text, builtin_tasks};
-use std::path::{Path, PathBuf};
+use mergescope_lab::text_bench::tiny::{tasks_named, tiny_backbone, tiny_recipe};
+use std::path::Path;
 
 /// Writes the files that make `dir` look like a text build (`suite.toml`, `base/config.json`).
 fn fake_text_build(dir: &Path) {
@@ -165,77 +165,6 @@ fn the_text_benchmark_is_chosen_in_the_experiments_window_and_says_how_to_build_
     assert_eq!(e.spec.benchmark, benchmark_id(open));
 }
 
-/// A bare BERT backbone as the text benchmark takes one, random and tiny (one layer of 16):
-/// `config.json`, a WordPiece `tokenizer.json` of single letters, `model.safetensors`.
-fn tiny_backbone(dir: &Path) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut vocab: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"].map(String::from).to_vec();
-    for c in 'a'..='z' {
-        vocab.push(c.to_string());
-        vocab.push(format!("##{c}"));
-    }
-    let ids: serde_json::Map<String, serde_json::Value> =
-        vocab.iter().enumerate().map(|(i, w)| (w.clone(), i.into())).collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
-                       "strip_accents": null, "lowercase": true},
-        "pre_tokenizer": {"type": "BertPreTokenizer"},
-        "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]},
-        "decoder": null,
-        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-                  "max_input_chars_per_word": 100, "vocab": ids},
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let (h, inter) = (16usize, 32usize);
-    let config = serde_json::json!({
-        "model_type": "bert", "vocab_size": vocab.len(), "hidden_size": h,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": inter,
-        "max_position_embeddings": 64, "type_vocab_size": 2, "pad_token_id": 0,
-    });
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let mut state = 42u64;
-    let mut p = Params::new();
-    let mut add = |name: String, shape: &[usize], fill: Option<f32>| {
-        let v: Vec<f32> = (0..shape.iter().product::<usize>())
-            .map(|_| {
-                fill.unwrap_or_else(|| {
-                    state = state
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.6
-                })
-            })
-            .collect();
-        p.insert(name, Tensor::from_vec(v, shape, &Device::Cpu).unwrap());
-    };
-    add("embeddings.word_embeddings.weight".into(), &[vocab.len(), h], None);
-    add("embeddings.position_embeddings.weight".into(), &[64, h], None);
-    add("embeddings.token_type_embeddings.weight".into(), &[2, h], None);
-    add("embeddings.LayerNorm.weight".into(), &[h], Some(1.0));
-    add("embeddings.LayerNorm.bias".into(), &[h], Some(0.0));
-    for (m, o, i) in [
-        ("attention.self.query", h, h),
-        ("attention.self.key", h, h),
-        ("attention.self.value", h, h),
-        ("attention.output.dense", h, h),
-        ("intermediate.dense", inter, h),
-        ("output.dense", h, inter),
-    ] {
-        add(format!("encoder.layer.0.{m}.weight"), &[o, i], None);
-        add(format!("encoder.layer.0.{m}.bias"), &[o], None);
-    }
-    for norm in ["attention.output.LayerNorm", "output.LayerNorm"] {
-        add(format!("encoder.layer.0.{norm}.weight"), &[h], Some(1.0));
-        add(format!("encoder.layer.0.{norm}.bias"), &[h], Some(0.0));
-    }
-    add("pooler.dense.weight".into(), &[h, h], None);
-    add("pooler.dense.bias".into(), &[h], None);
-    let meta = [("format".to_owned(), "pt".to_owned())].into_iter().collect();
-    mergescope_lab::demo::save_params(&dir.join("model.safetensors"), &p, &meta).unwrap();
-    dir.to_path_buf()
-}
-
 /// The text input labelled `name`, its whole value replaced by `text`.
 fn set_field(h: &mut Harness<'static, MergescopeApp>, name: &str, text: &str) {
     h.get(by().role(Role::TextInput).label(name))
@@ -253,16 +182,9 @@ fn the_oracle_form_takes_the_cli_options_is_locked_while_it_runs_and_draws_the_f
     // test of this binary points it elsewhere).
     let runs = tempfile::tempdir().unwrap();
     // A real text build of a tiny random BERT: two tasks, 8 train and test texts each.
-    let backbone = tiny_backbone(&runs.path().join("tiny-bert"));
-    let tasks: Vec<_> = builtin_tasks()
-        .unwrap()
-        .into_iter()
-        .filter(|t| ["word_sentiment", "name_gender"].contains(&t.name.as_str()))
-        .collect();
-    let mut recipe = TextRecipe::default_for(0);
-    (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 1);
-    (recipe.warmup_steps, recipe.batch_size) = (1, 4);
-    (recipe.max_train, recipe.max_eval) = (Some(8), Some(8));
+    let backbone = tiny_backbone(runs.path()).unwrap();
+    let tasks = tasks_named(&["word_sentiment", "name_gender"]).unwrap();
+    let recipe = tiny_recipe(4, 8, 8);
     let build = runs.path().join("tiny-text");
     let no = std::sync::atomic::AtomicBool::new(false);
     build_text(&backbone, &tasks, &recipe, &build, &Device::Cpu, &mut |_| {}, &no).unwrap();

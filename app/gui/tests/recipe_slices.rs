@@ -5,23 +5,11 @@
 
 mod common;
 
-use common::{app, harness};
+use common::{convert_recipe, merge_as_cli, open_recipe, same_tensors, wait_for_run};
 use egui_kittest::kittest::Queryable as _;
-use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::merge::{ExecOptions, Observer, merge_files};
 use mergescope_engine::recipe::Recipe;
 use mergescope_gui::runs::RunStatus;
-use mergescope_gui::settings::Theme;
 use std::path::Path;
-use std::time::{Duration, Instant};
-
-fn tensors(p: &Path) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let c = Checkpoint::open(p).unwrap();
-    c.tensors
-        .values()
-        .map(|t| (t.name.clone(), t.shape.clone(), c.read_f32(t).unwrap()))
-        .collect()
-}
 
 #[test]
 fn a_sliced_recipe_runs_from_the_window_as_the_cli_runs_it() {
@@ -32,15 +20,9 @@ fn a_sliced_recipe_runs_from_the_window_as_the_cli_runs_it() {
     let dir = tempfile::tempdir().unwrap();
     // TIES over a base, three experts on layers 0–3 and two on layers 3–6, parameters per slice.
     let yaml = std::fs::read_to_string(root.join("mergekit/ties_slices_3_then_2.yml")).unwrap();
-    let cli_out = dir.path().join("cli");
-    let converted = mergescope_engine::mergekit::convert(&yaml, &root.join("merge.yml"), &cli_out).unwrap();
-    let recipe_file = dir.path().join("recipe.toml");
-    std::fs::write(&recipe_file, converted.recipe.to_toml().unwrap()).unwrap();
+    let (recipe_file, cli_out) = convert_recipe(&yaml, &root.join("merge.yml"), dir.path()).unwrap();
 
-    let mut h = harness(app(&dir.path().join("runs"), Theme::Light));
-    h.run_steps(3);
-    h.state_mut().doc.open_recipe(&recipe_file);
-    h.run_steps(3);
+    let mut h = open_recipe(dir.path(), &recipe_file);
     let doc = &h.state().doc;
     let log: Vec<&String> = doc.log.iter().map(|l| &l.text).collect();
     assert_eq!(doc.method.as_deref(), Some("ties"), "{log:?}");
@@ -50,43 +32,16 @@ fn a_sliced_recipe_runs_from_the_window_as_the_cli_runs_it() {
     assert!(log.iter().any(|l| l.contains("2 layer slices")), "{log:?}");
     doc.can_run().unwrap();
     h.get_by_label("▶ Run merge").click();
-    let start = Instant::now();
-    while !matches!(
-        h.state().doc.runs.last().map(|r| r.status),
-        Some(RunStatus::Done | RunStatus::Failed)
-    ) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for the run"
-        );
-        h.step();
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let r = h.state().doc.runs[0].clone();
+    let r = wait_for_run(&mut h).unwrap();
     assert_eq!(r.status, RunStatus::Done, "{:?}", r.error);
 
     // The CLI's run of the same recipe file.
     let recipe = Recipe::load(&recipe_file).unwrap();
-    let plugin = h
-        .state()
-        .doc
-        .registry
-        .plugins
-        .iter()
-        .find(|p| p.id() == recipe.method)
-        .unwrap()
-        .clone();
-    let cancel = std::sync::atomic::AtomicBool::new(false);
     let request = recipe.to_request(false).unwrap();
     assert!(!request.slices.is_empty());
-    merge_files(&plugin, &request, &ExecOptions::default(), Observer::silent(), &cancel).unwrap();
-    let (ours, cli) = (tensors(&r.output), tensors(&cli_out));
-    assert_eq!(ours.len(), cli.len());
+    merge_as_cli(&h, &recipe.method, &request).unwrap();
+    let ours = same_tensors(&r.output, &cli_out).unwrap();
     assert!(ours.iter().any(|t| t.0.contains("layers.5.")), "six output layers");
-    for ((n, s, a), (m, t, b)) in ours.iter().zip(&cli) {
-        assert_eq!((n, s), (m, t));
-        assert!(a == b, "{n} differs from the CLI's");
-    }
 
     // Saved with its recipe: the recipe keeps the slices, so it replays the run.
     let dest = dir.path().join("saved.safetensors");

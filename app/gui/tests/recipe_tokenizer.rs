@@ -6,23 +6,12 @@
 
 mod common;
 
-use common::{app, harness};
+use common::{convert_recipe, merge_as_cli, open_recipe, same_tensors, step_until, wait_for_run};
 use egui_kittest::kittest::Queryable as _;
-use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::merge::{ExecOptions, Observer, merge_files};
 use mergescope_engine::recipe::Recipe;
 use mergescope_gui::runs::RunStatus;
-use mergescope_gui::settings::Theme;
 use std::path::Path;
-use std::time::{Duration, Instant};
-
-fn tensors(p: &Path) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let c = Checkpoint::open(p).unwrap();
-    c.tensors
-        .values()
-        .map(|t| (t.name.clone(), t.shape.clone(), c.read_f32(t).unwrap()))
-        .collect()
-}
+use std::time::Duration;
 
 #[test]
 fn a_recipe_with_tokenizer_settings_runs_from_the_window_as_the_cli_runs_it() {
@@ -34,15 +23,9 @@ fn a_recipe_with_tokenizer_settings_runs_from_the_window_as_the_cli_runs_it() {
     // `mergescope recipe convert` of the tokenizer-block configuration: union of three
     // vocabularies (64, 66 and 65 rows), per-token sources, padding to 8, `chat_template: auto`.
     let yaml = std::fs::read_to_string(tk.join("mergekit/task_arithmetic_tokenizer_block.yml")).unwrap();
-    let cli_out = dir.path().join("cli");
-    let converted = mergescope_engine::mergekit::convert(&yaml, &tk.join("merge.yml"), &cli_out).unwrap();
-    let recipe_file = dir.path().join("recipe.toml");
-    std::fs::write(&recipe_file, converted.recipe.to_toml().unwrap()).unwrap();
+    let (recipe_file, cli_out) = convert_recipe(&yaml, &tk.join("merge.yml"), dir.path()).unwrap();
 
-    let mut h = harness(app(&dir.path().join("runs"), Theme::Light));
-    h.run_steps(3);
-    h.state_mut().doc.open_recipe(&recipe_file);
-    h.run_steps(3);
+    let mut h = open_recipe(dir.path(), &recipe_file);
     let doc = &h.state().doc;
     assert_eq!(doc.method.as_deref(), Some("task-arithmetic"));
     let settings = doc.recipe_settings.as_ref().expect("the tokenizer settings are kept");
@@ -65,48 +48,14 @@ fn a_recipe_with_tokenizer_settings_runs_from_the_window_as_the_cli_runs_it() {
     // The inputs' vocabulary tensors differ in size; the merge aligns them, so the run is allowed.
     doc.can_run().unwrap();
     h.get_by_label("▶ Run merge").click();
-    let start = Instant::now();
-    while !matches!(
-        h.state().doc.runs.last().map(|r| r.status),
-        Some(RunStatus::Done | RunStatus::Failed)
-    ) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for the run"
-        );
-        h.step();
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let r = h.state().doc.runs[0].clone();
+    let r = wait_for_run(&mut h).unwrap();
     assert_eq!(r.status, RunStatus::Done, "{:?}", r.error);
     assert!(r.output.is_dir(), "a Hugging Face folder: {}", r.output.display());
 
     // The CLI's run of the same recipe file.
     let recipe = Recipe::load(&recipe_file).unwrap();
-    let plugin = h
-        .state()
-        .doc
-        .registry
-        .plugins
-        .iter()
-        .find(|p| p.id() == recipe.method)
-        .unwrap()
-        .clone();
-    let cancel = std::sync::atomic::AtomicBool::new(false);
-    merge_files(
-        &plugin,
-        &recipe.to_request(false).unwrap(),
-        &ExecOptions::default(),
-        Observer::silent(),
-        &cancel,
-    )
-    .unwrap();
-    let (ours, cli) = (tensors(&r.output), tensors(&cli_out));
-    assert_eq!(ours.len(), cli.len());
-    for ((n, s, a), (m, t, b)) in ours.iter().zip(&cli) {
-        assert_eq!((n, s), (m, t));
-        assert!(a == b, "{n} differs from the CLI's");
-    }
+    merge_as_cli(&h, &recipe.method, &recipe.to_request(false).unwrap()).unwrap();
+    let ours = same_tensors(&r.output, &cli_out).unwrap();
     assert_eq!(ours.iter().find(|t| t.0 == "lm_head.weight").unwrap().1, [72, 32]);
     for file in [
         "tokenizer.json",
@@ -146,15 +95,9 @@ fn a_recipe_with_tokenizer_settings_runs_from_the_window_as_the_cli_runs_it() {
         doc.log.iter().map(|l| &l.text).collect::<Vec<_>>()
     );
     assert_eq!(doc.runs[1].output.extension().unwrap(), "safetensors");
-    let start = Instant::now();
-    while h.state().doc.runs[1].status.is_active() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for the second run"
-        );
-        h.step();
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    step_until(&mut h, "the second run", Duration::from_secs(60), |a| {
+        a.doc.runs.get(1).is_some_and(|r| !r.status.is_active())
+    });
     let doc = &mut h.state_mut().doc;
 
     // The configuration itself opens with the same settings (and keeps itself in the folder).

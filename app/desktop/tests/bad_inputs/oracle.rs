@@ -7,91 +7,13 @@
 
 use super::refuses;
 use crate::common::*;
-use mergescope_engine::dtype::DType;
+use mergescope_lab::text_bench::tiny::tiny_backbone;
 use std::path::{Path, PathBuf};
-
-/// A bare BERT backbone as the text benchmark takes one (`config.json`, a WordPiece
-/// `tokenizer.json` of single letters, `model.safetensors` with its pooler), random and tiny.
-fn tiny_backbone(dir: &Path) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut vocab: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"].map(String::from).to_vec();
-    for c in 'a'..='z' {
-        vocab.push(c.to_string());
-        vocab.push(format!("##{c}"));
-    }
-    let ids: serde_json::Map<String, serde_json::Value> =
-        vocab.iter().enumerate().map(|(i, w)| (w.clone(), i.into())).collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
-                       "strip_accents": null, "lowercase": true},
-        "pre_tokenizer": {"type": "BertPreTokenizer"},
-        "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]},
-        "decoder": null,
-        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-                  "max_input_chars_per_word": 100, "vocab": ids},
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let (h, inter) = (16usize, 32usize);
-    let config = serde_json::json!({
-        "model_type": "bert", "vocab_size": vocab.len(), "hidden_size": h,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": inter,
-        "max_position_embeddings": 64, "type_vocab_size": 2, "pad_token_id": 0,
-    });
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let mut tensors: Vec<(String, Vec<usize>, Option<f32>)> = vec![
-        ("embeddings.word_embeddings.weight".into(), vec![vocab.len(), h], None),
-        ("embeddings.position_embeddings.weight".into(), vec![64, h], None),
-        ("embeddings.token_type_embeddings.weight".into(), vec![2, h], None),
-        ("embeddings.LayerNorm.weight".into(), vec![h], Some(1.0)),
-        ("embeddings.LayerNorm.bias".into(), vec![h], Some(0.0)),
-        ("pooler.dense.weight".into(), vec![h, h], None),
-        ("pooler.dense.bias".into(), vec![h], None),
-    ];
-    for (m, o, i) in [
-        ("attention.self.query", h, h),
-        ("attention.self.key", h, h),
-        ("attention.self.value", h, h),
-        ("attention.output.dense", h, h),
-        ("intermediate.dense", inter, h),
-        ("output.dense", h, inter),
-    ] {
-        tensors.push((format!("encoder.layer.0.{m}.weight"), vec![o, i], None));
-        tensors.push((format!("encoder.layer.0.{m}.bias"), vec![o], None));
-    }
-    for norm in ["attention.output.LayerNorm", "output.LayerNorm"] {
-        tensors.push((format!("encoder.layer.0.{norm}.weight"), vec![h], Some(1.0)));
-        tensors.push((format!("encoder.layer.0.{norm}.bias"), vec![h], Some(0.0)));
-    }
-    let mut state = 42u64;
-    let values: Vec<Vec<f32>> = tensors
-        .iter()
-        .map(|(_, shape, fill)| {
-            (0..shape.iter().product::<usize>())
-                .map(|_| {
-                    fill.unwrap_or_else(|| {
-                        state = state
-                            .wrapping_mul(6364136223846793005)
-                            .wrapping_add(1442695040888963407);
-                        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.6
-                    })
-                })
-                .collect()
-        })
-        .collect();
-    let specs: Vec<(&str, DType, &[usize], &[f32])> = tensors
-        .iter()
-        .zip(&values)
-        .map(|((n, s, _), v)| (n.as_str(), DType::F32, s.as_slice(), v.as_slice()))
-        .collect();
-    write_checkpoint(&dir.join("model.safetensors"), &specs, None);
-    dir.to_path_buf()
-}
 
 /// A text build of the tiny backbone in the test folder: two tasks, 16 train and 8 test texts
 /// each, 16 tokens, one expert step.
-fn tiny_text_build(env: &Env) -> PathBuf {
-    let backbone = tiny_backbone(&env.path("tiny-bert"));
+fn tiny_text_build(env: &Env) -> mergescope_engine::error::Result<PathBuf> {
+    let backbone = tiny_backbone(env.dir.path())?;
     let out = env.path("text");
     env.ok(&[
         "demo",
@@ -116,7 +38,7 @@ fn tiny_text_build(env: &Env) -> PathBuf {
         "16",
         "-q",
     ]);
-    out
+    Ok(out)
 }
 
 /// `analyze oracle --text-bench DIR` with `extra` options, which must be refused naming each
@@ -239,7 +161,7 @@ fn oracle_folders_that_are_not_text_builds_are_refused_by_name() {
 #[test]
 fn a_damaged_text_build_is_named_with_the_file_and_how_to_rebuild_it() {
     let env = Env::new();
-    let build = tiny_text_build(&env);
+    let build = tiny_text_build(&env).unwrap();
     let rebuild = "mergescope demo build --benchmark text";
     // Each case damages its own copy of the build.
     let copy = |name: &str, damage: &dyn Fn(&Path)| -> String {
@@ -309,7 +231,7 @@ fn a_damaged_text_build_is_named_with_the_file_and_how_to_rebuild_it() {
 #[test]
 fn oracle_tasks_and_batches_the_build_lacks_are_refused() {
     let env = Env::new();
-    let build = tiny_text_build(&env);
+    let build = tiny_text_build(&env).unwrap();
     let dir = s(&build);
     oracle(
         &env,

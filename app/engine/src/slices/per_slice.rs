@@ -7,12 +7,12 @@ use super::{Slice, align, check, open_slice_input};
 use crate::checkpoint::Checkpoint;
 use crate::compat;
 use crate::error::{EngineError, Result};
-use crate::executor::{ExecOptions, Observer, Progress};
+use crate::executor::{ExecOptions, Observer};
 use crate::layered::{self, layer_position};
 use crate::merge::{
     FileSink, FileSource, GroupRun, InstanceGroup, MergeReport, MergeRequest, Plan, check_output_path, create_instance,
-    file_desc, file_label, instance_groups, open_output, output_metadata, per_tensor, plan_outputs, recorded_params,
-    write_copies,
+    elements, file_desc, file_label, instance_groups, open_output, output_metadata, per_tensor, plan_outputs,
+    recorded_params, write_copies,
 };
 use crate::plugin::Plugin;
 use crate::plugin::instance::CallEnv;
@@ -181,37 +181,20 @@ pub(crate) fn merge_files(
     for part in &parts {
         write_copies(&writer, &part.inputs[0], &part.plan.copies)?;
     }
-    let elements = |p: &Part| {
-        p.plan
-            .items
-            .iter()
-            .map(|i| i.shape.iter().product::<usize>() as u64)
-            .sum::<u64>()
-    };
-    let total: u64 = parts.iter().map(elements).sum();
+    let total: u64 = parts.iter().map(|p| elements(&p.plan.items)).sum();
     let mut done_before = 0u64;
     for part in &parts {
-        let offset = done_before;
-        let progress = |p: &Progress| {
-            (observer.progress)(&Progress {
-                done: offset + p.done,
-                total,
-                ..p.clone()
-            });
-        };
-        let observer = Observer {
-            progress: &progress,
-            log: observer.log,
-        };
         let n_experts = part.inputs.len() - usize::from(has_base);
-        GroupRun::new(plugin, has_base, n_experts, opts, observer, cancel).execute(
-            &part.groups,
-            &FileSource {
-                models: part.inputs.iter().collect(),
-            },
-            &FileSink { writer: &writer },
-        )?;
-        done_before += elements(part);
+        GroupRun::new(plugin, has_base, n_experts, opts, observer, cancel)
+            .within(done_before, total)
+            .execute(
+                &part.groups,
+                &FileSource {
+                    models: part.inputs.iter().collect(),
+                },
+                &FileSink { writer: &writer },
+            )?;
+        done_before += elements(&part.plan.items);
     }
     let report = MergeReport {
         files: Vec::new(),

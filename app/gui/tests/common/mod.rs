@@ -1,16 +1,22 @@
 //! What the window's test files share: a small real benchmark (committed under
-//! `tests/fixtures/bench`, copied once per test binary), a window on it, and a kittest harness
-//! of the window's size.
+//! `tests/fixtures/bench`, copied once per test binary), a window on it, a kittest harness
+//! of the window's size, and what the recipe tests do (a converted recipe opened in the window,
+//! its run waited for and compared with the CLI's).
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use egui_kittest::Harness;
+use mergescope_engine::checkpoint::Checkpoint;
+use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer, merge_files};
+use mergescope_gui::runs::{RunRecord, RunStatus};
 use mergescope_gui::settings::{Settings, Theme};
 use mergescope_gui::{DocumentConfig, MergescopeApp};
 use mergescope_lab::demo::{Benchmark, BuildRecipe, build};
 use mergescope_lab::nn::Arch;
 use mergescope_lab::train::Budget;
+use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// The committed inputs of the window's tests (`tests/fixtures/README.md` says how they were
 /// made).
@@ -115,4 +121,101 @@ pub fn harness(app: MergescopeApp) -> Harness<'static, MergescopeApp> {
     Harness::builder()
         .with_size(egui::vec2(1360.0, 820.0))
         .build_ui_state(|ui, app: &mut MergescopeApp| app.show(ui), app)
+}
+
+/// What a helper of the recipe tests fails with.
+pub type TestResult<T> = Result<T, Box<dyn Error>>;
+
+/// A checkpoint's tensor: name, shape and values.
+pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
+
+/// The mergekit configuration `yaml` (its paths relative to `config`) converted into `dir` as
+/// `mergescope recipe convert` converts it: the recipe file, and the output it names.
+pub fn convert_recipe(yaml: &str, config: &Path, dir: &Path) -> TestResult<(PathBuf, PathBuf)> {
+    let out = dir.join("cli");
+    let converted = mergescope_engine::mergekit::convert(yaml, config, &out)?;
+    let recipe_file = dir.join("recipe.toml");
+    std::fs::write(&recipe_file, converted.recipe.to_toml()?)?;
+    Ok((recipe_file, out))
+}
+
+/// A window on the test benchmark, its runs in `dir/runs`, with `recipe_file` opened.
+pub fn open_recipe(dir: &Path, recipe_file: &Path) -> Harness<'static, MergescopeApp> {
+    let mut h = harness(app(&dir.join("runs"), Theme::Light));
+    h.run_steps(3);
+    h.state_mut().doc.open_recipe(recipe_file);
+    h.run_steps(3);
+    h
+}
+
+/// Steps the window until `done` holds; fails the test, naming `what`, after `limit`.
+pub fn step_until(
+    h: &mut Harness<'static, MergescopeApp>,
+    what: &str,
+    limit: Duration,
+    mut done: impl FnMut(&MergescopeApp) -> bool,
+) {
+    let start = Instant::now();
+    while !done(h.state()) {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        h.step();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits (at most a minute) for the window's last run to finish, done or failed, and returns it.
+pub fn wait_for_run(h: &mut Harness<'static, MergescopeApp>) -> Option<RunRecord> {
+    step_until(h, "the run", Duration::from_secs(60), |a| {
+        matches!(
+            a.doc.runs.last().map(|r| r.status),
+            Some(RunStatus::Done | RunStatus::Failed)
+        )
+    });
+    h.state().doc.runs.last().cloned()
+}
+
+/// Merges `request` with the window's plugin `method`, as `mergescope merge RECIPE.toml` does.
+pub fn merge_as_cli(
+    h: &Harness<'static, MergescopeApp>,
+    method: &str,
+    request: &MergeRequest,
+) -> TestResult<MergeReport> {
+    let plugin = h
+        .state()
+        .doc
+        .registry
+        .plugins
+        .iter()
+        .find(|p| p.id() == method)
+        .ok_or_else(|| format!("no plugin '{method}'"))?;
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    Ok(merge_files(
+        plugin,
+        request,
+        &ExecOptions::default(),
+        Observer::silent(),
+        &cancel,
+    )?)
+}
+
+/// Every tensor of the checkpoint `p` (a file or a folder): name, shape and values.
+pub fn tensors(p: &Path) -> TestResult<Vec<NamedTensor>> {
+    let c = Checkpoint::open(p)?;
+    let mut out = Vec::with_capacity(c.tensors.len());
+    for t in c.tensors.values() {
+        out.push((t.name.clone(), t.shape.clone(), c.read_f32(t)?));
+    }
+    Ok(out)
+}
+
+/// Checks that the checkpoints `ours` (the window's output) and `cli` hold the same tensors,
+/// bit for bit, and returns ours.
+pub fn same_tensors(ours: &Path, cli: &Path) -> TestResult<Vec<NamedTensor>> {
+    let (ours, cli) = (tensors(ours)?, tensors(cli)?);
+    assert_eq!(ours.len(), cli.len());
+    for ((n, s, a), (m, t, b)) in ours.iter().zip(&cli) {
+        assert_eq!((n, s), (m, t));
+        assert!(a == b, "{n} differs from the CLI's");
+    }
+    Ok(ours)
 }

@@ -893,16 +893,9 @@ pub fn fine_tune_snapshots(
 pub(crate) mod tests {
     use super::*;
     use crate::text_bench::data::builtin_tasks;
+    use crate::text_bench::tiny::{tasks_named, tiny_backbone};
 
     /// The built-in tasks named in `names`, in the built-in order.
-    fn builtin_tasks_named(names: &[&str]) -> Vec<TextTask> {
-        builtin_tasks()
-            .unwrap()
-            .into_iter()
-            .filter(|t| names.contains(&t.name.as_str()))
-            .collect()
-    }
-
     #[test]
     fn the_learning_rate_warms_up_then_decays_to_zero() {
         let mut r = TextRecipe::default_for(0);
@@ -943,75 +936,6 @@ pub(crate) mod tests {
         assert_eq!(v["models"]["experts"].as_array().unwrap().len(), 5);
     }
 
-    /// A tiny random BERT folder (2 layers, hidden 16, a letter-by-letter WordPiece
-    /// tokenizer) that the build reads as it reads all-MiniLM-L6-v2.
-    pub(crate) fn tiny_backbone(dir: &Path) -> PathBuf {
-        let dir = dir.join("tiny-bert");
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut vocab: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"].map(String::from).to_vec();
-        for c in 'a'..='z' {
-            vocab.push(c.to_string());
-            vocab.push(format!("##{c}"));
-        }
-        let ids: serde_json::Map<String, serde_json::Value> =
-            vocab.iter().enumerate().map(|(i, w)| (w.clone(), i.into())).collect();
-        let tokenizer = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-            "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
-                           "strip_accents": null, "lowercase": true},
-            "pre_tokenizer": {"type": "BertPreTokenizer"},
-            "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]},
-            "decoder": null,
-            "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-                      "max_input_chars_per_word": 100, "vocab": ids},
-        });
-        std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-        let (h, inter, layers) = (16usize, 32usize, 2usize);
-        let config = serde_json::json!({
-            "model_type": "bert", "vocab_size": vocab.len(), "hidden_size": h,
-            "num_hidden_layers": layers, "num_attention_heads": 2, "intermediate_size": inter,
-            "max_position_embeddings": 64, "type_vocab_size": 2, "pad_token_id": 0,
-        });
-        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-        let mut rng = mergescope_engine::rng::SplitMix64::new(42);
-        let d = Device::Cpu;
-        let mut p = Params::new();
-        let mut add = |name: String, shape: &[usize], fill: Option<f32>| {
-            let n: usize = shape.iter().product();
-            let v: Vec<f32> = (0..n)
-                .map(|_| fill.unwrap_or_else(|| ((rng.uniform() * 2.0 - 1.0) * 0.3) as f32))
-                .collect();
-            p.insert(name, Tensor::from_vec(v, shape, &d).unwrap());
-        };
-        add("embeddings.word_embeddings.weight".into(), &[vocab.len(), h], None);
-        add("embeddings.position_embeddings.weight".into(), &[64, h], None);
-        add("embeddings.token_type_embeddings.weight".into(), &[2, h], None);
-        add("embeddings.LayerNorm.weight".into(), &[h], Some(1.0));
-        add("embeddings.LayerNorm.bias".into(), &[h], Some(0.0));
-        for l in 0..layers {
-            for (m, o, i) in [
-                ("attention.self.query", h, h),
-                ("attention.self.key", h, h),
-                ("attention.self.value", h, h),
-                ("attention.output.dense", h, h),
-                ("intermediate.dense", inter, h),
-                ("output.dense", h, inter),
-            ] {
-                add(format!("encoder.layer.{l}.{m}.weight"), &[o, i], None);
-                add(format!("encoder.layer.{l}.{m}.bias"), &[o], None);
-            }
-            for norm in ["attention.output.LayerNorm", "output.LayerNorm"] {
-                add(format!("encoder.layer.{l}.{norm}.weight"), &[h], Some(1.0));
-                add(format!("encoder.layer.{l}.{norm}.bias"), &[h], Some(0.0));
-            }
-        }
-        add("pooler.dense.weight".into(), &[h, h], None);
-        add("pooler.dense.bias".into(), &[h], None);
-        let meta = [("format".to_owned(), "pt".to_owned())].into_iter().collect();
-        save_params(&dir.join("model.safetensors"), &p, &meta).unwrap();
-        dir
-    }
-
     fn values(t: &Tensor) -> Vec<f32> {
         t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
@@ -1027,7 +951,7 @@ pub(crate) mod tests {
     fn a_lora_step_trains_only_the_factors_and_the_expert_is_w_plus_scaled_ba() {
         let tmp = tempfile::tempdir().unwrap();
         let d = Device::Cpu;
-        let backbone = Backbone::load(&tiny_backbone(tmp.path()), 16, &d).unwrap();
+        let backbone = Backbone::load(&tiny_backbone(tmp.path()).unwrap(), 16, &d).unwrap();
         let before: Params = backbone
             .weights
             .iter()
@@ -1104,8 +1028,8 @@ pub(crate) mod tests {
     fn a_reduced_lora_build_writes_dense_experts_and_adapters_that_load_the_same() {
         use mergescope_engine::checkpoint::Checkpoint;
         let tmp = tempfile::tempdir().unwrap();
-        let backbone = tiny_backbone(tmp.path());
-        let tasks = builtin_tasks_named(&["word_sentiment", "name_gender"]);
+        let backbone = tiny_backbone(tmp.path()).unwrap();
+        let tasks = tasks_named(&["word_sentiment", "name_gender"]).unwrap();
         let mut recipe = TextRecipe::lora_for(0, 2);
         (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 4);
         (recipe.warmup_steps, recipe.batch_size) = (1, 8);
@@ -1239,8 +1163,8 @@ pub(crate) mod tests {
     fn fine_tuning_with_snapshots_remakes_the_builds_expert() {
         use mergescope_engine::checkpoint::Checkpoint;
         let tmp = tempfile::tempdir().unwrap();
-        let backbone_dir = tiny_backbone(tmp.path());
-        let tasks = builtin_tasks_named(&["name_gender", "word_sentiment"]);
+        let backbone_dir = tiny_backbone(tmp.path()).unwrap();
+        let tasks = tasks_named(&["name_gender", "word_sentiment"]).unwrap();
         let mut recipe = TextRecipe::default_for(3);
         (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 4);
         (recipe.warmup_steps, recipe.batch_size) = (1, 8);

@@ -406,10 +406,11 @@ mod tests {
     #[test]
     fn the_side_path_is_the_merged_weight_and_only_the_factors_get_gradients() {
         use crate::family::bert::TokenBatch;
-        use crate::text_bench::build::{Backbone, tests::tiny_backbone};
+        use crate::text_bench::build::Backbone;
+        use crate::text_bench::tiny::tiny_backbone;
         let tmp = tempfile::tempdir().unwrap();
         let d = Device::Cpu;
-        let backbone = Backbone::load(&tiny_backbone(tmp.path()), 16, &d).unwrap();
+        let backbone = Backbone::load(&tiny_backbone(tmp.path()).unwrap(), 16, &d).unwrap();
         let weights = &backbone.weights;
         let factors = LoraFactors::init(weights, &LoraRecipe::new(2), 1, 2, &d).unwrap();
         // B starts at zero; give it values so the side path counts.

@@ -9,6 +9,7 @@ pub mod build;
 pub mod data;
 pub mod lora;
 pub mod options;
+pub mod tiny;
 
 pub use build::{TextBenchmark, TextManifest, TextRecipe, build_text, text_demo_dir};
 pub use data::{TextSplit, TextTask, builtin_tasks};

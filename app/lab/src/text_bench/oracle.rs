@@ -591,8 +591,8 @@ pub fn run_oracle(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::text_bench::build::{TextRecipe, build_text, tests::tiny_backbone};
-    use crate::text_bench::data::builtin_tasks;
+    use crate::text_bench::build::build_text;
+    use crate::text_bench::tiny::{tasks_named, tiny_backbone, tiny_recipe};
 
     #[test]
     fn the_slope_is_the_exponent_of_a_power_law() {
@@ -606,16 +606,9 @@ mod tests {
     #[test]
     fn on_a_tiny_bert_one_epoch_is_exact_and_the_gap_after_two_is_second_order() {
         let tmp = tempfile::tempdir().unwrap();
-        let backbone = tiny_backbone(tmp.path());
-        let tasks: Vec<_> = builtin_tasks()
-            .unwrap()
-            .into_iter()
-            .filter(|t| ["word_sentiment", "name_gender"].contains(&t.name.as_str()))
-            .collect();
-        let mut recipe = TextRecipe::default_for(0);
-        (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 1);
-        (recipe.warmup_steps, recipe.batch_size) = (1, 8);
-        (recipe.max_train, recipe.max_eval) = (Some(16), Some(16));
+        let backbone = tiny_backbone(tmp.path()).unwrap();
+        let tasks = tasks_named(&["word_sentiment", "name_gender"]).unwrap();
+        let recipe = tiny_recipe(8, 16, 16);
         let dir = tmp.path().join("build");
         let d = Device::Cpu;
         let no = AtomicBool::new(false);
