@@ -318,7 +318,8 @@ typedef uint32_t ms_unary_op;
 /* ln(a) */
 #define MS_UNARY_LOG 6u
 
-/* Operation codes for ms_host_api_v1.reduce (whole tensor to one double). */
+/* Operation codes for ms_host_api_v1.reduce (whole tensor to one double). Sums are f64 with element i
+   in lane i mod 8, each lane in element order, the lanes added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). */
 typedef uint32_t ms_reduce_op;
 /* sum of a */
 #define MS_REDUCE_SUM 0u

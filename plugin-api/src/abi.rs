@@ -380,9 +380,10 @@ pub struct HostApiV1 {
         on_false: TensorHandle,
         out: *mut TensorHandle,
     ) -> Status,
-    /// Whole-tensor reduction (`REDUCE_*`) to one f64, accumulated in f64.
+    /// Whole-tensor reduction (`REDUCE_*`) to one f64, accumulated in f64; sums add element i to
+    /// lane i mod 8 and the eight lanes in a fixed tree (`sdk::sums`), the same bits everywhere.
     pub reduce: unsafe extern "C" fn(ctx: *mut c_void, op: ReduceOp, a: TensorHandle, out: *mut f64) -> Status,
-    /// Σ a·b over all elements, accumulated in f64.
+    /// Σ a·b over all elements, accumulated in f64 in the lane order of `reduce`.
     pub dot: unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, b: TensorHandle, out: *mut f64) -> Status,
     /// The k-th largest |a| (k is 1-based, k ≤ numel), by linear-time selection, not a sort.
     pub kth_largest_abs: unsafe extern "C" fn(ctx: *mut c_void, a: TensorHandle, k: usize, out: *mut f64) -> Status,

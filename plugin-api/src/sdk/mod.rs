@@ -9,6 +9,7 @@ mod host;
 mod params;
 mod simd;
 mod stats;
+pub mod sums;
 pub mod testing;
 
 pub use gram::gram_sums;

@@ -6,10 +6,11 @@
 //! Every value is computed with exactly the f32 operations, in exactly the order, of the chain of
 //! host operations it replaces (`sub`, `mul` by the host's 0/1 mask, `scale` = `affine(r·w, 0)`,
 //! `elect_sign`, `disjoint_merge` or the SDK's `weighted_disjoint_mean`, and `weighted_sum`), and
-//! the l1 norms are the f64 sums the host's `reduce(REDUCE_SUM_ABS)` makes, in its element order,
-//! so the merged bits are the same as before.
+//! the l1 norms are the f64 sums the host's `reduce(REDUCE_SUM_ABS)` makes, in its lane order,
+//! so the merged bits are the same as through the host operations.
 
 use mergescope_plugin_api::sdk::disjoint::{Aggregate, BLOCK, Plan, Scratch, merge_block};
+use mergescope_plugin_api::sdk::sums::{LaneSum, accumulate};
 
 mergescope_plugin_api::avx2_dispatch! {
     /// m_t ⊙ (θ_t − θ0) in place over `values` (θ_t in, the sparsified task vector out); `mask` is
@@ -26,76 +27,28 @@ mergescope_plugin_api::avx2_dispatch! {
     }
 }
 
-/// For each of the `G` experts of a group (θ_t in `values[g]`): adds Σ_j |τ_j| to `full[g]` and
-/// Σ_j |m_j·τ_j| to `kept[g]`, τ = θ_t − θ0, in f64, element after element in index order:
-/// exactly the sequential sums of the host's `reduce(REDUCE_SUM_ABS)` over τ and over m ⊙ τ,
-/// continued from where the previous call stopped. The experts' chains are independent, so
-/// running them side by side (2·G sums in flight) changes no bit of any of them; one chain alone
-/// is bound by the latency of an f64 addition. Works in blocks of `BLOCK` elements that stay in
-/// the L1 cache: τ and the f64 terms (|τ| and |m·τ| widened, which is exact) in vectorised loops,
-/// then the sequential loop only loads and adds. The inputs are only read (they may be the host's
-/// lent storage).
-fn l1_group<const G: usize>(values: &[&[f32]], base: &[f32], masks: &[&[f32]], full: &mut [f64], kept: &mut [f64]) {
-    let n = values
-        .iter()
-        .map(|s| s.len())
-        .chain(masks.iter().map(|s| s.len()))
-        .fold(base.len(), usize::min);
-    let mut f: [f64; G] = std::array::from_fn(|g| full.get(g).copied().unwrap_or(0.0));
-    let mut k: [f64; G] = std::array::from_fn(|g| kept.get(g).copied().unwrap_or(0.0));
-    let mut terms_full = vec![0f64; G * BLOCK];
-    let mut terms_kept = vec![0f64; G * BLOCK];
-    let mut tau = vec![0f32; BLOCK];
-    let mut from = 0;
-    while from < n {
-        let len = BLOCK.min(n - from);
-        let b = &base[from..from + len];
-        for ((v, m), (tf, tk)) in values
-            .iter()
-            .zip(masks)
-            .zip(terms_full.chunks_mut(BLOCK).zip(terms_kept.chunks_mut(BLOCK)))
-        {
-            let (v, m) = (&v[from..from + len], &m[from..from + len]);
-            let tau = &mut tau[..len];
-            tau.iter_mut().zip(v.iter().zip(b)).for_each(|(t, (v, b))| *t = v - b);
-            tf[..len]
-                .iter_mut()
-                .zip(&*tau)
-                .for_each(|(o, x)| *o = f64::from(*x).abs());
-            tk[..len]
-                .iter_mut()
-                .zip(tau.iter().zip(m))
-                .for_each(|(o, (x, m))| *o = f64::from(m * x).abs());
+mergescope_plugin_api::avx2_dispatch! {
+    /// For every expert t (θ_t in `values[t]`, its 0/1 mask in `masks[t]`): continues Σ_j |τ_j|
+    /// in `full[t]` and Σ_j |m_j·τ_j| in `kept[t]`, τ = θ_t − θ0 in f32, in f64 in the SDK's lane
+    /// order, the first element being element `at` of the tensor: exactly the host's
+    /// `reduce(REDUCE_SUM_ABS)` over the whole tensor's τ and m ⊙ τ, however the tensor is cut
+    /// into calls. The inputs are only read (they may be the host's lent storage).
+    pub(crate) fn l1_norms(
+        values: &[&[f32]],
+        base: &[f32],
+        masks: &[&[f32]],
+        full: &mut [LaneSum],
+        kept: &mut [LaneSum],
+        at: usize,
+    ) {
+        for (((v, m), f), k) in values.iter().zip(masks).zip(full).zip(kept) {
+            let mut sum = [*f];
+            accumulate(&mut sum, at, [v, base], |[x, b]| [f64::from(x - b).abs()]);
+            *f = sum[0];
+            let mut sum = [*k];
+            accumulate(&mut sum, at, [v, m, base], |[x, m, b]| [f64::from(m * (x - b)).abs()]);
+            *k = sum[0];
         }
-        let tf: [&[f64]; G] = std::array::from_fn(|g| &terms_full[g * BLOCK..g * BLOCK + len]);
-        let tk: [&[f64]; G] = std::array::from_fn(|g| &terms_kept[g * BLOCK..g * BLOCK + len]);
-        for j in 0..len {
-            for g in 0..G {
-                f[g] += tf[g][j];
-                k[g] += tk[g][j];
-            }
-        }
-        from += len;
-    }
-    full.iter_mut().zip(f).for_each(|(o, f)| *o = f);
-    kept.iter_mut().zip(k).for_each(|(o, k)| *o = k);
-}
-
-/// [`l1_group`] for any number of experts (θ_t in `values`, `masks` and the running sums `full`,
-/// `kept` of each expert, in expert order), in groups of up to four experts side by side.
-pub(crate) fn l1_norms(values: &[&[f32]], base: &[f32], masks: &[&[f32]], full: &mut [f64], kept: &mut [f64]) {
-    let mut t = 0;
-    while t < values.len() {
-        let g = (values.len() - t).min(4);
-        let (v, m) = (&values[t..t + g], &masks[t..(t + g).min(masks.len())]);
-        let (f, k) = (&mut full[t..t + g], &mut kept[t..t + g]);
-        match g {
-            1 => l1_group::<1>(v, base, m, f, k),
-            2 => l1_group::<2>(v, base, m, f, k),
-            3 => l1_group::<3>(v, base, m, f, k),
-            _ => l1_group::<4>(v, base, m, f, k),
-        }
-        t += g;
     }
 }
 
@@ -200,6 +153,7 @@ mergescope_plugin_api::avx2_dispatch! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mergescope_plugin_api::sdk::sums;
     use mergescope_plugin_api::sdk::testing::awkward_values as values;
 
     fn sgn_host(x: f32) -> f32 {
@@ -340,7 +294,7 @@ mod tests {
     }
 
     #[test]
-    fn l1_sums_are_the_sequential_sums_in_any_grouping() {
+    fn l1_sums_are_the_hosts_sums_in_any_grouping() {
         let n = 2 * BLOCK + 3;
         let base = values(n, 50);
         let thetas: Vec<Vec<f32>> = (0..6)
@@ -354,28 +308,27 @@ mod tests {
                     .collect()
             })
             .collect();
-        // The host: τ = θ − θ0, then Σ f64::from(x).abs() in element order over τ and over m·τ.
+        // The host: τ = θ − θ0, then its `reduce(REDUCE_SUM_ABS)` over τ and over m·τ.
         let taus: Vec<Vec<f32>> = thetas
             .iter()
             .map(|e| e.iter().zip(&base).map(|(e, b)| e - b).collect())
             .collect();
-        let want_full: Vec<f64> = taus
-            .iter()
-            .map(|t| t.iter().map(|x| f64::from(*x).abs()).sum())
-            .collect();
+        let want_full: Vec<f64> = taus.iter().map(|t| sums::sum_abs(t)).collect();
         let want_kept: Vec<f64> = taus
             .iter()
             .zip(&masks)
-            .map(|(t, m)| t.iter().zip(m).map(|(x, m)| f64::from(m * x).abs()).sum())
+            .map(|(t, m)| sums::sum_abs(&t.iter().zip(m).map(|(x, m)| m * x).collect::<Vec<f32>>()))
             .collect();
-        // Here: in two calls of uneven length, six experts (a group of four and one of two).
-        let (mut full, mut kept) = (vec![0f64; 6], vec![0f64; 6]);
-        for r in [0..1000, 1000..n] {
+        // Here: in calls of uneven lengths (starting mid-group of the eight lanes), six experts
+        // (a group of four and one of two).
+        let (mut full, mut kept) = (vec![LaneSum::default(); 6], vec![LaneSum::default(); 6]);
+        for r in [0..1000, 1000..1003, 1003..n] {
             let v: Vec<&[f32]> = thetas.iter().map(|v| &v[r.clone()]).collect();
             let m: Vec<&[f32]> = masks.iter().map(|v| &v[r.clone()]).collect();
-            l1_norms(&v, &base[r.clone()], &m, &mut full, &mut kept);
+            l1_norms(&v, &base[r.clone()], &m, &mut full, &mut kept, r.start);
         }
-        assert_eq!(full, want_full);
-        assert_eq!(kept, want_kept);
+        let totals = |s: &[LaneSum]| s.iter().map(LaneSum::total).collect::<Vec<f64>>();
+        assert_eq!(totals(&full), want_full);
+        assert_eq!(totals(&kept), want_kept);
     }
 }

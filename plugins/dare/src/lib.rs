@@ -12,9 +12,9 @@
 //! as the chain of host operations it replaced, so the merged bits did not change. The l1 rescale
 //! needs ‖τ_t‖₁ / ‖m_t ⊙ τ_t‖₁ over the whole tensor before any element can be combined: a
 //! statistics pass takes the two norms, and the merge pass is then elementwise like the others.
-//! The norms are the f64 sums of the host's `reduce` in element order (sequential sums, whose
-//! last bits depend on that order: summing chunks apart and adding the partials would change
-//! them), so the pass asks for ordered chunks (`CAP_ORDERED_STATISTICS`, ABI 1.4): the host hands
+//! The norms are the f64 sums of the host's `reduce` in its lane order (element i to lane i mod 8,
+//! each lane in element order; summing chunks apart and adding the partials would change the last
+//! bits), so the pass asks for ordered chunks (`CAP_ORDERED_STATISTICS`, ABI 1.4): the host hands
 //! each tensor's chunks over in index order and the running sums carry from one chunk to the
 //! next, for all experts side by side, with the masks drawn a block at a time. No statistics or
 //! merge call holds more than a chunk.
@@ -22,6 +22,7 @@
 use mergescope_plugin_api::abi::{
     CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_ORDERED_STATISTICS, CAP_THREAD_SAFE,
 };
+use mergescope_plugin_api::sdk::sums::LaneSum;
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
 };
@@ -120,7 +121,7 @@ pub struct Dare {
 struct L1Pass {
     /// Tensors whose chunks have not all come: elements summed so far, and per expert ‖τ_t‖₁
     /// and ‖m_t ⊙ τ_t‖₁ of those elements.
-    running: HashMap<String, (u64, Vec<f64>, Vec<f64>)>,
+    running: HashMap<String, (u64, Vec<LaneSum>, Vec<LaneSum>)>,
     /// Tensors done: r_t per expert.
     done: HashMap<String, Vec<f64>>,
 }
@@ -363,11 +364,13 @@ impl Dare {
                 pending.push((t, expert_seed(self.seed, tensor.name, t), 1.0 - p, host.view_f32(*e)?));
             }
         }
-        let (seen, mut full, mut kept) = self
-            .lock_l1()?
-            .running
-            .remove(tensor.name)
-            .unwrap_or_else(|| (0, vec![0.0; pending.len()], vec![0.0; pending.len()]));
+        let (seen, mut full, mut kept) = self.lock_l1()?.running.remove(tensor.name).unwrap_or_else(|| {
+            (
+                0,
+                vec![LaneSum::default(); pending.len()],
+                vec![LaneSum::default(); pending.len()],
+            )
+        });
         if seen != tensor.offset || full.len() != pending.len() {
             return Err(Error::Message(format!(
                 "tensor '{}': dare's l1 pass got the chunk at element {} after {seen} elements; it needs the chunks \
@@ -405,7 +408,8 @@ impl Dare {
             }
             let blocks: Vec<&[f32]> = pending.iter().map(|(.., v)| &v[from..from + len]).collect();
             let ms: Vec<&[f32]> = masks.iter().map(AsRef::as_ref).collect();
-            fused::l1_norms(&blocks, &b[from..from + len], &ms, &mut full, &mut kept);
+            let at = usize::try_from(tensor.offset).unwrap_or(usize::MAX) + from;
+            fused::l1_norms(&blocks, &b[from..from + len], &ms, &mut full, &mut kept, at);
             from += len;
         }
         if let Some((_, h)) = like.filter(|(_, h)| *h != base) {
@@ -421,7 +425,8 @@ impl Dare {
         let mut factors = vec![1.0; experts.len()];
         for ((t, ..), (full, kept)) in pending.iter().zip(full.iter().zip(&kept)) {
             if let Some(r) = factors.get_mut(*t) {
-                *r = if *full < 1e-7 || *kept < 1e-7 { 1.0 } else { full / kept };
+                let (full, kept) = (full.total(), kept.total());
+                *r = if full < 1e-7 || kept < 1e-7 { 1.0 } else { full / kept };
             }
         }
         l1.done.insert(tensor.name.to_owned(), factors);

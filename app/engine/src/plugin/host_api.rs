@@ -8,6 +8,7 @@ use crate::plugin::call::{
 use crate::plugin::host_ext::{self, linalg, random, sign_consensus};
 use candle_core::{DType, Tensor};
 use mergescope_plugin_api::abi::{self, HostApiV1, Status, Str, TensorHandle};
+use mergescope_plugin_api::sdk::sums;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
@@ -283,19 +284,21 @@ unsafe extern "C" fn h_select(
     })
 }
 
+/// A reduction of f32 values; sums are f64 in the one lane order of every sum
+/// ([`mergescope_plugin_api::sdk::sums`]), so a plugin's fused loop gives the same bits.
 fn reduce_values(op: abi::ReduceOp, v: &[f32]) -> HResult<f64> {
     let it = v.iter().map(|x| f64::from(*x));
     Ok(match op {
-        abi::REDUCE_SUM => it.sum(),
-        abi::REDUCE_SUM_SQUARES => it.map(|x| x * x).sum(),
-        abi::REDUCE_SUM_ABS => it.map(f64::abs).sum(),
+        abi::REDUCE_SUM => sums::sum(v),
+        abi::REDUCE_SUM_SQUARES => sums::sum_squares(v),
+        abi::REDUCE_SUM_ABS => sums::sum_abs(v),
         abi::REDUCE_MAX_ABS => it.map(f64::abs).fold(0.0, f64::max),
         abi::REDUCE_COUNT_NONZERO => v.iter().filter(|x| **x != 0.0).count() as f64,
         abi::REDUCE_MEAN => {
             if v.is_empty() {
                 0.0
             } else {
-                it.sum::<f64>() / v.len() as f64
+                sums::sum(v) / v.len() as f64
             }
         }
         abi::REDUCE_MIN => it.fold(f64::INFINITY, f64::min),
@@ -334,11 +337,10 @@ unsafe extern "C" fn h_dot(ctx: *mut c_void, a: TensorHandle, b: TensorHandle, o
                 b.elem_count()
             )));
         }
-        let dot = |x: &[f32], y: &[f32]| -> f64 { x.iter().zip(y).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum() };
-        // Read in place where both are f32 on the CPU (no copies); the same sequential sum either way.
-        let d = match with_cpu_slices(&[a, b], |s| dot(s[0], s[1])) {
+        // Read in place where both are f32 on the CPU (no copies); the same lane-order sum either way.
+        let d = match with_cpu_slices(&[a, b], |s| sums::dot(s[0], s[1])) {
             Some(d) => d,
-            None => dot(&to_f32_vec(a)?, &to_f32_vec(b)?),
+            None => sums::dot(&to_f32_vec(a)?, &to_f32_vec(b)?),
         };
         write_f64(out, d)
     })
