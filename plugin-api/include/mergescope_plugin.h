@@ -101,7 +101,7 @@ extern "C" {
 /* Major ABI version: a host only loads plugins of exactly this major. */
 #define MS_ABI_MAJOR 1u
 /* Minor ABI version: a host loads plugins whose minor is at most its own. */
-#define MS_ABI_MINOR 4u
+#define MS_ABI_MINOR 5u
 
 /* Name of the exported static ms_plugin_header. */
 #define MS_HEADER_SYMBOL "mergescope_plugin_header"
@@ -187,6 +187,12 @@ typedef uint32_t ms_plugin_kind;
 /* The method merges the base with exactly one expert (SLERP): the host refuses other counts
  * before creating an instance, and comparisons over several experts leave it out. */
 #define MS_CAP_ONE_EXPERT (UINT64_C(1) << 4)
+/* Capability bit (ABI 1.5), with MS_CAP_CHUNKED_STATISTICS and a finish_tensor: the statistics of
+ * a tensor serve only that tensor's merge. The host may then take one tensor at a time: its
+ * chunks through every statistics pass in order, finish_tensor after each pass, then its merge,
+ * while other tensors run likewise on other threads; finish_pass still follows once per pass,
+ * after every tensor. A tensor's inputs are then read while still in memory. */
+#define MS_CAP_TENSOR_STATISTICS (UINT64_C(1) << 6)
 
 /* Role of a tensor in the model, so methods can treat matrices and vectors differently. */
 typedef uint32_t ms_tensor_role;
@@ -771,6 +777,10 @@ typedef struct ms_plugin_api_v1 {
      * `out`. */
     ms_status (*run_model)(void *instance, const ms_host_api_v1 *host, const ms_session_api_v1 *session,
                            ms_tensor_handle *out, size_t n_out);
+    /* ABI 1.5, optional: called after statistics pass `pass` saw every chunk of the tensor `info`
+     * describes (its offset is 0), with MS_CAP_TENSOR_STATISTICS before that tensor's merge. */
+    ms_status (*finish_tensor)(void *instance, const ms_host_api_v1 *host, uint32_t pass,
+                               const ms_tensor_info *info);
 } ms_plugin_api_v1;
 
 /* Signature of the entry function exported as MS_ENTRY_SYMBOL_V1. Returns the plugin's static
@@ -785,6 +795,10 @@ typedef const ms_plugin_api_v1 *(*ms_entry_v1_fn)(void);
 /* Byte size of the v1.1 prefix of ms_plugin_api_v1 (through run_model): the smallest table of a
  * model-level plugin. */
 #define MS_PLUGIN_API_V1_1_MIN_SIZE (offsetof(ms_plugin_api_v1, run_model) + sizeof(void *))
+
+/* Byte size of the v1.5 prefix of ms_plugin_api_v1 (through finish_tensor): a host reads
+ * finish_tensor only from tables at least this long. */
+#define MS_PLUGIN_API_V1_5_MIN_SIZE (offsetof(ms_plugin_api_v1, finish_tensor) + sizeof(void *))
 
 /* Defines the exported header of a plugin built against this header (use once, at file scope):
  *     MS_DEFINE_PLUGIN_HEADER();

@@ -4,7 +4,9 @@
 //! threads as the [`HostParallelV1`] extension; minor 3 added the [`HostRandomV2`] extension,
 //! whose `bernoulli_mask_p` draws a mask with a keep probability per element; minor 4 added
 //! [`CAP_ORDERED_STATISTICS`], statistics passes that see each tensor's chunks in order, and the
-//! [`HostViewsV1`] extension, which lends a tensor's f32 values without a copy). Every type here
+//! [`HostViewsV1`] extension, which lends a tensor's f32 values without a copy; minor 5 added
+//! [`CAP_TENSOR_STATISTICS`] and `PluginApiV1::finish_tensor`, statistics that a tensor's merge
+//! may follow at once). Every type here
 //! is `#[repr(C)]` and mirrored one to one in `include/mergescope_plugin.h`; a test keeps the
 //! two in sync.
 //!
@@ -19,7 +21,7 @@ pub const MAGIC: [u8; 8] = *b"MRGSCOPE";
 /// Major ABI version: a host only loads plugins of exactly this major.
 pub const ABI_MAJOR: u32 = 1;
 /// Minor ABI version: a host loads plugins whose minor is at most its own.
-pub const ABI_MINOR: u32 = 4;
+pub const ABI_MINOR: u32 = 5;
 
 /// Name of the exported static [`PluginHeader`].
 pub const HEADER_SYMBOL: &str = "mergescope_plugin_header";
@@ -124,6 +126,13 @@ pub const CAP_ORDERED_STATISTICS: u64 = 1 << 5;
 /// refuses other counts before creating an instance and comparisons over several experts leave
 /// it out.
 pub const CAP_ONE_EXPERT: u64 = 1 << 4;
+/// Capability bit (ABI 1.5), with [`CAP_CHUNKED_STATISTICS`] and a `finish_tensor`: the
+/// statistics of a tensor serve only that tensor's merge. The host may then take one tensor at a
+/// time: its chunks through every statistics pass in order, `finish_tensor` after each pass,
+/// then its merge, while other tensors run likewise on other threads; `finish_pass` still
+/// follows once per pass, after every tensor. A tensor's inputs are then read while still in
+/// memory.
+pub const CAP_TENSOR_STATISTICS: u64 = 1 << 6;
 
 /// Role of a tensor in the model, so methods can treat matrices and vectors differently.
 pub type TensorRole = u32;
@@ -840,6 +849,16 @@ pub struct PluginApiV1 {
             n_out: usize,
         ) -> Status,
     >,
+    /// ABI 1.5, optional: called after statistics pass `pass` saw every chunk of the tensor `info`
+    /// describes (its offset is 0), with [`CAP_TENSOR_STATISTICS`] before that tensor's merge.
+    pub finish_tensor: Option<
+        unsafe extern "C" fn(
+            instance: *mut c_void,
+            host: *const HostApiV1,
+            pass: u32,
+            info: *const TensorInfo,
+        ) -> Status,
+    >,
 }
 
 /// Signature of the entry function exported as [`ENTRY_SYMBOL_V1`].
@@ -855,6 +874,11 @@ pub const PLUGIN_API_V1_MIN_SIZE: usize =
 /// model-level plugin.
 pub const PLUGIN_API_V1_1_MIN_SIZE: usize =
     core::mem::offset_of!(PluginApiV1, run_model) + core::mem::size_of::<usize>();
+
+/// Byte size of the v1.5 prefix of [`PluginApiV1`] (through `finish_tensor`): a host reads
+/// `finish_tensor` only from tables at least this long.
+pub const PLUGIN_API_V1_5_MIN_SIZE: usize =
+    core::mem::offset_of!(PluginApiV1, finish_tensor) + core::mem::size_of::<usize>();
 
 // SAFETY: the tables hold pointers to 'static data and functions only; they are immutable.
 unsafe impl Sync for PluginApiV1 {}

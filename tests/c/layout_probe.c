@@ -125,6 +125,7 @@ static const ms_plugin_api_v1 probe_plugin_api = {
     FN(uint64_t, (void *)),                                                                  /* instance_capabilities */
     FN(ms_status, (void *, const ms_host_api_v1 *, const ms_session_api_v1 *, ms_tensor_handle *,
                    size_t)),                                                                 /* run_model */
+    FN(ms_status, (void *, const ms_host_api_v1 *, uint32_t, const ms_tensor_info *)),       /* finish_tensor */
 };
 
 static const ms_eval_metrics probe_eval_metrics = {
@@ -316,6 +317,7 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_FIELD(ms_plugin_api_v1, get_extension),
     PROBE_FIELD(ms_plugin_api_v1, instance_capabilities),
     PROBE_FIELD(ms_plugin_api_v1, run_model),
+    PROBE_FIELD(ms_plugin_api_v1, finish_tensor),
 
     /* constants, in the order of abi.rs */
     PROBE_STR(MS_MAGIC),
@@ -337,6 +339,7 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_CONST(MS_CAP_CHUNKED_STATISTICS),
     PROBE_CONST(MS_CAP_ONE_EXPERT),
     PROBE_CONST(MS_CAP_ORDERED_STATISTICS),
+    PROBE_CONST(MS_CAP_TENSOR_STATISTICS),
     PROBE_CONST(MS_ROLE_MATRIX),
     PROBE_CONST(MS_ROLE_VECTOR),
     PROBE_CONST(MS_ROLE_NORM),
@@ -389,6 +392,7 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_CONST(MS_DISJOINT_MAX),
     PROBE_CONST(MS_PLUGIN_API_V1_MIN_SIZE),
     PROBE_CONST(MS_PLUGIN_API_V1_1_MIN_SIZE),
+    PROBE_CONST(MS_PLUGIN_API_V1_5_MIN_SIZE),
     PROBE_CONST(MS_OBJECTIVE_CROSS_ENTROPY),
     PROBE_CONST(MS_OBJECTIVE_ENTROPY),
     PROBE_CONST(MS_OPTIMIZER_SGD),

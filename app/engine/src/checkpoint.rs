@@ -833,6 +833,18 @@ impl Checkpoint {
         }))
     }
 
+    /// Keeps tensor `name`'s stored bytes mapped on this thread until the guard drops, where its
+    /// reads decode them from a map (bf16 and f16, without a low-rank update or a row map), so
+    /// reading it again neither maps nor faults again; `None` otherwise.
+    pub fn hold(&self, name: &str) -> Option<crate::mapped_read::HoldGuard> {
+        let t = self.tensors.get(name)?;
+        if t.dtype == DType::F32 || self.deltas.contains_key(name) || self.row_maps.contains_key(name) {
+            return None;
+        }
+        let shard = &self.files[t.file];
+        crate::mapped_read::hold(&shard.file, t.start, usize::try_from(t.len).ok()?)
+    }
+
     /// Raw bytes of a tensor, as stored (with its low-rank update, if it has one, encoded in
     /// its dtype).
     pub fn raw_bytes(&self, t: &TensorEntry) -> Result<Vec<u8>> {

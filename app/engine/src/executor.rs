@@ -24,6 +24,10 @@ pub struct ExecOptions {
     /// Memory the workers' in-flight tensors may use, in bytes (a tensor larger than the
     /// budget still runs, alone).
     pub memory_budget_bytes: u64,
+    /// Runs every statistics pass over the whole model before the merge pass even where the
+    /// plugin lets the host take the tensors one at a time (`CAP_TENSOR_STATISTICS`): the same
+    /// bits, more reading; for comparing the two.
+    pub pass_by_pass: bool,
 }
 
 /// The default chunk: 2¹⁸ elements, 1 MiB per input in f32, so that a chunk's inputs, its
@@ -39,6 +43,7 @@ impl Default for ExecOptions {
             chunk_elems: DEFAULT_CHUNK_ELEMS,
             threads: 0,
             memory_budget_bytes: 2 << 30,
+            pass_by_pass: false,
         }
     }
 }
@@ -109,6 +114,13 @@ pub trait Source: Sync {
     /// How input `model` is named in messages (its file, for a file source).
     fn describe(&self, model: usize) -> String {
         format!("input {model}")
+    }
+    /// Runs `work`, which reads tensor `name` of every input several times over on this
+    /// thread, with that tensor kept at hand where the source can (a file source keeps it
+    /// mapped, so later reads neither map nor fault again); by default just runs it.
+    fn hold(&self, name: &str, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let _ = name;
+        work()
     }
 }
 
@@ -233,12 +245,54 @@ impl Run<'_> {
         }
     }
 
-    /// Runs the statistics passes, then the merge pass.
+    /// Runs the statistics passes, then the merge pass; or, for statistics per tensor
+    /// ([`Instance::tensor_statistics`]), both for one tensor after another.
     pub fn execute(&self) -> Result<()> {
+        let thread_safe = self.instance.capabilities & abi::CAP_THREAD_SAFE != 0;
+        if self.instance.tensor_statistics() && thread_safe && !self.opts.pass_by_pass {
+            return self.tensor_by_tensor();
+        }
         for pass in 0..self.instance.passes {
             self.statistics_pass(pass)?;
         }
         self.merge_pass()
+    }
+
+    /// Statistics and merge tensor by tensor: a worker takes a whole tensor and, with its inputs
+    /// held by the source, hands its chunks in order to every statistics pass, calls
+    /// `finish_tensor` after each, then merges the chunks; so each tensor's inputs are read
+    /// while they are still mapped, not once per pass over the whole model. The largest tensors
+    /// go first, so that the workers end together. `finish_pass` follows for every pass.
+    fn tensor_by_tensor(&self) -> Result<()> {
+        let mut tensors = self.units(false);
+        tensors.sort_by_key(|u| std::cmp::Reverse(u.len));
+        self.run_units(&tensors, Phase::Merge, true, self.opts.chunk_elems, |whole| {
+            let item = &self.items[whole.item];
+            let chunks = self.chunks_of(whole.item, true);
+            self.source.hold(&item.name, &mut || {
+                for pass in 0..self.instance.passes {
+                    for unit in &chunks {
+                        if self.cancel.load(Ordering::Relaxed) {
+                            return Err(EngineError::Cancelled);
+                        }
+                        self.prepare_unit(pass, unit)?;
+                    }
+                    self.instance
+                        .finish_tensor(self.env(), pass, &self.call(whole.item, item, 0))?;
+                }
+                for unit in &chunks {
+                    if self.cancel.load(Ordering::Relaxed) {
+                        return Err(EngineError::Cancelled);
+                    }
+                    self.run_unit(unit, None)?;
+                }
+                Ok(())
+            })
+        })?;
+        for pass in 0..self.instance.passes {
+            self.instance.finish_pass(self.env(), pass)?;
+        }
+        Ok(())
     }
 
     /// One statistics pass: every tensor to `prepare_tensor`, whole (or in chunks when the
@@ -252,13 +306,7 @@ impl Run<'_> {
         let chunked = caps & abi::CAP_CHUNKED_STATISTICS != 0;
         let ordered = chunked && caps & abi::CAP_ORDERED_STATISTICS != 0;
         let parallel = caps & abi::CAP_THREAD_SAFE != 0;
-        let prepare = |unit: &Unit| -> Result<()> {
-            let item = &self.items[unit.item];
-            let shape = unit.shape(item);
-            let (base, experts) = self.load(item, unit.from, unit.len, &shape)?;
-            self.instance
-                .prepare_tensor(self.env(), pass, &self.call(unit.item, item, unit.from), base, experts)
-        };
+        let prepare = |unit: &Unit| self.prepare_unit(pass, unit);
         if ordered {
             let tensors = self.units(false);
             self.run_units(
@@ -281,6 +329,14 @@ impl Run<'_> {
             self.run_units(&units, Phase::Statistics(pass), parallel, usize::MAX, prepare)?;
         }
         self.instance.finish_pass(self.env(), pass)
+    }
+
+    /// Statistics pass `pass` over one unit.
+    fn prepare_unit(&self, pass: u32, unit: &Unit) -> Result<()> {
+        let item = &self.items[unit.item];
+        let (base, experts) = self.load(item, unit.from, unit.len, &unit.shape(item))?;
+        self.instance
+            .prepare_tensor(self.env(), pass, &self.call(unit.item, item, unit.from), base, experts)
     }
 
     /// Work units: whole tensors, or chunks of at most `chunk_elems` when `chunked`.

@@ -12,13 +12,76 @@
 //! current size before mapping and reports a shrunk input as an error; what is left is a file
 //! cut shorter during the microseconds a range is decoded.
 
+//!
+//! A caller that reads the same range several times over (a tensor's statistics passes, then
+//! its merge) holds it with [`hold`]: the range stays mapped, on this thread, until the returned
+//! guard drops, and [`with_mapped`] reads within it from that map.
+
 use std::fs::File;
 
-/// Calls `f` on bytes `[at, at + len)` of `file` through a memory map, or returns `None` where
-/// mapping is not available (another platform, a zero length, or the kernel refused), for the
-/// caller to read by position instead.
+/// A range of a file mapped by [`hold`] on this thread.
 #[cfg(unix)]
-pub fn with_mapped<R>(file: &File, at: u64, len: usize, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+struct Held {
+    fd: std::os::fd::RawFd,
+    at: u64,
+    /// The held bytes: `len` of them from `data`, inside `map`.
+    data: *const u8,
+    len: usize,
+    map: (*mut libc::c_void, usize),
+}
+
+#[cfg(unix)]
+thread_local! {
+    static HELD: std::cell::RefCell<Vec<Held>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Keeps bytes `[at, at + len)` of `file` mapped on this thread until the guard drops (reads
+/// within it then use this map); `None` where mapping is not available.
+#[cfg(unix)]
+pub fn hold(file: &File, at: u64, len: usize) -> Option<HoldGuard> {
+    use std::os::fd::AsRawFd as _;
+    let (ptr, map_len, lead) = map(file, at, len)?;
+    let fd = file.as_raw_fd();
+    HELD.with(|h| {
+        h.borrow_mut().push(Held {
+            fd,
+            at,
+            // SAFETY: `lead` < `map_len`: inside the mapping.
+            data: unsafe { ptr.cast::<u8>().add(lead) },
+            len,
+            map: (ptr, map_len),
+        });
+    });
+    Some(HoldGuard { fd, at })
+}
+
+/// Unmaps a range held by [`hold`] when dropped.
+#[cfg(unix)]
+pub struct HoldGuard {
+    fd: std::os::fd::RawFd,
+    at: u64,
+}
+
+#[cfg(unix)]
+impl Drop for HoldGuard {
+    fn drop(&mut self) {
+        let held = HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            let i = h.iter().rposition(|x| x.fd == self.fd && x.at == self.at)?;
+            Some(h.swap_remove(i))
+        });
+        if let Some(held) = held {
+            // SAFETY: exactly the mapping `hold` made; its entry is gone, so no read uses it.
+            unsafe {
+                libc::munmap(held.map.0, held.map.1);
+            }
+        }
+    }
+}
+
+/// Maps bytes `[at, at + len)` of `file` read-only: (mapping, its length, offset of `at` in it).
+#[cfg(unix)]
+fn map(file: &File, at: u64, len: usize) -> Option<(*mut libc::c_void, usize, usize)> {
     use std::os::fd::AsRawFd as _;
     if len == 0 || !maps_enabled() {
         return None;
@@ -44,6 +107,30 @@ pub fn with_mapped<R>(file: &File, at: u64, len: usize, f: impl FnOnce(&[u8]) ->
     if ptr == libc::MAP_FAILED {
         return None;
     }
+    Some((ptr, map_len, lead))
+}
+
+/// Calls `f` on bytes `[at, at + len)` of `file` through a memory map (the held one where
+/// [`hold`] covers the range on this thread), or returns `None` where mapping is not available
+/// (another platform, a zero length, or the kernel refused), for the caller to read by
+/// position instead.
+#[cfg(unix)]
+pub fn with_mapped<R>(file: &File, at: u64, len: usize, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    use std::os::fd::AsRawFd as _;
+    let fd = file.as_raw_fd();
+    let held = HELD.with(|h| {
+        h.borrow().iter().find_map(|x| {
+            let from = usize::try_from(at.checked_sub(x.at)?).ok()?;
+            // SAFETY: `from` + `len` ≤ the held length: inside the mapping.
+            (x.fd == fd && len > 0 && from.checked_add(len)? <= x.len).then(|| unsafe { x.data.add(from) })
+        })
+    });
+    if let Some(data) = held {
+        // SAFETY: `len` bytes of a held mapping, which stays mapped until its guard drops; the
+        // guard lives in a caller's frame on this thread, so not before `f` returns.
+        return Some(f(unsafe { std::slice::from_raw_parts(data, len) }));
+    }
+    let (ptr, map_len, lead) = map(file, at, len)?;
     // SAFETY: the mapping is `map_len` readable bytes starting at `ptr`, alive until the munmap
     // below; the slice does not outlive `f`.
     let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>().add(lead), len) };
@@ -61,6 +148,16 @@ fn maps_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("MERGESCOPE_READ").map_or(true, |v| v != "pread"))
 }
+
+/// Holds a range mapped; this platform has no maps here, so always `None`.
+#[cfg(not(unix))]
+pub fn hold(_file: &File, _at: u64, _len: usize) -> Option<HoldGuard> {
+    None
+}
+
+/// A held range (none on this platform).
+#[cfg(not(unix))]
+pub struct HoldGuard;
 
 /// Calls `f` on bytes `[at, at + len)` of `file` through a memory map; this platform has none
 /// here, so always `None` (the caller reads by position).

@@ -375,7 +375,29 @@ impl Source for FileSource<'_> {
         let (c, t) = self.entry(model, name)?;
         c.read_f32_range(t, from, len)
     }
+
+    /// Keeps the tensor's bytes in every input mapped while `work` runs, where they are at most
+    /// [`HOLD_MAX_BYTES`] together (so a worker holds no more than that at a time).
+    fn hold(&self, name: &str, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let bytes: u64 = self
+            .models
+            .iter()
+            .filter_map(|c| c.tensors.get(name))
+            .map(|t| t.len)
+            .sum();
+        let _held: Vec<_> = if bytes <= HOLD_MAX_BYTES {
+            self.models.iter().filter_map(|c| c.hold(name)).collect()
+        } else {
+            Vec::new()
+        };
+        work()
+    }
 }
+
+/// The most bytes of one tensor, over all inputs, that a worker keeps mapped while it runs the
+/// statistics passes and the merge of that tensor ([`Source::hold`]): larger tensors are mapped
+/// again for each pass, so that the resident set stays bounded.
+pub(crate) const HOLD_MAX_BYTES: u64 = 128 << 20;
 
 pub(crate) struct FileSink<'a> {
     pub(crate) writer: &'a OutputWriter,

@@ -206,6 +206,15 @@ pub trait MergeMethod: Sized + 'static {
         Ok(())
     }
 
+    /// Called after statistics pass `pass` saw every chunk of `tensor` (ABI 1.5): with
+    /// `CAP_TENSOR_STATISTICS` the host may merge that tensor right after, before
+    /// [`MergeMethod::finish_pass`]. May be called from several threads at once (for different
+    /// tensors) when the method is thread-safe. A host older than 1.5 never calls it, so
+    /// `finish_pass` must still finish whatever this did not.
+    fn finish_tensor(&mut self, _host: &Host<'_>, _pass: u32, _tensor: &TensorMeta<'_>) -> Result<()> {
+        Ok(())
+    }
+
     /// Merges one tensor (or chunk).
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor>;
 }
@@ -343,6 +352,7 @@ pub(crate) fn described_table<M: 'static, K: MethodKind<M>>(
         get_extension: None,
         instance_capabilities: None,
         run_model: None,
+        finish_tensor: None,
     };
     StaticTable { api, _strings: strings }
 }
@@ -373,6 +383,7 @@ pub fn build_table<M: MergeMethod>(version: &'static str) -> StaticTable {
         prepare_passes: Some(prepare_passes_impl::<M>),
         prepare_tensor: Some(prepare_tensor_impl::<M>),
         finish_pass: Some(finish_pass_impl::<M>),
+        finish_tensor: Some(finish_tensor_impl::<M>),
         merge_tensor: merge_tensor_impl::<M>,
         instance_capabilities: Some(instance_capabilities_impl::<M>),
         ..table.api
@@ -559,6 +570,24 @@ unsafe extern "C" fn finish_pass_impl<M: MergeMethod>(inst: *mut c_void, host: *
     guard(Some(h), || {
         // SAFETY: see `instance`.
         unsafe { instance::<M>(inst) }?.finish_pass(&h, pass)
+    })
+}
+
+unsafe extern "C" fn finish_tensor_impl<M: MergeMethod>(
+    inst: *mut c_void,
+    host: *const HostApiV1,
+    pass: u32,
+    info: *const TensorInfo,
+) -> Status {
+    // SAFETY: the host passes its table for this call.
+    let Some(h) = (unsafe { Host::from_raw(host) }) else {
+        return abi::STATUS_INVALID_ARGUMENT;
+    };
+    guard(Some(h), || {
+        // SAFETY: the host passes a valid info for this call.
+        let meta = unsafe { TensorMeta::from_raw(info) }?;
+        // SAFETY: see `instance`.
+        unsafe { instance::<M>(inst) }?.finish_tensor(&h, pass, &meta)
     })
 }
 

@@ -184,6 +184,7 @@ static const ms_plugin_api_v1 TABLE = {
     NULL,                                                                    /* get_extension */
     NULL,                                                                    /* instance_capabilities */
     NULL,                                                                    /* run_model (ABI 1.1) */
+    NULL,                                                                    /* finish_tensor (ABI 1.5) */
 };
 
 MS_DEFINE_PLUGIN_HEADER();

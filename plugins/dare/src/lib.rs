@@ -16,12 +16,16 @@
 //! each lane in element order; summing chunks apart and adding the partials would change the last
 //! bits), so the pass asks for ordered chunks (`CAP_ORDERED_STATISTICS`, ABI 1.4): the host hands
 //! each tensor's chunks over in index order and the running sums carry from one chunk to the
-//! next, for all experts side by side, with the masks drawn a block at a time. No statistics or
-//! merge call holds more than a chunk.
+//! next, for all experts side by side, with the masks drawn a block at a time. A tensor's factors
+//! depend on its own norms only (`CAP_TENSOR_STATISTICS`, ABI 1.5), so the host may merge each
+//! tensor right after its statistics, while its inputs are still mapped. No statistics or merge
+//! call holds more than a chunk.
 
 use mergescope_plugin_api::abi::{
-    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_ORDERED_STATISTICS, CAP_THREAD_SAFE,
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_ORDERED_STATISTICS, CAP_TENSOR_STATISTICS,
+    CAP_THREAD_SAFE,
 };
+use mergescope_plugin_api::sdk::PerTensor;
 use mergescope_plugin_api::sdk::sums::LaneSum;
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
@@ -113,7 +117,7 @@ pub struct Dare {
     /// rescale factors of the tensors it has finished.
     l1: Mutex<L1Pass>,
     /// After the l1 statistics pass: per tensor, r_t of every expert (1 where nothing is drawn).
-    l1_factors: Option<HashMap<String, Vec<f64>>>,
+    l1_factors: PerTensor<Vec<f64>>,
 }
 
 /// The l1 statistics pass in progress.
@@ -195,7 +199,7 @@ impl MergeMethod for Dare {
             lambda,
             seed: ctx.seed,
             l1: Mutex::new(L1Pass::default()),
-            l1_factors: None,
+            l1_factors: PerTensor::default(),
         })
     }
 
@@ -204,7 +208,7 @@ impl MergeMethod for Dare {
         // whatever the chunking); the l1 rescale's whole-tensor norms come from a statistics
         // pass that sees each tensor's chunks in order.
         let statistics = if self.rescale == Rescale::L1 {
-            CAP_CHUNKED_STATISTICS | CAP_ORDERED_STATISTICS
+            CAP_CHUNKED_STATISTICS | CAP_ORDERED_STATISTICS | CAP_TENSOR_STATISTICS
         } else {
             0
         };
@@ -235,9 +239,18 @@ impl MergeMethod for Dare {
                  part of the tensor (internal error)"
             )));
         }
-        let done = std::mem::take(&mut l1.done);
-        drop(l1);
-        self.l1_factors = Some(done);
+        // The tensors `finish_tensor` did not take (all of them, on a host older than ABI 1.5).
+        for (name, factors) in std::mem::take(&mut l1.done) {
+            self.l1_factors.insert(name, factors);
+        }
+        Ok(())
+    }
+
+    fn finish_tensor(&mut self, _host: &Host<'_>, _pass: u32, tensor: &TensorMeta<'_>) -> Result<()> {
+        let factors = self.lock_l1()?.done.remove(tensor.name);
+        if let Some(factors) = factors {
+            self.l1_factors.insert(tensor.name.to_owned(), factors);
+        }
         Ok(())
     }
 
@@ -279,18 +292,7 @@ impl MergeMethod for Dare {
         host.release(base)?;
         // With l1: r_t of every expert, from the statistics pass.
         let l1 = match self.rescale {
-            Rescale::L1 => Some(
-                self.l1_factors
-                    .as_ref()
-                    .and_then(|f| f.get(tensor.name))
-                    .ok_or_else(|| {
-                        Error::Message(format!(
-                            "tensor '{}': dare with rescale=l1 needs the host's statistics pass, which did not see \
-                             this tensor; use a host of ABI 1.4 or newer",
-                            tensor.name
-                        ))
-                    })?,
-            ),
+            Rescale::L1 => Some(self.l1_factors.get(tensor, "dare with rescale=l1")?),
             _ => None,
         };
         let mut deltas = Vec::with_capacity(active.len());
@@ -313,7 +315,7 @@ impl MergeMethod for Dare {
                 host.release(e)?;
                 masks.push(Some(host.view_f32(mask)?));
                 host.release(mask)?;
-                let r = match (self.rescale, l1) {
+                let r = match (self.rescale, &l1) {
                     (Rescale::Inverse, _) => 1.0 / keep,
                     (Rescale::L1, Some(r)) => r.get(t).copied().unwrap_or(1.0),
                     _ => 1.0,

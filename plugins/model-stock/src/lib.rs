@@ -8,9 +8,13 @@
 //!
 //! Over whole tensors the norms and dot products are summed in a statistics pass over chunks
 //! (partial sums added in offset order, so the result does not depend on the threads), and the
-//! merge pass is elementwise, in parallel chunks; filter-wise merges take whole tensors.
+//! merge pass is elementwise, in parallel chunks; filter-wise merges take whole tensors. A
+//! tensor's t depends on its own sums only (`CAP_TENSOR_STATISTICS`), so the host may merge each
+//! tensor right after its statistics, while its inputs are still mapped.
 
-use mergescope_plugin_api::abi::{CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
+use mergescope_plugin_api::abi::{
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_TENSOR_STATISTICS, CAP_THREAD_SAFE,
+};
 use mergescope_plugin_api::sdk::{ChunkSums, PerTensor, gram_sums};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
@@ -164,7 +168,7 @@ impl MergeMethod for ModelStock {
         let chunked = if self.filter_wise {
             0
         } else {
-            CAP_ELEMENTWISE | CAP_CHUNKED_STATISTICS
+            CAP_ELEMENTWISE | CAP_CHUNKED_STATISTICS | CAP_TENSOR_STATISTICS
         };
         Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | chunked)
     }
@@ -180,16 +184,20 @@ impl MergeMethod for ModelStock {
         Ok(())
     }
 
+    fn finish_tensor(&mut self, host: &Host<'_>, _pass: u32, tensor: &TensorMeta<'_>) -> Result<()> {
+        if let Some(total) = self.sums.take_total(tensor.name) {
+            self.ratios
+                .insert(tensor.name.to_owned(), self.ratio_from(host, tensor.name, &total));
+        }
+        Ok(())
+    }
+
     fn finish_pass(&mut self, host: &Host<'_>, _pass: u32) -> Result<()> {
-        self.ratios = self
-            .sums
-            .take_totals()
-            .into_iter()
-            .map(|(name, total)| {
-                let t = self.ratio_from(host, &name, &total);
-                (name, t)
-            })
-            .collect();
+        // The tensors `finish_tensor` did not finish (all of them, on a host older than ABI 1.5).
+        for (name, total) in self.sums.take_totals() {
+            let t = self.ratio_from(host, &name, &total);
+            self.ratios.insert(name, t);
+        }
         Ok(())
     }
 
@@ -199,7 +207,7 @@ impl MergeMethod for ModelStock {
         if self.filter_wise {
             return self.rows(host, tensor, base, experts);
         }
-        let t = *self.ratios.get(tensor, "model-stock")?;
+        let t = self.ratios.get(tensor, "model-stock")?;
         let n = experts.len();
         let mut terms = vec![base];
         terms.extend_from_slice(experts);

@@ -11,11 +11,11 @@
 //! merge pass is then elementwise, one fused weighted sum per chunk, in parallel.
 
 use mergescope_plugin_api::abi::{
-    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_ONE_EXPERT, CAP_THREAD_SAFE,
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_ONE_EXPERT, CAP_TENSOR_STATISTICS, CAP_THREAD_SAFE,
 };
 use mergescope_plugin_api::sdk::{ChunkSums, PerTensor, gram_sums};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
+    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
 };
 
 const HELP: &str = "SLERP (spherical linear interpolation, Shoemake 1985; mergekit's `slerp`). \
@@ -70,7 +70,12 @@ impl MergeMethod for Slerp {
             version: "",
             description: "Spherical linear interpolation between the base and one expert, tensor by tensor.",
             help: HELP,
-            capabilities: CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE | CAP_CHUNKED_STATISTICS | CAP_ONE_EXPERT,
+            capabilities: CAP_THREAD_SAFE
+                | CAP_NEEDS_BASE
+                | CAP_ELEMENTWISE
+                | CAP_CHUNKED_STATISTICS
+                | CAP_TENSOR_STATISTICS
+                | CAP_ONE_EXPERT,
             params: vec![
                 ParamSpec::float("t", 0.5, "Interpolation fraction: 0 gives the base, 1 the expert.").range(0.0, 1.0),
             ],
@@ -107,20 +112,26 @@ impl MergeMethod for Slerp {
         Ok(())
     }
 
+    fn finish_tensor(&mut self, _host: &Host<'_>, _pass: u32, tensor: &TensorMeta<'_>) -> Result<()> {
+        if let Some(s) = self.sums.take_total(tensor.name) {
+            self.coefficients
+                .insert(tensor.name.to_owned(), coefficients(self.t, s[0], s[1], s[2]));
+        }
+        Ok(())
+    }
+
     fn finish_pass(&mut self, _host: &Host<'_>, _pass: u32) -> Result<()> {
-        self.coefficients = self
-            .sums
-            .take_totals()
-            .into_iter()
-            .map(|(name, s)| (name, coefficients(self.t, s[0], s[1], s[2])))
-            .collect();
+        // The tensors `finish_tensor` did not finish (all of them, on a host older than ABI 1.5).
+        for (name, s) in self.sums.take_totals() {
+            self.coefficients.insert(name, coefficients(self.t, s[0], s[1], s[2]));
+        }
         Ok(())
     }
 
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
         let (tensor, experts) = (&input.meta, input.experts);
         let v0 = input.require_base("slerp")?;
-        let (s0, s1) = *self.coefficients.get(tensor, "slerp")?;
+        let (s0, s1) = self.coefficients.get(tensor, "slerp")?;
         host.weighted_sum(&[v0, experts[0]], Some(&[s0, s1]))
     }
 }

@@ -305,6 +305,7 @@ fn rust_facts() -> BTreeMap<String, Value> {
         get_extension: Option<unsafe extern "C" fn(Str) -> *const c_void>,
         instance_capabilities: Option<unsafe extern "C" fn(Ctx) -> u64>,
         run_model: Option<unsafe extern "C" fn(Ctx, *const HostApiV1, *const SessionApiV1, *mut H, usize) -> Status>,
+        finish_tensor: Option<unsafe extern "C" fn(Ctx, *const HostApiV1, u32, *const TensorInfo) -> Status>,
     });
     layout!(
         f,
@@ -444,6 +445,7 @@ fn rust_facts() -> BTreeMap<String, Value> {
         CAP_CHUNKED_STATISTICS,
         CAP_ONE_EXPERT,
         CAP_ORDERED_STATISTICS,
+        CAP_TENSOR_STATISTICS,
         ROLE_MATRIX,
         ROLE_VECTOR,
         ROLE_NORM,
@@ -496,6 +498,7 @@ fn rust_facts() -> BTreeMap<String, Value> {
         DISJOINT_MAX,
         PLUGIN_API_V1_MIN_SIZE,
         PLUGIN_API_V1_1_MIN_SIZE,
+        PLUGIN_API_V1_5_MIN_SIZE,
         OBJECTIVE_CROSS_ENTROPY,
         OBJECTIVE_ENTROPY,
         OPTIMIZER_SGD,

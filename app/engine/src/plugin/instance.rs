@@ -244,6 +244,43 @@ impl<'p> Instance<'p> {
         }
     }
 
+    /// The plugin's `finish_tensor`, where its table (ABI 1.5 or newer) is long enough to hold one.
+    fn finish_tensor_fn(
+        &self,
+    ) -> Option<unsafe extern "C" fn(*mut std::ffi::c_void, *const HostApiV1, u32, *const TensorInfo) -> abi::Status>
+    {
+        if self.plugin.api.struct_size >= abi::PLUGIN_API_V1_5_MIN_SIZE {
+            self.plugin.api.finish_tensor
+        } else {
+            None
+        }
+    }
+
+    /// Whether the host may take the tensors one at a time, each through its statistics passes
+    /// and then its merge (`CAP_TENSOR_STATISTICS` with chunked statistics, an elementwise merge
+    /// and a `finish_tensor`).
+    pub fn tensor_statistics(&self) -> bool {
+        let needed = abi::CAP_TENSOR_STATISTICS | abi::CAP_CHUNKED_STATISTICS | abi::CAP_ELEMENTWISE;
+        self.passes > 0 && self.capabilities & needed == needed && self.finish_tensor_fn().is_some()
+    }
+
+    /// End of statistics pass `pass` over one tensor (`call` describes the whole tensor).
+    pub fn finish_tensor(&self, env: CallEnv<'_>, pass: u32, call: &TensorCall<'_>) -> Result<()> {
+        let Some(f) = self.finish_tensor_fn() else {
+            return Ok(());
+        };
+        let info = Self::info(call, call.name);
+        let mut ctx = CallCtx::new(env.device, env.cancel, env.log).with_threads(env.threads);
+        let table = ctx.table();
+        // SAFETY: live instance, host table and info valid for the call.
+        let status = unsafe { f(self.ptr, &table, pass, &info) };
+        if status == abi::STATUS_OK {
+            Ok(())
+        } else {
+            Err(call_error(self.plugin, call.name, status, ctx.error.take()))
+        }
+    }
+
     /// End of statistics pass `pass`.
     pub fn finish_pass(&self, env: CallEnv<'_>, pass: u32) -> Result<()> {
         let Some(f) = self.plugin.api.finish_pass else {
