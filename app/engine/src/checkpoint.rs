@@ -837,12 +837,20 @@ impl Checkpoint {
     /// reads decode them from a map (bf16 and f16, without a low-rank update or a row map), so
     /// reading it again neither maps nor faults again; `None` otherwise.
     pub fn hold(&self, name: &str) -> Option<crate::mapped_read::HoldGuard> {
-        let t = self.tensors.get(name)?;
-        if t.dtype == DType::F32 || self.deltas.contains_key(name) || self.row_maps.contains_key(name) {
+        if !self.holdable(name) {
             return None;
         }
+        let t = self.tensors.get(name)?;
         let shard = &self.files[t.file];
         crate::mapped_read::hold(&shard.file, t.start, usize::try_from(t.len).ok()?)
+    }
+
+    /// Whether [`Checkpoint::hold`] can keep tensor `name` mapped: it is stored in bf16 or f16
+    /// (decoded from a map), without a low-rank update or a row map.
+    pub fn holdable(&self, name: &str) -> bool {
+        self.tensors.get(name).is_some_and(|t| {
+            t.dtype != DType::F32 && !self.deltas.contains_key(name) && !self.row_maps.contains_key(name)
+        })
     }
 
     /// Raw bytes of a tensor, as stored (with its low-rank update, if it has one, encoded in

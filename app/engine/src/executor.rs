@@ -122,6 +122,12 @@ pub trait Source: Sync {
         let _ = name;
         work()
     }
+    /// Whether [`Source::hold`] keeps tensor `name` at hand (then a worker merges it whole,
+    /// chunk after chunk, rather than spreading its chunks over the workers).
+    fn can_hold(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
 }
 
 /// Where merged values go.
@@ -266,27 +272,16 @@ impl Run<'_> {
     fn tensor_by_tensor(&self) -> Result<()> {
         let mut tensors = self.units(false);
         tensors.sort_by_key(|u| std::cmp::Reverse(u.len));
-        self.run_units(&tensors, Phase::Merge, true, self.opts.chunk_elems, |whole| {
+        self.run_units(&tensors, Phase::Merge, true, self.opts.chunk_elems, |whole, advance| {
             let item = &self.items[whole.item];
             let chunks = self.chunks_of(whole.item, true);
             self.source.hold(&item.name, &mut || {
                 for pass in 0..self.instance.passes {
-                    for unit in &chunks {
-                        if self.cancel.load(Ordering::Relaxed) {
-                            return Err(EngineError::Cancelled);
-                        }
-                        self.prepare_unit(pass, unit)?;
-                    }
+                    self.in_order(&chunks, None, |unit| self.prepare_unit(pass, unit))?;
                     self.instance
                         .finish_tensor(self.env(), pass, &self.call(whole.item, item, 0))?;
                 }
-                for unit in &chunks {
-                    if self.cancel.load(Ordering::Relaxed) {
-                        return Err(EngineError::Cancelled);
-                    }
-                    self.run_unit(unit, None)?;
-                }
-                Ok(())
+                self.in_order(&chunks, Some(advance), |unit| self.run_unit(unit, None))
             })
         })?;
         for pass in 0..self.instance.passes {
@@ -314,19 +309,13 @@ impl Run<'_> {
                 Phase::Statistics(pass),
                 parallel,
                 self.opts.chunk_elems,
-                |whole| {
-                    for unit in self.chunks_of(whole.item, true) {
-                        if self.cancel.load(Ordering::Relaxed) {
-                            return Err(EngineError::Cancelled);
-                        }
-                        prepare(&unit)?;
-                    }
-                    Ok(())
-                },
+                |whole, advance| self.in_order(&self.chunks_of(whole.item, true), Some(advance), prepare),
             )?;
         } else {
             let units = self.units(chunked);
-            self.run_units(&units, Phase::Statistics(pass), parallel, usize::MAX, prepare)?;
+            self.run_units(&units, Phase::Statistics(pass), parallel, usize::MAX, |unit, _| {
+                prepare(unit)
+            })?;
         }
         self.instance.finish_pass(self.env(), pass)
     }
@@ -403,25 +392,68 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// The merge pass. An elementwise merge goes in chunks; a tensor the source can hold
+    /// ([`Source::can_hold`]) goes to one worker whole, which merges its chunks in order while
+    /// the source holds its inputs (mapped once per tensor, not once per chunk), the largest
+    /// tensors first; the other tensors' chunks spread over the workers.
     fn merge_pass(&self) -> Result<()> {
-        let units = self.units(self.instance.capabilities & abi::CAP_ELEMENTWISE != 0);
         let lock = (self.instance.capabilities & abi::CAP_THREAD_SAFE == 0).then(|| Mutex::new(()));
-        self.run_units(&units, Phase::Merge, true, usize::MAX, |unit| {
-            self.run_unit(unit, lock.as_ref())
+        if self.instance.capabilities & abi::CAP_ELEMENTWISE == 0 {
+            let units = self.units(false);
+            return self.run_units(&units, Phase::Merge, true, usize::MAX, |unit, _| {
+                self.run_unit(unit, lock.as_ref())
+            });
+        }
+        let held =
+            |i: usize| self.items[i].numel() > self.opts.chunk_elems && self.source.can_hold(&self.items[i].name);
+        let mut units: Vec<Unit> = (0..self.items.len())
+            .flat_map(|i| self.chunks_of(i, !held(i)))
+            .collect();
+        units.sort_by_key(|u| std::cmp::Reverse(u.len));
+        self.run_units(&units, Phase::Merge, true, self.opts.chunk_elems, |unit, advance| {
+            if unit.len <= self.opts.chunk_elems {
+                return self.run_unit(unit, lock.as_ref());
+            }
+            self.source.hold(&self.items[unit.item].name, &mut || {
+                self.in_order(&self.chunks_of(unit.item, true), Some(advance), |chunk| {
+                    self.run_unit(chunk, lock.as_ref())
+                })
+            })
         })
+    }
+
+    /// Runs `f` on `chunks` in order, checking for a cancel before each, and reports each
+    /// chunk's elements as done through `advance` when given.
+    fn in_order(
+        &self,
+        chunks: &[Unit],
+        advance: Option<&dyn Fn(u64)>,
+        mut f: impl FnMut(&Unit) -> Result<()>,
+    ) -> Result<()> {
+        for chunk in chunks {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(EngineError::Cancelled);
+            }
+            f(chunk)?;
+            if let Some(advance) = advance {
+                advance(chunk.len as u64);
+            }
+        }
+        Ok(())
     }
 
     /// Runs `work` on every unit on worker threads (one when `parallel` is false), each unit
     /// inside the memory budget (for at most `held` elements of it at a time: a unit that works
     /// through a tensor chunk by chunk holds one chunk); stops at the first error or on cancel;
-    /// reports progress.
+    /// reports progress: each unit's elements when it is done, or as it goes where `work` calls
+    /// the `advance` it is given with the elements it has finished.
     fn run_units(
         &self,
         units: &[Unit],
         phase: Phase,
         parallel: bool,
         held: usize,
-        work: impl Fn(&Unit) -> Result<()> + Sync,
+        work: impl Fn(&Unit, &dyn Fn(u64)) -> Result<()> + Sync,
     ) -> Result<()> {
         let total: u64 = units.iter().map(|u| u.len as u64).sum();
         let writes = matches!(phase, Phase::Merge) && self.sink.waits_for_disk();
@@ -457,20 +489,31 @@ impl Run<'_> {
                         let Some(unit) = units.get(i) else { return };
                         // Inputs, the output, and about two temporaries per input, in f32.
                         let cost = unit.len.min(held) as u64 * 4 * (2 * n_inputs + 2);
+                        let advanced = AtomicU64::new(0);
+                        let advance = |n: u64| {
+                            advanced.fetch_add(n, Ordering::Relaxed);
+                            let d = done.fetch_add(n, Ordering::Relaxed) + n;
+                            (self.observer.progress)(&Progress {
+                                phase,
+                                done: d,
+                                total,
+                                tensor: self.items[unit.item].name.clone(),
+                            });
+                        };
                         budget.acquire(cost);
-                        let r = work(unit);
+                        let r = work(unit, &advance);
                         budget.release(cost);
                         if let Err(e) = r {
                             fail(e);
                             return;
                         }
-                        let d = done.fetch_add(unit.len as u64, Ordering::Relaxed) + unit.len as u64;
-                        (self.observer.progress)(&Progress {
-                            phase,
-                            done: d,
-                            total,
-                            tensor: self.items[unit.item].name.clone(),
-                        });
+                        // What `work` did not report (all of it, usually; a unit of no elements
+                        // still reports once).
+                        let reported = advanced.load(Ordering::Relaxed);
+                        let rest = (unit.len as u64).saturating_sub(reported);
+                        if rest > 0 || reported == 0 {
+                            advance(rest);
+                        }
                     }
                 });
             }

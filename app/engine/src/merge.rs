@@ -379,18 +379,24 @@ impl Source for FileSource<'_> {
     /// Keeps the tensor's bytes in every input mapped while `work` runs, where they are at most
     /// [`HOLD_MAX_BYTES`] together (so a worker holds no more than that at a time).
     fn hold(&self, name: &str, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let _held: Vec<_> = if self.can_hold(name) {
+            self.models.iter().filter_map(|c| c.hold(name)).collect()
+        } else {
+            Vec::new()
+        };
+        work()
+    }
+
+    /// Where some input reads the tensor through a map and all of them together store at most
+    /// [`HOLD_MAX_BYTES`] of it.
+    fn can_hold(&self, name: &str) -> bool {
         let bytes: u64 = self
             .models
             .iter()
             .filter_map(|c| c.tensors.get(name))
             .map(|t| t.len)
             .sum();
-        let _held: Vec<_> = if bytes <= HOLD_MAX_BYTES {
-            self.models.iter().filter_map(|c| c.hold(name)).collect()
-        } else {
-            Vec::new()
-        };
-        work()
+        bytes <= HOLD_MAX_BYTES && self.models.iter().any(|c| c.holdable(name))
     }
 }
 
