@@ -41,19 +41,14 @@ fn harness(runs_dir: &Path) -> Harness<'static, MergescopeApp> {
     common::harness(common::app(runs_dir, Theme::Light))
 }
 
-/// Steps frames until `done` holds (or fails after `limit`).
+/// Steps frames until `done` holds (or fails after `limit`), then three more.
 fn step_until(
     h: &mut Harness<'static, MergescopeApp>,
     what: &str,
     limit: Duration,
-    mut done: impl FnMut(&MergescopeApp) -> bool,
+    done: impl FnMut(&MergescopeApp) -> bool,
 ) {
-    let start = Instant::now();
-    while !done(h.state()) {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        h.step();
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::step_until(h, what, limit, done);
     h.run_steps(3);
 }
 
