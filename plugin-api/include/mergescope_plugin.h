@@ -187,8 +187,9 @@ typedef uint32_t ms_plugin_kind;
 /* The method merges the base with exactly one expert (SLERP): the host refuses other counts
  * before creating an instance, and comparisons over several experts leave it out. */
 #define MS_CAP_ONE_EXPERT (UINT64_C(1) << 4)
-/* Capability bit (ABI 1.5), with MS_CAP_CHUNKED_STATISTICS and a finish_tensor: the statistics of
- * a tensor serve only that tensor's merge. The host may then take one tensor at a time: its
+/* Capability bit (ABI 1.5), with MS_CAP_CHUNKED_STATISTICS, MS_CAP_ELEMENTWISE and a finish_tensor
+ * (the host uses it for MS_CAP_THREAD_SAFE methods): the statistics of a tensor serve only that
+ * tensor's merge. The host may then take one tensor at a time: its
  * chunks through every statistics pass in order, finish_tensor after each pass, then its merge,
  * while other tensors run likewise on other threads; finish_pass still follows once per pass,
  * after every tensor. A tensor's inputs are then read while still in memory. */

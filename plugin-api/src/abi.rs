@@ -126,8 +126,9 @@ pub const CAP_ORDERED_STATISTICS: u64 = 1 << 5;
 /// refuses other counts before creating an instance and comparisons over several experts leave
 /// it out.
 pub const CAP_ONE_EXPERT: u64 = 1 << 4;
-/// Capability bit (ABI 1.5), with [`CAP_CHUNKED_STATISTICS`] and a `finish_tensor`: the
-/// statistics of a tensor serve only that tensor's merge. The host may then take one tensor at a
+/// Capability bit (ABI 1.5), with [`CAP_CHUNKED_STATISTICS`], [`CAP_ELEMENTWISE`] and a
+/// `finish_tensor` (the host uses it for [`CAP_THREAD_SAFE`] methods): the statistics of a tensor
+/// serve only that tensor's merge. The host may then take one tensor at a
 /// time: its chunks through every statistics pass in order, `finish_tensor` after each pass,
 /// then its merge, while other tensors run likewise on other threads; `finish_pass` still
 /// follows once per pass, after every tensor. A tensor's inputs are then read while still in
