@@ -102,7 +102,7 @@ pub struct PlanItem {
 }
 
 impl PlanItem {
-    fn numel(&self) -> usize {
+    pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product()
     }
 }
@@ -254,8 +254,7 @@ impl Run<'_> {
     /// Runs the statistics passes, then the merge pass; or, for statistics per tensor
     /// ([`Instance::tensor_statistics`]), both for one tensor after another.
     pub fn execute(&self) -> Result<()> {
-        let thread_safe = self.instance.capabilities & abi::CAP_THREAD_SAFE != 0;
-        if self.instance.tensor_statistics() && thread_safe && !self.opts.pass_by_pass {
+        if self.instance.tensor_statistics() && !self.opts.pass_by_pass {
             return self.tensor_by_tensor();
         }
         for pass in 0..self.instance.passes {
@@ -489,9 +488,9 @@ impl Run<'_> {
                         let Some(unit) = units.get(i) else { return };
                         // Inputs, the output, and about two temporaries per input, in f32.
                         let cost = unit.len.min(held) as u64 * 4 * (2 * n_inputs + 2);
-                        let advanced = AtomicU64::new(0);
+                        let advanced = std::cell::Cell::new(0u64);
                         let advance = |n: u64| {
-                            advanced.fetch_add(n, Ordering::Relaxed);
+                            advanced.set(advanced.get() + n);
                             let d = done.fetch_add(n, Ordering::Relaxed) + n;
                             (self.observer.progress)(&Progress {
                                 phase,
@@ -509,7 +508,7 @@ impl Run<'_> {
                         }
                         // What `work` did not report (all of it, usually; a unit of no elements
                         // still reports once).
-                        let reported = advanced.load(Ordering::Relaxed);
+                        let reported = advanced.get();
                         let rest = (unit.len as u64).saturating_sub(reported);
                         if rest > 0 || reported == 0 {
                             advance(rest);

@@ -746,7 +746,7 @@ pub(crate) struct GroupRun<'a> {
 
 /// The elements of `items`, what progress counts.
 pub(crate) fn elements(items: &[PlanItem]) -> u64 {
-    items.iter().map(|i| i.shape.iter().product::<usize>() as u64).sum()
+    items.iter().map(|i| i.numel() as u64).sum()
 }
 
 impl<'a> GroupRun<'a> {

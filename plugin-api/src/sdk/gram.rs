@@ -11,10 +11,6 @@ use super::sums::{LaneSum, accumulate, gram_blocked};
 /// temporaries; the inputs are only read, so they may be the host's lent views.
 pub fn gram_sums(vectors: &[&[f32]], minus: Option<&[f32]>) -> Vec<f64> {
     let n = vectors.len();
-    let pairs: Vec<(usize, usize)> = (0..n)
-        .map(|i| (i, i))
-        .chain((0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j))))
-        .collect();
     let len = vectors
         .iter()
         .map(|v| v.len())
@@ -27,9 +23,11 @@ pub fn gram_sums(vectors: &[&[f32]], minus: Option<&[f32]>) -> Vec<f64> {
         (2, None) => gram2(vectors[0], vectors[1]).to_vec(),
         (2, Some(m)) => gram2_minus(vectors[0], vectors[1], m).to_vec(),
         (3, Some(m)) => gram3_minus(vectors[0], vectors[1], vectors[2], m).to_vec(),
-        _ => pairs
-            .iter()
-            .map(|&(a, b)| pair_sum(vectors[a], vectors[b], minus))
+        // Any other count: pair by pair, norms first, then the pairs i < j row by row.
+        _ => (0..n)
+            .map(|i| (i, i))
+            .chain((0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j))))
+            .map(|(a, b)| pair_sum(vectors[a], vectors[b], minus))
             .collect(),
     }
 }

@@ -257,11 +257,25 @@ impl<'p> Instance<'p> {
     }
 
     /// Whether the host may take the tensors one at a time, each through its statistics passes
-    /// and then its merge (`CAP_TENSOR_STATISTICS` with chunked statistics, an elementwise merge
-    /// and a `finish_tensor`).
+    /// and then its merge (`CAP_TENSOR_STATISTICS` with chunked statistics, an elementwise merge,
+    /// thread safety and a `finish_tensor`).
     pub fn tensor_statistics(&self) -> bool {
-        let needed = abi::CAP_TENSOR_STATISTICS | abi::CAP_CHUNKED_STATISTICS | abi::CAP_ELEMENTWISE;
+        let needed =
+            abi::CAP_TENSOR_STATISTICS | abi::CAP_CHUNKED_STATISTICS | abi::CAP_ELEMENTWISE | abi::CAP_THREAD_SAFE;
         self.passes > 0 && self.capabilities & needed == needed && self.finish_tensor_fn().is_some()
+    }
+
+    /// Calls a plugin function that takes no tensors (`f` gets the call's host table), naming
+    /// `what` in its error.
+    fn call_plain(&self, env: CallEnv<'_>, what: &str, f: impl FnOnce(&HostApiV1) -> Status) -> Result<()> {
+        let mut ctx = CallCtx::new(env.device, env.cancel, env.log).with_threads(env.threads);
+        let table = ctx.table();
+        let status = f(&table);
+        if status == abi::STATUS_OK {
+            Ok(())
+        } else {
+            Err(call_error(self.plugin, what, status, ctx.error.take()))
+        }
     }
 
     /// End of statistics pass `pass` over one tensor (`call` describes the whole tensor).
@@ -270,15 +284,8 @@ impl<'p> Instance<'p> {
             return Ok(());
         };
         let info = Self::info(call, call.name);
-        let mut ctx = CallCtx::new(env.device, env.cancel, env.log).with_threads(env.threads);
-        let table = ctx.table();
         // SAFETY: live instance, host table and info valid for the call.
-        let status = unsafe { f(self.ptr, &table, pass, &info) };
-        if status == abi::STATUS_OK {
-            Ok(())
-        } else {
-            Err(call_error(self.plugin, call.name, status, ctx.error.take()))
-        }
+        self.call_plain(env, call.name, |table| unsafe { f(self.ptr, table, pass, &info) })
     }
 
     /// End of statistics pass `pass`.
@@ -286,20 +293,10 @@ impl<'p> Instance<'p> {
         let Some(f) = self.plugin.api.finish_pass else {
             return Ok(());
         };
-        let mut ctx = CallCtx::new(env.device, env.cancel, env.log).with_threads(env.threads);
-        let table = ctx.table();
         // SAFETY: live instance and host table.
-        let status = unsafe { f(self.ptr, &table, pass) };
-        if status == abi::STATUS_OK {
-            Ok(())
-        } else {
-            Err(call_error(
-                self.plugin,
-                &format!("(end of statistics pass {pass})"),
-                status,
-                ctx.error.take(),
-            ))
-        }
+        self.call_plain(env, &format!("(end of statistics pass {pass})"), |table| unsafe {
+            f(self.ptr, table, pass)
+        })
     }
 
     /// Merges one tensor or chunk and returns the plugin's result.
