@@ -344,6 +344,33 @@ fn eval_and_merge_eval_on_a_benchmark() {
     let mnist = tasks.iter().find(|t| t["task"] == "mnist").unwrap();
     assert_eq!(mnist["normalized"].as_f64(), Some(1.0));
     assert_eq!(mnist["examples"].as_u64(), Some(500));
+    assert_eq!(j["device"], "cpu");
+    // `--device cuda` reports the device it ran on: CUDA where the build and the machine have
+    // it, else the CPU with a warning saying why, and the same scores either way.
+    let o = env.run(&[
+        "eval",
+        "--checkpoint",
+        &expert,
+        "--benchmark",
+        &b,
+        "--device",
+        "cuda",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let on: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let warned = String::from_utf8_lossy(&o.stderr).contains("running on the CPU");
+    assert_eq!(on["device"], if warned { "cpu" } else { "cuda" });
+    for (a, b) in tasks.iter().zip(on["report"]["tasks"].as_array().unwrap()) {
+        assert_eq!(a["task"], b["task"]);
+        let (x, y) = (a["accuracy"].as_f64().unwrap(), b["accuracy"].as_f64().unwrap());
+        assert!(
+            (x - y).abs() <= 0.002,
+            "{} on cpu {x}, on {}: {y}",
+            a["task"],
+            on["device"]
+        );
+    }
     // The table and --tasks / --split.
     let out = env.ok(&[
         "eval",

@@ -44,7 +44,10 @@ pub fn open_device(choice: DeviceChoice) -> (Device, Option<String>) {
                 Ok(d) => (d, None),
                 Err(e) => (
                     Device::Cpu,
-                    Some(format!("no usable CUDA device ({e}); running on the CPU")),
+                    Some(format!(
+                        "no usable CUDA device ({}); running on the CPU",
+                        first_line(&e)
+                    )),
                 ),
             }
         }
@@ -59,11 +62,20 @@ pub fn open_device(choice: DeviceChoice) -> (Device, Option<String>) {
                 Ok(d) => (d, None),
                 Err(e) => (
                     Device::Cpu,
-                    Some(format!("no usable Metal device ({e}); running on the CPU")),
+                    Some(format!(
+                        "no usable Metal device ({}); running on the CPU",
+                        first_line(&e)
+                    )),
                 ),
             }
         }
     }
+}
+
+/// The first line of an error: candle appends a backtrace when `RUST_BACKTRACE` is set, which
+/// a one-line note should not carry.
+fn first_line(e: &candle_core::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().trim_end().to_owned()
 }
 
 /// A short name of a device for reports.
@@ -72,5 +84,17 @@ pub fn device_name(d: &Device) -> &'static str {
         Device::Cpu => "cpu",
         Device::Cuda(_) => "cuda",
         Device::Metal(_) => "metal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fallback_note_is_one_line_even_with_a_backtrace() {
+        let e = candle_core::Error::Msg("no driver".into()).bt();
+        let shown = e.to_string();
+        assert_eq!(first_line(&e), "no driver", "{shown:?}");
     }
 }

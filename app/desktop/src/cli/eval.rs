@@ -3,7 +3,7 @@
 
 use anyhow::Context as _;
 use clap::Args;
-use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_engine::device::{DeviceChoice, device_name, open_device};
 use mergescope_lab::data::SplitKind;
 use mergescope_lab::evaluate::{self, EvaluatorSpec};
 use mergescope_lab::evaluator::{ACCURACY, EvalReport};
@@ -51,6 +51,9 @@ pub struct Evaluated {
     pub report: EvalReport,
     /// Wall time of the evaluation.
     pub seconds: f64,
+    /// The device the evaluation ran on (`cpu`, `cuda`, `metal`): the one asked for, or the
+    /// CPU where that was unavailable.
+    pub device: &'static str,
 }
 
 /// Evaluates the checkpoint at `path` as `spec` says (the one evaluator door of the lab).
@@ -70,18 +73,20 @@ pub fn evaluate(path: &Path, spec: &EvaluatorSpec) -> anyhow::Result<Evaluated> 
         arch: opened.benchmark.map(|b| b.manifest.arch.to_string()),
         report,
         seconds: started.elapsed().as_secs_f64(),
+        device: device_name(&spec.device),
     })
 }
 
 /// Prints a report as a table.
 /// An evaluation as JSON, the same from `eval --json` and `merge --eval --json`:
 /// `{"tasks": {"<task>": {"<metric>": value}}, "average": {...}, "checkpoint", "benchmark",
-/// "arch", "seconds", "report"}`.
+/// "arch", "device", "seconds", "report"}`.
 pub fn evaluation_json(checkpoint: &Path, e: &Evaluated) -> anyhow::Result<serde_json::Value> {
     let mut j = e.report.metrics_json();
     j["checkpoint"] = serde_json::json!(checkpoint.display().to_string());
     j["benchmark"] = serde_json::json!(e.on);
     j["arch"] = serde_json::json!(e.arch);
+    j["device"] = serde_json::json!(e.device);
     j["seconds"] = serde_json::json!(e.seconds);
     j["report"] = serde_json::to_value(&e.report)?;
     Ok(j)
@@ -124,7 +129,13 @@ pub fn print_header(checkpoint: &Path, e: &Evaluated, split: SplitKind) {
         Some(arch) => format!("{arch}, {} split", split.name()),
         None => "suite".to_owned(),
     };
-    println!("{} on {} ({what}, {:.2} s)", checkpoint.display(), e.on, e.seconds);
+    println!(
+        "{} on {} ({what}, {}, {:.2} s)",
+        checkpoint.display(),
+        e.on,
+        e.device,
+        e.seconds
+    );
 }
 
 pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
