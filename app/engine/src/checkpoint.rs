@@ -5,7 +5,7 @@
 //! so opening a checkpoint costs almost nothing and an input that another program truncates
 //! during a merge is an error naming the file, never a crash.
 
-use crate::dtype::{DType, decode_f32_vec};
+use crate::dtype::{DType, decode_f32_checked};
 use crate::error::{EngineError, Result};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use std::collections::BTreeMap;
@@ -732,7 +732,7 @@ impl Checkpoint {
                         last += 1;
                     }
                     let hi = end.min((last + 1) * cols);
-                    let values = self.read_unmapped_range(&map.stored, s * cols + (lo - row_start), hi - lo)?;
+                    let (values, _) = self.read_unmapped_range(&map.stored, s * cols + (lo - row_start), hi - lo)?;
                     out.extend_from_slice(&values);
                     row = last + 1;
                     continue;
@@ -816,7 +816,7 @@ impl Checkpoint {
     /// Decodes `n` bytes at byte `offset` of tensor `t`'s data to f32 straight from a memory map
     /// of the file (no copy into a buffer first); `None` where mapping is not available. An input
     /// that has shrunk since it was opened is an error here, before anything is mapped.
-    fn decode_mapped(&self, t: &TensorEntry, offset: u64, n: usize) -> Result<Option<Vec<f32>>> {
+    fn decode_mapped(&self, t: &TensorEntry, offset: u64, n: usize) -> Result<Option<(Vec<f32>, bool)>> {
         let shard = &self.files[t.file];
         let at = t.start + offset;
         let end = at + n as u64;
@@ -829,7 +829,7 @@ impl Checkpoint {
             return Err(self.shrunk(t, end));
         }
         Ok(crate::mapped_read::with_mapped(&shard.file, at, n, |bytes| {
-            decode_f32_vec(t.dtype, bytes)
+            decode_f32_checked(t.dtype, bytes)
         }))
     }
 
@@ -869,29 +869,38 @@ impl Checkpoint {
     /// Reads elements `[from, from + len)` of a float tensor as f32 (with its low-rank update,
     /// if it has one, and its rows rearranged, if it has a [`RowMap`]).
     pub fn read_f32_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<Vec<f32>> {
+        Ok(self.read_f32_range_checked(t, from, len)?.0)
+    }
+
+    /// [`Checkpoint::read_f32_range`], and whether the read found every value finite while
+    /// decoding (bf16 and f16 stored values without an update); `false` means "not checked",
+    /// so a caller that must refuse NaN and Inf checks those values itself.
+    pub fn read_f32_range_checked(&self, t: &TensorEntry, from: usize, len: usize) -> Result<(Vec<f32>, bool)> {
         if let Some(map) = self.row_maps.get(&t.name) {
-            return self.read_mapped(map, from, len);
+            return Ok((self.read_mapped(map, from, len)?, false));
         }
         self.read_unmapped_range(t, from, len)
     }
 
-    /// Elements of the tensor as stored, with its low-rank update.
-    fn read_unmapped_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<Vec<f32>> {
-        let mut values = self.read_stored_f32_range(t, from, len)?;
-        if let Some(d) = self.deltas.get(&t.name) {
-            if d.b.shape.len() == 1 {
-                let b = self.read_stored_f32_range(&d.b, from, len)?;
-                for (v, x) in values.iter_mut().zip(b) {
-                    *v = (f64::from(*v) + d.scale * f64::from(x)) as f32;
-                }
-                return Ok(values);
+    /// Elements of the tensor as stored, with its low-rank update; the flag as in
+    /// [`Checkpoint::read_f32_range_checked`].
+    fn read_unmapped_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<(Vec<f32>, bool)> {
+        let (mut values, finite) = self.read_stored_f32_range(t, from, len)?;
+        let Some(d) = self.deltas.get(&t.name) else {
+            return Ok((values, finite));
+        };
+        if d.b.shape.len() == 1 {
+            let (b, _) = self.read_stored_f32_range(&d.b, from, len)?;
+            for (v, x) in values.iter_mut().zip(b) {
+                *v = (f64::from(*v) + d.scale * f64::from(x)) as f32;
             }
-            let a = self.read_stored_f32_range(&d.a, 0, d.a.numel())?;
-            let b = self.read_stored_f32_range(&d.b, 0, d.b.numel())?;
-            let cols = t.shape.get(1).copied().unwrap_or(1);
-            d.add_to(&a, &b, cols, from, &mut values);
+            return Ok((values, false));
         }
-        Ok(values)
+        let (a, _) = self.read_stored_f32_range(&d.a, 0, d.a.numel())?;
+        let (b, _) = self.read_stored_f32_range(&d.b, 0, d.b.numel())?;
+        let cols = t.shape.get(1).copied().unwrap_or(1);
+        d.add_to(&a, &b, cols, from, &mut values);
+        Ok((values, false))
     }
 
     /// Whether tensor `name` gets a low-rank update when read.
@@ -899,12 +908,12 @@ impl Checkpoint {
         self.deltas.contains_key(name)
     }
 
-    fn read_stored_f32_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<Vec<f32>> {
+    fn read_stored_f32_range(&self, t: &TensorEntry, from: usize, len: usize) -> Result<(Vec<f32>, bool)> {
         let es = t.dtype.size();
         if t.dtype == DType::F32 && cfg!(target_endian = "little") {
             let mut v = vec![0f32; len];
             self.read_into(t, (from * es) as u64, bytemuck::cast_slice_mut(&mut v))?;
-            return Ok(v);
+            return Ok((v, false));
         }
         let n = len * es;
         if let Some(values) = self.decode_mapped(t, (from * es) as u64, n)? {
@@ -913,7 +922,7 @@ impl Checkpoint {
         if n > MAX_SCRATCH_BYTES {
             let mut bytes = vec![0u8; n];
             self.read_into(t, (from * es) as u64, &mut bytes)?;
-            return Ok(decode_f32_vec(t.dtype, &bytes));
+            return Ok(decode_f32_checked(t.dtype, &bytes));
         }
         // Chunk-sized reads go through a per-thread buffer that is zeroed only when it grows (a
         // merge reads the same chunk sizes over and over); larger reads (whole tensors, on
@@ -928,7 +937,7 @@ impl Checkpoint {
             }
             let bytes = &mut bytes[..n];
             self.read_into(t, (from * es) as u64, bytes)?;
-            Ok(decode_f32_vec(t.dtype, bytes))
+            Ok(decode_f32_checked(t.dtype, bytes))
         })
     }
 

@@ -106,7 +106,14 @@ impl OutDType {
 
 /// Decodes little-endian float bytes of `dtype` into a new vector (no zero-fill first).
 pub fn decode_f32_vec(dtype: DType, bytes: &[u8]) -> Vec<f32> {
-    match dtype {
+    decode_f32_checked(dtype, bytes).0
+}
+
+/// Decodes little-endian float bytes of `dtype` into a new vector and says whether every
+/// decoded value is finite. For bf16, the dtype of most checkpoints, the check runs block by
+/// block on values still in the L1 cache, so it costs no second pass over memory.
+pub fn decode_f32_checked(dtype: DType, bytes: &[u8]) -> (Vec<f32>, bool) {
+    let values: Vec<f32> = match dtype {
         DType::F32 => bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -118,7 +125,7 @@ pub fn decode_f32_vec(dtype: DType, bytes: &[u8]) -> Vec<f32> {
         // bf16 is the top half of an f32: widening is a shift (exact). Read as u16 words when the
         // bytes are aligned (they are, from the reader's buffers), so the loop vectorises.
         DType::BF16 => match bytemuck::try_cast_slice::<u8, u16>(&bytes[..bytes.len() & !1]) {
-            Ok(words) => widen_bf16(words),
+            Ok(words) => return widen_bf16_checked(words),
             Err(_) => bytes
                 .chunks_exact(2)
                 .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
@@ -129,15 +136,29 @@ pub fn decode_f32_vec(dtype: DType, bytes: &[u8]) -> Vec<f32> {
             .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
             .collect(),
         DType::Other { size, .. } => vec![0.0; bytes.len() / size.max(1)],
-    }
+    };
+    let finite = crate::finite::first_non_finite(&values).is_none();
+    (values, finite)
 }
 
+/// The exponent bits of a bf16 word.
+const BF16_EXPONENT: u16 = 0x7F80;
+
 mergescope_plugin_api::avx2_dispatch! {
-    /// bf16 words (little-endian) widened to f32: a shift, exact.
-    fn widen_bf16(words: &[u16]) -> Vec<f32> {
+    /// bf16 words (little-endian) widened to f32 (a shift, exact), and whether every value is
+    /// finite. Each block of 4096 words is checked right after it is widened, while it is in L1,
+    /// on the words themselves: a bf16 value is NaN or infinite exactly when its eight exponent
+    /// bits are all set, so the largest masked exponent of the block says it (two vector
+    /// operations per sixteen words).
+    fn widen_bf16_checked(words: &[u16]) -> (Vec<f32>, bool) {
         let mut out = Vec::with_capacity(words.len());
-        out.extend(words.iter().map(|w| f32::from_bits(u32::from(u16::from_le(*w)) << 16)));
-        out
+        let mut finite = true;
+        for block in words.chunks(4096) {
+            out.extend(block.iter().map(|w| f32::from_bits(u32::from(u16::from_le(*w)) << 16)));
+            let top = block.iter().fold(0u16, |m, w| m.max(u16::from_le(*w) & BF16_EXPONENT));
+            finite &= top != BF16_EXPONENT;
+        }
+        (out, finite)
     }
 }
 
@@ -211,6 +232,34 @@ pub fn encode_f32_into(dtype: DType, values: &[f32], out: &mut [u8]) {
 mod tests {
     use super::*;
     use half::bf16;
+
+    #[test]
+    fn a_bf16_decode_finds_nan_and_inf_in_any_block() {
+        let n = 3 * 4096 + 5;
+        let words = |special: Option<(usize, u16)>| -> Vec<u8> {
+            (0..n)
+                .flat_map(|i| {
+                    // Finite values of every exponent, the largest finite (0x7F7F) among them.
+                    let w = match special {
+                        Some((at, w)) if at == i => w,
+                        _ => [0x7F7F, 0xFF7F, 0x0001, 0x8000, 0x3F80][i % 5],
+                    };
+                    w.to_le_bytes()
+                })
+                .collect()
+        };
+        let (values, finite) = decode_f32_checked(DType::BF16, &words(None));
+        assert!(finite);
+        assert_eq!(values.len(), n);
+        assert_eq!(values[0], bf16::MAX.to_f32());
+        for at in [0, 4095, 4096, 3 * 4096 + 4] {
+            for w in [0x7F80u16, 0xFF80, 0x7FC0, 0xFFC1] {
+                let (values, finite) = decode_f32_checked(DType::BF16, &words(Some((at, w))));
+                assert!(!finite, "{w:#x} at {at}");
+                assert!(!values[at].is_finite());
+            }
+        }
+    }
 
     #[test]
     fn bf16_round_trip_and_rounding() {

@@ -111,6 +111,11 @@ impl PlanItem {
 pub trait Source: Sync {
     /// Reads elements `[from, from + len)` of tensor `name` of input `model` as f32.
     fn read(&self, model: usize, name: &str, from: usize, len: usize) -> Result<Vec<f32>>;
+    /// [`Source::read`], and whether the source found every value finite while reading it
+    /// (`false`: not checked, so the executor checks); by default unchecked.
+    fn read_checked(&self, model: usize, name: &str, from: usize, len: usize) -> Result<(Vec<f32>, bool)> {
+        Ok((self.read(model, name, from, len)?, false))
+    }
     /// How input `model` is named in messages (its file, for a file source).
     fn describe(&self, model: usize) -> String {
         format!("input {model}")
@@ -223,10 +228,11 @@ impl Run<'_> {
         let n_inputs = self.n_experts + usize::from(self.has_base);
         let mut tensors = Vec::with_capacity(n_inputs);
         for m in 0..n_inputs {
-            let v = self.source.read(m, &item.name, from, len)?;
-            // Checked here, once for every method, so the message names the input rather than
-            // blaming whichever method first trips over the NaN.
-            if let Some((i, x)) = crate::finite::first_non_finite(&v) {
+            let (v, finite) = self.source.read_checked(m, &item.name, from, len)?;
+            // Checked here (or by the source as it decoded), once for every method, so the
+            // message names the input rather than blaming whichever method first trips over the
+            // NaN.
+            if let Some((i, x)) = (!finite).then(|| crate::finite::first_non_finite(&v)).flatten() {
                 return Err(crate::finite::non_finite_input(
                     &self.source.describe(m),
                     &item.name,

@@ -376,6 +376,11 @@ impl Source for FileSource<'_> {
         c.read_f32_range(t, from, len)
     }
 
+    fn read_checked(&self, model: usize, name: &str, from: usize, len: usize) -> Result<(Vec<f32>, bool)> {
+        let (c, t) = self.entry(model, name)?;
+        c.read_f32_range_checked(t, from, len)
+    }
+
     /// Keeps the tensor's bytes in every input mapped while `work` runs, where they are at most
     /// [`HOLD_MAX_BYTES`] together (so a worker holds no more than that at a time).
     fn hold(&self, name: &str, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {

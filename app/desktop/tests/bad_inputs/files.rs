@@ -368,6 +368,29 @@ fn a_non_finite_input_is_named_with_its_file_and_tensor() {
             &["nan.safetensors", "tensor 'w'", "NaN", "element 1"],
         );
     }
+    // A bf16 input is checked as it is decoded (from a memory map): the same message.
+    let inf = env.write(
+        "inf.safetensors",
+        &[
+            ("w", DType::BF16, &[2, 2], &[1.0, 2.0, f32::NEG_INFINITY, 4.0]),
+            ("b", DType::BF16, &[2], &[0.0, 0.0]),
+        ],
+    );
+    refuses(
+        &env,
+        &[
+            "merge",
+            "--method",
+            "slerp",
+            "--base",
+            &base,
+            "--expert",
+            &inf,
+            "--out",
+            s(&env.path("o.safetensors")),
+        ],
+        &["inf.safetensors", "tensor 'w'", "-inf", "element 2"],
+    );
 }
 
 #[test]
