@@ -12,6 +12,8 @@
 use mergescope_plugin_api::sdk::disjoint::{Aggregate, BLOCK, Plan, Scratch, merge_block};
 use mergescope_plugin_api::sdk::sums::{LaneSum, accumulate};
 
+use crate::kept_masks::MaskBits;
+
 mergescope_plugin_api::avx2_dispatch! {
     /// m_t ⊙ (θ_t − θ0) in place over `values` (θ_t in, the sparsified task vector out); `mask` is
     /// the host's 0/1 mask, `None` when nothing is dropped (then τ itself, not 1·τ).
@@ -52,12 +54,21 @@ mergescope_plugin_api::avx2_dispatch! {
     }
 }
 
+/// An expert's 0/1 mask over a chunk.
+#[derive(Clone, Copy)]
+pub(crate) enum Mask<'v> {
+    /// The host's values, one per element of the chunk.
+    Values(&'v [f32]),
+    /// The bits the statistics pass kept for the whole tensor; the chunk starts at this element.
+    Bits(&'v MaskBits, usize),
+}
+
 /// One expert's sparsified task vector d_t = m_t ⊙ τ_t over the chunk and its factor r_t·w_t.
 pub(crate) struct Term<'v> {
     /// d_t, or θ_t when `raw` (then d_t is made block by block, as [`sparsify`] makes it).
     pub values: &'v [f32],
-    /// With `raw`: the host's 0/1 mask m_t (`None`: nothing dropped, d_t = τ_t).
-    pub mask: Option<&'v [f32]>,
+    /// With `raw`: the 0/1 mask m_t (`None`: nothing dropped, d_t = τ_t).
+    pub mask: Option<Mask<'v>>,
     /// `values` holds θ_t rather than d_t.
     pub raw: bool,
     /// combine = sum: the f32 coefficient λ·w_t·r_t (÷ Σ w) of the host's `weighted_sum`;
@@ -80,40 +91,60 @@ pub(crate) enum Combine {
     TiesWeightedMean(f32, Vec<f32>),
 }
 
+/// Scratch blocks of the combine step: one d_t, one mask.
+struct Blocks {
+    d: Vec<f32>,
+    mask: Vec<f32>,
+}
+
 /// d_t over `from..from + len` of the chunk: the term's values, or m_t ⊙ (θ_t − θ0) made into
-/// `buf` for a raw term.
-fn term_block<'s>(term: &'s Term<'_>, base: &[f32], from: usize, buf: &'s mut [f32]) -> &'s [f32] {
+/// the scratch block for a raw term (a kept mask expanded into the scratch mask block first).
+fn term_block<'s>(term: &'s Term<'_>, base: &[f32], from: usize, scratch: &'s mut Blocks) -> &'s [f32] {
     let len = base.len();
     let v = &term.values[from..from + len];
     if !term.raw {
         return v;
     }
-    let buf = &mut buf[..len];
+    let mask = match term.mask {
+        None => None,
+        Some(Mask::Values(m)) => Some(&m[from..from + len]),
+        Some(Mask::Bits(bits, at)) => {
+            let m = &mut scratch.mask[..len];
+            bits.expand(at + from, m);
+            Some(&*m)
+        }
+    };
+    let buf = &mut scratch.d[..len];
     buf.copy_from_slice(v);
-    sparsify(buf, base, term.mask.map(|m| &m[from..from + len]));
+    sparsify(buf, base, mask);
     buf
 }
 
 mergescope_plugin_api::avx2_dispatch! {
-    /// The merged chunk, θ0 combined with the terms, written over `base` (every term's values at
-    /// least as long).
-    pub(crate) fn combine(base: &mut [f32], terms: &[Term<'_>], how: &Combine) {
-        let mut scratch = vec![0f32; BLOCK];
+    /// The merged chunk: θ0 (`base`, only read, so it may be the host's lent storage) combined
+    /// with the terms (every term's values at least as long), made block by block into a new
+    /// vector.
+    pub(crate) fn combine(base: &[f32], terms: &[Term<'_>], how: &Combine) -> Vec<f32> {
+        let mut out = Vec::with_capacity(base.len());
+        let mut scratch = Blocks {
+            d: vec![0f32; BLOCK],
+            mask: vec![0f32; BLOCK],
+        };
         if *how == Combine::Sum {
             // weighted_sum([θ0, d_1, …], [1, c_1, …]): 0 + 1·θ0 + c_1·d_1 + …, blocked.
             let mut acc = [0f32; BLOCK];
-            for (bi, base) in base.chunks_mut(BLOCK).enumerate() {
+            for (bi, base) in base.chunks(BLOCK).enumerate() {
                 let from = bi * BLOCK;
                 let acc = &mut acc[..base.len()];
-                acc.iter_mut().zip(&*base).for_each(|(o, b)| *o = 0.0 + b);
+                acc.iter_mut().zip(base).for_each(|(o, b)| *o = 0.0 + b);
                 for term in terms {
                     let c = term.factor.unwrap_or(1.0);
                     let d = term_block(term, base, from, &mut scratch);
                     acc.iter_mut().zip(d).for_each(|(o, d)| *o += c * d);
                 }
-                base.copy_from_slice(acc);
+                out.extend_from_slice(acc);
             }
-            return;
+            return out;
         }
         let n_terms = terms.len();
         let plan = Plan {
@@ -131,7 +162,7 @@ mergescope_plugin_api::avx2_dispatch! {
         };
         let mut u = vec![0f32; n_terms * BLOCK];
         let mut blocks = Scratch::default();
-        for (bi, base) in base.chunks_mut(BLOCK).enumerate() {
+        for (bi, base) in base.chunks(BLOCK).enumerate() {
             let from = bi * BLOCK;
             let len = base.len();
             // u_t = (w_t·r_t)·d_t (the host's `scale`), or d_t itself for a factor of exactly 1.
@@ -143,10 +174,12 @@ mergescope_plugin_api::avx2_dispatch! {
                     Some(f) => u.iter_mut().zip(d).for_each(|(u, d)| *u = d * f + 0.0),
                 }
             }
-            // Mass election (a sign of 0 stays 0), the disjoint aggregation and θ0 + λ·combined:
-            // the SDK's one copy, shared with TIES.
-            merge_block(base, &u, &plan, &mut blocks);
+            // Mass election (a sign of 0 stays 0), the disjoint aggregation and θ0 + λ·combined
+            // (the SDK's one copy, shared with TIES), over this block's copy of θ0.
+            out.extend_from_slice(base);
+            merge_block(&mut out[from..], &u, &plan, &mut blocks);
         }
+        out
     }
 }
 
@@ -264,8 +297,7 @@ mod tests {
                         factor,
                     })
                     .collect();
-                let mut out = base.clone();
-                combine(&mut out, &terms, &how);
+                let out = combine(&base, &terms, &how);
                 let want = reference(&base, &terms, &how);
                 // The same from the raw θ_t and masks, made block by block.
                 let raw: Vec<Term<'_>> = thetas
@@ -274,13 +306,38 @@ mod tests {
                     .enumerate()
                     .map(|(t, (values, factor))| Term {
                         values,
-                        mask: (t != 1).then_some(&masks[t][..]),
+                        mask: (t != 1).then_some(Mask::Values(&masks[t][..])),
                         raw: true,
                         factor,
                     })
                     .collect();
-                let mut from_raw = base.clone();
-                combine(&mut from_raw, &raw, &how);
+                let from_raw = combine(&base, &raw, &how);
+                // And from the masks kept as bits, the chunk starting part way into them.
+                let bits: Vec<MaskBits> = masks
+                    .iter()
+                    .map(|m| {
+                        let mut b = MaskBits::default();
+                        b.push(&vec![1.0; 64]);
+                        b.push(m);
+                        b
+                    })
+                    .collect();
+                let kept: Vec<Term<'_>> = thetas
+                    .iter()
+                    .zip(factors)
+                    .enumerate()
+                    .map(|(t, (values, factor))| Term {
+                        values,
+                        mask: (t != 1).then_some(Mask::Bits(&bits[t], 64)),
+                        raw: true,
+                        factor,
+                    })
+                    .collect();
+                let from_bits = combine(&base, &kept, &how);
+                assert!(
+                    from_bits.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "bits {how:?} {factors:?}"
+                );
                 assert!(
                     from_raw.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "raw {how:?} {factors:?}"

@@ -96,6 +96,7 @@ mergescope_plugin_api::choice_enum! {
 }
 
 mod fused;
+mod kept_masks;
 
 /// Elements of the masks the l1 rescale draws at a time over a whole tensor: small enough that
 /// the masks of every expert are still in cache when the norms and m ⊙ τ are taken from them
@@ -120,6 +121,14 @@ pub struct Dare {
     l1_factors: PerTensor<Vec<f64>>,
 }
 
+/// Where an expert's mask over a merge chunk comes from.
+enum ChunkMask<'a> {
+    /// Drawn by the host for this chunk.
+    Drawn(std::borrow::Cow<'a, [f32]>),
+    /// Kept by the statistics pass, for expert t.
+    Kept(usize),
+}
+
 /// The l1 statistics pass in progress.
 #[derive(Default)]
 struct L1Pass {
@@ -128,6 +137,8 @@ struct L1Pass {
     running: HashMap<String, (u64, Vec<LaneSum>, Vec<LaneSum>)>,
     /// Tensors done: r_t per expert.
     done: HashMap<String, Vec<f64>>,
+    /// The masks drawn for the norms, kept for the merge.
+    kept: kept_masks::KeptMasks,
 }
 
 /// The seed rule of the masks, shared with the other plugins through the SDK (re-exported so
@@ -284,17 +295,22 @@ impl MergeMethod for Dare {
             // Every expert dropped everything or has weight 0: θ = θ0.
             return host.affine(base, 1.0, 0.0);
         }
-        // The inputs are copied out and released at once, so that a whole-tensor call (l1
-        // rescale) holds one copy of each input and no other tensor-sized buffer but the result.
-        // The base stays as the shape of the masks of a tensor that takes one mask block.
+        // The inputs are viewed (the host's storage where it lends it, else copies) and
+        // released at once; what the host lends stays readable until this call returns.
         let shape = host.shape(base)?;
-        let b = host.read_f32(base)?;
+        let b = host.view_f32(base)?;
         host.release(base)?;
-        // With l1: r_t of every expert, from the statistics pass.
-        let l1 = match self.rescale {
-            Rescale::L1 => Some(self.l1_factors.get(tensor, "dare with rescale=l1")?),
-            _ => None,
+        // With l1: r_t of every expert, from the statistics pass, and the masks it kept.
+        let (l1, kept) = match self.rescale {
+            Rescale::L1 => (
+                Some(self.l1_factors.get(tensor, "dare with rescale=l1")?),
+                self.lock_l1()?
+                    .kept
+                    .for_merge(tensor.name, b.len() as u64, tensor.full_numel),
+            ),
+            _ => (None, None),
         };
+        let at = usize::try_from(tensor.offset).unwrap_or(usize::MAX);
         let mut deltas = Vec::with_capacity(active.len());
         // Per expert: θ_t, its 0/1 mask (`None`: nothing dropped) and (r_t, w_t); the combine
         // step makes m ⊙ (θ_t − θ0) block by block.
@@ -310,11 +326,16 @@ impl MergeMethod for Dare {
                 masks.push(None);
                 factors.push((1.0, w));
             } else {
-                // One mask for the whole chunk, drawn for the chunk's elements of the full tensor.
-                let mask = host.bernoulli_mask(e, keep, expert_seed(self.seed, tensor.name, t), tensor.offset)?;
+                if kept.as_ref().and_then(|k| k.of(t)).is_some() {
+                    masks.push(Some(ChunkMask::Kept(t)));
+                } else {
+                    // One mask for the whole chunk, drawn for the chunk's elements of the full
+                    // tensor.
+                    let mask = host.bernoulli_mask(e, keep, expert_seed(self.seed, tensor.name, t), tensor.offset)?;
+                    masks.push(Some(ChunkMask::Drawn(host.view_f32(mask)?)));
+                    host.release(mask)?;
+                }
                 host.release(e)?;
-                masks.push(Some(host.view_f32(mask)?));
-                host.release(mask)?;
                 let r = match (self.rescale, &l1) {
                     (Rescale::Inverse, _) => 1.0 / keep,
                     (Rescale::L1, Some(r)) => r.get(t).copied().unwrap_or(1.0),
@@ -331,14 +352,15 @@ impl MergeMethod for Dare {
             .zip(&masks)
             .map(|((values, factor), mask)| fused::Term {
                 values,
-                mask: mask.as_deref(),
+                mask: mask.as_ref().and_then(|m| match m {
+                    ChunkMask::Drawn(v) => Some(fused::Mask::Values(v)),
+                    ChunkMask::Kept(t) => kept.as_ref()?.of(*t).map(|bits| fused::Mask::Bits(bits, at)),
+                }),
                 raw: true,
                 factor,
             })
             .collect();
-        // The result is written over the copy of θ0.
-        let mut out = b;
-        fused::combine(&mut out, &terms, &how);
+        let out = fused::combine(&b, &terms, &how);
         host.from_f32(&out, &shape)
     }
 }
@@ -366,13 +388,26 @@ impl Dare {
                 pending.push((t, expert_seed(self.seed, tensor.name, t), 1.0 - p, host.view_f32(*e)?));
             }
         }
-        let (seen, mut full, mut kept) = self.lock_l1()?.running.remove(tensor.name).unwrap_or_else(|| {
-            (
-                0,
-                vec![LaneSum::default(); pending.len()],
-                vec![LaneSum::default(); pending.len()],
-            )
-        });
+        let keep_bytes = kept_masks::bytes_for(tensor.full_numel, pending.len());
+        let ((seen, mut full, mut kept), mut keep) = {
+            let mut l1 = self.lock_l1()?;
+            let running = l1.running.remove(tensor.name).unwrap_or_else(|| {
+                (
+                    0,
+                    vec![LaneSum::default(); pending.len()],
+                    vec![LaneSum::default(); pending.len()],
+                )
+            });
+            let keep = l1.kept.take_filling(tensor.name, tensor.offset == 0, keep_bytes);
+            (running, keep)
+        };
+        if let Some(k) = keep.as_mut().filter(|k| k.experts.is_empty()) {
+            let numel = usize::try_from(tensor.full_numel).unwrap_or(0);
+            k.experts = pending
+                .iter()
+                .map(|(t, ..)| (*t, kept_masks::MaskBits::with_capacity(numel)))
+                .collect();
+        }
         if seen != tensor.offset || full.len() != pending.len() {
             return Err(Error::Message(format!(
                 "tensor '{}': dare's l1 pass got the chunk at element {} after {seen} elements; it needs the chunks \
@@ -411,6 +446,16 @@ impl Dare {
             let blocks: Vec<&[f32]> = pending.iter().map(|(.., v)| &v[from..from + len]).collect();
             let ms: Vec<&[f32]> = masks.iter().map(AsRef::as_ref).collect();
             let at = usize::try_from(tensor.offset).unwrap_or(usize::MAX) + from;
+            // Kept for the merge pass where they fit (in order: each mask ends where this block
+            // starts, else nothing more is kept for this tensor).
+            if let Some(k) = keep.as_mut() {
+                if k.experts.len() == ms.len() && k.experts.iter().all(|(_, b)| b.len() == at) {
+                    k.experts.iter_mut().zip(&ms).for_each(|((_, b), m)| b.push(m));
+                } else {
+                    keep = None;
+                    self.lock_l1()?.kept.drop_filling(keep_bytes);
+                }
+            }
             fused::l1_norms(&blocks, &b[from..from + len], &ms, &mut full, &mut kept, at);
             from += len;
         }
@@ -420,6 +465,9 @@ impl Dare {
         host.release(base)?;
         let seen = seen + n as u64;
         let mut l1 = self.lock_l1()?;
+        if let Some(k) = keep {
+            l1.kept.put_filling(tensor.name, k, tensor.full_numel, keep_bytes);
+        }
         if seen < tensor.full_numel {
             l1.running.insert(tensor.name.to_owned(), (seen, full, kept));
             return Ok(());

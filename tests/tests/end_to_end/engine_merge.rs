@@ -92,6 +92,12 @@ fn outputs_do_not_depend_on_threads_chunks_or_budget() {
             all,
         ),
         ("mergescope_plugin_dare", serde_json::json!({"drop_rate": 0.3}), all),
+        // The l1 rescale keeps the masks of its statistics pass for the merge, at any chunking.
+        (
+            "mergescope_plugin_dare",
+            serde_json::json!({"drop_rate": 0.3, "rescale": "l1", "combine": "ties"}),
+            all,
+        ),
         ("mergescope_plugin_cart", serde_json::json!({}), all),
         ("mergescope_plugin_consensus", serde_json::json!({}), all),
         ("mergescope_plugin_model_stock", serde_json::json!({}), all),
