@@ -18,8 +18,9 @@
 //! each tensor's chunks over in index order and the running sums carry from one chunk to the
 //! next, for all experts side by side, with the masks drawn a block at a time. A tensor's factors
 //! depend on its own norms only (`CAP_TENSOR_STATISTICS`, ABI 1.5), so the host may merge each
-//! tensor right after its statistics, while its inputs are still mapped. No statistics or merge
-//! call holds more than a chunk.
+//! tensor right after its statistics, while its inputs are still mapped. The masks the statistics
+//! pass draws are kept as bits (at most 64 MiB, `kept_masks`) for that tensor's merge, which then
+//! does not draw them again; beyond that no statistics or merge call holds more than a chunk.
 
 use mergescope_plugin_api::abi::{
     CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_ORDERED_STATISTICS, CAP_TENSOR_STATISTICS,
