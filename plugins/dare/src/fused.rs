@@ -43,13 +43,14 @@ mergescope_plugin_api::avx2_dispatch! {
         kept: &mut [LaneSum],
         at: usize,
     ) {
+        // Both sums of an expert in one sweep (each in its own lanes, so the same bits as two).
         for (((v, m), f), k) in values.iter().zip(masks).zip(full).zip(kept) {
-            let mut sum = [*f];
-            accumulate(&mut sum, at, [v, base], |[x, b]| [f64::from(x - b).abs()]);
-            *f = sum[0];
-            let mut sum = [*k];
-            accumulate(&mut sum, at, [v, m, base], |[x, m, b]| [f64::from(m * (x - b)).abs()]);
-            *k = sum[0];
+            let mut sums = [*f, *k];
+            accumulate(&mut sums, at, [v, m, base], |[x, m, b]| {
+                let d = x - b;
+                [f64::from(d).abs(), f64::from(m * d).abs()]
+            });
+            [*f, *k] = sums;
         }
     }
 }
