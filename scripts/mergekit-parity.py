@@ -924,6 +924,27 @@ def modules_configs() -> dict[str, dict]:
             },
             **dtypes,
         },
+        # Modules that merge different numbers of models (two experts in the text decoder's
+        # first slice, one in its second, one in the vision tower and the projector): every
+        # slice is then merged on its own, with the parameters of its module.
+        "modules_counts": {
+            "merge_method": "task_arithmetic",
+            "base_model": "inputs/base",
+            "parameters": {"lambda": 0.9, "weight": 1.0},
+            "modules": {
+                "text_decoder": {"slices": [
+                    {"sources": [{"model": "inputs/base", "layer_range": [0, 1]},
+                                 {"model": "inputs/expert1", "layer_range": [0, 1]},
+                                 {"model": "inputs/expert2", "layer_range": [0, 1], "parameters": {"weight": 0.5}}]},
+                    {"sources": [{"model": "inputs/base", "layer_range": [1, 2]},
+                                 {"model": "inputs/expert2", "layer_range": [1, 2]}],
+                     "parameters": {"lambda": 0.7}},
+                ]},
+                "vision_tower": {"models": [m("expert1", weight=0.8)], "parameters": {"lambda": 0.3}},
+                "multi_modal_projector": {"models": [m("expert2")]},
+            },
+            **dtypes,
+        },
         # Gradients in several modules, each restarting in every slice of its module: the text
         # decoder in two one-layer slices (t = 1 in each), the vision tower's two layers from
         # its models (t = 0, 1), the projector (no layers) at t = 0.

@@ -34,7 +34,8 @@
 //! slice (layer i of n at t = i / (n − 1), 1 for a one-layer slice) and restarts in the next,
 //! the weights before the layers take the first slice's parameters and those after them the
 //! last's, both at t = 0, as mergekit's do; a filter matches the tensor's name with its layer
-//! numbered within the slice.
+//! numbered within the slice. Slices scoped to modules are merged so within their module: its
+//! layers numbered from 0, its tensors outside the layers from its own first and last slice.
 
 mod per_slice;
 
@@ -192,14 +193,6 @@ pub fn check(slices: &[Slice], has_base: bool, experts: usize) -> Result<()> {
                 if s.sources.len() == 1 { "" } else { "s" }
             )));
         }
-        if each && s.module.is_some() {
-            return Err(EngineError::Invalid(format!(
-                "slices[{i}] is scoped to module '{}' and the slices are merged one by one (they list different \
-                 numbers of models, or give their own params); mergescope does not merge modules slice by slice yet: \
-                 give every slice one source per input and no params",
-                s.module.as_ref().map_or("", |m| m.name.as_str())
-            )));
-        }
         if !each && s.sources.len() != inputs {
             return Err(EngineError::Bug(format!(
                 "slice {i} has {} sources but the merge has {inputs} inputs",
@@ -263,11 +256,29 @@ pub(crate) fn open_slice_input(slices: &[Slice], si: usize, k: usize) -> Result<
     let Some(src) = slice.sources.get(k) else {
         return Err(EngineError::Bug(format!("slices[{si}] has no source {k}")));
     };
-    let mut opened: Opened = BTreeMap::new();
-    let offset = slices[..si].iter().map(span).sum();
-    assemble(slices, Some(si), k, &|_| true, &mut opened)?;
-    let parts: Vec<(Checkpoint, Vec<(String, String)>)> = opened.into_values().collect();
-    Ok((Checkpoint::assemble(src.model.clone(), parts)?, offset))
+    // The slice within its module's slices (all slices when none is scoped): the module's
+    // layers are numbered from 0 and its tensors outside the layers come from its own first and
+    // last slice.
+    let mut start = 0;
+    for group in module_groups(slices)? {
+        if si < start + group.len() {
+            let local = si - start;
+            let scope = group[0].module.as_ref();
+            let mut opened: Opened = BTreeMap::new();
+            let offset = group[..local].iter().map(span).sum();
+            assemble(
+                group,
+                Some(local),
+                k,
+                &|name| scope.is_none_or(|m| m.contains(name)),
+                &mut opened,
+            )?;
+            let parts: Vec<(Checkpoint, Vec<(String, String)>)> = opened.into_values().collect();
+            return Ok((Checkpoint::assemble(src.model.clone(), parts)?, offset));
+        }
+        start += group.len();
+    }
+    Err(EngineError::Bug(format!("slice {si} is in no module group")))
 }
 
 /// The number of layers a slice makes.

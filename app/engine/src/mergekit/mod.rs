@@ -216,7 +216,17 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         }
         (None, Some(slices), None) => {
             let defs = sliced::read(file, "slices", slices, &model_ref, false, &mut notes)?;
-            let plan = sliced::plan(file, mapping, base.as_deref(), &shared, &defs, None, false, &mut notes)?;
+            let plan = sliced::plan(
+                file,
+                mapping,
+                base.as_deref(),
+                &shared,
+                &defs,
+                None,
+                false,
+                false,
+                &mut notes,
+            )?;
             // With slices, every model the slices name joins the vocabulary, and each input's
             // embeddings and output head are aligned with the model they come from
             // (`slices::align`).

@@ -12,7 +12,9 @@
 //! The modules become one recipe: slices scoped to each module ([`crate::slices::ModuleScope`]),
 //! so that input k of the merge is assembled from the k-th model of every module, and one
 //! parameter table whose values differ by module through `{filter, value}` lists of the
-//! modules' prefixes.
+//! modules' prefixes. Where the modules (or a module's slices) merge different numbers of models,
+//! every slice carries its own parameters instead and is merged on its own, within its module
+//! ([`crate::slices`], "Slice by slice").
 
 use super::methods::Mapping;
 use super::sliced::{self, SliceDef, SourceDef, chain};
@@ -122,6 +124,10 @@ struct Converted {
     experts: Vec<PathBuf>,
     slices: Vec<Slice>,
     params: Map<String, Value>,
+    /// What the module was planned from: its parameters chained over the top level's, and its
+    /// slices (to plan it again slice by slice).
+    shared: Map<String, Value>,
+    defs: Vec<SliceDef>,
 }
 
 /// What a configuration with `modules` becomes: the recipe's base, experts, slices and
@@ -335,6 +341,7 @@ pub(crate) fn convert(
             &defs,
             Some(&scope),
             listed.len() > 1,
+            false,
             notes,
         )?;
         converted.push(Converted {
@@ -343,23 +350,40 @@ pub(crate) fn convert(
             experts: plan.experts,
             slices: plan.slices,
             params: plan.params,
+            shared: module_shared,
+            defs,
         });
     }
-    // Every module is one part of the same inputs: the same roles in each.
+    // Every module is one part of the same inputs where they merge as many models; otherwise
+    // (or where a module's own slices differ) every slice of every module is merged on its own
+    // with its own parameters, as mergekit plans each slice.
     let first = &converted[0];
-    for c in &converted[1..] {
-        if c.base.is_some() != first.base.is_some() || c.experts.len() != first.experts.len() {
-            return Err(invalid(
+    let slice_by_slice = converted.iter().any(|c| {
+        c.base.is_some() != first.base.is_some()
+            || c.experts.len() != first.experts.len()
+            || c.slices.iter().any(|s| s.params.is_some())
+    });
+    if slice_by_slice {
+        for c in &mut converted {
+            let mut own = Vec::new();
+            let plan = sliced::plan(
                 file,
-                format!(
-                    "modules {} and {} merge different numbers of models ({} and {} besides the base); mergescope \
-                     merges every module's models as the same inputs: list as many models in each module",
-                    first.scope.name,
-                    c.scope.name,
-                    first.experts.len(),
-                    c.experts.len()
-                ),
-            ));
+                mapping,
+                base,
+                &c.shared,
+                &c.defs,
+                Some(&c.scope),
+                false,
+                true,
+                &mut own,
+            )?;
+            for n in own {
+                if !notes.contains(&n) {
+                    notes.push(n);
+                }
+            }
+            c.slices = plan.slices;
+            c.params = plan.params;
         }
     }
     for d in defs {
@@ -385,8 +409,12 @@ pub(crate) fn convert(
             ),
         ));
     }
-    let names = layers.names(&first_model)?.to_vec();
-    let params = fold_params(file, mapping, &converted, &names)?;
+    let params = if slice_by_slice {
+        Map::new()
+    } else {
+        let names = layers.names(&first_model)?.to_vec();
+        fold_params(file, mapping, &converted, &names)?
+    };
     let first = &converted[0];
     Ok(Plan {
         base: first.base.clone(),

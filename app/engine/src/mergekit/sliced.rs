@@ -21,8 +21,8 @@
 //! slice's order; [`crate::slices`]). When the numbers differ, the recipe's slices are merged one
 //! by one ([`crate::slices`], "Slice by slice"): each slice's sources, its own `params` resolved
 //! for it alone (gradients kept as gradients, which the host evaluates over the slice's own
-//! layers), and no top-level parameters; every slice must then have a base when one has (not
-//! inside `modules` yet). Otherwise, a parameter that takes the same value
+//! layers), and no top-level parameters; every slice must then have a base when one has (inside
+//! `modules` too: [`super::modules`]). Otherwise, a parameter that takes the same value
 //! in every slice stays as given (a gradient over the output layers is the same as mergekit's when
 //! there is one slice); one that differs between slices, or a gradient with several slices, becomes
 //! a `{filter, value}` list with an entry per output layer (its tensors' name prefix and number,
@@ -233,7 +233,8 @@ pub(crate) struct Plan {
 /// parameters resolved per slice over `shared` (the top level's, or the module's chained over
 /// the top level's). `scope` is the module the slices build; `expand_gradients` evaluates every
 /// gradient per slice even for one slice (several modules: the host would count layers over
-/// all of them).
+/// all of them). With `slice_by_slice` (or when the slices merge different numbers of models)
+/// every slice gets its own parameters, to be merged on its own.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn plan(
     file: &Path,
@@ -243,6 +244,7 @@ pub(crate) fn plan(
     slices: &[SliceDef],
     scope: Option<&ModuleScope>,
     expand_gradients: bool,
+    slice_by_slice: bool,
     notes: &mut Vec<String>,
 ) -> Result<Plan> {
     let Some(first) = slices.first() else {
@@ -278,23 +280,7 @@ pub(crate) fn plan(
             ));
         }
     }
-    let uniform = roles.iter().all(|r| r.others.len() == roles[0].others.len());
-    if !uniform && let Some(m) = scope {
-        let odd = slices
-            .iter()
-            .zip(&roles)
-            .find(|(_, r)| r.others.len() != roles[0].others.len())
-            .map_or(first.what.as_str(), |(s, _)| s.what.as_str());
-        return Err(invalid(
-            file,
-            format!(
-                "{odd}.sources: the slices of module {} merge different numbers of models; mergescope merges a \
-                 module's slices as the same inputs (slices with different models are merged one by one only \
-                 without modules): give every slice of the module as many sources",
-                m.name
-            ),
-        ));
-    }
+    let uniform = !slice_by_slice && roles.iter().all(|r| r.others.len() == roles[0].others.len());
     if !mapping.uses_base()
         && let Some(b) = top_base
         && !slices.iter().any(|s| s.sources.iter().any(|src| src.model == b))
