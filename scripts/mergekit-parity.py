@@ -945,6 +945,25 @@ def modules_configs() -> dict[str, dict]:
             },
             **dtypes,
         },
+        # The vision tower and the projector kept as the base has them (a module of the base
+        # alone: mergekit's task-vector methods merge nothing into it), the text decoder's
+        # second slice too.
+        "modules_base_only": {
+            "merge_method": "ties",
+            "base_model": "inputs/base",
+            "parameters": {"density": 1.0, "weight": 1.0, "lambda": 0.6},
+            "modules": {
+                "text_decoder": {"slices": [
+                    {"sources": [{"model": "inputs/base", "layer_range": [0, 1]},
+                                 {"model": "inputs/expert1", "layer_range": [0, 1]},
+                                 {"model": "inputs/expert2", "layer_range": [0, 1]}]},
+                    {"sources": [{"model": "inputs/base", "layer_range": [1, 2]}]},
+                ]},
+                "vision_tower": {"models": [m("base")]},
+                "multi_modal_projector": {"models": [m("base")]},
+            },
+            **dtypes,
+        },
         # Gradients in several modules, each restarting in every slice of its module: the text
         # decoder in two one-layer slices (t = 1 in each), the vision tower's two layers from
         # its models (t = 0, 1), the projector (no layers) at t = 0.

@@ -30,7 +30,8 @@
 //! has a base, then the models it merges, as many as it likes), its tensors are merged by
 //! instances of the method created for its own number of models, with the recipe's parameters
 //! overlaid by the slice's `params`, and its output layers are written into the one output
-//! ([`per_slice`]). A slice's parameters are resolved on its own layers: a gradient runs over the
+//! ([`per_slice`]); a slice of the base alone keeps the base's tensors. A slice's parameters are
+//! resolved on its own layers: a gradient runs over the
 //! slice (layer i of n at t = i / (n − 1), 1 for a one-layer slice) and restarts in the next,
 //! the weights before the layers take the first slice's parameters and those after them the
 //! last's, both at t = 0, as mergekit's do; a filter matches the tensor's name with its layer
@@ -185,12 +186,14 @@ pub fn check(slices: &[Slice], has_base: bool, experts: usize) -> Result<()> {
     let inputs = usize::from(has_base) + experts;
     let each = is_slice_by_slice(slices, inputs);
     for (i, s) in slices.iter().enumerate() {
-        if each && s.sources.len() <= usize::from(has_base) {
+        if each && s.sources.is_empty() {
             return Err(EngineError::Invalid(format!(
-                "slices[{i}].sources lists {} source{} but the merge has a base; give the slice its base first, then \
-                 at least one model to merge",
-                s.sources.len(),
-                if s.sources.len() == 1 { "" } else { "s" }
+                "slices[{i}].sources lists no source; give the slice {}",
+                if has_base {
+                    "its base first, then the models to merge (or the base alone to keep its layers)"
+                } else {
+                    "the models to merge"
+                }
             )));
         }
         if !each && s.sources.len() != inputs {
@@ -511,14 +514,18 @@ mod tests {
         }];
         let e = open_input(&bad, 0).unwrap_err().to_string();
         assert!(e.contains("[2, 6)") && e.contains("has 4 layers"), "{e}");
-        // With a base, a slice of one source has no model to merge besides it.
+        // With a base, a slice of one source is the base alone (it keeps the base's layers); a
+        // slice without sources is an error.
         assert!(is_slice_by_slice(&slices, 2));
-        let e = check(&slices, true, 1).unwrap_err().to_string();
+        check(&slices, true, 1).unwrap();
+        check(&slices, false, 2).unwrap();
+        let mut empty = slices.clone();
+        empty[0].sources.clear();
+        let e = check(&empty, true, 1).unwrap_err().to_string();
         assert!(
-            e.contains("slices[0].sources lists 1 source") && e.contains("base first"),
+            e.contains("slices[0].sources lists no source") && e.contains("base first"),
             "{e}"
         );
-        check(&slices, false, 2).unwrap();
     }
 
     #[test]

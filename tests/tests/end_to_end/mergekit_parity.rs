@@ -632,7 +632,7 @@ fn modules_agree_with_mergekit() {
     let root = fixtures().join("modules");
     let manifest: Value = serde_json::from_str(&std::fs::read_to_string(root.join("manifest.json")).unwrap()).unwrap();
     let configs = manifest["configs"].as_array().unwrap();
-    assert_eq!(configs.len(), 5, "the modules fixtures");
+    assert_eq!(configs.len(), 6, "the modules fixtures");
     for cfg in configs {
         let name = cfg["name"].as_str().unwrap();
         let text = std::fs::read_to_string(root.join(cfg["config"].as_str().unwrap())).unwrap();

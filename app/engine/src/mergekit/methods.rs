@@ -479,6 +479,23 @@ impl Mapping {
     }
 
     /// Checks the number of models besides the base (`n`, of `what`) against the method's.
+    /// Whether a slice of the base alone keeps the base's tensors: mergekit's generalized task
+    /// arithmetic (task arithmetic, TIES, DARE, breadcrumbs, DELLA) returns the base when it has
+    /// no task vector.
+    pub(crate) fn keeps_base_alone(&self) -> bool {
+        matches!(
+            self.mergekit,
+            "task_arithmetic"
+                | "ties"
+                | "dare_ties"
+                | "dare_linear"
+                | "breadcrumbs"
+                | "breadcrumbs_ties"
+                | "della"
+                | "della_linear"
+        )
+    }
+
     pub(crate) fn check_expert_count(&self, file: &Path, what: &str, n: usize) -> Result<()> {
         match self.experts {
             Some(want) if want != n => Err(invalid(

@@ -415,7 +415,13 @@ pub(crate) fn convert(
         let names = layers.names(&first_model)?.to_vec();
         fold_params(file, mapping, &converted, &names)?
     };
-    let first = &converted[0];
+    // The recipe's inputs: those of the first module that merges something.
+    let Some(first) = converted.iter().find(|c| !c.experts.is_empty()) else {
+        return Err(invalid(
+            file,
+            "every module lists only the base: there is nothing to merge",
+        ));
+    };
     Ok(Plan {
         base: first.base.clone(),
         experts: first.experts.clone(),

@@ -258,13 +258,17 @@ pub(crate) fn plan(
     // is merged on its own, as mergekit merges it).
     let has_base = roles[0].base.is_some();
     for (slice, r) in slices.iter().zip(&roles) {
-        if r.others.is_empty() {
+        // A slice of the base alone keeps the base's tensors (mergekit's task-vector methods
+        // merge nothing into it).
+        if r.others.is_empty() && (r.base.is_none() || !mapping.keeps_base_alone()) {
             return Err(invalid(
                 file,
                 format!("{}.sources lists no model to merge besides the base", slice.what),
             ));
         }
-        mapping.check_expert_count(file, &slice.what, r.others.len())?;
+        if !r.others.is_empty() {
+            mapping.check_expert_count(file, &slice.what, r.others.len())?;
+        }
         if r.base.is_some() != has_base {
             return Err(invalid(
                 file,
@@ -279,6 +283,13 @@ pub(crate) fn plan(
                 ),
             ));
         }
+    }
+    // (A module may keep the base alone; the modules together must merge something.)
+    if scope.is_none() && roles.iter().all(|r| r.others.is_empty()) {
+        return Err(invalid(
+            file,
+            "every slice lists only the base: there is nothing to merge",
+        ));
     }
     let uniform = !slice_by_slice && roles.iter().all(|r| r.others.len() == roles[0].others.len());
     if !mapping.uses_base()
@@ -355,9 +366,11 @@ pub(crate) fn plan(
             params,
         })
         .collect();
+    // The recipe's inputs: those of the first slice that merges something.
+    let lead = roles.iter().find(|r| !r.others.is_empty()).unwrap_or(&roles[0]);
     Ok(Plan {
-        base: roles[0].base.map(|s| s.model.clone()),
-        experts: roles[0].others.iter().map(|s| s.model.clone()).collect(),
+        base: lead.base.map(|s| s.model.clone()),
+        experts: lead.others.iter().map(|s| s.model.clone()).collect(),
         slices: recipe_slices,
         params,
     })

@@ -116,6 +116,26 @@ pub(crate) fn merge_files(
     for (si, (inputs, offset)) in opened.into_iter().enumerate() {
         let what = format!("slices[{si}]");
         let n_experts = inputs.len() - usize::from(has_base);
+        if n_experts == 0 {
+            // The base alone: its tensors as they are (nothing is merged into it).
+            let descs: Vec<_> = inputs.iter().map(file_desc).collect();
+            let report = compat::check(&[format!("{what}.sources[0]")], &descs[0], &[], req.on_missing)
+                .map_err(EngineError::Incompatible)?;
+            let mut plan = plan_outputs(&report.fates, &inputs[0], req.out_dtype);
+            let copied: Vec<_> = plan
+                .items
+                .drain(..)
+                .filter_map(|i| inputs[0].tensors.get(&i.name).cloned())
+                .collect();
+            plan.copies.extend(copied);
+            parts.push(Part {
+                inputs,
+                plan,
+                groups: Vec::new(),
+                recorded: Value::Null,
+            });
+            continue;
+        }
         let params = slice_params(&req.params, &req.slices[si], &what)?;
         let layer_wise = layered::is_layered(&params, plugin.schema()).map_err(|e| in_slice(&what, e))?;
         let single = if layer_wise {
@@ -167,7 +187,8 @@ pub(crate) fn merge_files(
             w[0].name
         )));
     }
-    let Some(first) = parts.first() else {
+    // The metadata names the inputs and parameters of the first slice that merges something.
+    let Some(first) = parts.iter().find(|p| !p.groups.is_empty()).or(parts.first()) else {
         return Err(EngineError::Invalid(
             "a sliced merge needs at least one slice".to_owned(),
         ));
@@ -183,7 +204,7 @@ pub(crate) fn merge_files(
     }
     let total: u64 = parts.iter().map(|p| elements(&p.plan.items)).sum();
     let mut done_before = 0u64;
-    for part in &parts {
+    for part in parts.iter().filter(|p| !p.groups.is_empty()) {
         let n_experts = part.inputs.len() - usize::from(has_base);
         GroupRun::new(plugin, has_base, n_experts, opts, observer, cancel)
             .within(done_before, total)
