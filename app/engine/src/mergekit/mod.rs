@@ -74,6 +74,15 @@ impl Converted {
     }
 }
 
+/// Adds the notes of `more` that `notes` does not hold yet.
+fn add_new_notes(notes: &mut Vec<String>, more: Vec<String>) {
+    for n in more {
+        if !notes.contains(&n) {
+            notes.push(n);
+        }
+    }
+}
+
 fn invalid(file: &Path, what: impl std::fmt::Display) -> EngineError {
     EngineError::Invalid(format!("mergekit config '{}': {what}", file.display()))
 }

@@ -18,7 +18,7 @@
 
 use super::methods::Mapping;
 use super::sliced::{self, SliceDef, SourceDef, chain};
-use super::{check_keys, invalid, params_of, read_models};
+use super::{add_new_notes, check_keys, invalid, params_of, read_models};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::layered::layer_index;
@@ -377,11 +377,7 @@ pub(crate) fn convert(
                 true,
                 &mut own,
             )?;
-            for n in own {
-                if !notes.contains(&n) {
-                    notes.push(n);
-                }
-            }
+            add_new_notes(notes, own);
             c.slices = plan.slices;
             c.params = plan.params;
         }

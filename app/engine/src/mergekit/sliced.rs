@@ -31,7 +31,7 @@
 //! last slice), which the host resolves per tensor for every plugin ([`crate::layered`]).
 
 use super::methods::Mapping;
-use super::{Entry, check_keys, invalid, params_of};
+use super::{Entry, add_new_notes, check_keys, invalid, params_of};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::layered::layer_position;
@@ -339,11 +339,7 @@ pub(crate) fn plan(
                 false,
                 &mut own,
             )?;
-            for n in own {
-                if !notes.contains(&n) {
-                    notes.push(n);
-                }
-            }
+            add_new_notes(notes, own);
             per_slice.push(Some(params_to_toml(&p)));
         }
         (Map::new(), per_slice)

@@ -1024,16 +1024,62 @@ pub(crate) mod tests {
         }
     }
 
+    /// Seed 0's LoRA recipe (rank 2) cut down for the tiny backbone: 16 tokens, 5 head steps, 4
+    /// expert steps, 32 train and 16 test texts per task.
+    fn reduced_lora_recipe() -> TextRecipe {
+        let mut recipe = TextRecipe::lora_for(0, 2);
+        (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 4);
+        (recipe.warmup_steps, recipe.batch_size) = (1, 8);
+        (recipe.max_train, recipe.max_eval) = (Some(32), Some(16));
+        recipe
+    }
+
+    /// A reduced LoRA build (the frozen products and side paths on the GPU) scores on CUDA as on
+    /// the CPU, where the build and the machine have CUDA (a `--features cuda` build on a GPU
+    /// machine; elsewhere there is no second device to compare with, and it says so).
+    #[test]
+    fn a_reduced_lora_build_on_cuda_scores_as_on_the_cpu() {
+        let Ok(cuda) = Device::cuda_if_available(0) else {
+            return;
+        };
+        if !cuda.is_cuda() {
+            eprintln!("no CUDA device: nothing to compare the CPU build with");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let backbone = tiny_backbone(tmp.path()).unwrap();
+        let tasks = tasks_named(&["word_sentiment", "name_gender"]).unwrap();
+        let recipe = reduced_lora_recipe();
+        let build = |device: &Device, name: &str| {
+            build_text(
+                &backbone,
+                &tasks,
+                &recipe,
+                &tmp.path().join(name),
+                device,
+                &mut |_| {},
+                &AtomicBool::new(false),
+            )
+            .unwrap()
+        };
+        let (on_cpu, on_gpu) = (build(&Device::Cpu, "cpu"), build(&cuda, "cuda"));
+        for (a, b) in on_cpu.manifest.tasks.iter().zip(&on_gpu.manifest.tasks) {
+            for split in ["calibration", "test"] {
+                let (x, y) = (a.expert_accuracy[split], b.expert_accuracy[split]);
+                eprintln!("{} {split}: expert accuracy {x} on the CPU, {y} on CUDA", a.name);
+                // 16 test texts: one text is 1/16.
+                assert!((x - y).abs() <= 1.0 / 16.0 + 1e-9, "{} {split}: {x} vs {y}", a.name);
+            }
+        }
+    }
+
     #[test]
     fn a_reduced_lora_build_writes_dense_experts_and_adapters_that_load_the_same() {
         use mergescope_engine::checkpoint::Checkpoint;
         let tmp = tempfile::tempdir().unwrap();
         let backbone = tiny_backbone(tmp.path()).unwrap();
         let tasks = tasks_named(&["word_sentiment", "name_gender"]).unwrap();
-        let mut recipe = TextRecipe::lora_for(0, 2);
-        (recipe.max_length, recipe.head_steps, recipe.expert_steps) = (16, 5, 4);
-        (recipe.warmup_steps, recipe.batch_size) = (1, 8);
-        (recipe.max_train, recipe.max_eval) = (Some(32), Some(16));
+        let recipe = reduced_lora_recipe();
         let out = tmp.path().join("out");
         let mut stages = Vec::new();
         let b = build_text(

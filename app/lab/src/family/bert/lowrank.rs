@@ -190,3 +190,72 @@ impl CustomOp2 for FrozenMatmul {
         Ok((Some(grad.matmul(&w_t.t()?)?), None))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Var};
+
+    /// Every device this build and machine have: the CPU, and the first CUDA GPU where there is
+    /// one (a `--features cuda` build on a GPU machine).
+    fn devices() -> Vec<Device> {
+        let mut all = vec![Device::Cpu];
+        if let Ok(d) = Device::cuda_if_available(0)
+            && d.is_cuda()
+        {
+            all.push(d);
+        }
+        all
+    }
+
+    #[test]
+    fn a_frozen_product_is_candles_matmul_and_its_input_gradient_on_every_device() {
+        let (m, k, n) = (37, 48, 29);
+        let xs: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5).collect();
+        let ws: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 997) as f32 * 1e-3 - 0.45).collect();
+        let gs: Vec<f32> = (0..m * n).map(|i| ((i * 31) % 101) as f32 * 1e-2 - 0.5).collect();
+        for device in devices() {
+            let x = Var::from_tensor(&Tensor::from_vec(xs.clone(), (m, k), &device).unwrap()).unwrap();
+            let w_t = Tensor::from_vec(ws.clone(), (k, n), &device).unwrap();
+            let g = Tensor::from_vec(gs.clone(), (m, n), &device).unwrap();
+            let frozen = frozen_matmul(x.as_tensor(), &w_t).unwrap();
+            let plain = x.as_tensor().matmul(&w_t).unwrap();
+            let bits = |t: &Tensor| -> Vec<u32> {
+                t.to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert_eq!(bits(&frozen), bits(&plain), "forward on {device:?}");
+            // The loss Σ g ⊙ (x·Wᵀ): the input's gradient is g·W either way, bit for bit.
+            let grad_of = |y: &Tensor| {
+                let grads = (y * &g).unwrap().sum_all().unwrap().backward().unwrap();
+                grads.get(x.as_tensor()).unwrap().clone()
+            };
+            assert_eq!(
+                bits(&grad_of(&frozen)),
+                bits(&grad_of(&plain)),
+                "gradient on {device:?}"
+            );
+            // And the product is the one the CPU computes, to f32 rounding.
+            let on_cpu = Tensor::from_vec(xs.clone(), (m, k), &Device::Cpu)
+                .unwrap()
+                .matmul(&Tensor::from_vec(ws.clone(), (k, n), &Device::Cpu).unwrap())
+                .unwrap();
+            let diff = (frozen.to_device(&Device::Cpu).unwrap() - on_cpu)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(diff < 1e-4, "{device:?}: {diff}");
+        }
+    }
+}
