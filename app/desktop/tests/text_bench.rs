@@ -34,6 +34,17 @@ fn a_reduced_text_benchmark_builds_and_its_suite_evaluates_and_merges() {
         "some",
     ]);
     assert!(e.contains("--text-head-shots 'some'") && e.contains("`all`"), "{e}");
+    let e = env.fails(&[
+        "demo",
+        "build",
+        "--benchmark",
+        "text",
+        "--backbone",
+        "x",
+        "--device",
+        "tpu",
+    ]);
+    assert!(e.contains("--device 'tpu'") && e.contains("cuda"), "{e}");
     let e = env.fails(&["demo", "build", "--benchmark", "text", "--backbone", "nowhere"]);
     assert!(e.contains("'nowhere'") && e.contains("fetch-minilm.sh"), "{e}");
     let Some(model) = minilm() else { return };

@@ -145,11 +145,21 @@ pub struct Manifest {
     pub tasks: Vec<BenchmarkTask>,
     /// Seconds per stage (pretrain, heads, experts, evaluation).
     pub seconds: BTreeMap<String, f64>,
-    /// The CPU matrix-kernel path it was trained with ([`kernel_path`]); builds on the same path
+    /// The matrix-kernel path it was trained with ([`kernel_path_on`]); builds on the same path
     /// are byte-identical, on different paths they differ in the last bits. Empty: not recorded
     /// (built before it was).
     #[serde(default)]
     pub kernel_path: String,
+}
+
+/// The matrix-kernel path a build on `device` trains with: `cuda` or `metal` on a GPU (whose
+/// sums go in the GPU library's order), else the CPU's [`kernel_path`].
+pub fn kernel_path_on(device: &Device) -> String {
+    match device {
+        Device::Cuda(_) => "cuda".to_owned(),
+        Device::Metal(_) => "metal".to_owned(),
+        Device::Cpu => kernel_path(),
+    }
 }
 
 /// The CPU matrix-kernel path this process trains with, which decides the order float sums
@@ -622,7 +632,7 @@ pub fn build(
         recipe: recipe.clone(),
         tasks: entries,
         seconds,
-        kernel_path: kernel_path(),
+        kernel_path: kernel_path_on(device),
     };
     write_manifest(tmp.path(), &manifest)?;
     let built = tmp.keep();

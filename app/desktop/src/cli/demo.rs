@@ -2,7 +2,7 @@
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use mergescope_engine::device::{DeviceChoice, open_device};
+use mergescope_engine::device::{Device, DeviceChoice, open_device};
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::{
     Benchmark, BuildProgress, BuildRecipe, build, build_replacing, demo_dir, demos_in_cache, outdated_reason,
@@ -54,6 +54,24 @@ pub struct BuildArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Device to train on: cpu, cuda or metal (falls back to the CPU with a warning when the
+    /// build or the machine lacks it). A GPU build sums in the GPU's order, so its numbers differ
+    /// from a CPU build's in the last bits; its manifest records `kernel_path` `cuda` or `metal`.
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub device: String,
+}
+
+impl BuildArgs {
+    /// The device of `--device`, with a warning where it falls back to the CPU.
+    pub fn device(&self) -> anyhow::Result<Device> {
+        let choice = DeviceChoice::parse(&self.device)
+            .with_context(|| format!("--device '{}': use cpu, cuda or metal", self.device))?;
+        let (device, note) = open_device(choice);
+        if let Some(n) = note {
+            eprintln!("warning: {n}");
+        }
+        Ok(device)
+    }
 }
 
 pub fn run(command: DemoCommand) -> anyhow::Result<ExitCode> {
@@ -86,8 +104,9 @@ fn archs(s: &str) -> anyhow::Result<Vec<Arch>> {
 }
 
 fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
+    let device = args.device()?;
     if args.benchmark == "text" {
-        return text::run_text_build(args);
+        return text::run_text_build(args, &device);
     }
     if args.backbone.is_some() || args.text.is_set() {
         anyhow::bail!(
@@ -119,7 +138,7 @@ fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
                 dir.display()
             );
         }
-        let b = build_with_bar(arch, args.seed, &dir, &tasks, args.quiet, cancel)?;
+        let b = build_with_bar(arch, args.seed, &dir, &tasks, &device, args.quiet, cancel)?;
         print_benchmark(&b);
     }
     Ok(ExitCode::SUCCESS)
@@ -132,10 +151,10 @@ pub fn build_with_bar(
     seed: u64,
     dir: &std::path::Path,
     tasks: &[mergescope_lab::data::TaskData],
+    device: &Device,
     quiet: bool,
     cancel: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<Benchmark> {
-    let (device, _) = open_device(DeviceChoice::Cpu);
     let bar = super::progress_bar(quiet);
     let recipe = BuildRecipe::default_for(arch, seed);
     let mut on_progress = |p: &BuildProgress| {
@@ -145,7 +164,7 @@ pub fn build_with_bar(
         bar.set_message(format!("{arch}: {}{loss}", p.stage));
     };
     let built = build_replacing(dir, |staging| {
-        build(arch, tasks, &recipe, staging, &device, &mut on_progress, cancel)
+        build(arch, tasks, &recipe, staging, device, &mut on_progress, cancel)
     });
     bar.finish_and_clear();
     let b = built?;

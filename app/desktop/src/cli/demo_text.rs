@@ -4,7 +4,6 @@
 use super::BuildArgs;
 use anyhow::Context as _;
 use clap::Args;
-use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_lab::demo::BuildProgress;
 use mergescope_lab::text_bench::lora::{LORA_TARGETS, TEXT_LORA_LR};
 use mergescope_lab::text_bench::{FineTuning, LoraRecipe, TextBenchmark, TextBuildPlan, TextBuildRequest, TextRecipe};
@@ -133,7 +132,10 @@ impl TextArgs {
     }
 }
 
-pub fn run_text_build(args: &BuildArgs) -> anyhow::Result<std::process::ExitCode> {
+pub fn run_text_build(
+    args: &BuildArgs,
+    device: &mergescope_engine::device::Device,
+) -> anyhow::Result<std::process::ExitCode> {
     let backbone = args.backbone.as_deref().context(
         "--benchmark text needs --backbone DIR: the all-MiniLM-L6-v2 folder (run scripts/fetch-minilm.sh, then pass --backbone ~/.cache/mergescope/all-minilm-l6-v2)",
     )?;
@@ -153,7 +155,6 @@ pub fn run_text_build(args: &BuildArgs) -> anyhow::Result<std::process::ExitCode
         }
         TextBuildPlan::Build(build) => build,
     };
-    let (device, _) = open_device(DeviceChoice::Cpu);
     let cancel = super::super::cancel_on_ctrl_c();
     let bar = super::super::progress_bar(args.quiet);
     let mut on_progress = |p: &BuildProgress| {
@@ -163,7 +164,7 @@ pub fn run_text_build(args: &BuildArgs) -> anyhow::Result<std::process::ExitCode
         bar.set_message(format!("text: {}{loss}", p.stage));
     };
     let clock = std::time::Instant::now();
-    let built = build.run(&device, &mut on_progress, cancel);
+    let built = build.run(device, &mut on_progress, cancel);
     bar.finish_and_clear();
     let b = built?;
     eprintln!("text: built in {:.0} s", clock.elapsed().as_secs_f64());

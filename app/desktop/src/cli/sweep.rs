@@ -199,7 +199,9 @@ pub fn run(plugin_dirs: &[PathBuf], args: SweepArgs) -> anyhow::Result<ExitCode>
                 Err(e) if spec.benchmark == "demo" => {
                     eprintln!("no {arch} demo benchmark built yet: building it first ({e})");
                     let dir = mergescope_lab::demo::demo_dir(arch, 0)?;
-                    super::demo::build_with_bar(arch, 0, &dir, &tasks, args.run.quiet, cancel)?
+                    // On the CPU, as every build of the shared demo is: the same bytes everywhere.
+                    let cpu = mergescope_engine::device::Device::Cpu;
+                    super::demo::build_with_bar(arch, 0, &dir, &tasks, &cpu, args.run.quiet, cancel)?
                 }
                 Err(e) => return Err(e.into()),
             };

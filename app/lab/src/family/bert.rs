@@ -153,6 +153,13 @@ impl BertEncoder {
             return Ok(None);
         };
         let first = self.hidden_states(batch)?.i((.., 0))?;
+        // cuBLAS multiplies only row-contiguous operands (the first tokens are every length-th
+        // row); the CPU's matmul reads the strided view as it is, with the same bits as ever.
+        let first = if first.device().is_cpu() {
+            first
+        } else {
+            first.contiguous()?
+        };
         Ok(Some(pooler.forward(&first)?.tanh()?))
     }
 

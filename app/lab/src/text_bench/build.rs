@@ -17,7 +17,7 @@
 
 use super::data::{TextSplit, TextTask, Tokenized};
 use super::lora::{FineTuning, LoraFactors};
-use crate::demo::{BuildProgress, kernel_path, open_build, save_params, write_manifest};
+use crate::demo::{BuildProgress, kernel_path_on, open_build, save_params, write_manifest};
 use crate::family::bert::{self, BertEncoder, Linears, TokenBatch};
 use crate::family::hf;
 use crate::nn::{Params, cross_entropy};
@@ -169,7 +169,7 @@ pub struct TextManifest {
     /// Seconds per stage (tokenise, heads, experts with their evaluation, write) and of each
     /// expert's fine-tuning alone (`fine-tune <task>`).
     pub seconds: BTreeMap<String, f64>,
-    /// The CPU matrix-kernel path ([`kernel_path`]).
+    /// The matrix-kernel path ([`kernel_path_on`]).
     pub kernel_path: String,
 }
 
@@ -789,7 +789,7 @@ fn build_into(
         recipe: recipe.clone(),
         tasks: results,
         seconds,
-        kernel_path: kernel_path(),
+        kernel_path: kernel_path_on(device),
     };
     write_manifest(out, &manifest)?;
     done += 1;
