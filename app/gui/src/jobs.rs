@@ -59,8 +59,9 @@ pub enum Job {
     Merge(Box<MergeJob>),
     /// A demo benchmark build.
     Build(BuildJob),
-    /// A text benchmark build (the lab's, as `mergescope demo build --benchmark text` runs it).
-    BuildText(Box<TextBuild>),
+    /// A text benchmark build (the lab's, as `mergescope demo build --benchmark text` runs it),
+    /// on the document's device.
+    BuildText(Box<TextBuild>, DeviceChoice),
 }
 
 /// What a merge job produced.
@@ -341,7 +342,7 @@ impl Worker {
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &q.job {
                 Job::Merge(m) => self.merge(q.id, m, &q.cancel),
                 Job::Build(b) => self.build(q.id, b, &q.cancel),
-                Job::BuildText(b) => self.build_text(q.id, b, &q.cancel),
+                Job::BuildText(b, device) => self.build_text(q.id, b, *device, &q.cancel),
             }));
             let event = match outcome {
                 Ok(Ok(e)) => e,
@@ -537,8 +538,10 @@ impl Worker {
 
     /// Builds the text benchmark: the lab checks the backbone folder first, then trains the
     /// heads and experts; the folder is replaced only once the build is complete.
-    fn build_text(&mut self, id: JobId, job: &TextBuild, cancel: &AtomicBool) -> Result<Event> {
-        let (device, _) = open_device(DeviceChoice::Cpu);
+    fn build_text(&mut self, id: JobId, job: &TextBuild, device: DeviceChoice, cancel: &AtomicBool) -> Result<Event> {
+        // Where the device is missing the build runs on the CPU (the manifest's kernel_path says
+        // which it was).
+        let (device, _) = open_device(device);
         let mut progress = self.build_progress(id, "building text benchmark");
         let b = job.run(&device, &mut progress, cancel)?;
         Ok(Event::BuiltText(id, Box::new(b)))

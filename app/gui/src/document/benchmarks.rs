@@ -203,7 +203,7 @@ impl Document {
                 build.tasks.len()
             ),
         );
-        let job = self.jobs.submit(Job::BuildText(Box::new(build)));
+        let job = self.jobs.submit(Job::BuildText(Box::new(build), self.device));
         self.build = Some(BuildState {
             job,
             what: BuildKind::Text,
