@@ -2,7 +2,7 @@
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use mergescope_engine::device::{Device, DeviceChoice, open_device};
+use mergescope_engine::device::Device;
 use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::{
     Benchmark, BuildProgress, BuildRecipe, build, build_replacing, demo_dir, demos_in_cache, outdated_reason,
@@ -61,19 +61,6 @@ pub struct BuildArgs {
     pub device: String,
 }
 
-impl BuildArgs {
-    /// The device of `--device`, with a warning where it falls back to the CPU.
-    pub fn device(&self) -> anyhow::Result<Device> {
-        let choice = DeviceChoice::parse(&self.device)
-            .with_context(|| format!("--device '{}': use cpu, cuda or metal", self.device))?;
-        let (device, note) = open_device(choice);
-        if let Some(n) = note {
-            eprintln!("warning: {n}");
-        }
-        Ok(device)
-    }
-}
-
 pub fn run(command: DemoCommand) -> anyhow::Result<ExitCode> {
     match command {
         DemoCommand::Build(args) => run_build(&args),
@@ -104,7 +91,7 @@ fn archs(s: &str) -> anyhow::Result<Vec<Arch>> {
 }
 
 fn run_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
-    let device = args.device()?;
+    let device = super::open_device_named(&args.device)?;
     if args.benchmark == "text" {
         return text::run_text_build(args, &device);
     }

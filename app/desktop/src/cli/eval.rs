@@ -3,7 +3,7 @@
 
 use anyhow::Context as _;
 use clap::Args;
-use mergescope_engine::device::{DeviceChoice, device_name, open_device};
+use mergescope_engine::device::device_name;
 use mergescope_lab::data::SplitKind;
 use mergescope_lab::evaluate::{self, EvaluatorSpec};
 use mergescope_lab::evaluator::{ACCURACY, EvalReport};
@@ -141,12 +141,7 @@ pub fn print_header(checkpoint: &Path, e: &Evaluated, split: SplitKind) {
 pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
     let split =
         SplitKind::parse(&args.split).with_context(|| format!("--split '{}': use test or calibration", args.split))?;
-    let choice = DeviceChoice::parse(&args.device)
-        .with_context(|| format!("--device '{}': use cpu, cuda or metal", args.device))?;
-    let (device, note) = open_device(choice);
-    if let Some(n) = note {
-        eprintln!("warning: {n}");
-    }
+    let device = super::open_device_named(&args.device)?;
     let spec = EvaluatorSpec {
         benchmark: args.benchmark.clone(),
         data: args.data.clone(),

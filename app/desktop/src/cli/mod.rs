@@ -17,8 +17,10 @@ mod search;
 mod sweep;
 mod sweep_slurm;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use mergescope_engine::device::{Device, DeviceChoice, open_device};
 use mergescope_engine::plugin::{Approvals, PluginDirs, Registry};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -86,6 +88,17 @@ pub enum Command {
     },
     /// Open the desktop window (the default when no subcommand is given).
     Gui(gui::GuiArgs),
+}
+
+/// The device `name` (cpu, cuda or metal) of a --device option, opened (a fallback is
+/// announced on stderr).
+pub fn open_device_named(name: &str) -> anyhow::Result<Device> {
+    let choice = DeviceChoice::parse(name).with_context(|| format!("--device '{name}': use cpu, cuda or metal"))?;
+    let (device, note) = open_device(choice);
+    if let Some(n) = note {
+        eprintln!("warning: {n}");
+    }
+    Ok(device)
 }
 
 /// Finds plugins next to the executable, in the user's folder and in `--plugin-dir`s.

@@ -8,7 +8,6 @@ use super::inputs::{ModelArgs, Models};
 use super::merge::parse_params;
 use anyhow::{Context as _, bail};
 use clap::Args;
-use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::executor::{ExecOptions, Observer};
 use mergescope_engine::merge::MergeRequest;
 use mergescope_engine::writer::write_atomic;
@@ -99,12 +98,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: SearchArgs) -> anyhow::Result<ExitCode
     let range = parse_range(&args.range)?;
     let registry = super::registry(plugin_dirs)?;
     let plugin = registry.find(&args.method).map_err(anyhow::Error::msg)?;
-    let device_choice = DeviceChoice::parse(&args.device)
-        .with_context(|| format!("--device '{}': use cpu, cuda or metal", args.device))?;
-    let (device, note) = open_device(device_choice);
-    if let Some(n) = note {
-        eprintln!("warning: {n}");
-    }
+    let device = super::open_device_named(&args.device)?;
     // The models and what scores a candidate.
     let Models { base, experts } = args.models.paths()?;
     let evaluator: Box<dyn Evaluator> = if is_suite_path(&args.models.benchmark) {

@@ -9,9 +9,10 @@ mod seed002;
 mod views;
 
 use super::inputs::{ModelArgs, Models};
+use super::open_device_named;
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
-use mergescope_engine::device::{Device, DeviceChoice, open_device};
+use mergescope_engine::device::Device;
 use mergescope_engine::writer::write_atomic;
 use mergescope_figures::{Figure, render_png, to_csv};
 use mergescope_lab::evaluate::{EvaluatorSpec, open_normalised};
@@ -74,17 +75,6 @@ pub struct Output {
     /// Replace --png/--csv files that exist.
     #[arg(long)]
     pub overwrite: bool,
-}
-
-/// The device `name` (cpu, cuda or metal) of a --device option, opened (a fallback is
-/// announced on stderr).
-pub fn open_device_named(name: &str) -> anyhow::Result<Device> {
-    let choice = DeviceChoice::parse(name).with_context(|| format!("--device '{name}': use cpu, cuda or metal"))?;
-    let (device, note) = open_device(choice);
-    if let Some(n) = note {
-        eprintln!("warning: {n}");
-    }
-    Ok(device)
 }
 
 impl Common {
