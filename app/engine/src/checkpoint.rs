@@ -873,8 +873,8 @@ impl Checkpoint {
     }
 
     /// [`Checkpoint::read_f32_range`], and whether the read found every value finite while
-    /// decoding (bf16 and f16 stored values without an update); `false` means "not checked",
-    /// so a caller that must refuse NaN and Inf checks those values itself.
+    /// decoding (bf16 stored values without an update); `false` means "not checked" or "not
+    /// finite", so a caller that must refuse NaN and Inf checks those values itself.
     pub fn read_f32_range_checked(&self, t: &TensorEntry, from: usize, len: usize) -> Result<(Vec<f32>, bool)> {
         if let Some(map) = self.row_maps.get(&t.name) {
             return Ok((self.read_mapped(map, from, len)?, false));

@@ -232,7 +232,7 @@ impl Run<'_> {
             // Checked here (or by the source as it decoded), once for every method, so the
             // message names the input rather than blaming whichever method first trips over the
             // NaN.
-            if let Some((i, x)) = (!finite).then(|| crate::finite::first_non_finite(&v)).flatten() {
+            if !finite && let Some((i, x)) = crate::finite::first_non_finite(&v) {
                 return Err(crate::finite::non_finite_input(
                     &self.source.describe(m),
                     &item.name,

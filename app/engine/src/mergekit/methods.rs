@@ -478,7 +478,6 @@ impl Mapping {
         )
     }
 
-    /// Checks the number of models besides the base (`n`, of `what`) against the method's.
     /// Whether a slice of the base alone keeps the base's tensors: mergekit's generalized task
     /// arithmetic (task arithmetic, TIES, DARE, breadcrumbs, DELLA) returns the base when it has
     /// no task vector.
@@ -496,6 +495,7 @@ impl Mapping {
         )
     }
 
+    /// Checks the number of models besides the base (`n`, of `what`) against the method's.
     pub(crate) fn check_expert_count(&self, file: &Path, what: &str, n: usize) -> Result<()> {
         match self.experts {
             Some(want) if want != n => Err(invalid(
