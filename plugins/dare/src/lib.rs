@@ -126,8 +126,8 @@ pub struct Dare {
 enum ChunkMask<'a> {
     /// Drawn by the host for this chunk.
     Drawn(std::borrow::Cow<'a, [f32]>),
-    /// Kept by the statistics pass, for expert t.
-    Kept(usize),
+    /// Kept by the statistics pass for the whole tensor.
+    Kept(&'a kept_masks::MaskBits),
 }
 
 /// The l1 statistics pass in progress.
@@ -327,8 +327,8 @@ impl MergeMethod for Dare {
                 masks.push(None);
                 factors.push((1.0, w));
             } else {
-                if kept.as_ref().and_then(|k| k.of(t)).is_some() {
-                    masks.push(Some(ChunkMask::Kept(t)));
+                if let Some(bits) = kept.as_ref().and_then(|k| k.of(t)) {
+                    masks.push(Some(ChunkMask::Kept(bits)));
                 } else {
                     // One mask for the whole chunk, drawn for the chunk's elements of the full
                     // tensor.
@@ -353,9 +353,9 @@ impl MergeMethod for Dare {
             .zip(&masks)
             .map(|((values, factor), mask)| fused::Term {
                 values,
-                mask: mask.as_ref().and_then(|m| match m {
-                    ChunkMask::Drawn(v) => Some(fused::Mask::Values(v)),
-                    ChunkMask::Kept(t) => kept.as_ref()?.of(*t).map(|bits| fused::Mask::Bits(bits, at)),
+                mask: mask.as_ref().map(|m| match m {
+                    ChunkMask::Drawn(v) => fused::Mask::Values(v),
+                    ChunkMask::Kept(bits) => fused::Mask::Bits(bits, at),
                 }),
                 raw: true,
                 factor,
