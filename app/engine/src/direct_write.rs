@@ -14,15 +14,21 @@
 //! would have held. The last block may run past the end of the file; the file is cut back to
 //! its length at the end.
 //!
+//! The writes themselves happen behind the merge ([`WriteBehind`]): a worker fills a staging
+//! buffer and queues it, and a few writer threads hand the queued buffers to the disk, so the
+//! workers keep merging while the disk writes (a direct write waits for the disk; done by the
+//! workers, it idled a third of the cores' time). At most [`IN_FLIGHT_BYTES`] wait in the queue:
+//! when the disk falls further behind, a worker waits for it.
+//!
 //! Where the file system refuses direct I/O (tmpfs, some network file systems), or with
 //! `MERGESCOPE_WRITE=buffered` in the environment, the writer uses positioned buffered writes.
 
 use crate::error::{EngineError, Result};
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 
 /// Alignment of direct writes: offsets, lengths and buffer addresses are multiples of it
 /// (4 KiB covers the logical block size of the disks and file systems in use).
@@ -30,6 +36,17 @@ const BLOCK: usize = 4096;
 
 /// Outputs smaller than this are written through the page cache (nothing to gain).
 pub(crate) const MIN_DIRECT_BYTES: u64 = 16 << 20;
+
+/// Most bytes of staging buffers queued for the disk or being written at once; a worker that
+/// would go over waits until the disk has caught up (a write larger than this goes alone).
+pub(crate) const IN_FLIGHT_BYTES: usize = 64 << 20;
+
+/// Threads writing queued buffers: two, so that the disk has the next write while the last
+/// one completes.
+const WRITE_THREADS: usize = 2;
+
+/// Staging buffers kept for reuse once written.
+const SPARE_BUFFERS: usize = 8;
 
 /// A byte buffer whose usable part starts on a [`BLOCK`] boundary, reused between writes.
 #[derive(Default)]
@@ -50,6 +67,11 @@ impl AlignedBuf {
         self.len = len;
     }
 
+    /// Whether [`AlignedBuf::resize`] to `len` needs no new allocation.
+    fn holds(&self, len: usize) -> bool {
+        self.raw.len() >= len + BLOCK
+    }
+
     fn bytes(&self) -> &[u8] {
         &self.raw[self.start..self.start + self.len]
     }
@@ -59,24 +81,10 @@ impl AlignedBuf {
     }
 }
 
-thread_local! {
-    /// Each worker's staging buffer: as large as its largest write, allocated once.
-    static STAGING: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::default());
-}
-
 /// A block that only some writes have reached so far.
 struct Partial {
     buf: AlignedBuf,
     filled: usize,
-}
-
-/// One output file open for direct writes.
-#[derive(Debug)]
-pub(crate) struct DirectFile {
-    file: File,
-    path: PathBuf,
-    len: u64,
-    partial: Mutex<HashMap<u64, Partial>>,
 }
 
 impl std::fmt::Debug for Partial {
@@ -85,115 +93,14 @@ impl std::fmt::Debug for Partial {
     }
 }
 
-/// Whether direct writes are allowed (unless `MERGESCOPE_WRITE=buffered`), read once.
-fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MERGESCOPE_WRITE").map_or(true, |v| v != "buffered"))
+/// An output file open with `O_DIRECT`, as the writer threads use it.
+#[derive(Debug)]
+struct Target {
+    file: File,
+    path: PathBuf,
 }
 
-impl DirectFile {
-    /// Opens `path` (already created and sized to `len` bytes) for direct writes, or `None`
-    /// where they are off, not available on this platform or refused by its file system (a
-    /// first aligned write at offset 0 is tried; the header's block is written again later).
-    pub(crate) fn open(path: &Path, len: u64) -> Option<DirectFile> {
-        if !enabled() || len < MIN_DIRECT_BYTES {
-            return None;
-        }
-        Self::open_any(path, len)
-    }
-
-    #[cfg(target_os = "linux")]
-    fn open_any(path: &Path, len: u64) -> Option<DirectFile> {
-        use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .ok()?;
-        let mut probe = AlignedBuf::default();
-        probe.resize(BLOCK);
-        match file.write_at(probe.bytes(), 0) {
-            Ok(n) if n == BLOCK => Some(DirectFile {
-                file,
-                path: path.to_path_buf(),
-                len,
-                partial: Mutex::new(HashMap::new()),
-            }),
-            _ => None,
-        }
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    fn open_any(_path: &Path, _len: u64) -> Option<DirectFile> {
-        None
-    }
-
-    /// Writes `len` bytes at `offset`, which `fill` produces in place (every byte of the slice
-    /// it gets). The blocks the range covers whole are on the disk when this returns; the bytes
-    /// of its edge blocks are once their blocks are complete.
-    pub(crate) fn write_with(&self, offset: u64, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let end = offset + len as u64;
-        if end > self.len {
-            return Err(EngineError::Bug(format!(
-                "'{}': a write of bytes {offset}..{end} past the end of the file ({} bytes)",
-                self.path.display(),
-                self.len
-            )));
-        }
-        STAGING.with(|cell| {
-            let mut staging = cell.borrow_mut();
-            let block = BLOCK as u64;
-            let lead = (offset % block) as usize;
-            staging.resize((lead + len).next_multiple_of(BLOCK));
-            fill(&mut staging.bytes_mut()[lead..lead + len]);
-            let first = offset / block;
-            let last = end.div_ceil(block);
-            // The blocks covered whole (counting the file's last block whole when the write
-            // reaches the file's end): from the first block that starts at or after `offset`
-            // to the last that ends at or before `end`.
-            let whole_from = offset.div_ceil(block);
-            let whole_to = if end == self.len { last } else { end / block };
-            if whole_to > whole_from {
-                let at = ((whole_from - first) * block) as usize;
-                let n = ((whole_to - whole_from) * block) as usize;
-                self.write_blocks(&staging.bytes()[at..at + n], whole_from * block)?;
-            }
-            for b in (first..last).filter(|b| *b < whole_from || *b >= whole_to.max(whole_from)) {
-                let lo = offset.max(b * block);
-                let hi = end.min((b + 1) * block);
-                let at = (lo - first * block) as usize;
-                let piece = &staging.bytes()[at..at + (hi - lo) as usize];
-                self.add_partial(b, (lo - b * block) as usize, piece)?;
-            }
-            Ok(())
-        })
-    }
-
-    /// Adds `piece` at byte `at` of block `b`; writes the block once all of it has come.
-    fn add_partial(&self, b: u64, at: usize, piece: &[u8]) -> Result<()> {
-        let block = BLOCK as u64;
-        let need = (self.len - b * block).min(block) as usize;
-        let complete = {
-            let mut map = self.partial.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let p = map.entry(b).or_insert_with(|| {
-                let mut buf = AlignedBuf::default();
-                buf.resize(BLOCK);
-                buf.bytes_mut().fill(0);
-                Partial { buf, filled: 0 }
-            });
-            p.buf.bytes_mut()[at..at + piece.len()].copy_from_slice(piece);
-            p.filled += piece.len();
-            if p.filled >= need { map.remove(&b) } else { None }
-        };
-        match complete {
-            Some(p) => self.write_blocks(p.buf.bytes(), b * block),
-            None => Ok(()),
-        }
-    }
-
+impl Target {
     /// One positioned write of whole blocks from aligned memory.
     #[cfg(unix)]
     fn write_blocks(&self, bytes: &[u8], offset: u64) -> Result<()> {
@@ -207,22 +114,335 @@ impl DirectFile {
     fn write_blocks(&self, _bytes: &[u8], _offset: u64) -> Result<()> {
         Err(EngineError::Bug("direct writes on a platform without them".to_owned()))
     }
+}
 
-    /// Writes the blocks still incomplete (bytes never written stay zero) and cuts the file
-    /// back to its length (its last block may have run past it).
+/// One queued write: `buf.bytes()[at..at + len]` (whole blocks) to byte `offset` of `target`;
+/// `reserved` bytes of [`IN_FLIGHT_BYTES`] are freed when it is done.
+struct Job {
+    target: Arc<Target>,
+    buf: AlignedBuf,
+    at: usize,
+    len: usize,
+    offset: u64,
+    reserved: usize,
+}
+
+impl Job {
+    fn run(&self) -> Result<()> {
+        self.target
+            .write_blocks(&self.buf.bytes()[self.at..self.at + self.len], self.offset)
+    }
+}
+
+/// What the writer threads and the workers share.
+#[derive(Default)]
+struct Flight {
+    /// Bytes reserved by queued or running writes.
+    bytes: usize,
+    /// Writes queued or running.
+    jobs: usize,
+    /// Written buffers, for reuse.
+    spare: Vec<AlignedBuf>,
+    /// The first write that failed, until a worker or [`WriteBehind::flush`] reports it.
+    error: Option<EngineError>,
+    /// Whether a write has failed (reported or not).
+    failed: bool,
+}
+
+impl Flight {
+    /// The first failure (once), then a note that a write failed.
+    fn failure(&mut self) -> Option<EngineError> {
+        if let Some(e) = self.error.take() {
+            return Some(e);
+        }
+        self.failed.then(|| {
+            EngineError::Invalid("an earlier write of the output failed (see the first error); nothing was kept".into())
+        })
+    }
+
+    /// Marks `job` done (recording its failure) and keeps its buffer for reuse.
+    fn complete(&mut self, job: Job, result: Result<()>) {
+        self.bytes = self.bytes.saturating_sub(job.reserved);
+        self.jobs = self.jobs.saturating_sub(1);
+        if let Err(e) = result {
+            self.failed = true;
+            self.error.get_or_insert(e);
+        }
+        if self.spare.len() < SPARE_BUFFERS {
+            self.spare.push(job.buf);
+        }
+    }
+}
+
+type Shared = Arc<(Mutex<Flight>, Condvar)>;
+
+fn lock(shared: &Shared) -> MutexGuard<'_, Flight> {
+    shared.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Direct writes done behind the merge by [`WRITE_THREADS`] threads, for every direct file of
+/// one output (see the module's documentation).
+pub(crate) struct WriteBehind {
+    queue: Option<crossbeam_channel::Sender<Job>>,
+    shared: Shared,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for WriteBehind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WriteBehind({} threads)", self.threads.len())
+    }
+}
+
+impl WriteBehind {
+    /// Starts the writer threads; `None` where no thread could be started.
+    fn start() -> Option<Arc<WriteBehind>> {
+        let (queue, jobs) = crossbeam_channel::unbounded::<Job>();
+        let shared: Shared = Arc::default();
+        let threads: Vec<JoinHandle<()>> = (0..WRITE_THREADS)
+            .filter_map(|i| {
+                let (jobs, shared) = (jobs.clone(), Arc::clone(&shared));
+                std::thread::Builder::new()
+                    .name(format!("mergescope-write-{i}"))
+                    .spawn(move || {
+                        for job in jobs {
+                            let result = job.run();
+                            lock(&shared).complete(job, result);
+                            shared.1.notify_all();
+                        }
+                    })
+                    .ok()
+            })
+            .collect();
+        (!threads.is_empty()).then(|| {
+            Arc::new(WriteBehind {
+                queue: Some(queue),
+                shared,
+                threads,
+            })
+        })
+    }
+
+    /// A staging buffer of `len` bytes, once `len` more bytes fit in flight (or nothing is in
+    /// flight); the first write failure instead, where one happened.
+    fn reserve(&self, len: usize) -> Result<AlignedBuf> {
+        let mut flight = lock(&self.shared);
+        loop {
+            if let Some(e) = flight.failure() {
+                return Err(e);
+            }
+            if flight.bytes == 0 || flight.bytes + len <= IN_FLIGHT_BYTES {
+                break;
+            }
+            flight = self.shared.1.wait(flight).unwrap_or_else(PoisonError::into_inner);
+        }
+        flight.bytes += len;
+        let fits = flight.spare.iter().position(|b| b.holds(len));
+        let mut buf = fits.map(|i| flight.spare.swap_remove(i)).unwrap_or_default();
+        drop(flight);
+        buf.resize(len);
+        Ok(buf)
+    }
+
+    /// Queues `job` for the writer threads (or writes it here, should they be gone).
+    fn submit(&self, job: Job) {
+        lock(&self.shared).jobs += 1;
+        let unsent = match &self.queue {
+            Some(queue) => queue.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(job) = unsent {
+            let result = job.run();
+            lock(&self.shared).complete(job, result);
+            self.shared.1.notify_all();
+        }
+    }
+
+    /// Returns a buffer that `reserve` lent and no write took.
+    fn give_back(&self, buf: AlignedBuf, reserved: usize) {
+        let mut flight = lock(&self.shared);
+        flight.bytes = flight.bytes.saturating_sub(reserved);
+        if flight.spare.len() < SPARE_BUFFERS {
+            flight.spare.push(buf);
+        }
+        drop(flight);
+        self.shared.1.notify_all();
+    }
+
+    /// Waits until every queued write is on the disk; the first failure, where one happened.
+    fn flush(&self) -> Result<()> {
+        let mut flight = lock(&self.shared);
+        while flight.jobs > 0 {
+            flight = self.shared.1.wait(flight).unwrap_or_else(PoisonError::into_inner);
+        }
+        flight.failure().map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for WriteBehind {
+    /// Closes the queue and waits for the writer threads to finish what is in it.
+    fn drop(&mut self) {
+        self.queue = None;
+        for t in self.threads.drain(..) {
+            let _ignored = t.join();
+        }
+    }
+}
+
+/// One output file open for direct writes.
+#[derive(Debug)]
+pub(crate) struct DirectFile {
+    target: Arc<Target>,
+    len: u64,
+    partial: Mutex<HashMap<u64, Partial>>,
+    behind: Arc<WriteBehind>,
+}
+
+/// Whether direct writes are allowed (unless `MERGESCOPE_WRITE=buffered`), read once.
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MERGESCOPE_WRITE").map_or(true, |v| v != "buffered"))
+}
+
+impl DirectFile {
+    /// Opens `path` (already created and sized to `len` bytes) for direct writes, or `None`
+    /// where they are off, not available on this platform or refused by its file system (a
+    /// first aligned write at offset 0 is tried; the header's block is written again later).
+    /// The files of one output share `behind`'s writer threads (started with the first).
+    pub(crate) fn open(path: &Path, len: u64, behind: &mut Option<Arc<WriteBehind>>) -> Option<DirectFile> {
+        if !enabled() || len < MIN_DIRECT_BYTES {
+            return None;
+        }
+        Self::open_any(path, len, behind)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn open_any(path: &Path, len: u64, behind: &mut Option<Arc<WriteBehind>>) -> Option<DirectFile> {
+        use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok()?;
+        let mut probe = AlignedBuf::default();
+        probe.resize(BLOCK);
+        if file.write_at(probe.bytes(), 0).ok()? != BLOCK {
+            return None;
+        }
+        if behind.is_none() {
+            *behind = WriteBehind::start();
+        }
+        Some(DirectFile {
+            target: Arc::new(Target {
+                file,
+                path: path.to_path_buf(),
+            }),
+            len,
+            partial: Mutex::new(HashMap::new()),
+            behind: Arc::clone(behind.as_ref()?),
+        })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn open_any(_path: &Path, _len: u64, _behind: &mut Option<Arc<WriteBehind>>) -> Option<DirectFile> {
+        None
+    }
+
+    /// Writes `len` bytes at `offset`, which `fill` produces in place (every byte of the slice
+    /// it gets). The blocks the range covers whole are queued for the disk when this returns;
+    /// the bytes of its edge blocks are queued once their blocks are complete. A write that
+    /// failed earlier is reported here (or by [`DirectFile::finish`]).
+    pub(crate) fn write_with(&self, offset: u64, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset + len as u64;
+        if end > self.len {
+            return Err(EngineError::Bug(format!(
+                "'{}': a write of bytes {offset}..{end} past the end of the file ({} bytes)",
+                self.target.path.display(),
+                self.len
+            )));
+        }
+        let block = BLOCK as u64;
+        let lead = (offset % block) as usize;
+        let reserved = (lead + len).next_multiple_of(BLOCK);
+        let mut staging = self.behind.reserve(reserved)?;
+        fill(&mut staging.bytes_mut()[lead..lead + len]);
+        let first = offset / block;
+        let last = end.div_ceil(block);
+        // The blocks covered whole (counting the file's last block whole when the write
+        // reaches the file's end): from the first block that starts at or after `offset`
+        // to the last that ends at or before `end`.
+        let whole_from = offset.div_ceil(block);
+        let whole_to = if end == self.len { last } else { end / block };
+        for b in (first..last).filter(|b| *b < whole_from || *b >= whole_to.max(whole_from)) {
+            let lo = offset.max(b * block);
+            let hi = end.min((b + 1) * block);
+            let at = (lo - first * block) as usize;
+            let piece = &staging.bytes()[at..at + (hi - lo) as usize];
+            self.add_partial(b, (lo - b * block) as usize, piece);
+        }
+        if whole_to > whole_from {
+            self.behind.submit(Job {
+                target: Arc::clone(&self.target),
+                buf: staging,
+                at: ((whole_from - first) * block) as usize,
+                len: ((whole_to - whole_from) * block) as usize,
+                offset: whole_from * block,
+                reserved,
+            });
+        } else {
+            self.behind.give_back(staging, reserved);
+        }
+        Ok(())
+    }
+
+    /// Adds `piece` at byte `at` of block `b`; queues the block once all of it has come.
+    fn add_partial(&self, b: u64, at: usize, piece: &[u8]) {
+        let block = BLOCK as u64;
+        let need = (self.len - b * block).min(block) as usize;
+        let complete = {
+            let mut map = self.partial.lock().unwrap_or_else(PoisonError::into_inner);
+            let p = map.entry(b).or_insert_with(|| {
+                let mut buf = AlignedBuf::default();
+                buf.resize(BLOCK);
+                buf.bytes_mut().fill(0);
+                Partial { buf, filled: 0 }
+            });
+            p.buf.bytes_mut()[at..at + piece.len()].copy_from_slice(piece);
+            p.filled += piece.len();
+            if p.filled >= need { map.remove(&b) } else { None }
+        };
+        if let Some(p) = complete {
+            self.behind.submit(Job {
+                target: Arc::clone(&self.target),
+                buf: p.buf,
+                at: 0,
+                len: BLOCK,
+                offset: b * block,
+                reserved: 0,
+            });
+        }
+    }
+
+    /// Waits for the queued writes, writes the blocks still incomplete (bytes never written
+    /// stay zero) and cuts the file back to its length (its last block may have run past it).
     pub(crate) fn finish(&self) -> Result<()> {
+        self.behind.flush()?;
         let left: Vec<(u64, Partial)> = self
             .partial
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .drain()
             .collect();
         for (b, p) in left {
-            self.write_blocks(p.buf.bytes(), b * BLOCK as u64)?;
+            self.target.write_blocks(p.buf.bytes(), b * BLOCK as u64)?;
         }
-        self.file
+        self.target
+            .file
             .set_len(self.len)
-            .map_err(|e| EngineError::io("cannot size", &self.path, e))
+            .map_err(|e| EngineError::io("cannot size", &self.target.path, e))
     }
 }
 
@@ -235,7 +455,7 @@ mod tests {
     fn direct_file(dir: &Path, len: u64) -> Option<(PathBuf, DirectFile)> {
         let path = dir.join("out.bin");
         File::create(&path).and_then(|f| f.set_len(len)).ok()?;
-        DirectFile::open_any(&path, len).map(|d| (path, d))
+        DirectFile::open_any(&path, len, &mut None).map(|d| (path, d))
     }
 
     #[test]
@@ -268,6 +488,37 @@ mod tests {
         });
         d.finish().unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_failed_write_behind_the_merge_is_reported_with_the_file() {
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let len = 64 * BLOCK as u64;
+        let Some((path, good)) = direct_file(dir.path(), len) else {
+            eprintln!("skipped: the file system refuses O_DIRECT");
+            return;
+        };
+        // The same file opened read-only: the writer threads' writes fail (EBADF).
+        let d = DirectFile {
+            target: Arc::new(Target {
+                file: File::open(&path).unwrap(),
+                path: path.clone(),
+            }),
+            len,
+            partial: Mutex::new(HashMap::new()),
+            behind: Arc::clone(&good.behind),
+        };
+        d.write_with(0, 8 * BLOCK, |b| b.fill(1)).unwrap();
+        // The failure comes back by the next write (once the queue has run) or by finish, once,
+        // naming the file; later calls still fail.
+        let first = d
+            .write_with(8 * BLOCK as u64, BLOCK, |b| b.fill(2))
+            .and_then(|()| d.finish())
+            .unwrap_err()
+            .to_string();
+        assert!(first.contains("cannot write") && first.contains("out.bin"), "{first}");
+        let again = d.finish().unwrap_err().to_string();
+        assert!(again.contains("an earlier write"), "{again}");
     }
 
     #[test]

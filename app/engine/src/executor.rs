@@ -139,11 +139,6 @@ pub trait Source: Sync {
 pub trait Sink: Sync {
     /// Stores elements `[from, from + values.len())` of tensor `name`.
     fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<()>;
-    /// Whether [`Sink::write`] waits for the disk (direct writes): the merge pass then runs one
-    /// worker more than there are cores, so the cores stay busy while a worker waits.
-    fn waits_for_disk(&self) -> bool {
-        false
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -461,10 +456,9 @@ impl Run<'_> {
         work: impl Fn(&Unit, &dyn Fn(u64)) -> Result<()> + Sync,
     ) -> Result<()> {
         let total: u64 = units.iter().map(|u| u.len as u64).sum();
-        let writes = matches!(phase, Phase::Merge) && self.sink.waits_for_disk();
         let threads = match (parallel, self.opts.threads) {
             (false, _) => 1,
-            (true, 0) => std::thread::available_parallelism().map_or(1, usize::from) + usize::from(writes),
+            (true, 0) => std::thread::available_parallelism().map_or(1, usize::from),
             (true, t) => t,
         }
         .clamp(1, units.len().max(1));

@@ -418,10 +418,6 @@ impl Sink for FileSink<'_> {
     fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<()> {
         self.writer.write_values(name, from, values)
     }
-
-    fn waits_for_disk(&self) -> bool {
-        self.writer.writes_direct()
-    }
 }
 
 /// `p` with every existing part resolved (links, `..`): the canonical path when it exists,

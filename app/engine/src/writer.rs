@@ -268,6 +268,8 @@ impl OutputWriter {
         if sharded {
             std::fs::create_dir(&tmp_path).map_err(|e| EngineError::io("cannot create folder", &tmp_path, e))?;
         }
+        // The direct files' writer threads, started with the first of them.
+        let mut behind = None;
         for s in &shards {
             let p = if sharded {
                 tmp_path.join(&s.file_name)
@@ -277,7 +279,7 @@ impl OutputWriter {
             let f = File::create(&p).map_err(|e| EngineError::io("cannot create", &p, e))?;
             let len = s.header.len() as u64 + s.data_len;
             preallocate(&f, len, &p)?;
-            let direct = DirectFile::open(&p, len);
+            let direct = DirectFile::open(&p, len, &mut behind);
             match &direct {
                 Some(d) => d.write_with(0, s.header.len(), |b| b.copy_from_slice(&s.header))?,
                 None => write_all_at(&f, &s.header, 0, &p)?,
@@ -358,12 +360,6 @@ impl OutputWriter {
         let mut bytes = Vec::new();
         encode_f32(dtype, values, &mut bytes);
         self.write_buffered(si, at, &bytes)
-    }
-
-    /// Whether any output file is written around the page cache (each write then waits for
-    /// the disk).
-    pub fn writes_direct(&self) -> bool {
-        self.direct.iter().any(Option::is_some)
     }
 
     /// Stored dtype of an output tensor.
