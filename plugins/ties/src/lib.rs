@@ -23,7 +23,9 @@
 //! histogram sets of its own (pass 0: top digits, pass 1: low digits, pass 2: sign votes), which
 //! are summed when its last element has been counted. Both ways give the exact k-th largest |τ|,
 //! so the thresholds, and the merged bits, do not depend on the chunking. The results are kept
-//! by tensor name.
+//! by tensor name. A tensor's statistics serve only that tensor (`CAP_TENSOR_STATISTICS`), so
+//! the host may run its passes and merge it while its inputs are still mapped, one tensor after
+//! another, instead of reading the whole model once per pass.
 //!
 //! The statistics loops read the inputs in place where the host lends them (`view_f32`, ABI 1.4;
 //! else copies), the host tensors released at once. A whole tensor's loops are split over the host's worker threads when it is large
@@ -39,7 +41,10 @@
 //! `disjoint_merge`, `weighted_sum`) it replaced, so the merged bits did not change. The sign
 //! votes of the statistics passes weight the trimmed values the same way (the same f32 product).
 
-use mergescope_plugin_api::abi::{CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
+use mergescope_plugin_api::abi::{
+    CAP_CHUNKED_STATISTICS, CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_TENSOR_STATISTICS, CAP_THREAD_SAFE,
+};
+use mergescope_plugin_api::sdk::PerTensor;
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput, TensorMeta,
 };
@@ -233,8 +238,9 @@ pub struct Ties {
     thresholds: Option<Vec<Option<f64>>>,
     /// Global scope with zero_sign = reference: sign(Σ_j s_j), known after pass 2.
     majority: Option<f64>,
-    /// Tensor scope: the statistics of every tensor, known after pass 0.
-    per_tensor: Option<HashMap<String, TensorStats>>,
+    /// Tensor scope: the statistics of each tensor, once its last statistics pass is complete
+    /// (`finish_tensor`, or `finish_pass` on hosts that do not finish tensors one by one).
+    per_tensor: PerTensor<TensorStats>,
 }
 
 fn nan_error(tensor: &TensorMeta<'_>, expert: usize, element: Option<u64>) -> Error {
@@ -455,7 +461,7 @@ impl Ties {
     }
 
     /// Thresholds and majority sign (0 where unused) for the tensor a chunk belongs to.
-    fn lookup(&self, tensor: &TensorMeta<'_>) -> Result<(&[Option<f64>], f64)> {
+    fn lookup(&self, tensor: &TensorMeta<'_>) -> Result<(Cow<'_, [Option<f64>]>, f64)> {
         match self.scope {
             Scope::Global => {
                 let thresholds = self.global_thresholds(tensor)?;
@@ -469,21 +475,11 @@ impl Ties {
                 } else {
                     0.0
                 };
-                Ok((thresholds, majority))
+                Ok((Cow::Borrowed(thresholds), majority))
             }
             Scope::Tensor => {
-                let stats = self
-                    .per_tensor
-                    .as_ref()
-                    .and_then(|m| m.get(tensor.name))
-                    .ok_or_else(|| {
-                        Error::Message(format!(
-                            "tensor '{}': ties with trim_scope=tensor needs the host's statistics pass, which did not \
-                         see this tensor; use a host that supports prepare passes",
-                            tensor.name
-                        ))
-                    })?;
-                Ok((&stats.thresholds, stats.majority))
+                let stats = self.per_tensor.get(tensor, "ties with trim_scope=tensor")?;
+                Ok((Cow::Owned(stats.thresholds), stats.majority))
             }
         }
     }
@@ -923,7 +919,7 @@ impl MergeMethod for Ties {
             stats: Mutex::new(Stats::default()),
             thresholds: None,
             majority: None,
-            per_tensor: None,
+            per_tensor: PerTensor::default(),
         })
     }
 
@@ -931,7 +927,14 @@ impl MergeMethod for Ties {
         // Everything that spans more than one element (thresholds, majority signs) is fixed by
         // the statistics passes, so every element merges independently. The statistics, global
         // or per tensor, are integer sums over elements, so they accept chunks too.
-        Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE | CAP_CHUNKED_STATISTICS)
+        // Per-tensor statistics serve their own tensor only, so the host may take each tensor's
+        // passes and merge one tensor after another while its inputs are at hand.
+        let per_tensor = if self.scope == Scope::Tensor {
+            CAP_TENSOR_STATISTICS
+        } else {
+            0
+        };
+        Some(CAP_THREAD_SAFE | CAP_NEEDS_BASE | CAP_ELEMENTWISE | CAP_CHUNKED_STATISTICS | per_tensor)
     }
 
     fn prepare_passes(&self) -> u32 {
@@ -979,6 +982,25 @@ impl MergeMethod for Ties {
         Ok(())
     }
 
+    fn finish_tensor(&mut self, _host: &Host<'_>, pass: u32, tensor: &TensorMeta<'_>) -> Result<()> {
+        if self.scope != Scope::Tensor || pass + 1 != self.prepare_passes() {
+            return Ok(());
+        }
+        let mut stats = self.lock_stats()?;
+        if stats.partial.get(tensor.name).is_some_and(|p| p.seen != 0) {
+            return Err(Error::Message(format!(
+                "tensor '{}': ties statistics pass {pass} ended before every chunk of it was counted; the host \
+                 skipped part of the tensor (internal error)",
+                tensor.name
+            )));
+        }
+        if let Some(done) = stats.per_tensor.remove(tensor.name) {
+            drop(stats);
+            self.per_tensor.insert(tensor.name.to_owned(), done);
+        }
+        Ok(())
+    }
+
     fn finish_pass(&mut self, _host: &Host<'_>, pass: u32) -> Result<()> {
         match (self.scope, pass) {
             (Scope::Tensor, _) => {
@@ -989,10 +1011,12 @@ impl MergeMethod for Ties {
                          the host skipped part of the tensor (internal error)"
                     )));
                 }
-                let per_tensor = (pass + 1 == self.prepare_passes()).then(|| std::mem::take(&mut stats.per_tensor));
-                drop(stats);
-                if per_tensor.is_some() {
-                    self.per_tensor = per_tensor;
+                // The tensors `finish_tensor` did not finish (all of them, on a host older than
+                // ABI 1.5).
+                if pass + 1 == self.prepare_passes() {
+                    for (name, done) in stats.per_tensor.drain() {
+                        self.per_tensor.insert(name, done);
+                    }
                 }
                 Ok(())
             }
@@ -1035,7 +1059,7 @@ impl MergeMethod for Ties {
         // The experts that keep something (a threshold) with a weight other than 0: the others
         // neither vote nor agree.
         let mut active = Vec::with_capacity(experts.len());
-        for (t, (e, thr)) in experts.iter().zip(thresholds).enumerate() {
+        for (t, (e, thr)) in experts.iter().zip(thresholds.iter()).enumerate() {
             let w = self.weight_of(t)?;
             match *thr {
                 Some(thr) if w != 0.0 => active.push((*e, thr, w)),

@@ -86,6 +86,12 @@ fn outputs_do_not_depend_on_threads_chunks_or_budget() {
             serde_json::json!({"trim_scope": "tensor"}),
             all,
         ),
+        // Three statistics passes per tensor (thresholds, then the sign votes), tensor by tensor.
+        (
+            "mergescope_plugin_ties",
+            serde_json::json!({"trim_scope": "tensor", "zero_sign": "reference", "election": "count"}),
+            all,
+        ),
         (
             "mergescope_plugin_ties",
             serde_json::json!({"trim_scope": "global"}),
@@ -113,7 +119,8 @@ fn outputs_do_not_depend_on_threads_chunks_or_budget() {
         let plugin = load_plugin(&plugin_path(method)).unwrap();
         let mut outputs = Vec::new();
         // The last run takes the statistics passes over the whole model first where the plugin
-        // would take tensor by tensor (slerp, model-stock): the same bits.
+        // would take tensor by tensor (slerp, model-stock, ties with trim_scope=tensor, dare with l1):
+        // the same bits.
         for (i, (threads, chunk, budget, pass_by_pass)) in [
             (1, 1 << 22, 2u64 << 30, false),
             (2, 7, 2 << 30, false),
