@@ -161,7 +161,9 @@ impl Flight {
         })
     }
 
-    /// Marks `job` done (recording its failure) and keeps its buffer for reuse.
+    /// Marks `job` done (recording its failure) and keeps its buffer for reuse: a staging
+    /// buffer, not a completed edge block's (those are one block each and would fill the spares
+    /// with buffers too small for a chunk).
     fn complete(&mut self, job: Job, result: Result<()>) {
         self.bytes = self.bytes.saturating_sub(job.reserved);
         self.jobs = self.jobs.saturating_sub(1);
@@ -169,7 +171,7 @@ impl Flight {
             self.failed = true;
             self.error.get_or_insert(e);
         }
-        if self.spare.len() < SPARE_BUFFERS {
+        if job.reserved > 0 && self.spare.len() < SPARE_BUFFERS {
             self.spare.push(job.buf);
         }
     }
