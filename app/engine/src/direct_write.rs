@@ -45,8 +45,8 @@ pub(crate) const IN_FLIGHT_BYTES: usize = 64 << 20;
 /// one completes.
 const WRITE_THREADS: usize = 2;
 
-/// Staging buffers kept for reuse once written (a new one is allocated and cleared: 1–2 % of a
-/// merge's samples with 8 kept, when the queue holds dozens of chunks' buffers).
+/// Staging buffers kept for reuse once written (a new one is allocated and cleared: 4 % of a
+/// task-arithmetic merge's samples when the spares ran short).
 const SPARE_BUFFERS: usize = 32;
 
 /// A byte buffer whose usable part starts on a [`BLOCK`] boundary, reused between writes.
