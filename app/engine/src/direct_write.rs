@@ -186,6 +186,8 @@ fn lock(shared: &Shared) -> MutexGuard<'_, Flight> {
 /// Direct writes done behind the merge by [`WRITE_THREADS`] threads, for every direct file of
 /// one output (see the module's documentation).
 pub(crate) struct WriteBehind {
+    /// Most bytes in flight ([`IN_FLIGHT_BYTES`]; smaller in tests).
+    limit: usize,
     queue: Option<crossbeam_channel::Sender<Job>>,
     shared: Shared,
     threads: Vec<JoinHandle<()>>,
@@ -200,6 +202,11 @@ impl std::fmt::Debug for WriteBehind {
 impl WriteBehind {
     /// Starts the writer threads; `None` where no thread could be started.
     fn start() -> Option<Arc<WriteBehind>> {
+        Self::start_with(IN_FLIGHT_BYTES)
+    }
+
+    /// [`WriteBehind::start`] with at most `limit` bytes in flight.
+    fn start_with(limit: usize) -> Option<Arc<WriteBehind>> {
         let (queue, jobs) = crossbeam_channel::unbounded::<Job>();
         let shared: Shared = Arc::default();
         let threads: Vec<JoinHandle<()>> = (0..WRITE_THREADS)
@@ -219,6 +226,7 @@ impl WriteBehind {
             .collect();
         (!threads.is_empty()).then(|| {
             Arc::new(WriteBehind {
+                limit,
                 queue: Some(queue),
                 shared,
                 threads,
@@ -234,7 +242,7 @@ impl WriteBehind {
             if let Some(e) = flight.failure() {
                 return Err(e);
             }
-            if flight.bytes == 0 || flight.bytes + len <= IN_FLIGHT_BYTES {
+            if flight.bytes == 0 || flight.bytes + len <= self.limit {
                 break;
             }
             flight = self.shared.1.wait(flight).unwrap_or_else(PoisonError::into_inner);
@@ -456,9 +464,14 @@ mod tests {
     /// A direct file on a real disk (the crate's folder: /tmp may be a tmpfs without direct
     /// I/O), or `None` where the file system refuses direct writes.
     fn direct_file(dir: &Path, len: u64) -> Option<(PathBuf, DirectFile)> {
+        direct_file_with(dir, len, &mut None)
+    }
+
+    /// [`direct_file`] sharing `behind`'s writer threads (started when `None`).
+    fn direct_file_with(dir: &Path, len: u64, behind: &mut Option<Arc<WriteBehind>>) -> Option<(PathBuf, DirectFile)> {
         let path = dir.join("out.bin");
         File::create(&path).and_then(|f| f.set_len(len)).ok()?;
-        DirectFile::open_any(&path, len, &mut None).map(|d| (path, d))
+        DirectFile::open_any(&path, len, behind).map(|d| (path, d))
     }
 
     #[test]
@@ -481,6 +494,45 @@ mod tests {
                 let (d, expected) = (&d, &expected);
                 s.spawn(move || {
                     for &(a, b) in half {
+                        d.write_with(a, (b - a) as usize, |buf| {
+                            buf.copy_from_slice(&expected[a as usize..b as usize])
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        d.finish().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), expected);
+    }
+
+    #[test]
+    fn writes_past_a_small_in_flight_limit_wait_for_the_disk_and_give_the_bytes() {
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let len: u64 = 200 * BLOCK as u64 + 77;
+        // Two blocks in flight at most: nearly every write waits for earlier ones, and a write
+        // larger than the limit goes alone.
+        let mut behind = WriteBehind::start_with(2 * BLOCK);
+        let Some((path, d)) = direct_file_with(dir.path(), len, &mut behind) else {
+            eprintln!("skipped: the file system refuses O_DIRECT");
+            return;
+        };
+        let expected: Vec<u8> = (0..len).map(|i| (i * 13 % 241) as u8).collect();
+        // Pieces of 3001 bytes, and one of about six blocks (no cut between blocks 10 and 16).
+        let big = 10 * BLOCK as u64..16 * BLOCK as u64;
+        let mut cuts: Vec<u64> = (0..len)
+            .step_by(3001)
+            .filter(|c| !big.contains(c))
+            .chain([5 * BLOCK as u64 + 1, len])
+            .collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let pieces: Vec<(u64, u64)> = cuts.windows(2).map(|w| (w[0], w[1])).collect();
+        std::thread::scope(|s| {
+            for part in pieces.chunks(pieces.len().div_ceil(3)) {
+                let (d, expected) = (&d, &expected);
+                s.spawn(move || {
+                    for &(a, b) in part.iter().rev() {
                         d.write_with(a, (b - a) as usize, |buf| {
                             buf.copy_from_slice(&expected[a as usize..b as usize])
                         })
