@@ -19,34 +19,27 @@ fn minilm() -> Option<PathBuf> {
 #[test]
 fn a_reduced_text_benchmark_builds_and_its_suite_evaluates_and_merges() {
     let env = Env::new();
-    let e = env.fails(&["demo", "build", "--benchmark", "text"]);
-    assert!(e.contains("--backbone") && e.contains("fetch-minilm.sh"), "{e}");
-    let e = env.fails(&["demo", "build", "--backbone", "x"]);
-    assert!(e.contains("--benchmark text"), "{e}");
-    let e = env.fails(&[
-        "demo",
-        "build",
-        "--benchmark",
-        "text",
-        "--backbone",
-        "x",
-        "--text-head-shots",
-        "some",
-    ]);
-    assert!(e.contains("--text-head-shots 'some'") && e.contains("`all`"), "{e}");
-    let e = env.fails(&[
-        "demo",
-        "build",
-        "--benchmark",
-        "text",
-        "--backbone",
-        "x",
-        "--device",
-        "tpu",
-    ]);
-    assert!(e.contains("--device 'tpu'") && e.contains("cuda"), "{e}");
-    let e = env.fails(&["demo", "build", "--benchmark", "text", "--backbone", "nowhere"]);
-    assert!(e.contains("'nowhere'") && e.contains("fetch-minilm.sh"), "{e}");
+    // Bad invocations fail before any work, naming what is wrong and how to fix it.
+    let bad: [(&[&str], &[&str]); 5] = [
+        (&["--benchmark", "text"], &["--backbone", "fetch-minilm.sh"]),
+        (&["--backbone", "x"], &["--benchmark text"]),
+        (
+            &["--benchmark", "text", "--backbone", "x", "--text-head-shots", "some"],
+            &["--text-head-shots 'some'", "`all`"],
+        ),
+        (
+            &["--benchmark", "text", "--backbone", "x", "--device", "tpu"],
+            &["--device 'tpu'", "cuda"],
+        ),
+        (
+            &["--benchmark", "text", "--backbone", "nowhere"],
+            &["'nowhere'", "fetch-minilm.sh"],
+        ),
+    ];
+    for (args, needles) in bad {
+        let e = env.fails(&[&["demo", "build"], args].concat());
+        assert!(needles.iter().all(|n| e.contains(n)), "{args:?}: {e}");
+    }
     let Some(model) = minilm() else { return };
     let model = model.to_string_lossy().into_owned();
     // In the cache, where `demo list` finds it.

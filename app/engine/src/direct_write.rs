@@ -39,7 +39,7 @@ pub(crate) const MIN_DIRECT_BYTES: u64 = 16 << 20;
 
 /// Most bytes of staging buffers queued for the disk or being written at once; a worker that
 /// would go over waits until the disk has caught up (a write larger than this goes alone).
-pub(crate) const IN_FLIGHT_BYTES: usize = 64 << 20;
+const IN_FLIGHT_BYTES: usize = 64 << 20;
 
 /// Threads writing queued buffers: two, so that the disk has the next write while the last
 /// one completes.
@@ -161,19 +161,24 @@ impl Flight {
         })
     }
 
-    /// Marks `job` done (recording its failure) and keeps its buffer for reuse: a staging
-    /// buffer, not a completed edge block's (those are one block each and would fill the spares
-    /// with buffers too small for a chunk).
+    /// Frees the `reserved` bytes of a write and keeps its buffer for reuse when it is a
+    /// staging buffer (`reserved > 0`), not a completed edge block's: those are one block each
+    /// and would fill the spares with buffers too small for a chunk.
+    fn release(&mut self, buf: AlignedBuf, reserved: usize) {
+        self.bytes = self.bytes.saturating_sub(reserved);
+        if reserved > 0 && self.spare.len() < SPARE_BUFFERS {
+            self.spare.push(buf);
+        }
+    }
+
+    /// Marks `job` done, recording its failure.
     fn complete(&mut self, job: Job, result: Result<()>) {
-        self.bytes = self.bytes.saturating_sub(job.reserved);
         self.jobs = self.jobs.saturating_sub(1);
         if let Err(e) = result {
             self.failed = true;
             self.error.get_or_insert(e);
         }
-        if job.reserved > 0 && self.spare.len() < SPARE_BUFFERS {
-            self.spare.push(job.buf);
-        }
+        self.release(job.buf, job.reserved);
     }
 }
 
@@ -181,6 +186,14 @@ type Shared = Arc<(Mutex<Flight>, Condvar)>;
 
 fn lock(shared: &Shared) -> MutexGuard<'_, Flight> {
     shared.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs `job` and marks it done, waking the workers and `flush` that wait for room or for the
+/// queue to empty.
+fn run_job(shared: &Shared, job: Job) {
+    let result = job.run();
+    lock(shared).complete(job, result);
+    shared.1.notify_all();
 }
 
 /// Direct writes done behind the merge by [`WRITE_THREADS`] threads, for every direct file of
@@ -214,13 +227,7 @@ impl WriteBehind {
                 let (jobs, shared) = (jobs.clone(), Arc::clone(&shared));
                 std::thread::Builder::new()
                     .name(format!("mergescope-write-{i}"))
-                    .spawn(move || {
-                        for job in jobs {
-                            let result = job.run();
-                            lock(&shared).complete(job, result);
-                            shared.1.notify_all();
-                        }
-                    })
+                    .spawn(move || jobs.into_iter().for_each(|job| run_job(&shared, job)))
                     .ok()
             })
             .collect();
@@ -237,15 +244,15 @@ impl WriteBehind {
     /// A staging buffer of `len` bytes, once `len` more bytes fit in flight (or nothing is in
     /// flight); the first write failure instead, where one happened.
     fn reserve(&self, len: usize) -> Result<AlignedBuf> {
-        let mut flight = lock(&self.shared);
-        loop {
-            if let Some(e) = flight.failure() {
-                return Err(e);
-            }
-            if flight.bytes == 0 || flight.bytes + len <= self.limit {
-                break;
-            }
-            flight = self.shared.1.wait(flight).unwrap_or_else(PoisonError::into_inner);
+        let mut flight = self
+            .shared
+            .1
+            .wait_while(lock(&self.shared), |f| {
+                !f.failed && f.bytes != 0 && f.bytes + len > self.limit
+            })
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = flight.failure() {
+            return Err(e);
         }
         flight.bytes += len;
         let fits = flight.spare.iter().position(|b| b.holds(len));
@@ -263,29 +270,23 @@ impl WriteBehind {
             None => Some(job),
         };
         if let Some(job) = unsent {
-            let result = job.run();
-            lock(&self.shared).complete(job, result);
-            self.shared.1.notify_all();
+            run_job(&self.shared, job);
         }
     }
 
     /// Returns a buffer that `reserve` lent and no write took.
     fn give_back(&self, buf: AlignedBuf, reserved: usize) {
-        let mut flight = lock(&self.shared);
-        flight.bytes = flight.bytes.saturating_sub(reserved);
-        if flight.spare.len() < SPARE_BUFFERS {
-            flight.spare.push(buf);
-        }
-        drop(flight);
+        lock(&self.shared).release(buf, reserved);
         self.shared.1.notify_all();
     }
 
     /// Waits until every queued write is on the disk; the first failure, where one happened.
     fn flush(&self) -> Result<()> {
-        let mut flight = lock(&self.shared);
-        while flight.jobs > 0 {
-            flight = self.shared.1.wait(flight).unwrap_or_else(PoisonError::into_inner);
-        }
+        let mut flight = self
+            .shared
+            .1
+            .wait_while(lock(&self.shared), |f| f.jobs > 0)
+            .unwrap_or_else(PoisonError::into_inner);
         flight.failure().map_or(Ok(()), Err)
     }
 }
@@ -467,6 +468,23 @@ mod tests {
         direct_file_with(dir, len, &mut None)
     }
 
+    /// Writes byte ranges `[a, b)` of `expected` to `d`, one thread per part, each part in order.
+    #[allow(clippy::unwrap_used)]
+    fn write_from_threads(d: &DirectFile, parts: &[Vec<(u64, u64)>], expected: &[u8]) {
+        std::thread::scope(|s| {
+            for part in parts {
+                s.spawn(move || {
+                    for &(a, b) in part {
+                        d.write_with(a, (b - a) as usize, |buf| {
+                            buf.copy_from_slice(&expected[a as usize..b as usize])
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+    }
+
     /// [`direct_file`] sharing `behind`'s writer threads (started when `None`).
     fn direct_file_with(dir: &Path, len: u64, behind: &mut Option<Arc<WriteBehind>>) -> Option<(PathBuf, DirectFile)> {
         let path = dir.join("out.bin");
@@ -489,19 +507,8 @@ mod tests {
         let mut pieces: Vec<(u64, u64)> = cuts.windows(2).map(|w| (w[0], w[1])).collect();
         pieces.reverse();
         pieces.swap(1, 4);
-        std::thread::scope(|s| {
-            for half in pieces.chunks(pieces.len().div_ceil(2)) {
-                let (d, expected) = (&d, &expected);
-                s.spawn(move || {
-                    for &(a, b) in half {
-                        d.write_with(a, (b - a) as usize, |buf| {
-                            buf.copy_from_slice(&expected[a as usize..b as usize])
-                        })
-                        .unwrap();
-                    }
-                });
-            }
-        });
+        let halves: Vec<Vec<(u64, u64)>> = pieces.chunks(pieces.len().div_ceil(2)).map(<[_]>::to_vec).collect();
+        write_from_threads(&d, &halves, &expected);
         d.finish().unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), expected);
     }
@@ -528,19 +535,12 @@ mod tests {
         cuts.sort_unstable();
         cuts.dedup();
         let pieces: Vec<(u64, u64)> = cuts.windows(2).map(|w| (w[0], w[1])).collect();
-        std::thread::scope(|s| {
-            for part in pieces.chunks(pieces.len().div_ceil(3)) {
-                let (d, expected) = (&d, &expected);
-                s.spawn(move || {
-                    for &(a, b) in part.iter().rev() {
-                        d.write_with(a, (b - a) as usize, |buf| {
-                            buf.copy_from_slice(&expected[a as usize..b as usize])
-                        })
-                        .unwrap();
-                    }
-                });
-            }
-        });
+        // Three threads, each writing its part from the end.
+        let parts: Vec<Vec<(u64, u64)>> = pieces
+            .chunks(pieces.len().div_ceil(3))
+            .map(|part| part.iter().rev().copied().collect())
+            .collect();
+        write_from_threads(&d, &parts, &expected);
         d.finish().unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), expected);
     }

@@ -243,6 +243,14 @@ pub struct Ties {
     per_tensor: PerTensor<TensorStats>,
 }
 
+/// A statistics pass that ended with part of tensor `name` not counted (a host bug).
+fn uncounted(name: &str, pass: u32) -> Error {
+    Error::Message(format!(
+        "tensor '{name}': ties statistics pass {pass} ended before every chunk of it was counted; the host skipped \
+         part of the tensor (internal error)"
+    ))
+}
+
 fn nan_error(tensor: &TensorMeta<'_>, expert: usize, element: Option<u64>) -> Error {
     let at = element.map_or_else(String::new, |j| format!(" at element {j}"));
     Error::Message(format!(
@@ -988,11 +996,7 @@ impl MergeMethod for Ties {
         }
         let mut stats = self.lock_stats()?;
         if stats.partial.get(tensor.name).is_some_and(|p| p.seen != 0) {
-            return Err(Error::Message(format!(
-                "tensor '{}': ties statistics pass {pass} ended before every chunk of it was counted; the host \
-                 skipped part of the tensor (internal error)",
-                tensor.name
-            )));
+            return Err(uncounted(tensor.name, pass));
         }
         if let Some(done) = stats.per_tensor.remove(tensor.name) {
             drop(stats);
@@ -1006,10 +1010,7 @@ impl MergeMethod for Ties {
             (Scope::Tensor, _) => {
                 let mut stats = self.lock_stats()?;
                 if let Some(name) = stats.partial.iter().find_map(|(name, p)| (p.seen != 0).then_some(name)) {
-                    return Err(Error::Message(format!(
-                        "tensor '{name}': ties statistics pass {pass} ended before every chunk of it was counted; \
-                         the host skipped part of the tensor (internal error)"
-                    )));
+                    return Err(uncounted(name, pass));
                 }
                 // The tensors `finish_tensor` did not finish (all of them, on a host older than
                 // ABI 1.5).

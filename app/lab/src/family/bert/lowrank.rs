@@ -247,14 +247,7 @@ mod tests {
                 .unwrap()
                 .matmul(&Tensor::from_vec(ws.clone(), (k, n), &Device::Cpu).unwrap())
                 .unwrap();
-            let diff = (frozen.to_device(&Device::Cpu).unwrap() - on_cpu)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = crate::nn::max_abs_diff(&frozen.to_device(&Device::Cpu).unwrap(), &on_cpu);
             assert!(diff < 1e-4, "{device:?}: {diff}");
         }
     }
