@@ -719,6 +719,38 @@ typedef struct ms_session_fisher_v1 {
                              ms_fisher_labels labels, ms_tensor_handle *out);
 } ms_session_fisher_v1;
 
+/* Id of the mini-batch session extension (ms_session_minibatch_v1), for
+ * ms_session_api_v1.get_extension. */
+#define MS_SESSION_EXT_MINIBATCH_V1 "mergescope.session.minibatch.v1"
+
+/* Which calibration examples a mini-batch call uses: for each task, batch `step` of a seeded
+ * shuffle of its calibration examples, `size` per batch (the examples are reshuffled every
+ * epoch, and an epoch's last batch may be short). A function of (size, seed, task, step)
+ * alone, so a run is reproducible and resumable. */
+typedef struct ms_minibatch {
+    /* sizeof(ms_minibatch) as the plugin knows it. */
+    size_t struct_size;
+    /* Examples per task and batch (at least 1; the whole calibration set when larger). */
+    uint64_t size;
+    /* Seed of the shuffles. */
+    uint64_t seed;
+    /* Batch number, 0-based (optimisation step). */
+    uint64_t step;
+} ms_minibatch;
+
+/* Session extension MS_SESSION_EXT_MINIBATCH_V1: the calibration objective on a mini-batch, for
+ * stochastic methods whose full-batch gradient costs a pass over every calibration example.
+ * Static; call its functions with the session's ctx, under the session's threading rules. */
+typedef struct ms_session_minibatch_v1 {
+    /* sizeof(ms_session_minibatch_v1) as the host knows it. */
+    size_t struct_size;
+    /* As ms_session_api_v1.loss_and_grad, on `batch`'s examples of each task only: the mean
+     * objective over the batch of `task` (or the sum of the tasks' means for MS_ALL_TASKS). */
+    ms_status (*loss_and_grad)(void *ctx, const ms_tensor_handle *candidate, size_t n, size_t task,
+                               ms_objective objective, const ms_minibatch *batch, double *loss,
+                               ms_tensor_handle *grads);
+} ms_session_minibatch_v1;
+
 /* ---------------------------------------------------------------------------------------- */
 /* The plugin's table                                                                        */
 /* ---------------------------------------------------------------------------------------- */

@@ -771,6 +771,49 @@ pub struct SessionFisherV1 {
     ) -> Status,
 }
 
+/// Id of the mini-batch session extension ([`SessionMinibatchV1`]), for
+/// `SessionApiV1::get_extension`.
+pub const SESSION_EXT_MINIBATCH_V1: &str = "mergescope.session.minibatch.v1";
+
+/// Which calibration examples a mini-batch call uses: for each task, batch `step` of a seeded
+/// shuffle of its calibration examples, `size` per batch (the examples are reshuffled every
+/// epoch, and an epoch's last batch may be short). A function of (`size`, `seed`, task, `step`)
+/// alone, so a run is reproducible and resumable.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Minibatch {
+    /// `size_of::<Minibatch>()` as the plugin knows it.
+    pub struct_size: usize,
+    /// Examples per task and batch (at least 1; the whole calibration set when larger).
+    pub size: u64,
+    /// Seed of the shuffles.
+    pub seed: u64,
+    /// Batch number, 0-based (optimisation step).
+    pub step: u64,
+}
+
+/// Session extension [`SESSION_EXT_MINIBATCH_V1`]: the calibration objective on a mini-batch,
+/// for stochastic methods (AdaMerging's batches of 16 per task) whose full-batch gradient costs a
+/// pass over every calibration example. Static; call its functions with the session's `ctx`,
+/// under the session's threading rules.
+#[repr(C)]
+pub struct SessionMinibatchV1 {
+    /// `size_of::<SessionMinibatchV1>()` as the host knows it.
+    pub struct_size: usize,
+    /// As `SessionApiV1::loss_and_grad`, on `batch`'s examples of each task only: the mean
+    /// objective over the batch of `task` (or the sum of the tasks' means for [`ALL_TASKS`]).
+    pub loss_and_grad: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        candidate: *const TensorHandle,
+        n: usize,
+        task: usize,
+        objective: Objective,
+        batch: *const Minibatch,
+        loss: *mut f64,
+        grads: *mut TensorHandle,
+    ) -> Status,
+}
+
 /// The plugin's table, returned by the entry function. Static for the life of the process.
 #[repr(C)]
 pub struct PluginApiV1 {

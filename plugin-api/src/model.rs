@@ -215,6 +215,68 @@ impl<'a> Session<'a> {
         Ok((loss, grads.into_iter().map(Tensor).collect()))
     }
 
+    /// The objective on mini-batch `step` of `size` examples per task (seeded shuffles,
+    /// reshuffled every epoch; see [`abi::Minibatch`]) and its gradient with respect to every
+    /// candidate tensor: a stochastic gradient whose cost is that of the batch, not of the whole
+    /// calibration set. `size` 0 means every example ([`Self::loss_and_grad`]). Needs the
+    /// host's [`abi::SESSION_EXT_MINIBATCH_V1`] when `size` > 0.
+    pub fn loss_and_grad_minibatch(
+        &self,
+        candidate: &[Tensor],
+        tasks: Tasks,
+        objective: abi::Objective,
+        size: u64,
+        seed: u64,
+        step: u64,
+    ) -> Result<(f64, Vec<Tensor>)> {
+        if size == 0 {
+            return self.loss_and_grad(candidate, tasks, objective);
+        }
+        let ext = self.extension::<abi::SessionMinibatchV1>(abi::SESSION_EXT_MINIBATCH_V1)?;
+        let batch = abi::Minibatch {
+            struct_size: std::mem::size_of::<abi::Minibatch>(),
+            size,
+            seed,
+            step,
+        };
+        let c = handles(candidate);
+        let mut grads = vec![0 as TensorHandle; c.len()];
+        let mut loss = 0.0;
+        // SAFETY: valid extension of this session; `grads` has room for `c.len()` handles.
+        check(unsafe {
+            (ext.loss_and_grad)(
+                self.api.ctx,
+                c.as_ptr(),
+                c.len(),
+                tasks.raw(),
+                objective,
+                &batch,
+                &mut loss,
+                grads.as_mut_ptr(),
+            )
+        })?;
+        Ok((loss, grads.into_iter().map(Tensor).collect()))
+    }
+
+    /// The host's session extension `id`, whose table (of type `T`, starting with its
+    /// `struct_size`) must be at least as long as this SDK's.
+    fn extension<T>(&self, id: &str) -> Result<&'a T> {
+        // SAFETY: valid table; the id is borrowed for the call.
+        let ext = unsafe { (self.api.get_extension)(self.api.ctx, Str::new(id)) };
+        // SAFETY: the host returns null or its static table for this id, which begins with
+        // its size.
+        let size = unsafe { ext.cast::<usize>().as_ref() }
+            .copied()
+            .ok_or_else(|| Error::Message(format!("this host has no '{id}' session extension: update mergescope")))?;
+        if size < std::mem::size_of::<T>() {
+            return Err(Error::Message(format!(
+                "the host's '{id}' extension table is too short ({size} bytes): update mergescope"
+            )));
+        }
+        // SAFETY: non-null, static, and long enough for `T`.
+        Ok(unsafe { &*ext.cast::<T>() })
+    }
+
     /// `loss_and_grad` of the session table: the value, and the gradient into `grads` (one
     /// handle per candidate tensor) when given.
     fn objective(
@@ -276,18 +338,7 @@ impl<'a> Session<'a> {
     /// label (`abi::FISHER_LABELS_TRUE`) or the candidate's prediction
     /// (`abi::FISHER_LABELS_PREDICTED`). Needs the host's [`abi::SESSION_EXT_FISHER_V1`].
     pub fn diag_fisher(&self, candidate: &[Tensor], task: usize, labels: abi::FisherLabels) -> Result<Vec<Tensor>> {
-        // SAFETY: valid table; the id is borrowed for the call.
-        let ext = unsafe { (self.api.get_extension)(self.api.ctx, Str::new(abi::SESSION_EXT_FISHER_V1)) };
-        // SAFETY: the host returns null or its static table for this id.
-        let ext = unsafe { ext.cast::<abi::SessionFisherV1>().as_ref() }.ok_or_else(|| {
-            Error::Message(format!(
-                "this host has no '{}' session extension: update mergescope",
-                abi::SESSION_EXT_FISHER_V1
-            ))
-        })?;
-        if ext.struct_size < std::mem::size_of::<abi::SessionFisherV1>() {
-            return Err(Error::Message("the host's Fisher extension table is too short".into()));
-        }
+        let ext = self.extension::<abi::SessionFisherV1>(abi::SESSION_EXT_FISHER_V1)?;
         let c = handles(candidate);
         let mut out = vec![0 as TensorHandle; c.len()];
         // SAFETY: valid extension of this session; `out` has room for `c.len()` handles.

@@ -171,6 +171,19 @@ static const ms_session_fisher_v1 probe_session_fisher = {
                    ms_tensor_handle *)), /* diag_fisher */
 };
 
+static const ms_minibatch probe_minibatch = {
+    sizeof(ms_minibatch), /* struct_size */
+    (uint64_t)0,          /* size */
+    (uint64_t)0,          /* seed */
+    (uint64_t)0,          /* step */
+};
+
+static const ms_session_minibatch_v1 probe_session_minibatch = {
+    sizeof(ms_session_minibatch_v1), /* struct_size */
+    FN(ms_status, (void *, const ms_tensor_handle *, size_t, size_t, ms_objective, const ms_minibatch *,
+                   double *, ms_tensor_handle *)), /* loss_and_grad */
+};
+
 static const ms_entry_v1_fn probe_entry = FN(const ms_plugin_api_v1 *, (void));
 
 static const ms_host_sign_consensus_v1 probe_sign_consensus = {
@@ -440,6 +453,16 @@ static const ms_probe_entry ENTRIES[] = {
     PROBE_FIELD(ms_session_fisher_v1, struct_size),
     PROBE_FIELD(ms_session_fisher_v1, diag_fisher),
 
+    PROBE_STR(MS_SESSION_EXT_MINIBATCH_V1),
+    PROBE_TYPE(ms_minibatch),
+    PROBE_FIELD(ms_minibatch, struct_size),
+    PROBE_FIELD(ms_minibatch, size),
+    PROBE_FIELD(ms_minibatch, seed),
+    PROBE_FIELD(ms_minibatch, step),
+    PROBE_TYPE(ms_session_minibatch_v1),
+    PROBE_FIELD(ms_session_minibatch_v1, struct_size),
+    PROBE_FIELD(ms_session_minibatch_v1, loss_and_grad),
+
     PROBE_TYPE(ms_trim_abs_fn),
     PROBE_TYPE(ms_elect_sign_fn),
     PROBE_TYPE(ms_disjoint_merge_fn),
@@ -496,7 +519,8 @@ const uint8_t *ms_probe_magic_init(void) {
 size_t ms_probe_struct_sizes(void) {
     return probe_str.len + probe_param_value.list_len + probe_tensor_info.struct_size + probe_host_api.struct_size +
            probe_plugin_api.struct_size + probe_eval_metrics.struct_size + probe_finetune_options.struct_size +
-           probe_session_api.struct_size + probe_session_fisher.struct_size + probe_sign_consensus.struct_size +
+           probe_session_api.struct_size + probe_session_fisher.struct_size + probe_minibatch.struct_size +
+           probe_session_minibatch.struct_size + probe_sign_consensus.struct_size +
            probe_random.struct_size + probe_random_v2.struct_size + probe_views.struct_size + probe_linalg.struct_size + probe_parallel.struct_size +
            (probe_entry == NULL ? 0 : 1) + (probe_job == NULL ? 0 : 1);
 }

@@ -3,7 +3,7 @@
 //! ([`CallCtx`]); evaluation, gradients and fine-tuning are the model family's
 //! [`CalibrationTasks`]; this module only translates the C table to them.
 
-use crate::evaluator::calibration::{CalibrationTasks, Objective};
+use crate::evaluator::calibration::{CalibrationTasks, Objective, Subset};
 use crate::nn::Params;
 use crate::train::{BatchSize, Budget, OptimConfig, TrainConfig};
 use candle_core::Tensor;
@@ -105,6 +105,42 @@ impl<'a, 'c> SessionCtx<'a, 'c> {
     fn call_mut(&mut self) -> &mut CallCtx<'c> {
         // SAFETY: as in `call`; `&mut self` makes this the only reference.
         unsafe { &mut *self.call }
+    }
+
+    /// `loss_and_grad` of both tables: the objective of `candidate` over `subset` of the
+    /// calibration examples of `task`, into `loss`, and its gradient into `grads` when not null.
+    #[allow(clippy::too_many_arguments)]
+    fn objective(
+        &mut self,
+        candidate: *const TensorHandle,
+        n: usize,
+        task: usize,
+        objective: abi::Objective,
+        subset: Subset,
+        loss: *mut f64,
+        grads: *mut TensorHandle,
+    ) -> std::result::Result<(), String> {
+        let p = self.candidate(candidate, n)?;
+        let tasks = self.task_list(task)?;
+        let objective = match objective {
+            abi::OBJECTIVE_CROSS_ENTROPY => Objective::CrossEntropy,
+            abi::OBJECTIVE_ENTROPY => Objective::Entropy,
+            k => {
+                return Err(format!(
+                    "unknown objective {k}; use OBJECTIVE_CROSS_ENTROPY or OBJECTIVE_ENTROPY"
+                ));
+            }
+        };
+        let (value, g) = self
+            .model
+            .tasks
+            .objective(&p, &self.model.names, &tasks, subset, objective, !grads.is_null())
+            .map_err(engine_err)?;
+        write(loss, value)?;
+        match g {
+            Some(g) => self.insert_all(g, grads, n),
+            None => Ok(()),
+        }
     }
 
     /// The session table; it points at `self`: keep `self` alive and unmoved while the plugin
@@ -377,27 +413,38 @@ unsafe extern "C" fn s_loss_and_grad(
     grads: *mut TensorHandle,
 ) -> Status {
     with_session(ctx, |s| {
-        let p = s.candidate(candidate, n)?;
-        let tasks = s.task_list(task)?;
-        let objective = match objective {
-            abi::OBJECTIVE_CROSS_ENTROPY => Objective::CrossEntropy,
-            abi::OBJECTIVE_ENTROPY => Objective::Entropy,
-            k => {
-                return Err(format!(
-                    "unknown objective {k}; use OBJECTIVE_CROSS_ENTROPY or OBJECTIVE_ENTROPY"
-                ));
-            }
-        };
-        let (value, g) = s
-            .model
-            .tasks
-            .objective(&p, &s.model.names, &tasks, objective, !grads.is_null())
-            .map_err(engine_err)?;
-        write(loss, value)?;
-        match g {
-            Some(g) => s.insert_all(g, grads, n),
-            None => Ok(()),
+        s.objective(candidate, n, task, objective, Subset::All, loss, grads)
+    })
+}
+
+unsafe extern "C" fn s_minibatch_loss_and_grad(
+    ctx: *mut c_void,
+    candidate: *const TensorHandle,
+    n: usize,
+    task: usize,
+    objective: abi::Objective,
+    batch: *const abi::Minibatch,
+    loss: *mut f64,
+    grads: *mut TensorHandle,
+) -> Status {
+    with_session(ctx, |s| {
+        // SAFETY: the plugin passes a readable batch struct or null.
+        let b = unsafe { batch.as_ref() }.ok_or("null mini-batch")?;
+        if b.struct_size < std::mem::size_of::<abi::Minibatch>() {
+            return Err(format!("a mini-batch of {} bytes is too short", b.struct_size));
         }
+        if b.size == 0 {
+            return Err(
+                "a mini-batch needs at least one example per task (size 0 given); call loss_and_grad for every example"
+                    .into(),
+            );
+        }
+        let subset = Subset::Minibatch {
+            size: usize::try_from(b.size).unwrap_or(usize::MAX),
+            seed: b.seed,
+            step: b.step,
+        };
+        s.objective(candidate, n, task, objective, subset, loss, grads)
     })
 }
 
@@ -506,10 +553,17 @@ static FISHER_V1: abi::SessionFisherV1 = abi::SessionFisherV1 {
     diag_fisher: s_diag_fisher,
 };
 
+/// The host's mini-batch extension table.
+static MINIBATCH_V1: abi::SessionMinibatchV1 = abi::SessionMinibatchV1 {
+    struct_size: std::mem::size_of::<abi::SessionMinibatchV1>(),
+    loss_and_grad: s_minibatch_loss_and_grad,
+};
+
 unsafe extern "C" fn s_get_extension(_ctx: *mut c_void, id: Str) -> *const c_void {
     // SAFETY: a borrowed string valid for the call.
     match unsafe { id.as_str() } {
         Ok(abi::SESSION_EXT_FISHER_V1) => (&raw const FISHER_V1).cast(),
+        Ok(abi::SESSION_EXT_MINIBATCH_V1) => (&raw const MINIBATCH_V1).cast(),
         _ => std::ptr::null(),
     }
 }

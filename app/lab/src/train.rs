@@ -306,6 +306,22 @@ impl Batcher {
     }
 }
 
+/// Batch `step` (0-based) of a [`Batcher`] over `n` examples with batches of `size`, `seed` and
+/// `stream`: the same indices in the same order, computed from the step alone (the epoch's
+/// shuffles are replayed; each costs O(n)), so a caller that holds no batcher (a session call)
+/// can ask for any step.
+pub fn batch_at(n: usize, size: usize, seed: u64, stream: u64, step: u64) -> Vec<usize> {
+    let size = size.max(1);
+    let per_epoch = n.div_ceil(size).max(1) as u64;
+    let mut rng = SplitMix64::stream(seed, stream);
+    let mut order: Vec<usize> = (0..n).collect();
+    for _ in 0..=step / per_epoch {
+        rng.shuffle(&mut order);
+    }
+    let start = ((step % per_epoch) as usize * size).min(n);
+    order[start..(start + size).min(n)].to_vec()
+}
+
 /// Images `idx` of `images` as a `[b, 1, 28, 28]` tensor in 0..1, each translated by a random
 /// offset of up to `shift` pixels (zero fill) when `shift` > 0.
 pub fn batch_images(
@@ -622,6 +638,27 @@ mod tests {
         let other: Vec<usize> = (0..3).flat_map(|_| other.next_batch()).collect();
         assert_ne!(first, other);
         assert_eq!(Batcher::new(5, BatchSize::Full, 0, 0).next_batch(), vec![0, 1, 2, 3, 4]);
+    }
+
+    /// The stateless batch of a step is the batcher's, across epochs and short last batches.
+    #[test]
+    fn batch_at_replays_the_batcher() {
+        for (n, size, seed, stream) in [
+            (10, 4, 3, 0),
+            (10, 4, 3, 2),
+            (7, 7, 1, 5),
+            (5, 9, 2, 1),
+            (100, 16, 0, 4),
+        ] {
+            let mut b = Batcher::new(n, BatchSize::Size(size), seed, stream);
+            for step in 0..40 {
+                assert_eq!(
+                    batch_at(n, size, seed, stream, step),
+                    b.next_batch(),
+                    "n {n}, size {size}, step {step}"
+                );
+            }
+        }
     }
 
     #[test]

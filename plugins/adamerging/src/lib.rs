@@ -17,12 +17,15 @@ const HELP: &str = "AdaMerging (Yang et al., ICLR 2024) and AdaMerging+CART (see
 λ is one coefficient per task (granularity task) or per task and tensor (layer, the stronger \
 variant), initialised to init (0.3, AdaMerging's value) or cart_init (1.0, CART's value), and \
 learned by Adam (lr 1e-3, β = 0.9, 0.999) for steps (500) on the summed prediction entropy of the \
-merged model over every task's calibration images (100 training images per task, labels unused; \
-objective = cross-entropy uses the labels instead). After each step λ is clamped to [0, 1] (clamp). \
-The original minimises entropy on the test images, batch 16 per task; mergescope never looks at \
-test data and uses the calibration examples as one batch.\n\
-The run reports an iterate every report_every steps (loss and mean λ), so it leaves a trajectory; a \
-cancelled run keeps its last reported iterate.";
+merged model on the tasks' calibration examples (the first 100 training images per task, labels \
+unused; objective = cross-entropy uses the labels instead), one mini-batch of batch_size (16) \
+examples per task and step, shuffled with the merge's seed and reshuffled every epoch (0: every \
+calibration example in every step, full-batch). After each step λ is clamped to [0, 1] (clamp). \
+The original minimises entropy on the test images in batches of 16 per task; mergescope never looks \
+at test data, so its batches come from the calibration examples.\n\
+The run reports an iterate every report_every steps (the step's mini-batch loss and mean λ; the last \
+iterate's loss is over every calibration example), so it leaves a trajectory; a cancelled run keeps \
+its last reported iterate.";
 
 /// The AdaMerging method.
 pub struct AdaMerging {
@@ -35,6 +38,8 @@ pub struct AdaMerging {
     objective: abi::Objective,
     rank_ratio: f64,
     report_every: usize,
+    batch_size: u64,
+    seed: u64,
 }
 
 /// k = ⌈ratio·min(m, n)⌉ clamped to [0, min(m, n)], with the cart plugin's tolerance for
@@ -81,6 +86,12 @@ impl ModelMethod for AdaMerging {
                 ParamSpec::float("cart_init", 1.0, "Initial λ with merge = cart (CART's 1.0).").range(0.0, 2.0),
                 ParamSpec::float("lr", 1e-3, "Adam learning rate.").range(1e-6, 1.0),
                 ParamSpec::int("steps", 500, "Adam steps.").range(1.0, 100000.0),
+                ParamSpec::int(
+                    "batch_size",
+                    16,
+                    "Calibration examples per task in each step (AdaMerging's 16); 0: all of them (full batch).",
+                )
+                .range(0.0, 1e9),
                 ParamSpec::bool("clamp", true, "Clamp λ to [0, 1] after each step."),
                 ParamSpec::choice_of(
                     "objective",
@@ -93,7 +104,7 @@ impl ModelMethod for AdaMerging {
         }
     }
 
-    fn create(_host: &Host<'_>, p: &Params<'_>, _ctx: CreateContext) -> Result<Self> {
+    fn create(_host: &Host<'_>, p: &Params<'_>, ctx: CreateContext) -> Result<Self> {
         let cart = p.choice_of::<MergeOn>("merge")? == MergeOn::Cart;
         Ok(AdaMerging {
             layer_wise: p.choice_of::<Granularity>("granularity")? == Granularity::Layer,
@@ -105,6 +116,8 @@ impl ModelMethod for AdaMerging {
             objective: p.choice_of::<ObjectiveChoice>("objective")?.abi(),
             rank_ratio: p.float("rank_ratio")?,
             report_every: p.int("report_every")?.max(1) as usize,
+            batch_size: p.int("batch_size")?.max(0) as u64,
+            seed: ctx.seed,
         })
     }
 
@@ -137,7 +150,14 @@ impl ModelMethod for AdaMerging {
             host.check_cancelled()?;
             host.report_progress(step as f64 / self.steps as f64);
             let candidate = build(&lambda)?;
-            let (loss, g) = session.loss_and_grad(&candidate, Tasks::All, self.objective)?;
+            let (loss, g) = session.loss_and_grad_minibatch(
+                &candidate,
+                Tasks::All,
+                self.objective,
+                self.batch_size,
+                self.seed,
+                step as u64,
+            )?;
             if step % self.report_every == 0 {
                 session.report_iterate(&candidate, &format!("step {step}"), &self.metrics(loss, &lambda))?;
             }

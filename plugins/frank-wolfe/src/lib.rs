@@ -22,7 +22,7 @@ oracle) and moves towards the best.\n\
 best expert's tensor (granularity layer; a tensor no expert improves is left alone); γ_t = step_scale·2/(t+2).\n\
 - variant = soft: the top_k best experts s_j (0: all) and θ ← θ + Σ_j λ*_j (s_j − θ), with λ* \
 minimising ℓ on the simplex {λ ≥ 0, Σλ ≤ 1} (or Σλ = 1 with simplex = equal), found by Adam \
-(soft_lr, soft_steps) on softmax logits (projected Adam, the digest's suggestion, stalls at points \
+(soft_lr, soft_steps; each step on batch_size calibration examples per task, 0: all) on softmax logits (projected Adam, the digest's suggestion, stalls at points \
 that are not optimal).\n\
 Parameters: iterations (10), init (task-arithmetic: θ0 + 0.3·Σ τ_t; base; average), objective \
 (cross-entropy on labelled calibration data, or entropy: unlabelled), lmo_score (raw ⟨g, θ_i − θ⟩, \
@@ -86,6 +86,8 @@ pub struct FrankWolfe {
     capped: bool,
     soft_steps: usize,
     soft_lr: f64,
+    batch_size: u64,
+    seed: u64,
 }
 
 impl ModelMethod for FrankWolfe {
@@ -144,6 +146,12 @@ impl ModelMethod for FrankWolfe {
                 ),
                 ParamSpec::int("soft_steps", 30, "Soft FW: Adam steps on λ per iteration.").range(1.0, 10000.0),
                 ParamSpec::float("soft_lr", 0.05, "Soft FW: Adam learning rate on λ.").range(1e-6, 1.0),
+                ParamSpec::int(
+                    "batch_size",
+                    0,
+                    "Soft FW: calibration examples per task in each Adam step on λ (AdaMerging's 16); 0: all of them.",
+                )
+                .range(0.0, 1e9),
             ],
         }
     }
@@ -173,6 +181,8 @@ impl ModelMethod for FrankWolfe {
             capped: p.choice_of::<Simplex>("simplex")? == Simplex::AtMostOne,
             soft_steps: p.int("soft_steps")? as usize,
             soft_lr: p.float("soft_lr")?,
+            batch_size: p.int("batch_size")?.max(0) as u64,
+            seed: ctx.seed,
         })
     }
 
@@ -220,7 +230,7 @@ impl ModelMethod for FrankWolfe {
                 d.iter().map(|row| row.iter().sum()).collect()
             };
             let (next, info) = if self.soft {
-                self.soft_step(host, session, &theta, &experts, &task_scores)?
+                self.soft_step(host, session, t, &theta, &experts, &task_scores)?
             } else {
                 self.hard_step(host, t, &theta, &experts, &d, &task_scores)?
             };
@@ -283,6 +293,7 @@ impl FrankWolfe {
         &self,
         host: &Host<'_>,
         session: &Session<'_>,
+        iteration: usize,
         theta: &[Tensor],
         experts: &[Vec<Tensor>],
         task_scores: &[f64],
@@ -301,11 +312,14 @@ impl FrankWolfe {
             refs.extend(dirs.iter().map(Vec::as_slice));
             combine(host, &refs, |_, m| if m == 0 { 1.0 } else { lambda[m - 1] })
         };
-        for _ in 0..self.soft_steps {
+        for i in 0..self.soft_steps {
             host.check_cancelled()?;
             let mark = session.mark();
             let c = candidate(&weights.lambda())?;
-            let (_, g) = session.loss_and_grad(&c, Tasks::All, self.objective)?;
+            // Mini-batches continue across iterations rather than restart at batch 0.
+            let step = (iteration * self.soft_steps + i) as u64;
+            let (_, g) =
+                session.loss_and_grad_minibatch(&c, Tasks::All, self.objective, self.batch_size, self.seed, step)?;
             let grad: Vec<f64> = dirs
                 .iter()
                 .map(|dj| dots(host, &g, dj).map(|v| v.iter().sum()))

@@ -61,6 +61,8 @@ const TYPE_NAMES: &[(&str, &str)] = &[
     ("SessionApiV1", "ms_session_api_v1"),
     ("FisherLabels", "ms_fisher_labels"),
     ("SessionFisherV1", "ms_session_fisher_v1"),
+    ("Minibatch", "ms_minibatch"),
+    ("SessionMinibatchV1", "ms_session_minibatch_v1"),
     ("TrimAbsFn", "ms_trim_abs_fn"),
     ("ElectSignFn", "ms_elect_sign_fn"),
     ("DisjointMergeFn", "ms_disjoint_merge_fn"),
@@ -353,6 +355,23 @@ fn rust_facts() -> BTreeMap<String, Value> {
         "str MS_SESSION_EXT_FISHER_V1".into(),
         Value::Bytes(SESSION_EXT_FISHER_V1.as_bytes().to_vec()),
     );
+    layout!(
+        f,
+        Minibatch {
+            struct_size: usize,
+            size: u64,
+            seed: u64,
+            step: u64,
+        }
+    );
+    layout!(f, SessionMinibatchV1 {
+        struct_size: usize,
+        loss_and_grad: unsafe extern "C" fn(Ctx, *const H, usize, usize, Objective, *const Minibatch, *mut f64, *mut H) -> Status,
+    });
+    f.insert(
+        "str MS_SESSION_EXT_MINIBATCH_V1".into(),
+        Value::Bytes(SESSION_EXT_MINIBATCH_V1.as_bytes().to_vec()),
+    );
 
     fn_type!(f, TrimAbsFn = unsafe extern "C" fn(Ctx, H, f64, *mut H) -> Status);
     fn_type!(f, ElectSignFn = unsafe extern "C" fn(Ctx, *const H, usize, ElectRule, *mut H) -> Status);
@@ -637,6 +656,8 @@ fn header_helpers_agree() {
             + size_of::<FinetuneOptions>()
             + size_of::<SessionApiV1>()
             + size_of::<SessionFisherV1>()
+            + size_of::<Minibatch>()
+            + size_of::<SessionMinibatchV1>()
             + size_of::<HostSignConsensusV1>()
             + size_of::<HostRandomV1>()
             + size_of::<HostRandomV2>()

@@ -21,6 +21,34 @@ pub enum Objective {
     Entropy,
 }
 
+/// Which of each task's calibration examples an objective is computed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subset {
+    /// Every calibration example.
+    All,
+    /// Batch `step` of `size` examples per task, drawn as a [`train::Batcher`] seeded with
+    /// `seed` and the task's index draws them ([`train::batch_at`]); every example when `size`
+    /// is at least the task's count.
+    Minibatch {
+        /// Examples per task.
+        size: usize,
+        /// Seed of the shuffles.
+        seed: u64,
+        /// Batch number.
+        step: u64,
+    },
+}
+
+impl Subset {
+    /// Indices of task `task`'s examples out of its `n`, in the order used.
+    pub fn indices(self, n: usize, task: usize) -> Vec<usize> {
+        match self {
+            Subset::Minibatch { size, seed, step } if size < n => train::batch_at(n, size, seed, task as u64, step),
+            _ => (0..n).collect(),
+        }
+    }
+}
+
 /// Loss and accuracy of a candidate, averaged over the tasks asked for.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CalibrationScore {
@@ -62,13 +90,14 @@ pub trait CalibrationTasks {
     fn task_names(&self) -> Vec<&str>;
     /// Mean loss and accuracy of `model` over `tasks`' calibration examples.
     fn evaluate(&self, model: &Params, tasks: &[usize]) -> Result<CalibrationScore>;
-    /// Σ over `tasks` of the mean `objective` and, with `with_grads`, its gradient for every
-    /// tensor named in `order` (in that order).
+    /// Σ over `tasks` of the mean `objective` over `subset` of each task's calibration examples
+    /// and, with `with_grads`, its gradient for every tensor named in `order` (in that order).
     fn objective(
         &self,
         model: &Params,
         order: &[String],
         tasks: &[usize],
+        subset: Subset,
         objective: Objective,
         with_grads: bool,
     ) -> Result<(f64, Option<Vec<Tensor>>)>;
@@ -135,9 +164,9 @@ impl<'a> DemoCalibration<'a> {
         })
     }
 
-    /// Logits of task `t`'s calibration images under `model`.
-    fn logits(&self, model: &Params, t: usize) -> Result<Tensor> {
-        let features = self.arch.features(model, &self.calibration[t].images)?;
+    /// Logits of task `t`'s calibration `images` under `model`.
+    fn logits(&self, model: &Params, t: usize, images: &Tensor) -> Result<Tensor> {
+        let features = self.arch.features(model, images)?;
         self.tasks[t].head.logits(&features)
     }
 }
@@ -255,13 +284,29 @@ impl CalibrationTasks for DemoCalibration<'_> {
         model: &Params,
         order: &[String],
         tasks: &[usize],
+        subset: Subset,
         objective: Objective,
         with_grads: bool,
     ) -> Result<(f64, Option<Vec<Tensor>>)> {
         let (vars, p) = variables(model, order)?;
         let mut total: Option<Tensor> = None;
         for &t in tasks {
-            let l = objective_loss(&self.logits(&p, t)?, &self.calibration[t].labels, objective)?;
+            let c = &self.calibration[t];
+            let n = c.labels.dim(0)?;
+            let l = if let Subset::Minibatch { size, .. } = subset
+                && size < n
+            {
+                let idx: Vec<u32> = subset.indices(n, t).into_iter().map(|i| i as u32).collect();
+                let idx = Tensor::from_vec(idx.clone(), idx.len(), c.labels.device())?;
+                let images = c.images.index_select(&idx, 0)?;
+                objective_loss(
+                    &self.logits(&p, t, &images)?,
+                    &c.labels.index_select(&idx, 0)?,
+                    objective,
+                )?
+            } else {
+                objective_loss(&self.logits(&p, t, &c.images)?, &c.labels, objective)?
+            };
             total = Some(match total {
                 Some(s) => (s + l)?,
                 None => l,

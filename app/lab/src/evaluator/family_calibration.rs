@@ -8,7 +8,7 @@
 use super::ClassifierFamily;
 use super::backbone::Tally;
 use super::calibration::{
-    CalibrationScore, CalibrationTasks, Objective, add_grads, detached, fisher_of, objective_loss, variables,
+    CalibrationScore, CalibrationTasks, Objective, Subset, add_grads, detached, fisher_of, objective_loss, variables,
     zero_grads,
 };
 use crate::family::hf;
@@ -107,6 +107,7 @@ impl<E: ClassifierFamily> CalibrationTasks for FamilyCalibration<E> {
         model: &Params,
         order: &[String],
         tasks: &[usize],
+        subset: Subset,
         objective: Objective,
         with_grads: bool,
     ) -> Result<(f64, Option<Vec<Tensor>>)> {
@@ -114,13 +115,13 @@ impl<E: ClassifierFamily> CalibrationTasks for FamilyCalibration<E> {
         let mut grads = if with_grads { Some(zero_grads(&vars)?) } else { None };
         let mut value = 0.0;
         for &t in tasks {
-            let n = self.calibration.examples(t);
-            let rows = self.calibration.rows(t, &(0..n).collect::<Vec<_>>());
+            let selected = subset.indices(self.calibration.examples(t), t);
+            let rows = self.calibration.rows(t, &selected);
             // The task's mean loss as a sum over batches, each differentiated on its own so that
             // memory holds one batch of activations.
-            for indices in super::batches(n, self.calibration.batch_size()) {
-                let (logits, labels) = self.calibration.logits(&self.inputs, &net, t, &indices)?;
-                let share = self.calibration.rows(t, &indices) as f64 / rows as f64;
+            for indices in selected.chunks(self.calibration.batch_size().max(1)) {
+                let (logits, labels) = self.calibration.logits(&self.inputs, &net, t, indices)?;
+                let share = self.calibration.rows(t, indices) as f64 / rows as f64;
                 let l = (objective_loss(&logits, &self.labels(&labels)?, objective)? * share)?;
                 value += f64::from(l.to_scalar::<f32>()?);
                 if let Some(g) = &mut grads {
@@ -307,7 +308,9 @@ mod tests {
         objective: Objective,
     ) -> f64 {
         let order: Vec<String> = order.iter().map(|s| (*s).to_owned()).collect();
-        let (value, grads) = tasks.objective(model, &order, &[0, 1], objective, true).unwrap();
+        let (value, grads) = tasks
+            .objective(model, &order, &[0, 1], Subset::All, objective, true)
+            .unwrap();
         if objective == Objective::CrossEntropy {
             let score = tasks.evaluate(model, &[0, 1]).unwrap();
             assert!((value - 2.0 * score.loss).abs() < 1e-4, "{value} vs 2 × {}", score.loss);
@@ -329,7 +332,10 @@ mod tests {
                 v[at] += d;
                 let shape = t.dims().to_vec();
                 m.insert(name.clone(), Tensor::from_vec(v, shape, &Device::Cpu).unwrap());
-                tasks.objective(&m, &order, &[0, 1], objective, false).unwrap().0
+                tasks
+                    .objective(&m, &order, &[0, 1], Subset::All, objective, false)
+                    .unwrap()
+                    .0
             };
             let fd = (shifted(h) - shifted(-h)) / (2.0 * f64::from(h));
             let g = f64::from(biggest);
@@ -358,6 +364,67 @@ mod tests {
         ];
         check_gradients(tasks.as_ref(), &model("base"), &order);
         assert_eq!(tasks.evaluate(&model("base"), &[0, 1]).unwrap().examples, 80);
+    }
+
+    /// Mini-batches: one epoch's batches (40 examples in batches of 12, 12, 12 and 4), each
+    /// weighted by its share of the examples, add up to the full-batch objective and gradient of
+    /// the task (the objective is a mean), each batch differs from it, and a batch as large as
+    /// the task is the full batch itself.
+    #[test]
+    fn an_epoch_of_minibatches_adds_up_to_the_full_objective() {
+        let dir = tempfile::tempdir().unwrap();
+        let tasks = bert_tasks(dir.path());
+        let order: Vec<String> = [
+            "bert.encoder.layer.0.attention.self.query.weight",
+            "bert.pooler.dense.weight",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let m = model("topic");
+        for (task, objective) in [(0, Objective::Entropy), (1, Objective::CrossEntropy)] {
+            let (full, full_g) = tasks
+                .objective(&m, &order, &[task], Subset::All, objective, true)
+                .unwrap();
+            let full_g = full_g.unwrap();
+            let (size, seed) = (12, 7);
+            let mut value = 0.0;
+            let mut grads: Vec<Tensor> = full_g.iter().map(|g| g.zeros_like().unwrap()).collect();
+            for step in 0..4 {
+                let b = Subset::Minibatch { size, seed, step };
+                let share = train::batch_at(40, size, seed, task as u64, step).len() as f64 / 40.0;
+                let (v, g) = tasks.objective(&m, &order, &[task], b, objective, true).unwrap();
+                assert!(
+                    (v - full).abs() > 1e-6,
+                    "batch {step} of task {task} gave the full objective {full}"
+                );
+                value += share * v;
+                for (sum, g) in grads.iter_mut().zip(g.unwrap()) {
+                    *sum = (&*sum + (g * share).unwrap()).unwrap();
+                }
+            }
+            assert!(
+                (value - full).abs() < 1e-5 * full.abs().max(1.0),
+                "task {task}: {value} vs {full}"
+            );
+            for (name, (sum, want)) in order.iter().zip(grads.iter().zip(&full_g)) {
+                let err = crate::nn::max_abs_diff(sum, want);
+                let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                assert!(
+                    err <= 1e-4 * scale,
+                    "{name}, task {task}: batches off by {err} (largest {scale})"
+                );
+            }
+            let whole = Subset::Minibatch {
+                size: 40,
+                seed,
+                step: 3,
+            };
+            let (v, g) = tasks.objective(&m, &order, &[task], whole, objective, true).unwrap();
+            assert_eq!(v.to_bits(), full.to_bits());
+            for (a, b) in g.unwrap().iter().zip(&full_g) {
+                assert_eq!(crate::nn::max_abs_diff(a, b), 0.0);
+            }
+        }
     }
 
     /// The same through DistilBERT (its tensors run on candle's BERT network under BERT's
