@@ -26,6 +26,10 @@ pub fn default_lambda_grid() -> Vec<f64> {
     (1..=20).map(|i| f64::from(i) / 10.0).collect()
 }
 
+/// Points a λ search may add above the default grid, one grid step at a time, while its best λ
+/// is the largest tried: a best λ at the grid's top says the optimum may lie beyond it.
+pub const LAMBDA_EXTENSION: usize = 10;
+
 /// What to compare and where the merges go.
 #[derive(Clone, Debug)]
 pub struct CompareConfig {
@@ -35,6 +39,10 @@ pub struct CompareConfig {
     pub overwrite: bool,
     /// Candidate λ values for methods with a `lambda` parameter (empty: keep the default).
     pub lambda_grid: Vec<f64>,
+    /// Continue each search above the grid while its best λ is the largest tried (at most
+    /// [`LAMBDA_EXTENSION`] points, within the method's range): for the default grid; a grid the
+    /// user gave is tried as given.
+    pub extend_lambda: bool,
     /// Seed of every merge.
     pub seed: u64,
 }
@@ -46,6 +54,8 @@ pub struct LambdaChoice {
     pub value: f64,
     /// Every (λ, mean calibration accuracy) tried.
     pub grid: Vec<(f64, f64)>,
+    /// How many of them the search added above its grid ([`extend_lambda_search`]).
+    pub extended: usize,
 }
 
 /// One method's line of the table.
@@ -220,8 +230,14 @@ pub fn compare(
                         lambda_trial(plugin, inputs, cfg, l, &scratch, opts, progress, cancel)?,
                     ));
                 }
+                let mut choice = choose_lambda(tried);
+                if cfg.extend_lambda {
+                    choice = extend_lambda_search(choice, lambda_max(plugin), |l| {
+                        lambda_trial(plugin, inputs, cfg, l, &scratch, opts, progress, cancel)
+                    })?;
+                }
                 let _ = std::fs::remove_file(&scratch);
-                lambda = Some(choose_lambda(tried));
+                lambda = Some(choice);
             }
             let chosen = lambda.as_ref().map(|l| l.value);
             final_merge(plugin, inputs, cfg, chosen, opts, progress, cancel)
@@ -324,16 +340,27 @@ pub fn final_merge(
 /// The grid for `plugin`'s `lambda` parameter, cut to its range; None when it has none (or the
 /// grid is empty).
 pub fn lambda_grid(plugin: &Plugin, grid: &[f64]) -> Option<Vec<f64>> {
-    let spec = plugin.info.params.iter().find(|p| p.name == LAMBDA_PARAM)?;
-    let ParamType::Float { min, max } = spec.ty else {
-        return None;
-    };
+    let (min, max) = lambda_range(plugin)?;
     let g: Vec<f64> = grid
         .iter()
         .copied()
         .filter(|l| min.is_none_or(|m| *l >= m) && max.is_none_or(|m| *l <= m))
         .collect();
     (!g.is_empty()).then_some(g)
+}
+
+/// The largest λ `plugin` allows (None: no bound, or no `lambda` parameter).
+pub fn lambda_max(plugin: &Plugin) -> Option<f64> {
+    lambda_range(plugin).and_then(|(_, max)| max)
+}
+
+/// The range of `plugin`'s float `lambda` parameter; None when it has none.
+fn lambda_range(plugin: &Plugin) -> Option<(Option<f64>, Option<f64>)> {
+    let spec = plugin.info.params.iter().find(|p| p.name == LAMBDA_PARAM)?;
+    match spec.ty {
+        ParamType::Float { min, max } => Some((min, max)),
+        _ => None,
+    }
 }
 
 /// The λ with the best calibration accuracy; the smallest among equals (the least change to
@@ -348,7 +375,40 @@ pub fn choose_lambda(tried: Vec<(f64, f64)>) -> LambdaChoice {
     LambdaChoice {
         value: best.0,
         grid: tried,
+        extended: 0,
     }
+}
+
+/// `choice` continued above its grid: while its best λ is the largest tried, `trial` scores the
+/// next point, one step of the grid's top spacing higher, up to [`LAMBDA_EXTENSION`] points and
+/// `max` (the top of the method's range: [`lambda_max`]). A grid of one value is not extended.
+pub fn extend_lambda_search(
+    choice: LambdaChoice,
+    max: Option<f64>,
+    mut trial: impl FnMut(f64) -> Result<f64>,
+) -> Result<LambdaChoice> {
+    let mut values: Vec<f64> = choice.grid.iter().map(|t| t.0).collect();
+    values.sort_by(f64::total_cmp);
+    let [.., below, mut top] = values[..] else {
+        return Ok(choice);
+    };
+    let step = top - below;
+    let mut current = choice;
+    while step > 0.0 && current.extended < LAMBDA_EXTENSION && current.value == top {
+        // Rounded so that 1.9 + 0.1 is written 2, not 2.0000000000000004.
+        let next = ((top + step) * 1e9).round() / 1e9;
+        if max.is_some_and(|m| next > m) {
+            break;
+        }
+        let mut tried = std::mem::take(&mut current.grid);
+        tried.push((next, trial(next)?));
+        current = LambdaChoice {
+            extended: current.extended + 1,
+            ..choose_lambda(tried)
+        };
+        top = next;
+    }
+    Ok(current)
 }
 
 /// One merge of the inputs' base and experts into `out`; returns the resolved parameters.
@@ -401,6 +461,11 @@ fn opt_pct(v: Option<f64>) -> String {
 /// The parameters worth showing: the chosen λ, or "defaults".
 fn setting(r: &MethodResult) -> String {
     match &r.lambda {
+        Some(l) if l.extended > 0 => format!(
+            "λ = {} (calibration, searched above the grid up to {})",
+            l.value,
+            l.grid.iter().map(|t| t.0).fold(f64::NEG_INFINITY, f64::max)
+        ),
         Some(l) => format!("λ = {} (calibration)", l.value),
         None => "defaults".into(),
     }
@@ -505,5 +570,49 @@ mod tests {
         assert_eq!(c.grid.len(), 4);
         let c = choose_lambda(vec![(0.5, 0.4), (0.3, 0.4)]);
         assert_eq!(c.value, 0.3);
+    }
+
+    /// Calibration accuracy of a λ on a curve that peaks at `peak`.
+    fn peaked(peak: f64) -> impl FnMut(f64) -> Result<f64> {
+        move |l| Ok(1.0 - (l - peak).abs())
+    }
+
+    /// A search whose best λ is its grid's top goes on up one grid step at a time and stops at
+    /// the first point that scores lower (or equal), at the range's top, or after
+    /// LAMBDA_EXTENSION points; an interior best, or a one-point grid, tries nothing more.
+    #[test]
+    fn a_best_lambda_at_the_grid_top_extends_the_search() {
+        let grid = |peak: f64| -> Vec<(f64, f64)> {
+            let mut f = peaked(peak);
+            [0.5, 1.0, 1.5, 2.0].into_iter().map(|l| (l, f(l).unwrap())).collect()
+        };
+        let mut asked = Vec::new();
+        let c = extend_lambda_search(choose_lambda(grid(3.2)), None, |l| {
+            asked.push(l);
+            peaked(3.2)(l)
+        })
+        .unwrap();
+        assert_eq!(asked, [2.5, 3.0, 3.5]);
+        assert_eq!((c.value, c.extended, c.grid.len()), (3.0, 3, 7));
+        // The range's top: 3.0 is allowed, 3.5 is not.
+        let c = extend_lambda_search(choose_lambda(grid(3.2)), Some(3.0), peaked(3.2)).unwrap();
+        assert_eq!((c.value, c.extended), (3.0, 2));
+        // At most LAMBDA_EXTENSION points (2.5 … 7.0) on a curve that keeps rising.
+        let c = extend_lambda_search(choose_lambda(grid(100.0)), None, peaked(100.0)).unwrap();
+        assert_eq!(
+            (c.value, c.extended),
+            (2.0 + 0.5 * LAMBDA_EXTENSION as f64, LAMBDA_EXTENSION)
+        );
+        // The step is the grid's top spacing, and the points are rounded: 1.9 + 0.1 is 2.
+        let tenths: Vec<(f64, f64)> = [1.8, 1.9].into_iter().map(|l| (l, l)).collect();
+        let c = extend_lambda_search(choose_lambda(tenths), None, |l| Ok(if l <= 2.0 { l } else { 0.0 })).unwrap();
+        assert_eq!(c.grid.iter().map(|t| t.0).collect::<Vec<_>>(), [1.8, 1.9, 2.0, 2.1]);
+        assert_eq!(c.value, 2.0);
+        let untouched = |peak: f64, grid: Vec<(f64, f64)>| {
+            let c = extend_lambda_search(choose_lambda(grid), None, |_| panic!("nothing more to try")).unwrap();
+            assert_eq!(c.extended, 0, "peak {peak}");
+        };
+        untouched(1.2, grid(1.2));
+        untouched(3.0, vec![(2.0, 0.9)]);
     }
 }

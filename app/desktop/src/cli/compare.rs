@@ -39,8 +39,9 @@ pub struct CompareArgs {
     #[arg(long, value_delimiter = ',', value_name = "A,B")]
     pub methods: Option<Vec<String>>,
     /// λ values searched on calibration data for methods with a `lambda` parameter
-    /// (comma-separated; default 0.1, 0.2, …, 2.0 within each method's range). `none` keeps
-    /// every method's default λ.
+    /// (comma-separated; default 0.1, 0.2, …, 2.0 within each method's range, continued by 0.1
+    /// up to 10 more points while the best λ is the largest tried). A grid given here is tried
+    /// as given. `none` keeps every method's default λ.
     #[arg(long, value_delimiter = ',', value_name = "L1,L2")]
     pub lambda_grid: Option<Vec<String>>,
     /// Folder for the merged checkpoints and the tables.
@@ -180,6 +181,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
         out_dir: args.out_dir.clone(),
         overwrite: args.overwrite,
         lambda_grid,
+        extend_lambda: args.lambda_grid.is_none(),
         seed: args.seed,
     };
     let bar = super::progress_bar(args.run.quiet);
@@ -324,6 +326,7 @@ fn run_on_slurm(
         device: args.device.clone(),
         seed: args.seed,
         lambda_grid: r.lambda_grid,
+        extend_lambda: args.lambda_grid.is_none(),
         cells: CompareJob::plan_cells(&methods),
         methods,
     };

@@ -10,7 +10,8 @@
 use super::slurm::{SlurmOptions, SlurmProgress, run_in_stages};
 use super::{CellState, GridJob, GridOutcome, GridPlan, SlurmJob, absolute, settle};
 use crate::compare::{
-    CompareConfig, CompareInputs, CompareTable, LambdaChoice, MethodResult, choose_lambda, final_merge, lambda_trial,
+    CompareConfig, CompareInputs, CompareTable, LambdaChoice, MethodResult, choose_lambda, extend_lambda_search,
+    final_merge, lambda_max, lambda_trial,
 };
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::ExecOptions;
@@ -79,6 +80,10 @@ pub struct CompareJob {
     pub seed: u64,
     /// The λ grid asked for.
     pub lambda_grid: Vec<f64>,
+    /// Whether a method's final cell continues its search above the grid
+    /// ([`CompareConfig::extend_lambda`]).
+    #[serde(default)]
+    pub extend_lambda: bool,
     /// The methods, in the table's order.
     pub methods: Vec<CompareMethod>,
     /// Every cell, by index.
@@ -135,6 +140,9 @@ pub enum CellResult {
     Final {
         /// The λ it ran with (None: defaults).
         lambda: Option<f64>,
+        /// The (λ, mean calibration accuracy) pairs it tried above the grid before merging.
+        #[serde(default)]
+        extension: Vec<(f64, f64)>,
         /// Parameters as the plugin resolved them.
         params: Value,
         /// The test evaluation.
@@ -164,6 +172,7 @@ impl CompareJob {
             out_dir: self.out_dir.clone(),
             overwrite: true,
             lambda_grid: self.lambda_grid.clone(),
+            extend_lambda: self.extend_lambda,
             seed: self.seed,
         }
     }
@@ -307,9 +316,29 @@ impl CompareJob {
                 }
             }
             CompareCell::Final { method } => {
-                let lambda = self.lambda_choice(*method)?.map(|c| c.value);
+                let mut choice = self.lambda_choice(*method)?;
+                let mut extension = Vec::new();
+                if let Some(c) = choice.take() {
+                    let grid = c.grid.len();
+                    let c = if self.extend_lambda {
+                        let dir = self.workdir.join("scratch");
+                        std::fs::create_dir_all(&dir).map_err(|e| EngineError::io("cannot create", &dir, e))?;
+                        let scratch = dir.join(format!("cell-{index}.safetensors"));
+                        let c = extend_lambda_search(c, lambda_max(need_plugin()?), |l| {
+                            lambda_trial(need_plugin()?, inputs, &cfg, l, &scratch, opts, progress, cancel)
+                        });
+                        let _ = std::fs::remove_file(&scratch);
+                        c?
+                    } else {
+                        c
+                    };
+                    extension = c.grid[grid..].to_vec();
+                    choice = Some(c);
+                }
+                let lambda = choice.map(|c| c.value);
                 let (params, report) = final_merge(need_plugin()?, inputs, &cfg, lambda, opts, progress, cancel)?;
                 CellResult::Final {
+                    extension,
                     lambda,
                     params,
                     report,
@@ -363,11 +392,24 @@ impl CompareJob {
                     Err(e.unwrap_or_else(|| format!("{} has no final merge", method.id))),
                 ),
             };
+            let extension = match final_index.and_then(|i| self.result(i)) {
+                Some(CellResult::Final { extension, .. }) => extension,
+                _ => Vec::new(),
+            };
+            let lambda = self.lambda_choice(m).ok().flatten().map(|c| {
+                let extended = extension.len();
+                let mut tried = c.grid;
+                tried.extend(extension);
+                LambdaChoice {
+                    extended,
+                    ..choose_lambda(tried)
+                }
+            });
             rows.push(MethodResult {
                 id: method.id.clone(),
                 name: method.name.clone(),
                 model_level: method.model_level,
-                lambda: self.lambda_choice(m).ok().flatten(),
+                lambda,
                 params,
                 outcome,
                 seconds,
@@ -506,6 +548,7 @@ mod tests {
             device: "cpu".into(),
             seed: 0,
             lambda_grid: vec![0.5, 1.0],
+            extend_lambda: false,
             cells: CompareJob::plan_cells(&methods),
             methods,
         }
@@ -558,6 +601,7 @@ mod tests {
             3,
             &CellResult::Final {
                 lambda: Some(1.0),
+                extension: Vec::new(),
                 params: serde_json::json!({"lambda": 1.0}),
                 report: report(0.6),
                 seconds: 2.0,
@@ -575,6 +619,26 @@ mod tests {
             "cell 4 (avg): bad parameter"
         );
         assert!(table.csv().contains("\"ta\",\"λ = 1 (calibration)\",t,0.6,"));
+        // A final cell that searched above the grid: its points join the λ choice.
+        job.write_result(
+            3,
+            &CellResult::Final {
+                lambda: Some(1.5),
+                extension: vec![(1.5, 0.9), (2.0, 0.85)],
+                params: serde_json::json!({"lambda": 1.5}),
+                report: report(0.6),
+                seconds: 2.0,
+            },
+        )
+        .unwrap();
+        let choice = job.table().unwrap().rows[0].lambda.clone().unwrap();
+        assert_eq!((choice.value, choice.extended, choice.grid.len()), (1.5, 2, 4));
+        assert!(
+            job.table()
+                .unwrap()
+                .csv()
+                .contains("\"ta\",\"λ = 1.5 (calibration, searched above the grid up to 2)\",t,0.6,")
+        );
         // A result of other inputs (another seed) is not this comparison's.
         let mut other = job.clone();
         other.seed = 1;
