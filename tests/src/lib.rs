@@ -132,6 +132,19 @@ pub fn merge_to_files(lib: &str, req: &mergescope_engine::merge::MergeRequest) -
         .map_err(|e| e.to_string())
 }
 
+/// Largest |a − b| over two candle tensors of one shape.
+#[allow(clippy::unwrap_used)] // a test helper: a failure is a panic by design
+pub fn tensor_max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
 /// The largest absolute difference between two models with the same tensor names (asserted).
 pub fn max_difference(a: &mergescope_engine::merge::MemModel, b: &mergescope_engine::merge::MemModel) -> f64 {
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());

@@ -166,6 +166,7 @@ fn the_mlp_demo_build_and_a_merge_of_it_have_the_committed_bytes() {
         out_dir: dir.path().join("cmp"),
         overwrite: false,
         lambda_grid: default_lambda_grid(),
+        extend_lambda: true,
         seed: 0,
     };
     let table = compare(

@@ -474,14 +474,10 @@ fn gpt2_padded_batch_logits_match_transformers() {
         let mut worst = 0f32;
         for (b, row) in mask.iter().enumerate() {
             let real = row.iter().filter(|m| **m == 1).count();
-            let diff = (logits.i((b, ..real)).unwrap() - r["logits"].i((b, ..real)).unwrap())
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = mergescope_tests::tensor_max_abs_diff(
+                &logits.i((b, ..real)).unwrap(),
+                &r["logits"].i((b, ..real)).unwrap(),
+            );
             worst = worst.max(diff);
         }
         println!("gpt2-tiny padded batch: max |logit - transformers| = {worst:.2e}");

@@ -14,7 +14,7 @@ use mergescope_lab::nn::{Arch, Head};
 use mergescope_lab::session::ModelRunOutput;
 use mergescope_lab::session::SessionModel;
 use mergescope_lab::train::{BatchSize, Budget, Examples, OptimConfig, TrainConfig, TrainTask, fine_tune};
-use mergescope_tests::load;
+use mergescope_tests::{load, tensor_max_abs_diff};
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -180,14 +180,7 @@ fn adamerging_lowers_entropy_and_moves_its_coefficients() {
                 .unwrap()
                 * 0.3)
             .unwrap();
-        let diff = (t - want)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = tensor_max_abs_diff(t, &want);
         assert!(diff < 1e-5, "tensor {}: TA init off by {diff}", f.names[p]);
     }
 }
@@ -232,20 +225,7 @@ fn adamerging_steps_on_minibatches() {
         end < start - 1e-3,
         "mini-batches did not lower the entropy: {start} → {end}"
     );
-    let moved = full_m
-        .iter()
-        .zip(mini_m)
-        .map(|(a, b)| {
-            (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-        })
-        .fold(0f32, f32::max);
+    let moved = max_abs_diff(full_m, mini_m);
     assert!(moved > 1e-6, "mini-batches gave the full batch's merge");
 }
 
@@ -320,19 +300,8 @@ fn mima(rounds: u64, extra: Value) -> Value {
 fn max_abs_diff(a: &[Tensor], b: &[Tensor]) -> f32 {
     a.iter()
         .zip(b)
-        .map(|(x, y)| {
-            (x - y)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-        })
-        .fold(0.0, f32::max)
+        .map(|(x, y)| tensor_max_abs_diff(x, y))
+        .fold(0f32, f32::max)
 }
 
 /// Seed 003, Prop. 1 and Fig. 5: with the same budget S per task, more rounds of averaging make

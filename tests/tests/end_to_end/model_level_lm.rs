@@ -198,16 +198,7 @@ fn data_driven_methods_run_on_causal_lm_suites() {
         let moved = merged
             .iter()
             .zip(&f.base)
-            .map(|(m, b)| {
-                (m - b)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap()
-            })
+            .map(|(m, b)| mergescope_tests::tensor_max_abs_diff(m, b))
             .fold(0.0, f32::max);
         eprintln!(
             "{arch}-tiny MIMA: max |Δ| from the base {moved:.4} ({:.1} s)",
