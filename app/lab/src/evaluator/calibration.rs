@@ -297,7 +297,8 @@ impl CalibrationTasks for DemoCalibration<'_> {
                 && size < n
             {
                 let idx: Vec<u32> = subset.indices(n, t).into_iter().map(|i| i as u32).collect();
-                let idx = Tensor::from_vec(idx.clone(), idx.len(), c.labels.device())?;
+                let len = idx.len();
+                let idx = Tensor::from_vec(idx, len, c.labels.device())?;
                 let images = c.images.index_select(&idx, 0)?;
                 objective_loss(
                     &self.logits(&p, t, &images)?,
