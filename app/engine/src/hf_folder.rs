@@ -272,6 +272,9 @@ fn set_chat_template(
 ) -> Result<()> {
     let text = match template {
         ChatTemplate::Literal(t) => t.clone(),
+        ChatTemplate::Named(name) => crate::chat_templates::named(name)
+            .map(|(_, text)| text.to_owned())
+            .ok_or_else(|| EngineError::Bug(format!("chat template '{name}' is not one of mergescope's")))?,
         ChatTemplate::Auto => {
             let (models, base) = match &spec.tokenizer {
                 Some(t) => (t.models.clone(), t.base_model.clone()),

@@ -16,6 +16,7 @@
 //!   layer ranges of several models (mergekit's `slices`).
 //! - [`synthetic`]: synthetic LLM-shaped checkpoints for `mergescope bench`.
 
+pub mod chat_templates;
 pub mod checkpoint;
 pub mod compat;
 pub mod device;

@@ -44,7 +44,7 @@
 //! makes the output a Hugging Face folder, as `hf_folder = true`:
 //!
 //! ```toml
-//! chat_template = "auto"   # optional: "auto" (the template most inputs share) or a Jinja template
+//! chat_template = "auto"   # optional: "auto" (the template most inputs share), a name (chatml, …) or a Jinja template
 //! [tokenizer]
 //! source = "union"         # union (default) | base | the path of a model (its vocabulary)
 //! base = "base"            # optional: mergekit's base_model when it is not the recipe's base
@@ -122,7 +122,7 @@ pub struct Recipe {
     /// source's (a `base` or model source), else `config_from`'s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer_from: Option<PathBuf>,
-    /// The output tokenizer's chat template (mergekit's `chat_template`): `"auto"` or a Jinja
+    /// The output tokenizer's chat template (mergekit's `chat_template`): `"auto"`, a named one or a Jinja
     /// template.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "chat_template_text")]
     pub chat_template: Option<ChatTemplate>,
@@ -204,7 +204,7 @@ impl<'de> Deserialize<'de> for VocabSource {
     }
 }
 
-/// `chat_template` as its text: `"auto"` or the template.
+/// `chat_template` as its text: `"auto"`, the template's name, or the template.
 mod chat_template_text {
     use super::*;
 
@@ -212,6 +212,7 @@ mod chat_template_text {
         match t {
             Some(ChatTemplate::Auto) => s.serialize_str("auto"),
             Some(ChatTemplate::Literal(text)) => s.serialize_str(text),
+            Some(ChatTemplate::Named(name)) => s.serialize_str(name),
             None => s.serialize_none(),
         }
     }
@@ -223,7 +224,7 @@ mod chat_template_text {
                 .map(Some)
                 .map_err(|e| D::Error::custom(format!("chat_template: {e}"))),
             other => Err(D::Error::custom(format!(
-                "chat_template must be \"auto\" or a Jinja template (a string), not {other}"
+                "chat_template must be \"auto\", a named template or a Jinja template (a string), not {other}"
             ))),
         }
     }
@@ -734,7 +735,10 @@ mod tests {
                 &["token", "token_id"],
             ),
             ("[tokenizer.tokens.x]\nforced = true\n", &["forced", "force", "source"]),
-            ("chat_template = \"chatml\"\n", &["chatml", "bundled", "paste"]),
+            (
+                "chat_template = \"vicuna\"\n",
+                &["'vicuna'", "named template (alpaca, chatml"],
+            ),
             ("chat_template = 3\n", &["chat_template must be"]),
         ];
         for (tail, needles) in cases {

@@ -30,8 +30,9 @@
 //! - The output's `config.json` `vocab_size` is the (padded) vocabulary size
 //!   (`_update_config_vocab`).
 //! - `chat_template` (`_set_chat_template`): `auto` takes the template most of the inputs
-//!   share, a literal Jinja template is written as given; mergekit's bundled named templates
-//!   (`chatml`, `llama3`, ...) are refused with the fix, since mergescope does not ship them.
+//!   share, a literal Jinja template is written as given, and the names of mergekit's bundled
+//!   templates (`chatml`, `llama3`, ...) give mergescope's own templates that render the same
+//!   ([`crate::chat_templates`]).
 
 use crate::checkpoint::{Checkpoint, RowFrom, RowMap, TensorEntry, is_lora_adapter};
 use crate::error::{EngineError, Result};
@@ -144,28 +145,26 @@ pub enum ChatTemplate {
     Auto,
     /// A Jinja template.
     Literal(String),
+    /// One of mergekit's bundled templates, by name ([`crate::chat_templates::NAMED`]).
+    Named(&'static str),
 }
 
 impl ChatTemplate {
-    /// Reads a `chat_template` value: `auto`, or a literal template (mergekit's rule: at least 20
-    /// characters and a `{`). Names of mergekit's bundled templates are refused with the fix.
+    /// Reads a `chat_template` value: `auto`, the name of one of mergekit's bundled templates, or
+    /// a literal template (mergekit's rule: at least 20 characters and a `{`).
     pub fn parse(value: &str) -> std::result::Result<ChatTemplate, String> {
         if value == "auto" {
             return Ok(ChatTemplate::Auto);
         }
         if value.len() < 256 && !value.contains('\n') && !value.contains('{') {
-            let bundled = ["alpaca", "chatml", "exaone", "llama3", "mistral"];
-            return Err(if bundled.contains(&value) {
-                format!(
-                    "'{value}' names one of mergekit's bundled templates, which mergescope does not ship; paste the \
-                     template itself (mergekit/_data/chat_templates/{value}.jinja) as the value, or use 'auto'"
-                )
-            } else {
-                format!(
-                    "'{value}' is neither 'auto' nor a Jinja template (a template contains '{{'); give 'auto' or the \
-                     template text"
-                )
-            });
+            return match crate::chat_templates::named(value) {
+                Some((name, _)) => Ok(ChatTemplate::Named(name)),
+                None => Err(format!(
+                    "'{value}' is neither 'auto', a named template ({}) nor a Jinja template (a template contains \
+                     '{{'); give one of those",
+                    crate::chat_templates::names()
+                )),
+            };
         }
         if value.len() < 20 || !value.contains('{') {
             return Err(format!(
@@ -1004,14 +1003,18 @@ mod tests {
     }
 
     #[test]
-    fn chat_templates_are_auto_literal_or_refused_with_the_fix() {
+    fn chat_templates_are_auto_named_or_literal() {
         assert_eq!(ChatTemplate::parse("auto").unwrap(), ChatTemplate::Auto);
         let t = "{% for m in messages %}{{ m['content'] }}{% endfor %}";
         assert_eq!(ChatTemplate::parse(t).unwrap(), ChatTemplate::Literal(t.to_owned()));
-        let e = ChatTemplate::parse("chatml").unwrap_err();
-        assert!(e.contains("bundled") && e.contains("chatml.jinja"), "{e}");
+        for name in ["alpaca", "chatml", "exaone", "llama3", "mistral"] {
+            assert_eq!(ChatTemplate::parse(name).unwrap(), ChatTemplate::Named(name));
+        }
         let e = ChatTemplate::parse("mytemplate").unwrap_err();
-        assert!(e.contains("'auto'"), "{e}");
+        assert!(
+            e.contains("'auto'") && e.contains("alpaca, chatml, exaone, llama3, mistral"),
+            "{e}"
+        );
         assert!(ChatTemplate::parse("{{x}}").is_err());
     }
 

@@ -196,8 +196,8 @@ fn bad_tokenizer_settings_fail_naming_the_key_and_the_fix() {
             &["inputs/expert2", "not one of the merged models"],
         ),
         (
-            "tokenizer_source: union\nchat_template: chatml\n",
-            &["chatml", "bundled", "paste"],
+            "tokenizer_source: union\nchat_template: vicuna\n",
+            &["'vicuna'", "named template (alpaca, chatml"],
         ),
         (
             "tokenizer_source: union\nchat_template: 3\n",
@@ -239,6 +239,29 @@ fn a_literal_chat_template_is_written_and_auto_takes_the_shared_one() {
         std::fs::read_to_string(out.join("chat_template.jinja")).unwrap(),
         template
     );
+    // A named template: mergescope's own text, which renders as mergekit's bundled one
+    // (scripts/mergekit-chat-templates.py); `recipe convert` keeps the name.
+    for name in ["chatml", "llama3"] {
+        let out = dir.path().join(name);
+        let yaml = format!(
+            "merge_method: linear\nparameters: {{weight: 1.0}}\nmodels: [inputs/base, inputs/expert1]\ntokenizer_source: union\nchat_template: {name}\n"
+        );
+        run_yaml(&yaml, &out).unwrap_or_else(|e| panic!("{e}"));
+        let shipped = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../assets/chat_templates/{name}.jinja")),
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(out.join("chat_template.jinja")).unwrap(),
+            shipped
+        );
+        let recipe = mergekit::convert(&yaml, &fixtures().join("merge.yml"), &out)
+            .unwrap()
+            .recipe
+            .to_toml()
+            .unwrap();
+        assert!(recipe.contains(&format!("chat_template = \"{name}\"")), "{recipe}");
+    }
     // A base tokenizer without a template, and only expert1 with one: auto takes expert1's.
     let out = dir.path().join("auto");
     run_yaml(
