@@ -52,7 +52,8 @@ pub struct ModelRun {
     pub partial: Option<String>,
     /// The trajectory file, when the method reported iterates.
     pub trajectory_file: Option<PathBuf>,
-    /// The kept iterates (at most `session::MAX_KEPT_ITERATES`).
+    /// The kept iterates (at most `session::MAX_KEPT_ITERATES`, and at most
+    /// `session::MAX_TRAJECTORY_BYTES` of them but never fewer than `session::MIN_KEPT_ITERATES`).
     pub iterates: Vec<IterateSummary>,
     /// Iterates reported in all.
     pub reported: usize,
