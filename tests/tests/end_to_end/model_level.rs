@@ -253,15 +253,7 @@ fn frank_wolfe_hard_lowers_the_calibration_loss() {
     // Step 1 (γ = 1) lands exactly on the vertex it names.
     let v = its[1].metrics["vertex"].as_u64().unwrap() as usize;
     for (p, t) in its[1].tensors.iter().enumerate() {
-        let diff = (t - &f.experts[v][p])
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert!(diff < 1e-6);
+        assert!(tensor_max_abs_diff(t, &f.experts[v][p]) < 1e-6);
     }
 }
 
