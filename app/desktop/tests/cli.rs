@@ -621,6 +621,26 @@ fn compare_writes_a_results_table_that_eval_confirms() {
         j["report"]["mean_accuracy"].as_f64().unwrap()
     };
     let (low, high) = (calib("0.2"), calib("1.0"));
+    // The λ search, point by point: what `eval` says of each candidate on the calibration split
+    // (a grid given on the command line is not extended).
+    let search = std::fs::read_to_string(out_dir.join("lambda_search.csv")).unwrap();
+    let chosen = if high > low { "1" } else { "0.2" };
+    let lines: Vec<&str> = search.lines().collect();
+    assert_eq!(lines[0], "method,lambda,calibration_accuracy,above_grid,chosen");
+    assert_eq!(lines.len(), 3, "{search}");
+    for (line, (lambda, acc)) in lines[1..].iter().zip([("0.2", low), ("1", high)]) {
+        let cols: Vec<&str> = line.split(',').collect();
+        assert_eq!(
+            (cols[0], cols[1], cols[3]),
+            ("task-arithmetic", lambda, "false"),
+            "{line}"
+        );
+        assert!(
+            (cols[2].parse::<f64>().unwrap() - acc).abs() < 1e-12,
+            "{line} vs eval {acc}"
+        );
+        assert_eq!(cols[4], (lambda == chosen).to_string(), "{line}");
+    }
     let expected = if high > low {
         "λ = 1 (calibration)"
     } else {

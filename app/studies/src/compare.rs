@@ -26,9 +26,13 @@ pub fn default_lambda_grid() -> Vec<f64> {
     (1..=20).map(|i| f64::from(i) / 10.0).collect()
 }
 
-/// Points a λ search may add above the default grid, one grid step at a time, while its best λ
-/// is the largest tried: a best λ at the grid's top says the optimum may lie beyond it.
+/// Points a λ search may add above the default grid, one grid step at a time, when its best λ
+/// is the grid's top: the optimum may lie beyond it.
 pub const LAMBDA_EXTENSION: usize = 10;
+
+/// An extended λ search stops once this many points above its best did not beat it (the
+/// calibration curve of a small calibration set has dips of a point or two).
+pub const LAMBDA_PATIENCE: usize = 3;
 
 /// What to compare and where the merges go.
 #[derive(Clone, Debug)]
@@ -379,9 +383,10 @@ pub fn choose_lambda(tried: Vec<(f64, f64)>) -> LambdaChoice {
     }
 }
 
-/// `choice` continued above its grid: while its best λ is the largest tried, `trial` scores the
-/// next point, one step of the grid's top spacing higher, up to [`LAMBDA_EXTENSION`] points and
-/// `max` (the top of the method's range: [`lambda_max`]). A grid of one value is not extended.
+/// `choice` continued above its grid when its best λ is the grid's top: `trial` scores the next
+/// point, one step of the grid's top spacing higher, until [`LAMBDA_PATIENCE`] points above the
+/// best have not beaten it, or after [`LAMBDA_EXTENSION`] points, or at `max` (the top of the
+/// method's range: [`lambda_max`]). A grid of one value is not extended.
 pub fn extend_lambda_search(
     choice: LambdaChoice,
     max: Option<f64>,
@@ -393,8 +398,12 @@ pub fn extend_lambda_search(
         return Ok(choice);
     };
     let step = top - below;
+    if choice.value != top {
+        return Ok(choice);
+    }
+    let above_best = |c: &LambdaChoice| c.grid.iter().filter(|t| t.0 > c.value).count();
     let mut current = choice;
-    while step > 0.0 && current.extended < LAMBDA_EXTENSION && current.value == top {
+    while step > 0.0 && current.extended < LAMBDA_EXTENSION && above_best(&current) < LAMBDA_PATIENCE {
         // Rounded so that 1.9 + 0.1 is written 2, not 2.0000000000000004.
         let next = ((top + step) * 1e9).round() / 1e9;
         if max.is_some_and(|m| next > m) {
@@ -524,6 +533,20 @@ impl CompareTable {
     }
 
     /// The table as CSV: one row per method and task, plus `average` rows, with raw fractions.
+    /// Every λ search as CSV: one line per method and λ tried, in the order tried, with its mean
+    /// calibration accuracy, whether it lay above the grid, and whether it was chosen.
+    pub fn lambda_csv(&self) -> String {
+        let mut s = String::from("method,lambda,calibration_accuracy,above_grid,chosen\n");
+        for r in &self.rows {
+            let Some(l) = &r.lambda else { continue };
+            let first_extra = l.grid.len() - l.extended;
+            for (i, (lambda, acc)) in l.grid.iter().enumerate() {
+                let _ = writeln!(s, "{},{lambda},{acc},{},{}", r.id, i >= first_extra, *lambda == l.value);
+            }
+        }
+        s
+    }
+
     pub fn csv(&self) -> String {
         let mut s = String::from("method,setting,task,accuracy,normalized_accuracy,seconds\n");
         let quote = |v: &str| format!("\"{}\"", v.replace('"', "\"\""));
@@ -577,9 +600,10 @@ mod tests {
         move |l| Ok(1.0 - (l - peak).abs())
     }
 
-    /// A search whose best λ is its grid's top goes on up one grid step at a time and stops at
-    /// the first point that scores lower (or equal), at the range's top, or after
-    /// LAMBDA_EXTENSION points; an interior best, or a one-point grid, tries nothing more.
+    /// A search whose best λ is its grid's top goes on up one grid step at a time and stops once
+    /// LAMBDA_PATIENCE points above its best did not beat it (a one-point dip does not stop it),
+    /// at the range's top, or after LAMBDA_EXTENSION points; an interior best, or a one-point
+    /// grid, tries nothing more.
     #[test]
     fn a_best_lambda_at_the_grid_top_extends_the_search() {
         let grid = |peak: f64| -> Vec<(f64, f64)> {
@@ -592,8 +616,14 @@ mod tests {
             peaked(3.2)(l)
         })
         .unwrap();
-        assert_eq!(asked, [2.5, 3.0, 3.5]);
-        assert_eq!((c.value, c.extended, c.grid.len()), (3.0, 3, 7));
+        assert_eq!(asked, [2.5, 3.0, 3.5, 4.0, 4.5]);
+        assert_eq!((c.value, c.extended, c.grid.len()), (3.0, 5, 9));
+        // A dip at 2.5 on the way to the peak at 3.5.
+        let c = extend_lambda_search(choose_lambda(grid(3.5)), None, |l| {
+            if l == 2.5 { Ok(0.0) } else { peaked(3.5)(l) }
+        })
+        .unwrap();
+        assert_eq!((c.value, c.extended), (3.5, 6));
         // The range's top: 3.0 is allowed, 3.5 is not.
         let c = extend_lambda_search(choose_lambda(grid(3.2)), Some(3.0), peaked(3.2)).unwrap();
         assert_eq!((c.value, c.extended), (3.0, 2));
@@ -606,13 +636,17 @@ mod tests {
         // The step is the grid's top spacing, and the points are rounded: 1.9 + 0.1 is 2.
         let tenths: Vec<(f64, f64)> = [1.8, 1.9].into_iter().map(|l| (l, l)).collect();
         let c = extend_lambda_search(choose_lambda(tenths), None, |l| Ok(if l <= 2.0 { l } else { 0.0 })).unwrap();
-        assert_eq!(c.grid.iter().map(|t| t.0).collect::<Vec<_>>(), [1.8, 1.9, 2.0, 2.1]);
+        assert_eq!(
+            c.grid.iter().map(|t| t.0).collect::<Vec<_>>(),
+            [1.8, 1.9, 2.0, 2.1, 2.2, 2.3]
+        );
         assert_eq!(c.value, 2.0);
         let untouched = |peak: f64, grid: Vec<(f64, f64)>| {
             let c = extend_lambda_search(choose_lambda(grid), None, |_| panic!("nothing more to try")).unwrap();
             assert_eq!(c.extended, 0, "peak {peak}");
         };
         untouched(1.2, grid(1.2));
+        untouched(1.6, grid(1.6));
         untouched(3.0, vec![(2.0, 0.9)]);
     }
 }

@@ -39,9 +39,9 @@ pub struct CompareArgs {
     #[arg(long, value_delimiter = ',', value_name = "A,B")]
     pub methods: Option<Vec<String>>,
     /// λ values searched on calibration data for methods with a `lambda` parameter
-    /// (comma-separated; default 0.1, 0.2, …, 2.0 within each method's range, continued by 0.1
-    /// up to 10 more points while the best λ is the largest tried). A grid given here is tried
-    /// as given. `none` keeps every method's default λ.
+    /// (comma-separated; default 0.1, 0.2, …, 2.0 within each method's range; when 2.0 is the
+    /// best, continued by 0.1 until three points above the best did not beat it, at most 10).
+    /// A grid given here is tried as given. `none` keeps every method's default λ.
     #[arg(long, value_delimiter = ',', value_name = "L1,L2")]
     pub lambda_grid: Option<Vec<String>>,
     /// Folder for the merged checkpoints and the tables.
@@ -204,11 +204,12 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     })
 }
 
-/// Prints each method's line and the table, and writes `results.md` and `results.csv` into
-/// `out_dir` (atomically).
+/// Prints each method's line and the table, and writes `results.md`, `results.csv` and (when λ
+/// was searched) `lambda_search.csv` into `out_dir` (atomically).
 fn write_tables(table: &CompareTable, out_dir: &Path, calibration: bool) -> anyhow::Result<()> {
     let md_path = out_dir.join("results.md");
     let csv_path = out_dir.join("results.csv");
+    let lambda_path = out_dir.join("lambda_search.csv");
     for r in &table.rows {
         match &r.outcome {
             Ok(_) => eprintln!("{}: {:.1} s -> {}", r.id, r.seconds, r.output.display()),
@@ -218,6 +219,10 @@ fn write_tables(table: &CompareTable, out_dir: &Path, calibration: bool) -> anyh
     let markdown = table.markdown();
     write_atomic(&md_path, &markdown)?;
     write_atomic(&csv_path, &table.csv())?;
+    if table.rows.iter().any(|r| r.lambda.is_some()) {
+        write_atomic(&lambda_path, &table.lambda_csv())?;
+        eprintln!("λ searches (calibration accuracy per λ): {}", lambda_path.display());
+    }
     println!(
         "{} on '{}' (test data; {})\n",
         table.arch,
