@@ -29,7 +29,9 @@ Parameters: iterations (10), init (task-arithmetic: θ0 + 0.3·Σ τ_t; base; av
 the FW gap; or cosine: Σ_p cos(g_p, θ_i,p), FusionBench's choice).\n\
 Paper defaults: hard, init TA, 10 iterations (NLP); soft from the pretrained model, 15 iterations \
 (vision). The paper's 500 inner AdaMerging steps per soft iteration are replaced by soft_steps = 30 \
-Adam steps at soft_lr = 0.05, which reach the same λ on this benchmark at a fraction of the cost.\n\
+Adam steps at soft_lr = 0.05, which reach the same λ on this benchmark at a fraction of the cost; \
+like AdaMerging's, each takes a mini-batch of batch_size = 16 calibration examples per task (0: all), \
+while the gradient that picks the vertices uses every calibration example.\n\
 Every iterate is reported, so the run leaves a trajectory; a cancelled run keeps its last iterate.";
 
 mergescope_plugin_api::choice_enum! {
@@ -148,7 +150,7 @@ impl ModelMethod for FrankWolfe {
                 ParamSpec::float("soft_lr", 0.05, "Soft FW: Adam learning rate on λ.").range(1e-6, 1.0),
                 ParamSpec::int(
                     "batch_size",
-                    0,
+                    16,
                     "Soft FW: calibration examples per task in each Adam step on λ (AdaMerging's 16); 0: all of them.",
                 )
                 .range(0.0, 1e9),
