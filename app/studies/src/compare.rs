@@ -27,8 +27,9 @@ pub fn default_lambda_grid() -> Vec<f64> {
 }
 
 /// Points a λ search may add above the default grid, one grid step at a time, when its best λ
-/// is the grid's top: the optimum may lie beyond it.
-pub const LAMBDA_EXTENSION: usize = 10;
+/// is the grid's top (the optimum may lie beyond it): as many as the default grid has, so the
+/// search at most doubles its range.
+pub const LAMBDA_EXTENSION: usize = 20;
 
 /// An extended λ search stops once this many points above its best did not beat it (the
 /// calibration curve of a small calibration set has dips of a point or two).

@@ -40,7 +40,7 @@ pub struct CompareArgs {
     pub methods: Option<Vec<String>>,
     /// λ values searched on calibration data for methods with a `lambda` parameter
     /// (comma-separated; default 0.1, 0.2, …, 2.0 within each method's range; when 2.0 is the
-    /// best, continued by 0.1 until three points above the best did not beat it, at most 10).
+    /// best, continued by 0.1 until three points above the best did not beat it, at most 20).
     /// A grid given here is tried as given. `none` keeps every method's default λ.
     #[arg(long, value_delimiter = ',', value_name = "L1,L2")]
     pub lambda_grid: Option<Vec<String>>,
