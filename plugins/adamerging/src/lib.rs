@@ -91,7 +91,7 @@ impl ModelMethod for AdaMerging {
                     16,
                     "Calibration examples per task in each step (AdaMerging's 16); 0: all of them (full batch).",
                 )
-                .range(0.0, 1e9),
+                .min(0.0),
                 ParamSpec::bool("clamp", true, "Clamp λ to [0, 1] after each step."),
                 ParamSpec::choice_of(
                     "objective",

@@ -153,7 +153,7 @@ impl ModelMethod for FrankWolfe {
                     16,
                     "Soft FW: calibration examples per task in each Adam step on λ (AdaMerging's 16); 0: all of them.",
                 )
-                .range(0.0, 1e9),
+                .min(0.0),
             ],
         }
     }
