@@ -41,9 +41,14 @@ pub struct CompareArgs {
     /// λ values searched on calibration data for methods with a `lambda` parameter
     /// (comma-separated; default 0.1, 0.2, …, 2.0 within each method's range; when 2.0 is the
     /// best, continued by 0.1 until three points above the best did not beat it, at most 20).
-    /// A grid given here is tried as given. `none` keeps every method's default λ.
+    /// A grid given here is tried as given (unless --extend-lambda). `none` keeps every
+    /// method's default λ.
     #[arg(long, value_delimiter = ',', value_name = "L1,L2")]
     pub lambda_grid: Option<Vec<String>>,
+    /// Continue a --lambda-grid above its top as the default grid is: when its best λ is its
+    /// largest, by its top spacing until three points above the best did not beat it.
+    #[arg(long)]
+    pub extend_lambda: bool,
     /// Folder for the merged checkpoints and the tables.
     #[arg(long, default_value = "compare", value_name = "DIR")]
     pub out_dir: PathBuf,
@@ -181,7 +186,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
         out_dir: args.out_dir.clone(),
         overwrite: args.overwrite,
         lambda_grid,
-        extend_lambda: args.lambda_grid.is_none(),
+        extend_lambda: args.lambda_grid.is_none() || args.extend_lambda,
         seed: args.seed,
     };
     let bar = super::progress_bar(args.run.quiet);
@@ -331,7 +336,7 @@ fn run_on_slurm(
         device: args.device.clone(),
         seed: args.seed,
         lambda_grid: r.lambda_grid,
-        extend_lambda: args.lambda_grid.is_none(),
+        extend_lambda: args.lambda_grid.is_none() || args.extend_lambda,
         cells: CompareJob::plan_cells(&methods),
         methods,
     };

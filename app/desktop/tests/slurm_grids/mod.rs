@@ -25,7 +25,9 @@ fn without_seconds(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// TA and TIES with λ searched over {0.5, 1}: the base, 2 × (2 candidates + 1 final) = 7 cells.
+/// TA and TIES with λ searched over {0.05, 0.1} and on above it while the best is the largest
+/// (`--extend-lambda`; in Slurm the extension runs in each method's final cell): the base,
+/// 2 × (2 candidates + 1 final) = 7 cells.
 fn compare_args<'a>(bench: &'a Path, out: &'a Path) -> Vec<&'a str> {
     vec![
         "compare",
@@ -36,7 +38,8 @@ fn compare_args<'a>(bench: &'a Path, out: &'a Path) -> Vec<&'a str> {
         "--methods",
         "task-arithmetic,ties",
         "--lambda-grid",
-        "0.5,1",
+        "0.05,0.1",
+        "--extend-lambda",
         "--out-dir",
         s(out),
         "--quiet",
@@ -86,6 +89,18 @@ fn a_comparison_on_slurm_writes_exactly_the_local_table() {
             .collect()
     };
     assert_eq!(md(&slurm), md(&local));
+    // The λ searches, the points above the grid included, are the local ones.
+    let search = std::fs::read_to_string(local.join("lambda_search.csv")).unwrap();
+    assert!(
+        search
+            .lines()
+            .any(|l| l.ends_with(",true,false") || l.ends_with(",true,true")),
+        "no search went above the grid {{0.05, 0.1}}:\n{search}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(slurm.join("lambda_search.csv")).unwrap(),
+        search
+    );
     // Run again: every cell is finished, nothing is submitted, the table is the same.
     let o = slurm_cmd(&env, conf, &args).output().unwrap();
     assert!(
