@@ -279,7 +279,7 @@ pub(crate) fn merge_model_files(
     };
     let run = run_model(&instance, env, &model, &mut on_iterate);
     drop(instance);
-    let Trajectory { iterates, reported } = run.trajectory;
+    let Trajectory { iterates, reported, .. } = run.trajectory;
     let (merged, partial) = match run.result {
         Ok(m) => (m, None),
         Err(EngineError::Cancelled) => match iterates.last() {

@@ -53,13 +53,16 @@ pub struct Iterate {
 }
 
 /// The iterates of a run, thinned to at most [`MAX_KEPT_ITERATES`] and
-/// [`MAX_TRAJECTORY_BYTES`] (but at least [`MIN_KEPT_ITERATES`]).
+/// [`MAX_TRAJECTORY_BYTES`] (but at least [`MIN_KEPT_ITERATES`]): evenly, every `stride`-th
+/// report and the latest one, the stride doubling whenever the kept ones exceed the cap.
 #[derive(Clone, Debug, Default)]
 pub struct Trajectory {
     /// Kept iterates, in report order.
     pub iterates: Vec<Iterate>,
     /// Iterates reported in all.
     pub reported: usize,
+    /// Reports kept besides the latest: those whose index is a multiple of this (0: 1).
+    stride: usize,
 }
 
 impl Trajectory {
@@ -71,16 +74,20 @@ impl Trajectory {
             .map(|t| t.elem_count() * t.dtype().size_in_bytes())
             .sum();
         let cap = (MAX_TRAJECTORY_BYTES / bytes.max(1)).clamp(MIN_KEPT_ITERATES, MAX_KEPT_ITERATES);
-        self.iterates.push(it);
-        if self.iterates.len() > cap {
-            let last = self.iterates.pop();
-            let mut i = 0;
-            self.iterates.retain(|_| {
-                i += 1;
-                i % 2 == 1
-            });
-            self.iterates.extend(last);
+        let stride = self.stride.max(1);
+        // The previous latest stays only if it is on the stride.
+        if self.iterates.last().is_some_and(|l| l.index % stride != 0) {
+            self.iterates.pop();
         }
+        self.iterates.push(it);
+        let mut stride = stride;
+        while self.iterates.len() > cap {
+            stride *= 2;
+            let latest = self.iterates.pop();
+            self.iterates.retain(|i| i.index % stride == 0);
+            self.iterates.extend(latest);
+        }
+        self.stride = stride;
     }
 }
 
@@ -694,6 +701,10 @@ mod tests {
         assert_eq!(t.iterates.last().unwrap().index, 999);
         assert!(t.iterates.windows(2).all(|w| w[0].index < w[1].index));
         assert!(t.iterates.len() > MAX_KEPT_ITERATES / 2);
+        // Evenly spaced: every 4th report (0, 4, …, 996) and the latest.
+        let kept: Vec<usize> = t.iterates.iter().map(|i| i.index).collect();
+        assert_eq!(kept.len(), 251);
+        assert!(kept[..250].iter().enumerate().all(|(k, i)| *i == 4 * k), "{kept:?}");
     }
 
     /// Large iterates are kept fewer, by bytes: 100 MB iterates (f32) keep at most
@@ -716,6 +727,9 @@ mod tests {
             }
             assert_eq!((t.iterates[0].index, t.iterates.last().unwrap().index), (0, 99));
             assert!(t.iterates.len() > cap / 2);
+            // Every 16th report (0, 16, …, 96) and the latest.
+            let kept: Vec<usize> = t.iterates.iter().map(|i| i.index).collect();
+            assert_eq!(kept, [0, 16, 32, 48, 64, 80, 96, 99]);
         }
     }
 }
