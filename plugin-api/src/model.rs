@@ -200,7 +200,7 @@ impl<'a> Session<'a> {
 
     /// The objective (`abi::OBJECTIVE_*`) of `candidate` on the calibration data of `tasks`.
     pub fn loss(&self, candidate: &[Tensor], tasks: Tasks, objective: abi::Objective) -> Result<f64> {
-        self.objective(candidate, tasks, objective, None)
+        self.objective(candidate, tasks, objective, None, None)
     }
 
     /// The objective and its gradient with respect to every candidate tensor.
@@ -210,9 +210,7 @@ impl<'a> Session<'a> {
         tasks: Tasks,
         objective: abi::Objective,
     ) -> Result<(f64, Vec<Tensor>)> {
-        let mut grads = vec![0 as TensorHandle; candidate.len()];
-        let loss = self.objective(candidate, tasks, objective, Some(&mut grads))?;
-        Ok((loss, grads.into_iter().map(Tensor).collect()))
+        self.loss_and_grad_minibatch(candidate, tasks, objective, 0, 0, 0)
     }
 
     /// The objective on mini-batch `step` of `size` examples per task (seeded shuffles,
@@ -229,32 +227,14 @@ impl<'a> Session<'a> {
         seed: u64,
         step: u64,
     ) -> Result<(f64, Vec<Tensor>)> {
-        if size == 0 {
-            return self.loss_and_grad(candidate, tasks, objective);
-        }
-        let ext = self.extension::<abi::SessionMinibatchV1>(abi::SESSION_EXT_MINIBATCH_V1)?;
-        let batch = abi::Minibatch {
+        let batch = (size > 0).then_some(abi::Minibatch {
             struct_size: std::mem::size_of::<abi::Minibatch>(),
             size,
             seed,
             step,
-        };
-        let c = handles(candidate);
-        let mut grads = vec![0 as TensorHandle; c.len()];
-        let mut loss = 0.0;
-        // SAFETY: valid extension of this session; `grads` has room for `c.len()` handles.
-        check(unsafe {
-            (ext.loss_and_grad)(
-                self.api.ctx,
-                c.as_ptr(),
-                c.len(),
-                tasks.raw(),
-                objective,
-                &batch,
-                &mut loss,
-                grads.as_mut_ptr(),
-            )
-        })?;
+        });
+        let mut grads = vec![0 as TensorHandle; candidate.len()];
+        let loss = self.objective(candidate, tasks, objective, batch.as_ref(), Some(&mut grads))?;
         Ok((loss, grads.into_iter().map(Tensor).collect()))
     }
 
@@ -277,30 +257,51 @@ impl<'a> Session<'a> {
         Ok(unsafe { &*ext.cast::<T>() })
     }
 
-    /// `loss_and_grad` of the session table: the value, and the gradient into `grads` (one
-    /// handle per candidate tensor) when given.
+    /// `loss_and_grad` of the session table, or of the mini-batch extension when `batch` is
+    /// given: the value, and the gradient into `grads` (one handle per candidate tensor) when
+    /// given.
     fn objective(
         &self,
         candidate: &[Tensor],
         tasks: Tasks,
         objective: abi::Objective,
+        batch: Option<&abi::Minibatch>,
         grads: Option<&mut [TensorHandle]>,
     ) -> Result<f64> {
         let c = handles(candidate);
         let mut loss = 0.0;
         let grads = grads.map_or(std::ptr::null_mut(), <[TensorHandle]>::as_mut_ptr);
-        // SAFETY: valid table; `grads` is null (value only) or has room for `c.len()` handles.
-        check(unsafe {
-            (self.api.loss_and_grad)(
-                self.api.ctx,
-                c.as_ptr(),
-                c.len(),
-                tasks.raw(),
-                objective,
-                &mut loss,
-                grads,
-            )
-        })?;
+        let status = match batch {
+            // SAFETY: valid table; `grads` is null (value only) or has room for `c.len()` handles.
+            None => unsafe {
+                (self.api.loss_and_grad)(
+                    self.api.ctx,
+                    c.as_ptr(),
+                    c.len(),
+                    tasks.raw(),
+                    objective,
+                    &mut loss,
+                    grads,
+                )
+            },
+            Some(b) => {
+                let ext = self.extension::<abi::SessionMinibatchV1>(abi::SESSION_EXT_MINIBATCH_V1)?;
+                // SAFETY: valid extension of this session; `grads` as above.
+                unsafe {
+                    (ext.loss_and_grad)(
+                        self.api.ctx,
+                        c.as_ptr(),
+                        c.len(),
+                        tasks.raw(),
+                        objective,
+                        b,
+                        &mut loss,
+                        grads,
+                    )
+                }
+            }
+        };
+        check(status)?;
         Ok(loss)
     }
 

@@ -74,13 +74,12 @@ impl Trajectory {
             .map(|t| t.elem_count() * t.dtype().size_in_bytes())
             .sum();
         let cap = (MAX_TRAJECTORY_BYTES / bytes.max(1)).clamp(MIN_KEPT_ITERATES, MAX_KEPT_ITERATES);
-        let stride = self.stride.max(1);
+        let mut stride = self.stride.max(1);
         // The previous latest stays only if it is on the stride.
         if self.iterates.last().is_some_and(|l| l.index % stride != 0) {
             self.iterates.pop();
         }
         self.iterates.push(it);
-        let mut stride = stride;
         while self.iterates.len() > cap {
             stride *= 2;
             let latest = self.iterates.pop();

@@ -312,7 +312,7 @@ impl Batcher {
 /// can ask for any step.
 pub fn batch_at(n: usize, size: usize, seed: u64, stream: u64, step: u64) -> Vec<usize> {
     let size = size.max(1);
-    let per_epoch = n.div_ceil(size).max(1) as u64;
+    let per_epoch = steps_per_epoch(n, BatchSize::Size(size)).max(1) as u64;
     let mut rng = SplitMix64::stream(seed, stream);
     let mut order: Vec<usize> = (0..n).collect();
     for _ in 0..=step / per_epoch {

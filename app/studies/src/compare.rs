@@ -533,7 +533,6 @@ impl CompareTable {
         s
     }
 
-    /// The table as CSV: one row per method and task, plus `average` rows, with raw fractions.
     /// Every λ search as CSV: one line per method and λ tried, in the order tried, with its mean
     /// calibration accuracy, whether it lay above the grid, and whether it was chosen.
     pub fn lambda_csv(&self) -> String {
@@ -548,6 +547,7 @@ impl CompareTable {
         s
     }
 
+    /// The table as CSV: one row per method and task, plus `average` rows, with raw fractions.
     pub fn csv(&self) -> String {
         let mut s = String::from("method,setting,task,accuracy,normalized_accuracy,seconds\n");
         let quote = |v: &str| format!("\"{}\"", v.replace('"', "\"\""));

@@ -66,6 +66,14 @@ pub struct CompareArgs {
     pub run: super::sweep_slurm::GridRunArgs,
 }
 
+impl CompareArgs {
+    /// Whether λ searches go on above their grid: always for the default grid, for a given
+    /// one with --extend-lambda.
+    fn extends_lambda_search(&self) -> bool {
+        self.lambda_grid.is_none() || self.extend_lambda
+    }
+}
+
 fn grid(args: &CompareArgs) -> anyhow::Result<Vec<f64>> {
     match &args.lambda_grid {
         None => Ok(default_lambda_grid()),
@@ -186,7 +194,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
         out_dir: args.out_dir.clone(),
         overwrite: args.overwrite,
         lambda_grid,
-        extend_lambda: args.lambda_grid.is_none() || args.extend_lambda,
+        extend_lambda: args.extends_lambda_search(),
         seed: args.seed,
     };
     let bar = super::progress_bar(args.run.quiet);
@@ -336,7 +344,7 @@ fn run_on_slurm(
         device: args.device.clone(),
         seed: args.seed,
         lambda_grid: r.lambda_grid,
-        extend_lambda: args.lambda_grid.is_none() || args.extend_lambda,
+        extend_lambda: args.extends_lambda_search(),
         cells: CompareJob::plan_cells(&methods),
         methods,
     };

@@ -293,21 +293,15 @@ impl CalibrationTasks for DemoCalibration<'_> {
         for &t in tasks {
             let c = &self.calibration[t];
             let n = c.labels.dim(0)?;
-            let l = if let Subset::Minibatch { size, .. } = subset
-                && size < n
-            {
-                let idx: Vec<u32> = subset.indices(n, t).into_iter().map(|i| i as u32).collect();
-                let len = idx.len();
-                let idx = Tensor::from_vec(idx, len, c.labels.device())?;
-                let images = c.images.index_select(&idx, 0)?;
-                objective_loss(
-                    &self.logits(&p, t, &images)?,
-                    &c.labels.index_select(&idx, 0)?,
-                    objective,
-                )?
+            let picked: Vec<u32> = subset.indices(n, t).into_iter().map(|i| i as u32).collect();
+            // Every example (in order) needs no gather.
+            let (images, labels) = if picked.len() == n {
+                (c.images.clone(), c.labels.clone())
             } else {
-                objective_loss(&self.logits(&p, t, &c.images)?, &c.labels, objective)?
+                let idx = Tensor::from_slice(&picked, picked.len(), c.labels.device())?;
+                (c.images.index_select(&idx, 0)?, c.labels.index_select(&idx, 0)?)
             };
+            let l = objective_loss(&self.logits(&p, t, &images)?, &labels, objective)?;
             total = Some(match total {
                 Some(s) => (s + l)?,
                 None => l,

@@ -271,6 +271,14 @@ impl CompareJob {
         Ok((!tried.is_empty()).then(|| choose_lambda(tried)))
     }
 
+    /// Where cell `index` writes its λ candidates' merges (the work folder's `scratch/`, made if
+    /// missing).
+    fn scratch(&self, index: usize) -> Result<PathBuf> {
+        let dir = self.workdir.join("scratch");
+        std::fs::create_dir_all(&dir).map_err(|e| EngineError::io("cannot create", &dir, e))?;
+        Ok(dir.join(format!("cell-{index}.safetensors")))
+    }
+
     /// Runs cell `index` with `plugin` (its method's, for a λ or final cell) on `inputs`; the
     /// result is written by the caller ([`Self::write_result`]).
     pub fn run_cell(
@@ -305,9 +313,7 @@ impl CompareJob {
                 }
             }
             CompareCell::Lambda { lambda, .. } => {
-                let dir = self.workdir.join("scratch");
-                std::fs::create_dir_all(&dir).map_err(|e| EngineError::io("cannot create", &dir, e))?;
-                let scratch = dir.join(format!("cell-{index}.safetensors"));
+                let scratch = self.scratch(index)?;
                 let accuracy = lambda_trial(need_plugin()?, inputs, &cfg, *lambda, &scratch, opts, progress, cancel);
                 let _ = std::fs::remove_file(&scratch);
                 CellResult::Lambda {
@@ -316,25 +322,21 @@ impl CompareJob {
                 }
             }
             CompareCell::Final { method } => {
-                let mut choice = self.lambda_choice(*method)?;
-                let mut extension = Vec::new();
-                if let Some(c) = choice.take() {
-                    let grid = c.grid.len();
-                    let c = if self.extend_lambda {
-                        let dir = self.workdir.join("scratch");
-                        std::fs::create_dir_all(&dir).map_err(|e| EngineError::io("cannot create", &dir, e))?;
-                        let scratch = dir.join(format!("cell-{index}.safetensors"));
+                let choice = match self.lambda_choice(*method)? {
+                    Some(c) if self.extend_lambda => {
+                        let scratch = self.scratch(index)?;
                         let c = extend_lambda_search(c, lambda_max(need_plugin()?), |l| {
                             lambda_trial(need_plugin()?, inputs, &cfg, l, &scratch, opts, progress, cancel)
                         });
                         let _ = std::fs::remove_file(&scratch);
-                        c?
-                    } else {
-                        c
-                    };
-                    extension = c.grid[grid..].to_vec();
-                    choice = Some(c);
-                }
+                        Some(c?)
+                    }
+                    c => c,
+                };
+                let extension = choice
+                    .as_ref()
+                    .map(|c| c.grid[c.grid.len() - c.extended..].to_vec())
+                    .unwrap_or_default();
                 let lambda = choice.map(|c| c.value);
                 let (params, report) = final_merge(need_plugin()?, inputs, &cfg, lambda, opts, progress, cancel)?;
                 CellResult::Final {
