@@ -819,14 +819,10 @@ impl Checkpoint {
     fn decode_mapped(&self, t: &TensorEntry, offset: u64, n: usize) -> Result<Option<(Vec<f32>, bool)>> {
         let shard = &self.files[t.file];
         let at = t.start + offset;
-        let end = at + n as u64;
-        let now = shard
-            .file
-            .metadata()
-            .map_err(|e| EngineError::io("cannot read", &shard.path, e))?
-            .len();
-        if now < end {
-            return Err(self.shrunk(t, end));
+        // A held range's file was checked when the hold began ([`Checkpoint::hold`]); any
+        // other is checked before it is mapped (one `statx` per chunk and input otherwise).
+        if !crate::mapped_read::is_held(&shard.file, at, n) {
+            self.check_size(t, at + n as u64)?;
         }
         Ok(crate::mapped_read::with_mapped(&shard.file, at, n, |bytes| {
             decode_f32_checked(t.dtype, bytes)
@@ -841,8 +837,25 @@ impl Checkpoint {
             return None;
         }
         let t = self.tensors.get(name)?;
+        // A file cut shorter is not held: its reads then fail with the message of
+        // `check_size` instead of a SIGBUS.
+        self.check_size(t, t.start + t.len).ok()?;
         let shard = &self.files[t.file];
         crate::mapped_read::hold(&shard.file, t.start, usize::try_from(t.len).ok()?)
+    }
+
+    /// An error naming the tensor where the file that stores `t` now ends before byte `end`.
+    fn check_size(&self, t: &TensorEntry, end: u64) -> Result<()> {
+        let shard = &self.files[t.file];
+        let now = shard
+            .file
+            .metadata()
+            .map_err(|e| EngineError::io("cannot read", &shard.path, e))?
+            .len();
+        if now < end {
+            return Err(self.shrunk(t, end));
+        }
+        Ok(())
     }
 
     /// Whether [`Checkpoint::hold`] can keep tensor `name` mapped: it is stored in bf16 or f16

@@ -458,7 +458,7 @@ impl Run<'_> {
         let total: u64 = units.iter().map(|u| u.len as u64).sum();
         let threads = match (parallel, self.opts.threads) {
             (false, _) => 1,
-            (true, 0) => std::thread::available_parallelism().map_or(1, usize::from),
+            (true, 0) => crate::sys::available_cores(),
             (true, t) => t,
         }
         .clamp(1, units.len().max(1));

@@ -110,22 +110,35 @@ fn map(file: &File, at: u64, len: usize) -> Option<(*mut libc::c_void, usize, us
     Some((ptr, map_len, lead))
 }
 
+/// Where [`hold`] keeps bytes `[at, at + len)` of `file` mapped on this thread, the address of
+/// byte `at` in that map.
+#[cfg(unix)]
+fn held_at(file: &File, at: u64, len: usize) -> Option<*const u8> {
+    use std::os::fd::AsRawFd as _;
+    let fd = file.as_raw_fd();
+    HELD.with(|h| {
+        h.borrow().iter().find_map(|x| {
+            let from = usize::try_from(at.checked_sub(x.at)?).ok()?;
+            // SAFETY: `from` + `len` ≤ the held length: inside the mapping.
+            (x.fd == fd && len > 0 && from.checked_add(len)? <= x.len).then(|| unsafe { x.data.add(from) })
+        })
+    })
+}
+
+/// Whether [`hold`] keeps bytes `[at, at + len)` of `file` mapped on this thread (so a read of
+/// them maps nothing, and the file's size was checked when the hold began).
+#[cfg(unix)]
+pub fn is_held(file: &File, at: u64, len: usize) -> bool {
+    held_at(file, at, len).is_some()
+}
+
 /// Calls `f` on bytes `[at, at + len)` of `file` through a memory map (the held one where
 /// [`hold`] covers the range on this thread), or returns `None` where mapping is not available
 /// (another platform, a zero length, or the kernel refused), for the caller to read by
 /// position instead.
 #[cfg(unix)]
 pub fn with_mapped<R>(file: &File, at: u64, len: usize, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-    use std::os::fd::AsRawFd as _;
-    let fd = file.as_raw_fd();
-    let held = HELD.with(|h| {
-        h.borrow().iter().find_map(|x| {
-            let from = usize::try_from(at.checked_sub(x.at)?).ok()?;
-            // SAFETY: `from` + `len` ≤ the held length: inside the mapping.
-            (x.fd == fd && len > 0 && from.checked_add(len)? <= x.len).then(|| unsafe { x.data.add(from) })
-        })
-    });
-    if let Some(data) = held {
+    if let Some(data) = held_at(file, at, len) {
         // SAFETY: `len` bytes of a held mapping, which stays mapped until its guard drops; the
         // guard lives in a caller's frame on this thread, so not before `f` returns.
         return Some(f(unsafe { std::slice::from_raw_parts(data, len) }));
@@ -161,6 +174,12 @@ pub struct HoldGuard;
 
 /// Calls `f` on bytes `[at, at + len)` of `file` through a memory map; this platform has none
 /// here, so always `None` (the caller reads by position).
+/// Whether [`hold`] keeps a range mapped: never, on this platform.
+#[cfg(not(unix))]
+pub fn is_held(_file: &File, _at: u64, _len: usize) -> bool {
+    false
+}
+
 #[cfg(not(unix))]
 pub fn with_mapped<R>(_file: &File, _at: u64, _len: usize, _f: impl FnOnce(&[u8]) -> R) -> Option<R> {
     None

@@ -112,7 +112,7 @@ fn write_model(dir: &Path, cfg: &SyntheticConfig, model: usize, tensors: &[Outpu
     let shard = (cfg.shards > 1).then(|| total / cfg.shards as u64 + largest.unwrap_or(0));
     let meta: BTreeMap<String, String> = [("format".to_owned(), "pt".to_owned())].into();
     let writer = OutputWriter::create(dir, tensors, &meta, shard.or(Some(u64::MAX)), false)?;
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads = crate::sys::available_cores();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let errors = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|s| {

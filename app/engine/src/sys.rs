@@ -43,3 +43,12 @@ pub fn default_sigpipe() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
+
+/// The number of cores this process may use, found once and remembered: on Linux
+/// `std::thread::available_parallelism` reads the cgroup's CPU quota from several files on
+/// every call (about 30 system calls), and the executor asks for every chunk it hands to a
+/// plugin (docs/performance.md).
+pub fn available_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}

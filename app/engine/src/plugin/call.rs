@@ -64,7 +64,7 @@ impl<'a> CallCtx<'a> {
     /// plugin's own parallel work too).
     pub fn with_threads(mut self, threads: usize) -> Self {
         self.threads = match threads {
-            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            0 => crate::sys::available_cores(),
             n => n,
         };
         self
