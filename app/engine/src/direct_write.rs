@@ -361,10 +361,11 @@ impl DirectFile {
     }
 
     /// Writes `len` bytes at `offset`, which `fill` produces in place (every byte of the slice
-    /// it gets). The blocks the range covers whole are queued for the disk when this returns;
-    /// the bytes of its edge blocks are queued once their blocks are complete. A write that
-    /// failed earlier is reported here (or by [`DirectFile::finish`]).
-    pub(crate) fn write_with(&self, offset: u64, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<()> {
+    /// it gets), unless `fill` returns `false` (then nothing is written). The blocks the range
+    /// covers whole are queued for the disk when this returns; the bytes of its edge blocks are
+    /// queued once their blocks are complete. A write that failed earlier is reported here (or
+    /// by [`DirectFile::finish`]).
+    pub(crate) fn write_with(&self, offset: u64, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -380,7 +381,10 @@ impl DirectFile {
         let lead = (offset % block) as usize;
         let reserved = (lead + len).next_multiple_of(BLOCK);
         let mut staging = self.behind.reserve(reserved)?;
-        fill(&mut staging.bytes_mut()[lead..lead + len]);
+        if !fill(&mut staging.bytes_mut()[lead..lead + len]) {
+            self.behind.give_back(staging, reserved);
+            return Ok(());
+        }
         let first = offset / block;
         let last = end.div_ceil(block);
         // The blocks covered whole (counting the file's last block whole when the write
@@ -476,7 +480,8 @@ mod tests {
                 s.spawn(move || {
                     for &(a, b) in part {
                         d.write_with(a, (b - a) as usize, |buf| {
-                            buf.copy_from_slice(&expected[a as usize..b as usize])
+                            buf.copy_from_slice(&expected[a as usize..b as usize]);
+                            true
                         })
                         .unwrap();
                     }
@@ -563,11 +568,18 @@ mod tests {
             partial: Mutex::new(HashMap::new()),
             behind: Arc::clone(&good.behind),
         };
-        d.write_with(0, 8 * BLOCK, |b| b.fill(1)).unwrap();
+        d.write_with(0, 8 * BLOCK, |b| {
+            b.fill(1);
+            true
+        })
+        .unwrap();
         // The failure comes back by the next write (once the queue has run) or by finish, once,
         // naming the file; later calls still fail.
         let first = d
-            .write_with(8 * BLOCK as u64, BLOCK, |b| b.fill(2))
+            .write_with(8 * BLOCK as u64, BLOCK, |b| {
+                b.fill(2);
+                true
+            })
             .and_then(|()| d.finish())
             .unwrap_err()
             .to_string();
@@ -577,16 +589,32 @@ mod tests {
     }
 
     #[test]
-    fn bytes_never_written_read_zero_and_writes_past_the_end_are_refused() {
+    fn bytes_never_written_or_refused_read_zero_and_writes_past_the_end_are_refused() {
         let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let len = 2 * BLOCK as u64 + 10;
         let Some((path, d)) = direct_file(dir.path(), len) else {
             eprintln!("skipped: the file system refuses O_DIRECT");
             return;
         };
-        d.write_with(5, 3, |b| b.copy_from_slice(&[1, 2, 3])).unwrap();
-        let e = d.write_with(len - 2, 4, |b| b.fill(9)).unwrap_err().to_string();
+        d.write_with(5, 3, |b| {
+            b.copy_from_slice(&[1, 2, 3]);
+            true
+        })
+        .unwrap();
+        let e = d
+            .write_with(len - 2, 4, |b| {
+                b.fill(9);
+                true
+            })
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("past the end"), "{e}");
+        // A fill that refuses its bytes writes none of them, whole blocks or edges.
+        d.write_with(BLOCK as u64 - 3, BLOCK + 6, |b| {
+            b.fill(7);
+            false
+        })
+        .unwrap();
         d.finish().unwrap();
         let got = std::fs::read(&path).unwrap();
         assert_eq!(got.len() as u64, len);

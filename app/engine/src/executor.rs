@@ -137,8 +137,10 @@ pub trait Source: Sync {
 
 /// Where merged values go.
 pub trait Sink: Sync {
-    /// Stores elements `[from, from + values.len())` of tensor `name`.
-    fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<()>;
+    /// Stores elements `[from, from + values.len())` of tensor `name`, and says whether it found
+    /// every value finite while storing them (`false`: not checked, or not finite, so the
+    /// executor checks, and fails the merge on NaN or Inf).
+    fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<bool>;
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -374,7 +376,14 @@ impl Run<'_> {
                 result.dims()
             )));
         }
+        // The sink checks the values as it encodes them (one pass over them instead of two);
+        // where it did not, or found one that is not finite, the merge fails naming the
+        // plugin, before its output gets its final name.
         let store = |values: &[f32]| -> Result<()> {
+            let stored = self.sink.write(&item.name, unit.from, values);
+            if matches!(stored, Ok(true)) {
+                return Ok(());
+            }
             if let Some((i, v)) = crate::finite::first_non_finite(values) {
                 return Err(crate::finite::non_finite_output(
                     self.plugin_id,
@@ -383,7 +392,7 @@ impl Run<'_> {
                     v,
                 ));
             }
-            self.sink.write(&item.name, unit.from, values)
+            stored.map(|_| ())
         };
         match with_cpu_f32(&result, store) {
             Some(r) => r?,

@@ -121,13 +121,13 @@ struct MemSink {
 }
 
 impl Sink for MemSink {
-    fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<()> {
+    fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<bool> {
         let mut out = self.out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let v = out
             .get_mut(name)
             .ok_or_else(|| EngineError::Bug(format!("tensor '{name}' has no output buffer")))?;
         v[from..from + values.len()].copy_from_slice(values);
-        Ok(())
+        Ok(false)
     }
 }
 
@@ -415,7 +415,7 @@ pub(crate) struct FileSink<'a> {
 }
 
 impl Sink for FileSink<'_> {
-    fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<()> {
+    fn write(&self, name: &str, from: usize, values: &[f32]) -> Result<bool> {
         self.writer.write_values(name, from, values)
     }
 }

@@ -4,7 +4,7 @@
 //! renamed into place only when complete; a failed or cancelled merge leaves nothing behind.
 
 use crate::direct_write::DirectFile;
-use crate::dtype::{DType, encode_f32, encode_f32_into};
+use crate::dtype::{DType, all_within, encode_f32_checked, largest_finite};
 use crate::error::{EngineError, Result};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -281,7 +281,10 @@ impl OutputWriter {
             preallocate(&f, len, &p)?;
             let direct = DirectFile::open(&p, len, &mut behind);
             match &direct {
-                Some(d) => d.write_with(0, s.header.len(), |b| b.copy_from_slice(&s.header))?,
+                Some(d) => d.write_with(0, s.header.len(), |b| {
+                    b.copy_from_slice(&s.header);
+                    true
+                })?,
                 None => write_all_at(&f, &s.header, 0, &p)?,
             }
             writer.direct.push(direct);
@@ -319,7 +322,10 @@ impl OutputWriter {
     pub fn write(&self, name: &str, byte_from: u64, bytes: &[u8]) -> Result<()> {
         let &(si, off, _) = self.location(name)?;
         if let Some(d) = self.direct.get(si).and_then(Option::as_ref) {
-            return d.write_with(off + byte_from, bytes.len(), |b| b.copy_from_slice(bytes));
+            return d.write_with(off + byte_from, bytes.len(), |b| {
+                b.copy_from_slice(bytes);
+                true
+            });
         }
         self.write_buffered(si, off + byte_from, bytes)
     }
@@ -348,18 +354,33 @@ impl OutputWriter {
     }
 
     /// Encodes f32 values of tensor `name` to its output dtype and writes them from element
-    /// `elem_from`. Values beyond the dtype's range (e.g. over 65504 for F16) are refused rather
-    /// than silently written as Inf.
-    pub fn write_values(&self, name: &str, elem_from: usize, values: &[f32]) -> Result<()> {
+    /// `elem_from`; returns whether every value was finite, checked while encoding (NaN and Inf
+    /// are written as they are: a merge that must refuse them does so with its own message,
+    /// and its output never gets its final name). Values beyond the dtype's range (e.g. over
+    /// 65504 for F16) are refused rather than silently written as Inf.
+    pub fn write_values(&self, name: &str, elem_from: usize, values: &[f32]) -> Result<bool> {
         let &(si, off, dtype) = self.location(name)?;
-        check_range(dtype, name, elem_from, values)?;
         let at = off + (elem_from * dtype.size()) as u64;
+        let len = values.len() * dtype.size();
+        // One pass encodes and checks; only where it finds a value that is not finite or out
+        // of range is the slower check below run, to tell the two apart.
+        let mut checked = Ok(true);
+        let mut fill = |bytes: &mut [u8]| {
+            if encode_f32_checked(dtype, values, bytes) {
+                return true;
+            }
+            checked = check_range(dtype, name, elem_from, values).map(|()| false);
+            checked.is_ok()
+        };
         if let Some(d) = self.direct.get(si).and_then(Option::as_ref) {
-            return d.write_with(at, values.len() * dtype.size(), |b| encode_f32_into(dtype, values, b));
+            d.write_with(at, len, fill)?;
+        } else {
+            let mut bytes = vec![0u8; len];
+            if fill(&mut bytes) {
+                self.write_buffered(si, at, &bytes)?;
+            }
         }
-        let mut bytes = Vec::new();
-        encode_f32(dtype, values, &mut bytes);
-        self.write_buffered(si, at, &bytes)
+        checked
     }
 
     /// Stored dtype of an output tensor.
@@ -407,26 +428,6 @@ impl OutputWriter {
             vec![self.final_path.clone()]
         };
         Ok(names)
-    }
-}
-
-/// The largest finite magnitude a dtype stores, when it is below f32's.
-fn largest_finite(dtype: DType) -> Option<f32> {
-    match dtype {
-        DType::F16 => Some(half::f16::MAX.to_f32()),
-        // Values between bf16::MAX and f32::MAX round up to Inf.
-        DType::BF16 => Some(half::bf16::MAX.to_f32()),
-        _ => None,
-    }
-}
-
-mergescope_plugin_api::avx2_dispatch! {
-    /// Whether every |value| ≤ `max`: one branch-free pass per block in the common case (the
-    /// position is searched only on failure).
-    fn all_within(values: &[f32], max: f32) -> bool {
-        values
-            .chunks(4096)
-            .all(|c| c.iter().fold(true, |ok, v| ok & (v.abs() <= max)))
     }
 }
 
