@@ -829,19 +829,25 @@ impl Checkpoint {
         }))
     }
 
-    /// Keeps tensor `name`'s stored bytes mapped on this thread until the guard drops, where its
-    /// reads decode them from a map (bf16 and f16, without a low-rank update or a row map), so
-    /// reading it again neither maps nor faults again; `None` otherwise.
-    pub fn hold(&self, name: &str) -> Option<crate::mapped_read::HoldGuard> {
+    /// Keeps elements `[from, from + len)` of tensor `name`'s stored bytes mapped on this thread
+    /// until the guard drops, where its reads decode them from a map (bf16 and f16, without a
+    /// low-rank update or a row map), so reading them again neither maps nor faults again;
+    /// `None` otherwise (and for a range past the tensor's end).
+    pub fn hold(&self, name: &str, from: usize, len: usize) -> Option<crate::mapped_read::HoldGuard> {
         if !self.holdable(name) {
             return None;
         }
         let t = self.tensors.get(name)?;
+        let size = t.dtype.size() as u64;
+        let (at, bytes) = (t.start + from as u64 * size, len as u64 * size);
+        if at + bytes > t.start + t.len {
+            return None;
+        }
         // A file cut shorter is not held: its reads then fail with the message of
         // `check_size` instead of a SIGBUS.
-        self.check_size(t, t.start + t.len).ok()?;
+        self.check_size(t, at + bytes).ok()?;
         let shard = &self.files[t.file];
-        crate::mapped_read::hold(&shard.file, t.start, usize::try_from(t.len).ok()?)
+        crate::mapped_read::hold(&shard.file, at, usize::try_from(bytes).ok()?)
     }
 
     /// An error naming the tensor where the file that stores `t` now ends before byte `end`.

@@ -28,7 +28,14 @@ pub struct ExecOptions {
     /// plugin lets the host take the tensors one at a time (`CAP_TENSOR_STATISTICS`): the same
     /// bits, more reading; for comparing the two.
     pub pass_by_pass: bool,
+    /// The most bytes of one tensor's inputs a worker keeps at hand at a time ([`Source::hold`]):
+    /// a larger tensor is held in segments of whole chunks, one after another.
+    pub hold_bytes: u64,
 }
+
+/// The default [`ExecOptions::hold_bytes`]: 128 MiB per worker, so a Llama MLP matrix of four
+/// bf16 inputs is held whole and an embedding in a few segments.
+pub const DEFAULT_HOLD_BYTES: u64 = 128 << 20;
 
 /// The default chunk: 2¹⁸ elements, 1 MiB per input in f32, so that a chunk's inputs, its
 /// copies and its result stay in the caches while it is decoded, merged and encoded (chunks of
@@ -44,6 +51,7 @@ impl Default for ExecOptions {
             threads: 0,
             memory_budget_bytes: 2 << 30,
             pass_by_pass: false,
+            hold_bytes: DEFAULT_HOLD_BYTES,
         }
     }
 }
@@ -120,18 +128,20 @@ pub trait Source: Sync {
     fn describe(&self, model: usize) -> String {
         format!("input {model}")
     }
-    /// Runs `work`, which reads tensor `name` of every input several times over on this
-    /// thread, with that tensor kept at hand where the source can (a file source keeps it
-    /// mapped, so later reads neither map nor fault again); by default just runs it.
-    fn hold(&self, name: &str, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        let _ = name;
+    /// Runs `work`, which reads elements `[from, from + len)` of tensor `name` of every input
+    /// on this thread (chunk after chunk, or several times over), with that range kept at hand
+    /// where the source can (a file source keeps it mapped, so later reads neither map nor
+    /// fault again); by default just runs it.
+    fn hold(&self, name: &str, from: usize, len: usize, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let _ = (name, from, len);
         work()
     }
-    /// Whether [`Source::hold`] keeps tensor `name` at hand (then a worker merges it whole,
-    /// chunk after chunk, rather than spreading its chunks over the workers).
-    fn can_hold(&self, name: &str) -> bool {
+    /// The bytes per element of tensor `name`, over all inputs, that [`Source::hold`] keeps at
+    /// hand; `None` where it keeps none of it (then a worker takes the tensor's chunks one by
+    /// one, as they come, rather than a held run of them).
+    fn held_bytes_per_elem(&self, name: &str) -> Option<u64> {
         let _ = name;
-        false
+        None
     }
 }
 
@@ -276,15 +286,37 @@ impl Run<'_> {
         tensors.sort_by_key(|u| std::cmp::Reverse(u.len));
         self.run_units(&tensors, Phase::Merge, true, self.opts.chunk_elems, |whole, advance| {
             let item = &self.items[whole.item];
-            let chunks = self.chunks_of(whole.item, true);
-            self.source.hold(&item.name, &mut || {
-                for pass in 0..self.instance.passes {
-                    self.in_order(&chunks, None, |unit| self.prepare_unit(pass, unit))?;
-                    self.instance
-                        .finish_tensor(self.env(), pass, &self.call(whole.item, item, 0))?;
+            let finish = |pass| {
+                self.instance
+                    .finish_tensor(self.env(), pass, &self.call(whole.item, item, 0))
+            };
+            let prepare =
+                |pass, segment: &Unit| self.in_order(&self.chunks_in(segment), None, |u| self.prepare_unit(pass, u));
+            let merge =
+                |segment: &Unit| self.in_order(&self.chunks_in(segment), Some(advance), |u| self.run_unit(u, None));
+            match self.segments_of(whole.item).as_deref() {
+                // Held whole (or not at all): every pass and the merge inside one hold.
+                None | Some([_]) => self.hold(whole, &mut || {
+                    for pass in 0..self.instance.passes {
+                        prepare(pass, whole)?;
+                        finish(pass)?;
+                    }
+                    merge(whole)
+                }),
+                // Too large to hold whole: each pass, and then the merge, holds one segment
+                // after another.
+                Some(segments) => {
+                    for pass in 0..self.instance.passes {
+                        for segment in segments {
+                            self.hold(segment, &mut || prepare(pass, segment))?;
+                        }
+                        finish(pass)?;
+                    }
+                    segments
+                        .iter()
+                        .try_for_each(|segment| self.hold(segment, &mut || merge(segment)))
                 }
-                self.in_order(&chunks, Some(advance), |unit| self.run_unit(unit, None))
-            })
+            }
         })?;
         for pass in 0..self.instance.passes {
             self.instance.finish_pass(self.env(), pass)?;
@@ -339,21 +371,38 @@ impl Run<'_> {
     /// else the whole tensor.
     fn chunks_of(&self, i: usize, chunked: bool) -> Vec<Unit> {
         let n = self.items[i].numel();
-        let chunk = if chunked {
-            self.opts.chunk_elems.max(1)
-        } else {
-            n.max(1)
+        let whole = Unit {
+            item: i,
+            from: 0,
+            len: n,
         };
-        let mut units = vec![];
-        let mut from = 0;
-        loop {
-            let len = chunk.min(n - from);
-            units.push(Unit { item: i, from, len });
-            from += len;
-            if from >= n {
-                return units;
-            }
-        }
+        if chunked { self.chunks_in(&whole) } else { vec![whole] }
+    }
+
+    /// The chunks of `unit` in index order: pieces of at most `chunk_elems`.
+    fn chunks_in(&self, unit: &Unit) -> Vec<Unit> {
+        pieces(unit, self.opts.chunk_elems)
+    }
+
+    /// Tensor `i` in the segments a worker holds one at a time ([`Source::hold`]): runs of
+    /// whole chunks with at most `hold_bytes` of input bytes each (at least one chunk), so that
+    /// a segment's chunks are the tensor's own chunks; `None` where the source holds none of it.
+    fn segments_of(&self, i: usize) -> Option<Vec<Unit>> {
+        let item = &self.items[i];
+        let per_elem = self.source.held_bytes_per_elem(&item.name)?.max(1);
+        let chunk = self.opts.chunk_elems.max(1);
+        let fit = usize::try_from(self.opts.hold_bytes / per_elem).unwrap_or(usize::MAX);
+        let whole = Unit {
+            item: i,
+            from: 0,
+            len: item.numel(),
+        };
+        Some(pieces(&whole, (fit / chunk).max(1).saturating_mul(chunk)))
+    }
+
+    /// Runs `work` with `unit`'s range of its tensor held by the source.
+    fn hold(&self, unit: &Unit, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.source.hold(&self.items[unit.item].name, unit.from, unit.len, work)
     }
 
     fn run_unit(&self, unit: &Unit, instance_lock: Option<&Mutex<()>>) -> Result<()> {
@@ -413,18 +462,21 @@ impl Run<'_> {
                 self.run_unit(unit, lock.as_ref())
             });
         }
-        let held =
-            |i: usize| self.items[i].numel() > self.opts.chunk_elems && self.source.can_hold(&self.items[i].name);
         let mut units: Vec<Unit> = (0..self.items.len())
-            .flat_map(|i| self.chunks_of(i, !held(i)))
+            .flat_map(|i| {
+                let held = self.items[i].numel() > self.opts.chunk_elems;
+                held.then(|| self.segments_of(i))
+                    .flatten()
+                    .unwrap_or_else(|| self.chunks_of(i, true))
+            })
             .collect();
         units.sort_by_key(|u| std::cmp::Reverse(u.len));
         self.run_units(&units, Phase::Merge, true, self.opts.chunk_elems, |unit, advance| {
             if unit.len <= self.opts.chunk_elems {
                 return self.run_unit(unit, lock.as_ref());
             }
-            self.source.hold(&self.items[unit.item].name, &mut || {
-                self.in_order(&self.chunks_of(unit.item, true), Some(advance), |chunk| {
+            self.hold(unit, &mut || {
+                self.in_order(&self.chunks_in(unit), Some(advance), |chunk| {
                     self.run_unit(chunk, lock.as_ref())
                 })
             })
@@ -532,6 +584,27 @@ impl Run<'_> {
         {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+}
+
+/// `unit`'s range in index order, in pieces of at most `size` elements (one empty piece for an
+/// empty range).
+fn pieces(unit: &Unit, size: usize) -> Vec<Unit> {
+    let size = size.max(1);
+    let end = unit.from + unit.len;
+    let mut out = vec![];
+    let mut from = unit.from;
+    loop {
+        let len = size.min(end - from);
+        out.push(Unit {
+            item: unit.item,
+            from,
+            len,
+        });
+        from += len;
+        if from >= end {
+            return out;
         }
     }
 }

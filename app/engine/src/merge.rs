@@ -381,34 +381,26 @@ impl Source for FileSource<'_> {
         c.read_f32_range_checked(t, from, len)
     }
 
-    /// Keeps the tensor's bytes in every input mapped while `work` runs, where they are at most
-    /// [`HOLD_MAX_BYTES`] together (so a worker holds no more than that at a time).
-    fn hold(&self, name: &str, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        let _held: Vec<_> = if self.can_hold(name) {
-            self.models.iter().filter_map(|c| c.hold(name)).collect()
-        } else {
-            Vec::new()
-        };
+    /// Keeps elements `[from, from + len)` of the tensor mapped in every input that reads it
+    /// through a map while `work` runs (the executor keeps a held range within
+    /// [`ExecOptions::hold_bytes`](crate::executor::ExecOptions::hold_bytes)).
+    fn hold(&self, name: &str, from: usize, len: usize, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let _held: Vec<_> = self.models.iter().filter_map(|c| c.hold(name, from, len)).collect();
         work()
     }
 
-    /// Where some input reads the tensor through a map and all of them together store at most
-    /// [`HOLD_MAX_BYTES`] of it.
-    fn can_hold(&self, name: &str) -> bool {
-        let bytes: u64 = self
-            .models
-            .iter()
-            .filter_map(|c| c.tensors.get(name))
-            .map(|t| t.len)
-            .sum();
-        bytes <= HOLD_MAX_BYTES && self.models.iter().any(|c| c.holdable(name))
+    /// The bytes per element of the tensor over all inputs, where some input reads it through
+    /// a map.
+    fn held_bytes_per_elem(&self, name: &str) -> Option<u64> {
+        self.models.iter().any(|c| c.holdable(name)).then(|| {
+            self.models
+                .iter()
+                .filter_map(|c| c.tensors.get(name))
+                .map(|t| t.dtype.size() as u64)
+                .sum()
+        })
     }
 }
-
-/// The most bytes of one tensor, over all inputs, that a worker keeps mapped while it runs the
-/// statistics passes and the merge of that tensor ([`Source::hold`]): larger tensors are mapped
-/// again for each pass, so that the resident set stays bounded.
-pub(crate) const HOLD_MAX_BYTES: u64 = 128 << 20;
 
 pub(crate) struct FileSink<'a> {
     pub(crate) writer: &'a OutputWriter,

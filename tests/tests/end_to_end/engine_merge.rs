@@ -5,7 +5,9 @@
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::compat::MissingPolicy;
 use mergescope_engine::dtype::{DType, encode_f32};
-use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress, merge_files};
+use mergescope_engine::executor::{DEFAULT_HOLD_BYTES, PlanItem, Run, Sink, Source};
+use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Phase, Progress, create_instance, merge_files};
+use mergescope_engine::plugin::instance::CallEnv;
 use mergescope_engine::plugin::load_plugin;
 use mergescope_engine::writer::{OutputTensor, OutputWriter};
 use mergescope_tests::plugin_path;
@@ -121,13 +123,18 @@ fn outputs_do_not_depend_on_threads_chunks_or_budget() {
         // The last run takes the statistics passes over the whole model first where the plugin
         // would take tensor by tensor (slerp, model-stock, ties with trim_scope=tensor, dare with l1):
         // the same bits.
-        for (i, (threads, chunk, budget, pass_by_pass)) in [
-            (1, 1 << 22, 2u64 << 30, false),
-            (2, 7, 2 << 30, false),
-            (3, 1000, 2 << 30, false),
-            (8, 4096, 2 << 30, false),
-            (2, 1000, 1, false),
-            (2, 1000, 2 << 30, true),
+        // The last two hold a tensor's inputs in segments of a few chunks (of 7: 2,000 bytes of
+        // four bf16 inputs hold 250 elements, so segments of 35 chunks) and of one chunk each.
+        let held = DEFAULT_HOLD_BYTES;
+        for (i, (threads, chunk, budget, pass_by_pass, hold)) in [
+            (1, 1 << 22, 2u64 << 30, false, held),
+            (2, 7, 2 << 30, false, held),
+            (3, 1000, 2 << 30, false, held),
+            (8, 4096, 2 << 30, false, held),
+            (2, 1000, 1, false, held),
+            (2, 1000, 2 << 30, true, held),
+            (2, 7, 2 << 30, false, 2_000),
+            (3, 1000, 2 << 30, false, 1),
         ]
         .iter()
         .enumerate()
@@ -138,6 +145,7 @@ fn outputs_do_not_depend_on_threads_chunks_or_budget() {
                 chunk_elems: *chunk,
                 memory_budget_bytes: *budget,
                 pass_by_pass: *pass_by_pass,
+                hold_bytes: *hold,
                 ..Default::default()
             };
             let cancel = AtomicBool::new(false);
@@ -239,4 +247,140 @@ fn plugin_logs_reach_the_observer() {
     .unwrap();
     let logs = logs.into_inner().unwrap();
     assert!(logs.iter().any(|l| l.contains("weight averaging")), "{logs:?}");
+}
+
+/// A source of four inputs (base and three experts) of one tensor that records the ranges held
+/// on each thread and checks that every read falls inside the range its thread holds.
+struct HoldingSource {
+    held: Mutex<std::collections::HashMap<std::thread::ThreadId, Vec<(usize, usize)>>>,
+    holds: Mutex<Vec<(usize, usize)>>,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl Source for HoldingSource {
+    fn read(&self, model: usize, _name: &str, from: usize, len: usize) -> mergescope_engine::error::Result<Vec<f32>> {
+        let me = std::thread::current().id();
+        let held = self.held.lock().unwrap().get(&me).and_then(|h| h.last().copied());
+        let (at, n) = held.unwrap_or_else(|| panic!("read of {from}+{len} outside any hold"));
+        assert!(
+            at <= from && from + len <= at + n,
+            "read of {from}+{len} outside the held {at}+{n}"
+        );
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok((from..from + len)
+            .map(|i| ((i * 7 + model * 13) % 29) as f32 * 0.01 + model as f32)
+            .collect())
+    }
+
+    fn hold(
+        &self,
+        _name: &str,
+        from: usize,
+        len: usize,
+        work: &mut dyn FnMut() -> mergescope_engine::error::Result<()>,
+    ) -> mergescope_engine::error::Result<()> {
+        let me = std::thread::current().id();
+        self.holds.lock().unwrap().push((from, len));
+        self.held.lock().unwrap().entry(me).or_default().push((from, len));
+        let r = work();
+        self.held.lock().unwrap().get_mut(&me).unwrap().pop();
+        r
+    }
+
+    fn held_bytes_per_elem(&self, _name: &str) -> Option<u64> {
+        Some(8)
+    }
+}
+
+struct VecSink(Mutex<Vec<f32>>);
+
+impl Sink for VecSink {
+    fn write(&self, _name: &str, from: usize, values: &[f32]) -> mergescope_engine::error::Result<bool> {
+        self.0.lock().unwrap()[from..from + values.len()].copy_from_slice(values);
+        Ok(false)
+    }
+}
+
+/// A tensor larger than `hold_bytes` is held in segments of whole chunks, one worker per
+/// segment, every read inside its segment; a method with statistics per tensor (Model Stock)
+/// holds each segment once per pass and once for the merge. The values are those of a run that
+/// holds the tensor whole.
+#[test]
+fn a_tensor_too_large_to_hold_whole_is_held_in_segments_of_whole_chunks() {
+    let chunk = 100;
+    let numel = 10 * chunk + 5;
+    for (method, params, holds_per_segment) in [
+        (
+            "mergescope_plugin_task_arithmetic",
+            serde_json::json!({"lambda": 0.4}),
+            1,
+        ),
+        ("mergescope_plugin_model_stock", serde_json::json!({}), 2),
+    ] {
+        let plugin = load_plugin(&plugin_path(method)).unwrap();
+        let mut results = vec![];
+        // Three chunks of four inputs of 8 bytes per element fit in 2,400 bytes (and 2,799);
+        // 1 MB holds the tensor whole.
+        for hold_bytes in [2_400, 2_799, 1 << 20] {
+            let opts = ExecOptions {
+                threads: 2,
+                chunk_elems: chunk,
+                hold_bytes,
+                ..Default::default()
+            };
+            let cancel = AtomicBool::new(false);
+            let env = CallEnv {
+                device: &opts.device,
+                cancel: &cancel,
+                log: &|_, _| {},
+                threads: 2,
+            };
+            let (instance, _) = create_instance(&plugin, &params, 3, true, 3, env).unwrap();
+            let source = HoldingSource {
+                held: Mutex::default(),
+                holds: Mutex::default(),
+                reads: Default::default(),
+            };
+            let sink = VecSink(Mutex::new(vec![f32::NAN; numel]));
+            let items = [PlanItem {
+                name: "w".into(),
+                shape: vec![numel],
+            }];
+            Run {
+                instance: &instance,
+                plugin_id: plugin.id(),
+                items: &items,
+                source: &source,
+                sink: &sink,
+                has_base: true,
+                n_experts: 3,
+                opts: &opts,
+                observer: Observer::silent(),
+                cancel: &cancel,
+            }
+            .execute()
+            .unwrap_or_else(|e| panic!("{method}: {e}"));
+            let mut holds = source.holds.into_inner().unwrap();
+            holds.sort_unstable();
+            holds.dedup();
+            let expected: Vec<(usize, usize)> = if hold_bytes < 1 << 20 {
+                vec![(0, 300), (300, 300), (600, 300), (900, 105)]
+            } else {
+                vec![(0, numel)]
+            };
+            assert_eq!(holds, expected, "{method}, hold_bytes {hold_bytes}");
+            assert_eq!(
+                source.reads.into_inner(),
+                4 * 11 * holds_per_segment,
+                "{method}: every chunk of every input read once per pass"
+            );
+            results.push(sink.0.into_inner().unwrap());
+        }
+        assert!(
+            results[0].iter().all(|v| v.is_finite()),
+            "{method}: every element written"
+        );
+        assert_eq!(results[0], results[2], "{method}: segments change no value");
+        assert_eq!(results[1], results[2], "{method}: segments change no value");
+    }
 }
