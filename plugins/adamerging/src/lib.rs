@@ -83,7 +83,12 @@ impl ModelMethod for AdaMerging {
                     "Initial λ with merge = task-arithmetic (AdaMerging's 0.3).",
                 )
                 .range(0.0, 1.0),
-                ParamSpec::float("cart_init", 1.0, "Initial λ with merge = cart (CART's 1.0).").range(0.0, 2.0),
+                ParamSpec::float(
+                    "cart_init",
+                    1.0,
+                    "Initial λ with merge = cart (CART's 1.0; above 1 only with clamp = false, as CART's own λ search may pick).",
+                )
+                .range(0.0, 10.0),
                 ParamSpec::float("lr", 1e-3, "Adam learning rate.").range(1e-6, 1.0),
                 ParamSpec::int("steps", 500, "Adam steps.").range(1.0, 100000.0),
                 ParamSpec::int(
@@ -106,13 +111,22 @@ impl ModelMethod for AdaMerging {
 
     fn create(_host: &Host<'_>, p: &Params<'_>, ctx: CreateContext) -> Result<Self> {
         let cart = p.choice_of::<MergeOn>("merge")? == MergeOn::Cart;
+        let clamp = p.bool("clamp")?;
+        let cart_init = p.float("cart_init")?;
+        if cart && clamp && cart_init > 1.0 {
+            return Err(Error::Message(format!(
+                "parameter 'cart_init' is {cart_init}, but with clamp = true every λ is clamped to [0, 1] after the \
+                 first step, so the merge would not start where asked; set clamp=false to learn λ above 1, or give \
+                 cart_init ≤ 1"
+            )));
+        }
         Ok(AdaMerging {
             layer_wise: p.choice_of::<Granularity>("granularity")? == Granularity::Layer,
             cart,
-            init: if cart { p.float("cart_init")? } else { p.float("init")? },
+            init: if cart { cart_init } else { p.float("init")? },
             lr: p.float("lr")?,
             steps: p.int("steps")? as usize,
-            clamp: p.bool("clamp")?,
+            clamp,
             objective: p.choice_of::<ObjectiveChoice>("objective")?.abi(),
             rank_ratio: p.float("rank_ratio")?,
             report_every: p.int("report_every")?.max(1) as usize,

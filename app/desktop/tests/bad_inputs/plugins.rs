@@ -238,3 +238,27 @@ fn a_method_that_refuses_the_expert_count_says_so_before_merging() {
         &["'model-stock'", "at least two experts", "has 1"],
     );
 }
+
+#[test]
+fn adamerging_refuses_a_cart_start_above_one_that_clamping_would_undo() {
+    let env = Env::new();
+    let bench = env.path("bench");
+    tiny_benchmark(&bench);
+    refuses(
+        &env,
+        &[
+            "merge",
+            "--method",
+            "adamerging",
+            "--benchmark",
+            s(&bench),
+            "--param",
+            "merge=cart",
+            "--param",
+            "cart_init=3.5",
+            "--out",
+            s(&env.path("o.safetensors")),
+        ],
+        &["cart_init", "3.5", "clamp=false", "≤ 1"],
+    );
+}
