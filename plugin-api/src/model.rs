@@ -8,8 +8,8 @@
 
 use crate::abi::{self, EvalMetrics, FinetuneOptions, HostApiV1, SessionApiV1, Status, Str, TensorHandle, TensorInfo};
 use crate::sdk::{
-    CreateContext, Descriptor, Error, Host, MethodKind, Params, Result, StaticTable, Tensor, TensorMeta, check,
-    described_table, guard, instance,
+    CreateContext, Descriptor, Error, Host, MethodKind, ParamSpec, Params, Result, StaticTable, Tensor, TensorMeta,
+    check, described_table, guard, instance,
 };
 use std::ffi::c_void;
 
@@ -79,6 +79,18 @@ crate::choice_enum! {
         Task = "task",
         Layer = "layer",
     }
+}
+
+/// The `batch_size` parameter of a method that steps on calibration mini-batches
+/// ([`Session::loss_and_grad_minibatch`]): examples per task in each step, 16 by default
+/// (AdaMerging's batch), 0 for all of them. `help` says what the steps are in that method.
+pub fn minibatch_param(help: &'static str) -> ParamSpec {
+    ParamSpec::int("batch_size", 16, help).min(0.0)
+}
+
+/// The value of [`minibatch_param`] (0: every calibration example).
+pub fn minibatch_size(params: &Params<'_>) -> Result<u64> {
+    Ok(params.int("batch_size")?.max(0) as u64)
 }
 
 /// Which tasks a session call covers.

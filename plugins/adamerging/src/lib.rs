@@ -5,7 +5,8 @@
 
 use mergescope_plugin_api::abi::{self, CAP_NEEDS_BASE, ROLE_MATRIX};
 use mergescope_plugin_api::model::{
-    Adam, Granularity, ModelMethod, ObjectiveChoice, Session, Tasks, combine, dots, json_number,
+    Adam, Granularity, ModelMethod, ObjectiveChoice, Session, Tasks, combine, dots, json_number, minibatch_param,
+    minibatch_size,
 };
 use mergescope_plugin_api::{CreateContext, Descriptor, Error, Host, ParamSpec, Params, Result, Tensor};
 
@@ -91,12 +92,9 @@ impl ModelMethod for AdaMerging {
                 .range(0.0, 10.0),
                 ParamSpec::float("lr", 1e-3, "Adam learning rate.").range(1e-6, 1.0),
                 ParamSpec::int("steps", 500, "Adam steps.").range(1.0, 100000.0),
-                ParamSpec::int(
-                    "batch_size",
-                    16,
+                minibatch_param(
                     "Calibration examples per task in each step (AdaMerging's 16); 0: all of them (full batch).",
-                )
-                .min(0.0),
+                ),
                 ParamSpec::bool("clamp", true, "Clamp λ to [0, 1] after each step."),
                 ParamSpec::choice_of(
                     "objective",
@@ -130,7 +128,7 @@ impl ModelMethod for AdaMerging {
             objective: p.choice_of::<ObjectiveChoice>("objective")?.abi(),
             rank_ratio: p.float("rank_ratio")?,
             report_every: p.int("report_every")?.max(1) as usize,
-            batch_size: p.int("batch_size")?.max(0) as u64,
+            batch_size: minibatch_size(p)?,
             seed: ctx.seed,
         })
     }

@@ -10,7 +10,8 @@ pub mod algo;
 use algo::StepRule;
 use mergescope_plugin_api::abi::{self, CAP_NEEDS_BASE};
 use mergescope_plugin_api::model::{
-    Adam, Granularity, ModelMethod, ObjectiveChoice, Session, Tasks, combine, dots, json_number,
+    Adam, Granularity, ModelMethod, ObjectiveChoice, Session, Tasks, combine, dots, json_number, minibatch_param,
+    minibatch_size,
 };
 use mergescope_plugin_api::{CreateContext, Descriptor, Error, Host, ParamSpec, Params, Result, Tensor};
 
@@ -148,12 +149,9 @@ impl ModelMethod for FrankWolfe {
                 ),
                 ParamSpec::int("soft_steps", 30, "Soft FW: Adam steps on λ per iteration.").range(1.0, 10000.0),
                 ParamSpec::float("soft_lr", 0.05, "Soft FW: Adam learning rate on λ.").range(1e-6, 1.0),
-                ParamSpec::int(
-                    "batch_size",
-                    16,
+                minibatch_param(
                     "Soft FW: calibration examples per task in each Adam step on λ (AdaMerging's 16); 0: all of them.",
-                )
-                .min(0.0),
+                ),
             ],
         }
     }
@@ -183,7 +181,7 @@ impl ModelMethod for FrankWolfe {
             capped: p.choice_of::<Simplex>("simplex")? == Simplex::AtMostOne,
             soft_steps: p.int("soft_steps")? as usize,
             soft_lr: p.float("soft_lr")?,
-            batch_size: p.int("batch_size")?.max(0) as u64,
+            batch_size: minibatch_size(p)?,
             seed: ctx.seed,
         })
     }
