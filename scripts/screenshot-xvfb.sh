@@ -25,16 +25,16 @@ done
 conv=$(command -v convert-im6 || command -v magick || command -v convert || true)
 [ -n "$conv" ] || { echo "missing ImageMagick: apt-get install imagemagick" >&2; exit 1; }
 size=${SIZE:-1360x820}
-display=":$(( 90 + RANDOM % 9 ))"
-Xvfb "$display" -screen 0 "${size}x24" -nolisten tcp >/dev/null 2>&1 &
-xvfb=$!
-app=""
+# shellcheck source=scripts/xvfb-start.sh
+. "$(dirname "$0")/xvfb-start.sh"
+xvfb="" app=""
 cleanup() {
   [ -n "$app" ] && kill "$app" 2>/dev/null || true
-  kill "$xvfb" 2>/dev/null || true
+  [ -n "$xvfb" ] && kill "$xvfb" 2>/dev/null || true
 }
 trap cleanup EXIT
-sleep 1
+xvfb_start "$size" || exit 1
+display=$DISPLAY
 # A private config so the shot does not depend on (or change) the user's settings.
 config=$(mktemp -d)
 DISPLAY=$display WAYLAND_DISPLAY='' XDG_DATA_HOME="$config" MERGESCOPE_CONFIG_DIR="$config" \

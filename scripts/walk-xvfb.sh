@@ -38,7 +38,8 @@ tmp=$(mktemp -d)
 export MERGESCOPE_CACHE_DIR=$tmp/cache MERGESCOPE_CONFIG_DIR=$tmp/config XDG_DATA_HOME=$tmp/config
 files=$tmp/files
 mkdir -p "$files" "$MERGESCOPE_CONFIG_DIR"
-export DISPLAY=":$(( 60 + RANDOM % 20 ))"
+# shellcheck source=scripts/xvfb-start.sh
+. "$(dirname "$0")/xvfb-start.sh"
 xvfb="" app=""
 cleanup() {
   [ -n "$app" ] && kill "$app" 2>/dev/null || true
@@ -98,9 +99,7 @@ save_as() {
 
 echo "building the MLP demo benchmark (a private cache)"
 "$bin" demo build --arch mlp >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log" >&2; exit 1; }
-Xvfb "$DISPLAY" -screen 0 1360x820x24 -nolisten tcp >/dev/null 2>&1 &
-xvfb=$!
-sleep 1
+xvfb_start 1360x820 || fail "the virtual X server did not start"
 WAYLAND_DISPLAY='' "$bin" gui --arch mlp >"$tmp/app.log" 2>&1 &
 app=$!
 main=$(window "mergescope") || fail "the window did not open"
