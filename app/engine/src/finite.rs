@@ -6,19 +6,12 @@ use crate::error::EngineError;
 /// here, so the common case is one branch-free pass the compiler vectorises; the position is
 /// searched only when there is one.
 pub fn first_non_finite(values: &[f32]) -> Option<(usize, f32)> {
-    if all_finite(values) {
+    // |v| ≤ f32::MAX holds exactly for the finite values (NaN compares false): the same
+    // block-wise pass the writer's range check uses.
+    if crate::dtype::all_within(values, f32::MAX) {
         return None;
     }
     values.iter().position(|v| !v.is_finite()).map(|i| (i, values[i]))
-}
-
-mergescope_plugin_api::avx2_dispatch! {
-    /// Whether every value is finite: one branch-free pass per block of 4096.
-    fn all_finite(values: &[f32]) -> bool {
-        values
-            .chunks(4096)
-            .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()))
-    }
 }
 
 /// The error for an input holding NaN or Inf: it names the file, the tensor and the element.

@@ -172,14 +172,14 @@ pub fn hold(_file: &File, _at: u64, _len: usize) -> Option<HoldGuard> {
 #[cfg(not(unix))]
 pub struct HoldGuard;
 
-/// Calls `f` on bytes `[at, at + len)` of `file` through a memory map; this platform has none
-/// here, so always `None` (the caller reads by position).
 /// Whether [`hold`] keeps a range mapped: never, on this platform.
 #[cfg(not(unix))]
 pub fn is_held(_file: &File, _at: u64, _len: usize) -> bool {
     false
 }
 
+/// Calls `f` on bytes `[at, at + len)` of `file` through a memory map; this platform has none
+/// here, so always `None` (the caller reads by position).
 #[cfg(not(unix))]
 pub fn with_mapped<R>(_file: &File, _at: u64, _len: usize, _f: impl FnOnce(&[u8]) -> R) -> Option<R> {
     None
