@@ -2,7 +2,7 @@
 //! as f64 sums in the lane order of [`super::sums`], for the statistics passes of SLERP, Model
 //! Stock and the like.
 
-use super::sums::{LaneSum, accumulate, gram_blocked};
+use super::sums::{LaneSum, accumulate, gram_blocked, gram3_minus_fused};
 
 /// Over one chunk, with d_i = v_i − `minus` in f32 (or v_i itself when `minus` is `None`):
 /// ‖d_i‖² of every vector, then ⟨d_i, d_j⟩ of every pair i < j (row-major). Each is the f64
@@ -63,12 +63,10 @@ crate::avx2_dispatch! {
     }
 }
 
-crate::avx2_dispatch! {
-    /// The six sums of three task vectors a − m, b − m, c − m side by side (Model Stock's usual
-    /// three experts).
-    fn gram3_minus(a: &[f32], b: &[f32], c: &[f32], m: &[f32]) -> [f64; 6] {
-        gram_blocked([a, b, c], Some(m), [(0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2)])
-    }
+/// The six sums of three task vectors a − m, b − m, c − m side by side (Model Stock's usual three
+/// experts).
+fn gram3_minus(a: &[f32], b: &[f32], c: &[f32], m: &[f32]) -> [f64; 6] {
+    gram3_minus_fused(a, b, c, m)
 }
 
 #[cfg(test)]

@@ -150,6 +150,76 @@ pub(crate) fn gram_blocked<const N: usize, const S: usize>(
     acc.map(|lanes| LaneSum { lanes }.total())
 }
 
+/// [`gram_blocked`] of three vectors less `m` with all six pairs ‖a‖², ‖b‖², ‖c‖², ⟨a,b⟩, ⟨a,c⟩,
+/// ⟨b,c⟩ (Model Stock's three experts), in one loop: each group of 8 elements is loaded,
+/// differenced and widened once and feeds all six lane sums, which stay in registers, where the
+/// blocked form stores the widened blocks and reads them again for every pair. Every lane adds
+/// the same terms in the same order, so the sums are the same bits.
+pub(crate) fn gram3_minus_fused(a: &[f32], b: &[f32], c: &[f32], m: &[f32]) -> [f64; 6] {
+    let n = a.len().min(b.len()).min(c.len()).min(m.len());
+    let mut acc = [[-0.0f64; LANES]; 6];
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        done = unsafe { gram3_minus_avx2(&mut acc, [a, b, c, m]) };
+    }
+    for j in done..n {
+        let l = j % LANES;
+        let (da, db, dc) = (f64::from(a[j] - m[j]), f64::from(b[j] - m[j]), f64::from(c[j] - m[j]));
+        acc[0][l] += da * da;
+        acc[1][l] += db * db;
+        acc[2][l] += dc * dc;
+        acc[3][l] += da * db;
+        acc[4][l] += da * dc;
+        acc[5][l] += db * dc;
+    }
+    acc.map(|lanes| LaneSum { lanes }.total())
+}
+
+/// The whole groups of 8 of [`gram3_minus_fused`] (elements `0..n`, n the shortest input's
+/// length rounded down to a multiple of 8, which it returns), added to `acc`: lanes 0–3 and 4–7 of each sum in one AVX register each,
+/// twelve in all. The f32 differences, exact widening, products and sums round as the scalar
+/// code's do (no fused multiply-add).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn gram3_minus_avx2(acc: &mut [[f64; LANES]; 6], [a, b, c, m]: [&[f32]; 4]) -> usize {
+    use std::arch::x86_64::{
+        __m256d, _mm_loadu_ps, _mm_sub_ps, _mm256_add_pd, _mm256_cvtps_pd, _mm256_loadu_pd, _mm256_mul_pd,
+        _mm256_storeu_pd,
+    };
+    let n = a.len().min(b.len()).min(c.len()).min(m.len());
+    let full = n - n % LANES;
+    // SAFETY (every load and store below): `acc` rows are 8 f64, read and written at lanes 0
+    // and 4; the inputs are read at `j + 4h .. j + 4h + 4` ≤ `full` ≤ each one's length.
+    let mut v: [__m256d; 12] = std::array::from_fn(|i| unsafe { _mm256_loadu_pd(acc[i / 2][4 * (i % 2)..].as_ptr()) });
+    let mut j = 0;
+    while j < full {
+        for h in 0..2 {
+            let o = j + 4 * h;
+            let (da, db, dc) = unsafe {
+                let w = _mm_loadu_ps(m.as_ptr().add(o));
+                (
+                    _mm256_cvtps_pd(_mm_sub_ps(_mm_loadu_ps(a.as_ptr().add(o)), w)),
+                    _mm256_cvtps_pd(_mm_sub_ps(_mm_loadu_ps(b.as_ptr().add(o)), w)),
+                    _mm256_cvtps_pd(_mm_sub_ps(_mm_loadu_ps(c.as_ptr().add(o)), w)),
+                )
+            };
+            v[h] = _mm256_add_pd(v[h], _mm256_mul_pd(da, da));
+            v[2 + h] = _mm256_add_pd(v[2 + h], _mm256_mul_pd(db, db));
+            v[4 + h] = _mm256_add_pd(v[4 + h], _mm256_mul_pd(dc, dc));
+            v[6 + h] = _mm256_add_pd(v[6 + h], _mm256_mul_pd(da, db));
+            v[8 + h] = _mm256_add_pd(v[8 + h], _mm256_mul_pd(da, dc));
+            v[10 + h] = _mm256_add_pd(v[10 + h], _mm256_mul_pd(db, dc));
+        }
+        j += LANES;
+    }
+    for (i, x) in v.iter().enumerate() {
+        unsafe { _mm256_storeu_pd(acc[i / 2][4 * (i % 2)..].as_mut_ptr(), *x) };
+    }
+    full
+}
+
 crate::avx2_dispatch! {
     /// Σ f64(x).
     pub fn sum(v: &[f32]) -> f64 {
@@ -192,6 +262,29 @@ crate::avx2_dispatch! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fused_gram_of_three_is_the_blocked_one_bit_for_bit() {
+        // Lengths around the 8-element groups and the blocked form's 256-element blocks, values
+        // with mixed signs and magnitudes (so rounding differs between orders).
+        let value = |seed: usize, k: usize| ((k * 7919 + seed * 104_729) % 4001) as f32 * 3.7e-4 - 0.7;
+        for len in [0, 1, 7, 8, 9, 255, 256, 257, 1000, 4099] {
+            let v: Vec<Vec<f32>> = (0..4)
+                .map(|s| (0..len).map(|k| value(s, k) * (1 + s) as f32).collect())
+                .collect();
+            let fused = gram3_minus_fused(&v[0], &v[1], &v[2], &v[3]);
+            let blocked = gram_blocked(
+                [&v[0], &v[1], &v[2]],
+                Some(&v[3]),
+                [(0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2)],
+            );
+            assert_eq!(fused.map(f64::to_bits), blocked.map(f64::to_bits), "{len} elements");
+        }
+        // By hand: a − m = (1, 2), b − m = (3, −1), c − m = (0, 2).
+        let m = [1.0f32, 1.0];
+        let g = gram3_minus_fused(&[2.0, 3.0], &[4.0, 0.0], &[1.0, 3.0], &m);
+        assert_eq!(g, [5.0, 10.0, 4.0, 1.0, 4.0, -2.0]);
+    }
 
     /// The definition, written out: lane i mod 8 in order from −0, then the tree.
     fn by_definition(terms: &[f64]) -> f64 {
