@@ -48,6 +48,13 @@
 #   --heads N           num_attention_heads written to config.json [16]; the synthetic
 #                       key/value width is 256, so num_key_value_heads = 256 / (hidden / heads)
 #   --table FILE        also write the report to FILE
+#   --cache read|as-is  how the inputs enter the page cache before the first run [read]:
+#                       read: each input file's cached pages are dropped (`dd iflag=nocache`,
+#                       no root needed) and the file is read once from start to end, the state
+#                       a first sequential read from disk leaves; as-is: read once, keeping
+#                       whatever pages are already cached. The size of the page cache's folios
+#                       differs between the two (see the notes below) and both tools read
+#                       the same pages.
 #
 # Example (a small run first, then the real one on a quiet machine):
 #   scripts/mergekit-bench.sh --dir bench-small --layers 1 --hidden 256 \
@@ -64,8 +71,14 @@
 #  - Outputs: mergekit writes one shard (its default --out-shard-size is 5B parameters),
 #    mergescope shards like the inputs (two shards). Same bytes written either way.
 #  - The inputs are read once before the first run so that the first run does not pay for a
-#    cold page cache (dropping the cache between runs would need root). With less free memory
-#    than the inputs (6.7 GB at the default size), later runs re-read from disk for both tools.
+#    cold page cache. With less free memory than the inputs (6.7 GB at the default size),
+#    later runs re-read from disk for both tools.
+#  - How the inputs were cached matters to both tools, mergescope more: Linux (6.x, ext4/xfs)
+#    caches a sequential read with a large read-ahead, or a large write, in folios of up to
+#    2 MiB, which a memory map reaches with one fault and one TLB entry per 2 MiB; a file first
+#    read through a memory map, or with a small read-ahead (128 KiB is common), is cached in
+#    4 KiB pages. The report gives the device's read-ahead and how much of the page cache was
+#    in 2 MiB folios (FileHugePages) after warming.
 set -euo pipefail
 
 die() {
@@ -90,6 +103,7 @@ layers=16
 vocab=32000
 heads=16
 table=""
+cache=read
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
 need_arg() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }
@@ -109,6 +123,7 @@ while [ $# -gt 0 ]; do
     --vocab) need_arg "$@"; vocab="$2"; shift 2 ;;
     --heads) need_arg "$@"; heads="$2"; shift 2 ;;
     --table) need_arg "$@"; table="$2"; shift 2 ;;
+    --cache) need_arg "$@"; cache="$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -116,6 +131,7 @@ done
 for v in rounds hidden intermediate layers vocab heads; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "--$v must be a positive integer, not '${!v}'"
 done
+case "$cache" in read | as-is) ;; *) die "--cache must be 'read' or 'as-is', not '$cache'" ;; esac
 [ -z "$threads" ] || [[ "$threads" =~ ^[1-9][0-9]*$ ]] || die "--threads must be a positive integer"
 
 IFS=',' read -ra method_list <<<"$methods"
@@ -464,8 +480,21 @@ keep_hint=""
 [ -z "$tmp_out" ] || keep_hint=" (pass --out DIR to keep the logs)"
 
 # Warm the page cache with the inputs once, so the first run is not the only cold one.
-note "reading the inputs once ($(( 4 * model_bytes / 1000000 )) MB) to warm the page cache"
-cat "$dir"/{base,expert1,expert2,expert3}/*.safetensors >/dev/null
+inputs=("$dir"/{base,expert1,expert2,expert3}/*.safetensors)
+if [ "$cache" = read ]; then
+  note "dropping the inputs' cached pages, then reading them once ($(( 4 * model_bytes / 1000000 )) MB)"
+  for f in "${inputs[@]}"; do dd if="$f" iflag=nocache count=0 status=none; done
+else
+  note "reading the inputs once ($(( 4 * model_bytes / 1000000 )) MB) to warm the page cache"
+fi
+cat "${inputs[@]}" >/dev/null
+huge_gb=$(awk '/^FileHugePages/ {printf "%.1f", $2 * 1024 / 1e9}' /proc/meminfo 2>/dev/null)
+dev=$(df --output=source "$dir" 2>/dev/null | tail -1)
+dev=$(basename "$dev")
+ra="?"
+for d in "$dev" "$(lsblk -no pkname "/dev/$dev" 2>/dev/null | head -1)"; do
+  [ -n "$d" ] && [ -r "/sys/class/block/$d/queue/read_ahead_kb" ] && ra=$(cat "/sys/class/block/$d/queue/read_ahead_kb") && break
+done
 
 # The fixed start-up cost inside every run (Python, torch and transformers imports for mergekit),
 # reported next to the table so that small inputs can be read correctly.
@@ -511,6 +540,7 @@ report=$(
   echo "- mergekit: $versions"
   echo "- Inputs: base + 3 experts, synthetic Llama (hidden $hidden, intermediate $intermediate, layers $layers, vocab $vocab), $params parameters and $(awk -v b="$model_bytes" 'BEGIN {if (b < 1e9) printf "%.1f MB", b / 1e6; else printf "%.2f GB", b / 1e9}') (bf16) each; $dir"
   echo "- $rounds round(s) per method, threads: $threads_text; mergekit computes in bfloat16, mergescope in f32, both write bf16"
+  echo "- Page cache: inputs warmed with --cache $cache; read-ahead of $dev ${ra} KiB; ${huge_gb:-?} GB of the page cache in 2 MiB folios (FileHugePages) after warming"
   echo "- Start-up cost included in every run: mergekit ($(basename "$mergekit_yaml") --help) $mk_startup; mergescope (plugins list, which loads every plugin) $ms_startup"
   echo
   awk -F'\t' '
