@@ -200,8 +200,11 @@ impl MergescopeApp {
                 ui.separator();
             }
             if let Some((msg, at)) = &self.view.message {
-                if at.elapsed() < Duration::from_secs(6) {
+                let shown_for = Duration::from_secs(6);
+                if at.elapsed() < shown_for {
                     ui.label(msg);
+                    // Without input the window would not draw again, and the message would stay.
+                    ui.ctx().request_repaint_after(shown_for - at.elapsed());
                 } else {
                     self.view.message = None;
                 }
@@ -234,6 +237,7 @@ impl MergescopeApp {
     pub fn show(&mut self, ui: &mut Ui) {
         self.doc.pump();
         self.view.toast_new_errors(&self.doc.log);
+        self.view.follow_run(&self.doc.runs);
         self.view.frames += 1;
         if self.applied_theme != Some(self.settings.theme) {
             ui.ctx().set_theme(self.settings.theme.preference());

@@ -120,6 +120,30 @@ impl RunRecord {
         format!("#{} {}", self.id, self.method)
     }
 
+    /// One line on where the run stands, for the status bar: queued, running (stage and
+    /// percentage), done (seconds and mean accuracy), failed (why) or cancelled.
+    pub fn state_line(&self) -> String {
+        let id = self.id;
+        match self.status {
+            RunStatus::Queued => format!("run #{id} queued"),
+            RunStatus::Running => match &self.live {
+                Some(l) => format!("run #{id} running: {} {:.0} %", l.stage, 100.0 * l.fraction),
+                None => format!("run #{id} running"),
+            },
+            RunStatus::Done => {
+                let took = self.seconds.map(|s| format!(" in {s:.2} s")).unwrap_or_default();
+                let acc = self
+                    .eval
+                    .as_ref()
+                    .map(|e| format!(", mean accuracy {:.1} %", 100.0 * e.mean_accuracy))
+                    .unwrap_or_default();
+                format!("run #{id} done{took}{acc}")
+            }
+            RunStatus::Failed => format!("run #{id} failed: {}", self.error.as_deref().unwrap_or("see the log")),
+            RunStatus::Cancelled => format!("run #{id} cancelled"),
+        }
+    }
+
     /// The user's parameters as `name=value` pairs, or "defaults".
     pub fn params_summary(&self) -> String {
         if self.params.is_empty() {
@@ -332,13 +356,14 @@ pub fn cli_command(r: &RunRecord) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use mergescope_lab::data::SplitKind;
     use mergescope_lab::evaluator::TaskScore;
     use serde_json::json;
 
-    fn run(id: u64, method: &str, accs: &[(&str, f64)]) -> RunRecord {
+    /// A finished run of `method` with these test accuracies (for tests elsewhere too).
+    pub(crate) fn run(id: u64, method: &str, accs: &[(&str, f64)]) -> RunRecord {
         let tasks: Vec<TaskScore> = accs
             .iter()
             .map(|(t, a)| TaskScore::classification(*t, *a, 1.0 - a, Some(0.9), 500))

@@ -94,6 +94,10 @@ fn merge_three_methods_by_clicking_and_compare_them() {
     let mean = format!("{:.1}", 100.0 * eval.mean_accuracy);
     h.get_by_label("lambda=0.5");
     h.get_by_label(&mean);
+    // The status bar said "queued" when the run was; now it gives the outcome.
+    h.run_steps(1);
+    h.get_by_label_contains("run #1 done in ");
+    assert!(h.query_by_label_contains("run #1 queued").is_none());
 
     // 2. Weight averaging with defaults; 3. TIES with a lower density.
     choose_method(&mut h, "Weight averaging");

@@ -17,7 +17,7 @@ pub mod oracle_form;
 pub mod results_view;
 
 use crate::document::{Document, Level, LogLine};
-use crate::runs::SortKey;
+use crate::runs::{RunRecord, SortKey};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -41,6 +41,8 @@ pub struct ViewState {
     pub renaming: Option<(bool, usize)>,
     /// A short message in the status bar, and when it was posted.
     pub message: Option<(String, Instant)>,
+    /// The run the status bar's message follows (the last one started), until it ends.
+    pub followed_run: Option<u64>,
     /// Log lines already looked at for errors to show in the status bar.
     pub log_seen: usize,
     /// Frames drawn (the responsiveness test counts them while a job runs).
@@ -62,6 +64,7 @@ impl Default for ViewState {
             shortcuts: false,
             renaming: None,
             message: None,
+            followed_run: None,
             log_seen: 0,
             frames: 0,
             confirm_close: false,
@@ -86,10 +89,32 @@ impl ViewState {
         self.log_seen = log.len();
     }
 
+    /// Keeps the status bar's message on the followed run's state: it reads queued, then running,
+    /// while the run is; its outcome then stays for the usual few seconds (a message posted when
+    /// the run was queued would otherwise outlive it).
+    pub fn follow_run(&mut self, runs: &[RunRecord]) {
+        let Some(id) = self.followed_run else {
+            return;
+        };
+        let Some(run) = runs.iter().find(|r| r.id == id) else {
+            self.followed_run = None;
+            return;
+        };
+        if run.status.is_active() {
+            self.message = Some((run.state_line(), Instant::now()));
+        } else {
+            self.toast(run.state_line());
+            self.followed_run = None;
+        }
+    }
+
     /// Queues a merge; a refusal goes to the status bar and the log.
     pub fn start_run(&mut self, doc: &mut Document) {
         match doc.run() {
-            Ok(id) => self.toast(format!("run #{id} queued")),
+            Ok(id) => {
+                self.toast(format!("run #{id} queued"));
+                self.followed_run = Some(id);
+            }
             Err(e) => {
                 self.toast(&e);
                 doc.note(Level::Warn, format!("not run: {e}"));
@@ -101,6 +126,49 @@ impl ViewState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runs::RunStatus;
+
+    #[test]
+    fn the_status_bar_follows_a_run_from_queued_to_its_outcome() {
+        let mut view = ViewState::default();
+        let mut r = crate::runs::tests::run(4, "ties", &[("a", 0.8), ("b", 0.6)]);
+        r.status = RunStatus::Queued;
+        view.toast("run #4 queued");
+        view.followed_run = Some(4);
+        let text = |v: &ViewState| v.message.as_ref().map(|m| m.0.clone());
+        view.follow_run(std::slice::from_ref(&r));
+        assert_eq!(text(&view).as_deref(), Some("run #4 queued"));
+        r.status = RunStatus::Running;
+        r.live = Some(crate::runs::Live {
+            started: Instant::now(),
+            fraction: 0.25,
+            stage: "merging".into(),
+        });
+        view.follow_run(std::slice::from_ref(&r));
+        assert_eq!(text(&view).as_deref(), Some("run #4 running: merging 25 %"));
+        r.status = RunStatus::Done;
+        r.live = None;
+        view.follow_run(std::slice::from_ref(&r));
+        // The fixture's run took 4 s (its id) and scored 0.8 and 0.6.
+        assert_eq!(
+            text(&view).as_deref(),
+            Some("run #4 done in 4.00 s, mean accuracy 70.0 %")
+        );
+        assert_eq!(view.followed_run, None);
+        // Once it is over, the message is no longer touched (it expires as any other).
+        view.message = None;
+        view.follow_run(std::slice::from_ref(&r));
+        assert!(view.message.is_none());
+        // A failed run says why; a run that is gone stops the following.
+        r.status = RunStatus::Failed;
+        r.error = Some("disk full".into());
+        view.followed_run = Some(4);
+        view.follow_run(std::slice::from_ref(&r));
+        assert_eq!(text(&view).as_deref(), Some("run #4 failed: disk full"));
+        view.followed_run = Some(9);
+        view.follow_run(std::slice::from_ref(&r));
+        assert_eq!(view.followed_run, None);
+    }
 
     fn line(level: Level, text: &str) -> LogLine {
         LogLine {
