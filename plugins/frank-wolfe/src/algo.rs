@@ -107,6 +107,44 @@ impl SimplexWeights {
     }
 }
 
+/// The soft step's weights λ over the chosen vertices.
+#[derive(Clone, Debug)]
+pub enum SoftWeights {
+    /// On a simplex, through softmax logits ([`SimplexWeights`]).
+    Simplex(SimplexWeights),
+    /// Unconstrained, as FusionBench's soft Frank-Wolfe has them (it never projects): λ itself,
+    /// from 0 (the current model). The step may leave the experts' convex hull, as task
+    /// arithmetic's λ does.
+    Free(Vec<f64>),
+}
+
+impl SoftWeights {
+    /// The k weights λ.
+    pub fn lambda(&self) -> Vec<f64> {
+        match self {
+            SoftWeights::Simplex(w) => w.lambda(),
+            SoftWeights::Free(l) => l.clone(),
+        }
+    }
+
+    /// The unconstrained parameters Adam updates (logits, or λ itself).
+    pub fn params_mut(&mut self) -> &mut [f64] {
+        match self {
+            SoftWeights::Simplex(w) => w.logits_mut(),
+            SoftWeights::Free(l) => l,
+        }
+    }
+
+    /// The gradient with respect to the parameters of a loss whose gradient with respect to λ
+    /// is `grad`.
+    pub fn param_gradient(&self, grad: &[f64]) -> Vec<f64> {
+        match self {
+            SoftWeights::Simplex(w) => w.logit_gradient(grad),
+            SoftWeights::Free(_) => grad.to_vec(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +259,29 @@ mod tests {
         };
         assert!(close(&solve(false), &[0.625, 0.375], 2e-3), "{:?}", solve(false));
         assert!(close(&solve(true), &[0.5, 0.25], 2e-3), "{:?}", solve(true));
+    }
+
+    /// Beyond G-F3: target (2, 1) from θ = 0 with vertices (2, 0) and (0, 2). Free weights reach
+    /// it, λ = (1, 0.5) (Σλ = 1.5, outside the hull); Σλ ≤ 1 stops on the hull's edge at its
+    /// projection λ = (0.75, 0.25), loss ½(0.5² + 0.5²) = 0.25.
+    #[test]
+    fn free_weights_leave_the_hull_where_the_simplex_cannot() {
+        let target = [2.0, 1.0];
+        let solve = |mut w: SoftWeights| {
+            let mut adam = Adam::new(w.params_mut().len(), 0.05);
+            for _ in 0..5000 {
+                let l = w.lambda();
+                let r = [2.0 * l[0] - target[0], 2.0 * l[1] - target[1]];
+                let grad = [2.0 * r[0], 2.0 * r[1]];
+                let gp = w.param_gradient(&grad);
+                adam.step(w.params_mut(), &gp);
+            }
+            w.lambda()
+        };
+        let free = solve(SoftWeights::Free(vec![0.0; 2]));
+        assert!(close(&free, &[1.0, 0.5], 1e-3), "{free:?}");
+        let capped = solve(SoftWeights::Simplex(SimplexWeights::new(2, true)));
+        assert!(close(&capped, &[0.75, 0.25], 1e-2), "{capped:?}");
+        assert!(capped.iter().sum::<f64>() <= 1.0);
     }
 }

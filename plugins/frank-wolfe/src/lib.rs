@@ -24,7 +24,8 @@ best expert's tensor (granularity layer; a tensor no expert improves is left alo
 - variant = soft: the top_k best experts s_j (0: all) and θ ← θ + Σ_j λ*_j (s_j − θ), with λ* \
 minimising ℓ on the simplex {λ ≥ 0, Σλ ≤ 1} (or Σλ = 1 with simplex = equal), found by Adam \
 (soft_lr, soft_steps; each step on batch_size calibration examples per task, 0: all) on softmax logits (projected Adam, the digest's suggestion, stalls at points \
-that are not optimal).\n\
+that are not optimal). With simplex = none, λ is free (from 0), as in FusionBench's fw_soft, which never \
+projects: the merge may then leave the experts' hull, as task arithmetic's λ = 0.5 on five experts does.\n\
 Parameters: iterations (10), init (task-arithmetic: θ0 + 0.3·Σ τ_t; base; average), objective \
 (cross-entropy on labelled calibration data, or entropy: unlabelled), lmo_score (raw ⟨g, θ_i − θ⟩, \
 the FW gap; or cosine: Σ_p cos(g_p, θ_i,p), FusionBench's choice).\n\
@@ -61,10 +62,11 @@ mergescope_plugin_api::choice_enum! {
 }
 
 mergescope_plugin_api::choice_enum! {
-    /// The soft variant's simplex.
+    /// The soft variant's constraint on λ.
     enum Simplex {
         AtMostOne = "at-most-one",
         Equal = "equal",
+        None = "none",
     }
 }
 
@@ -86,7 +88,7 @@ pub struct FrankWolfe {
     objective: abi::Objective,
     cosine: bool,
     top_k: usize,
-    capped: bool,
+    simplex: Simplex,
     soft_steps: usize,
     soft_lr: f64,
     batch_size: u64,
@@ -145,7 +147,8 @@ impl ModelMethod for FrankWolfe {
                 ParamSpec::choice_of(
                     "simplex",
                     Simplex::AtMostOne,
-                    "Soft FW: Σλ ≤ 1 (the current model is an implicit vertex) or Σλ = 1 (Prop. 1).",
+                    "Soft FW: Σλ ≤ 1 (the current model is an implicit vertex), Σλ = 1 (Prop. 1), or none: λ free, \
+                     as FusionBench has it (the merge may leave the experts' hull).",
                 ),
                 ParamSpec::int("soft_steps", 30, "Soft FW: Adam steps on λ per iteration.").range(1.0, 10000.0),
                 ParamSpec::float("soft_lr", 0.05, "Soft FW: Adam learning rate on λ.").range(1e-6, 1.0),
@@ -178,7 +181,7 @@ impl ModelMethod for FrankWolfe {
             } else {
                 top_k.min(ctx.n_experts)
             },
-            capped: p.choice_of::<Simplex>("simplex")? == Simplex::AtMostOne,
+            simplex: p.choice_of("simplex")?,
             soft_steps: p.int("soft_steps")? as usize,
             soft_lr: p.float("soft_lr")?,
             batch_size: minibatch_size(p)?,
@@ -305,8 +308,12 @@ impl FrankWolfe {
             .iter()
             .map(|&i| combine(host, &[&experts[i], theta], |_, m| if m == 0 { 1.0 } else { -1.0 }))
             .collect::<Result<_>>()?;
-        let mut weights = algo::SimplexWeights::new(k, self.capped);
-        let mut adam = Adam::new(k + usize::from(self.capped), self.soft_lr);
+        let mut weights = match self.simplex {
+            Simplex::AtMostOne => algo::SoftWeights::Simplex(algo::SimplexWeights::new(k, true)),
+            Simplex::Equal => algo::SoftWeights::Simplex(algo::SimplexWeights::new(k, false)),
+            Simplex::None => algo::SoftWeights::Free(vec![0.0; k]),
+        };
+        let mut adam = Adam::new(weights.params_mut().len(), self.soft_lr);
         let candidate = |lambda: &[f64]| -> Result<Vec<Tensor>> {
             let mut refs: Vec<&[Tensor]> = vec![theta];
             refs.extend(dirs.iter().map(Vec::as_slice));
@@ -324,8 +331,8 @@ impl FrankWolfe {
                 .iter()
                 .map(|dj| dots(host, &g, dj).map(|v| v.iter().sum()))
                 .collect::<Result<_>>()?;
-            let gz = weights.logit_gradient(&grad);
-            adam.step(weights.logits_mut(), &gz);
+            let gp = weights.param_gradient(&grad);
+            adam.step(weights.params_mut(), &gp);
             session.release_since(mark, &[])?;
         }
         let lambda = weights.lambda();
