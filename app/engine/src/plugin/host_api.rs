@@ -380,13 +380,16 @@ mergescope_plugin_api::avx2_dispatch! {
         };
         // The first term initialises the output: `0 + w0·x0` is `w0·x0 + 0` (which also turns a
         // -0 into +0, as the sum from zero does), so no zero-filled buffer is written first.
+        // Block by block, the first term and then the others, so that a block of the output
+        // is written and added to while it is in L1 (a first pass over the whole output sent it
+        // to L3 and back); each element's sum is the same, in the same order.
         let mut out: Vec<f32> = Vec::with_capacity(first.len());
-        out.extend(first.iter().map(|s| w0 * s + 0.0));
-        for (bi, block) in out.chunks_mut(BLOCK).enumerate() {
-            let start = bi * BLOCK;
+        for start in (0..first.len()).step_by(BLOCK) {
+            let end = (start + BLOCK).min(first.len());
+            out.extend(first[start..end].iter().map(|s| w0 * s + 0.0));
+            let block = &mut out[start..end];
             for (x, wj) in inputs.iter().zip(&w).skip(1) {
-                let src = &x[start..start + block.len()];
-                for (o, s) in block.iter_mut().zip(src) {
+                for (o, s) in block.iter_mut().zip(&x[start..end]) {
                     *o += wj * s;
                 }
             }
@@ -541,6 +544,24 @@ mod tests {
         let r = weighted_sum_cpu(&[&a, &b], &[0.25, 2.0]);
         for i in [0usize, 4095, 4096, 9999] {
             assert_eq!(r[i], 0.25 * a[i] + 2.0 * b[i]);
+        }
+        // Every element, bit for bit, is the sum in input order from the first term (a −0 first
+        // term becoming +0), over lengths that end inside a block.
+        let value = |k: usize, s: usize| ((k * 7919 + s * 104_729) % 2003) as f32 * 1.3e-3 - 1.1;
+        let w = [0.7f64, -1.0 / 3.0, 1.0 / 3.0];
+        for len in [0, 1, 4095, 4097, 10_001] {
+            let xs: Vec<Vec<f32>> = (0..3).map(|s| (0..len).map(|k| value(k, s)).collect()).collect();
+            let mut first = xs[0].clone();
+            if len > 0 {
+                first[0] = -0.0;
+            }
+            let r = weighted_sum_cpu(&[&first, &xs[1], &xs[2]], &w);
+            assert_eq!(r.len(), len);
+            let wf = w.map(|w| w as f32);
+            for k in 0..len {
+                let want = ((wf[0] * first[k] + 0.0) + wf[1] * xs[1][k]) + wf[2] * xs[2][k];
+                assert_eq!(r[k].to_bits(), want.to_bits(), "length {len}, element {k}");
+            }
         }
     }
 }
