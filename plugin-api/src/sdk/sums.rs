@@ -156,7 +156,6 @@ pub(crate) fn gram_blocked<const N: usize, const S: usize>(
 /// blocked form stores the widened blocks and reads them again for every pair. Every lane adds
 /// the same terms in the same order, so the sums are the same bits.
 pub(crate) fn gram3_minus_fused(a: &[f32], b: &[f32], c: &[f32], m: &[f32]) -> [f64; 6] {
-    let n = a.len().min(b.len()).min(c.len()).min(m.len());
     let mut acc = [[-0.0f64; LANES]; 6];
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
@@ -164,7 +163,15 @@ pub(crate) fn gram3_minus_fused(a: &[f32], b: &[f32], c: &[f32], m: &[f32]) -> [
         // SAFETY: the CPU has AVX2 (checked just above).
         done = unsafe { gram3_minus_avx2(&mut acc, [a, b, c, m]) };
     }
-    for j in done..n {
+    gram3_minus_scalar(&mut acc, [a, b, c, m], done);
+    acc.map(|lanes| LaneSum { lanes }.total())
+}
+
+/// Elements `from..n` (n: the shortest input's length) of [`gram3_minus_fused`], one at a time,
+/// element j into lane j mod 8: the whole range without AVX2, the last few elements with it.
+fn gram3_minus_scalar(acc: &mut [[f64; LANES]; 6], [a, b, c, m]: [&[f32]; 4], from: usize) {
+    let n = a.len().min(b.len()).min(c.len()).min(m.len());
+    for j in from..n {
         let l = j % LANES;
         let (da, db, dc) = (f64::from(a[j] - m[j]), f64::from(b[j] - m[j]), f64::from(c[j] - m[j]));
         acc[0][l] += da * da;
@@ -174,13 +181,12 @@ pub(crate) fn gram3_minus_fused(a: &[f32], b: &[f32], c: &[f32], m: &[f32]) -> [
         acc[4][l] += da * dc;
         acc[5][l] += db * dc;
     }
-    acc.map(|lanes| LaneSum { lanes }.total())
 }
 
 /// The whole groups of 8 of [`gram3_minus_fused`] (elements `0..n`, n the shortest input's
-/// length rounded down to a multiple of 8, which it returns), added to `acc`: lanes 0–3 and 4–7 of each sum in one AVX register each,
-/// twelve in all. The f32 differences, exact widening, products and sums round as the scalar
-/// code's do (no fused multiply-add).
+/// length rounded down to a multiple of 8, which it returns), added to `acc`: lanes 0–3 and 4–7
+/// of each sum in one AVX register each, twelve in all. The f32 differences, exact widening,
+/// products and sums round as the scalar code's do (no fused multiply-add).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn gram3_minus_avx2(acc: &mut [[f64; LANES]; 6], [a, b, c, m]: [&[f32]; 4]) -> usize {
@@ -279,6 +285,15 @@ mod tests {
                 [(0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2)],
             );
             assert_eq!(fused.map(f64::to_bits), blocked.map(f64::to_bits), "{len} elements");
+            // The element-by-element path (all of it on a CPU without AVX2): the same bits.
+            let mut acc = [[-0.0f64; LANES]; 6];
+            gram3_minus_scalar(&mut acc, [&v[0], &v[1], &v[2], &v[3]], 0);
+            let scalar = acc.map(|lanes| LaneSum { lanes }.total());
+            assert_eq!(
+                scalar.map(f64::to_bits),
+                blocked.map(f64::to_bits),
+                "{len} elements, scalar"
+            );
         }
         // By hand: a − m = (1, 2), b − m = (3, −1), c − m = (0, 2).
         let m = [1.0f32, 1.0];

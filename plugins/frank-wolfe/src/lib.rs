@@ -1,6 +1,7 @@
 //! `frank-wolfe`: Frank-Wolfe merging (seed 000), a model-level method. The merged model moves
 //! inside the convex hull of the experts towards the vertex (expert) that most decreases the
-//! calibration loss, found by a linear minimisation oracle on the loss gradient.
+//! calibration loss, found by a linear minimisation oracle on the loss gradient (the soft
+//! variant with `simplex = none`, FusionBench's, may leave the hull).
 //!
 //! The pure parts of the algorithm ([`algo`]) are tested against the digest's golden cases; the
 //! session glue ([`FrankWolfe::run`]) turns them into tensor operations on the host.
