@@ -159,12 +159,7 @@ fn adamerging_lowers_entropy_and_moves_its_coefficients() {
     let first = metric(&its[0].metrics, "loss");
     let last = metric(&its.last().unwrap().metrics, "loss");
     assert!(last < first - 1e-3, "entropy did not fall: {first} → {last}");
-    let lambda: Vec<f64> = its.last().unwrap().metrics["lambda"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
+    let lambda = numbers(&its.last().unwrap().metrics["lambda"]);
     // Layer-wise: one coefficient per task and tensor, all inside the clamp.
     assert_eq!(lambda.len(), 3 * f.names.len());
     assert!(lambda.iter().all(|l| (0.0..=1.0).contains(l)), "{lambda:?}");
@@ -267,12 +262,7 @@ fn frank_wolfe_soft_mixes_vertices_on_the_simplex() {
     );
     out.result.unwrap();
     for it in &out.trajectory.iterates[1..] {
-        let lambda: Vec<f64> = it.metrics["lambda"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
+        let lambda = numbers(&it.metrics["lambda"]);
         assert_eq!(lambda.len(), 3);
         assert!(
             lambda.iter().all(|l| *l >= 0.0) && lambda.iter().sum::<f64>() <= 1.0 + 1e-9,
@@ -294,18 +284,8 @@ fn frank_wolfe_soft_with_free_weights_lands_on_its_reported_combination() {
     out.result.unwrap();
     let its = &out.trajectory.iterates;
     let first = &its[1].metrics;
-    let lambda: Vec<f64> = first["lambda"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    let vertices: Vec<usize> = first["vertices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as usize)
-        .collect();
+    let lambda = numbers(&first["lambda"]);
+    let vertices: Vec<usize> = numbers(&first["vertices"]).iter().map(|v| *v as usize).collect();
     assert_eq!(lambda.len(), 3);
     // Adam's first steps move every λ by about soft_lr: none stays at its start, 0.
     assert!(lambda.iter().all(|l| l.abs() > 0.05), "{lambda:?}");
@@ -321,6 +301,11 @@ fn frank_wolfe_soft_with_free_weights_lands_on_its_reported_combination() {
     let init = metric(&its[0].metrics, "loss");
     let after = metric(&its[2].metrics, "loss_before");
     assert!(after < init, "calibration loss {init} -> {after}");
+}
+
+/// A metric that is an array of numbers.
+fn numbers(v: &Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
 }
 
 /// MIMA with the fixture experts' recipe (momentum 0.05, batch 64, S = 40 steps per task).
