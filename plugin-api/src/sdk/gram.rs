@@ -22,7 +22,7 @@ pub fn gram_sums(vectors: &[&[f32]], minus: Option<&[f32]>) -> Vec<f64> {
     match (n, minus) {
         (2, None) => gram2(vectors[0], vectors[1]).to_vec(),
         (2, Some(m)) => gram2_minus(vectors[0], vectors[1], m).to_vec(),
-        (3, Some(m)) => gram3_minus(vectors[0], vectors[1], vectors[2], m).to_vec(),
+        (3, Some(m)) => gram3_minus_fused(vectors[0], vectors[1], vectors[2], m).to_vec(),
         // Any other count: pair by pair, norms first, then the pairs i < j row by row.
         _ => (0..n)
             .map(|i| (i, i))
@@ -61,12 +61,6 @@ crate::avx2_dispatch! {
     fn gram2_minus(a: &[f32], b: &[f32], m: &[f32]) -> [f64; 3] {
         gram_blocked([a, b], Some(m), [(0, 0), (1, 1), (0, 1)])
     }
-}
-
-/// The six sums of three task vectors a − m, b − m, c − m side by side (Model Stock's usual three
-/// experts).
-fn gram3_minus(a: &[f32], b: &[f32], c: &[f32], m: &[f32]) -> [f64; 6] {
-    gram3_minus_fused(a, b, c, m)
 }
 
 #[cfg(test)]

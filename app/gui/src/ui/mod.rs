@@ -112,8 +112,9 @@ impl ViewState {
     pub fn start_run(&mut self, doc: &mut Document) {
         match doc.run() {
             Ok(id) => {
-                self.toast(format!("run #{id} queued"));
+                // The message then reads the run's state ("run #N queued" first).
                 self.followed_run = Some(id);
+                self.follow_run(&doc.runs);
             }
             Err(e) => {
                 self.toast(&e);
