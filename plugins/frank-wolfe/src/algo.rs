@@ -1,6 +1,8 @@
 //! The numeric core of Frank-Wolfe merging, on plain numbers: the linear minimisation oracle,
 //! the step size, the FW gap and the simplex weights of the soft variant.
 
+use mergescope_plugin_api::model::Adam;
+
 /// The step size γ_t = scale · 2/(t+2), t counted from 0 (γ_0 = scale).
 #[derive(Clone, Copy, Debug)]
 pub struct StepRule {
@@ -145,10 +147,56 @@ impl SoftWeights {
     }
 }
 
+/// The group of tensor `p` among `n_groups` groups of soft weights: the only one, or its own.
+pub fn group_of(n_groups: usize, p: usize) -> usize {
+    if n_groups == 1 { 0 } else { p }
+}
+
+/// The soft step's λ with their Adam state: one set of k weights for the whole model
+/// (granularity task) or one per tensor (granularity layer, as in FusionBench's soft step, whose
+/// inner AdaMerging learns a weight per vertex and parameter tensor).
+#[derive(Clone, Debug)]
+pub struct GroupedWeights {
+    groups: Vec<(SoftWeights, Adam)>,
+}
+
+impl GroupedWeights {
+    /// `n_groups` copies of `start` (1 for task-wise weights, the tensor count for layer-wise),
+    /// each stepped by its own Adam at learning rate `lr`.
+    pub fn new(start: &SoftWeights, n_groups: usize, lr: f64) -> GroupedWeights {
+        let n = start.clone().params_mut().len();
+        GroupedWeights {
+            groups: (0..n_groups.max(1))
+                .map(|_| (start.clone(), Adam::new(n, lr)))
+                .collect(),
+        }
+    }
+
+    /// λ per group: `lambda()[g][j]` is vertex j's weight in group g.
+    pub fn lambda(&self) -> Vec<Vec<f64>> {
+        self.groups.iter().map(|(w, _)| w.lambda()).collect()
+    }
+
+    /// One Adam step from `grad[j][p]` = ∂ℓ/∂λ_j restricted to tensor p (⟨∇_p ℓ, s_j,p − θ_p⟩):
+    /// a group's gradient sums its tensors' terms.
+    pub fn step(&mut self, grad: &[Vec<f64>]) {
+        let n_tensors = grad.first().map_or(0, Vec::len);
+        let mut per_group = vec![vec![0.0; grad.len()]; self.groups.len()];
+        for (j, row) in grad.iter().enumerate() {
+            for (p, g) in row.iter().enumerate().take(n_tensors) {
+                per_group[group_of(self.groups.len(), p)][j] += g;
+            }
+        }
+        for ((w, adam), g) in self.groups.iter_mut().zip(&per_group) {
+            let gp = w.param_gradient(g);
+            adam.step(w.params_mut(), &gp);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mergescope_plugin_api::model::Adam;
 
     fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol)
@@ -283,5 +331,32 @@ mod tests {
         let capped = solve(SoftWeights::Simplex(SimplexWeights::new(2, true)));
         assert!(close(&capped, &[0.75, 0.25], 1e-2), "{capped:?}");
         assert!(capped.iter().sum::<f64>() <= 1.0);
+    }
+
+    /// Two tensors (one number each) from θ = 0 towards one vertex s = (2, 2), target (2, 1),
+    /// ℓ = ½ Σ_p (λ_p s_p − t_p)². Layer-wise free weights fit each tensor, λ = (1, 0.5), loss 0;
+    /// one task-wise λ can only fit both at once: λ = 0.75, loss ½(0.5² + 0.5²) = 0.25.
+    #[test]
+    fn layer_wise_weights_fit_each_tensor_where_one_weight_cannot() {
+        let (s, target) = ([2.0, 2.0], [2.0, 1.0]);
+        let solve = |n_groups: usize| {
+            let mut w = GroupedWeights::new(&SoftWeights::Free(vec![0.0]), n_groups, 0.05);
+            for _ in 0..5000 {
+                let lambda = w.lambda();
+                let grad: Vec<Vec<f64>> = vec![
+                    (0..2)
+                        .map(|p| (lambda[group_of(lambda.len(), p)][0] * s[p] - target[p]) * s[p])
+                        .collect(),
+                ];
+                w.step(&grad);
+            }
+            w.lambda()
+        };
+        let layer = solve(2);
+        assert_eq!(layer.len(), 2);
+        assert!(close(&[layer[0][0], layer[1][0]], &[1.0, 0.5], 1e-3), "{layer:?}");
+        let task = solve(1);
+        assert_eq!(task.len(), 1);
+        assert!(close(&task[0], &[0.75], 1e-3), "{task:?}");
     }
 }

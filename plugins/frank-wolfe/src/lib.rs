@@ -11,7 +11,7 @@ pub mod algo;
 use algo::StepRule;
 use mergescope_plugin_api::abi::{self, CAP_NEEDS_BASE};
 use mergescope_plugin_api::model::{
-    Adam, Granularity, ModelMethod, ObjectiveChoice, Session, Tasks, combine, dots, json_number, minibatch_param,
+    Granularity, ModelMethod, ObjectiveChoice, Session, Tasks, combine, dots, json_number, minibatch_param,
     minibatch_size,
 };
 use mergescope_plugin_api::{CreateContext, Descriptor, Error, Host, ParamSpec, Params, Result, Tensor};
@@ -26,7 +26,9 @@ best expert's tensor (granularity layer; a tensor no expert improves is left alo
 minimising ℓ on the simplex {λ ≥ 0, Σλ ≤ 1} (or Σλ = 1 with simplex = equal), found by Adam \
 (soft_lr, soft_steps; each step on batch_size calibration examples per task, 0: all) on softmax logits (projected Adam, the digest's suggestion, stalls at points \
 that are not optimal). With simplex = none, λ is free (from 0), as in FusionBench's fw_soft, which never \
-projects: the merge may then leave the experts' hull, as task arithmetic's λ = 0.5 on five experts does.\n\
+projects: the merge may then leave the experts' hull, as task arithmetic's λ = 0.5 on five experts does. \
+With granularity = layer every tensor has its own λ_j (FusionBench's soft step learns them with a \
+layer-wise AdaMerging).\n\
 Parameters: iterations (10), init (task-arithmetic: θ0 + 0.3·Σ τ_t; base; average), objective \
 (cross-entropy on labelled calibration data, or entropy: unlabelled), lmo_score (raw ⟨g, θ_i − θ⟩, \
 the FW gap; or cosine: Σ_p cos(g_p, θ_i,p), FusionBench's choice).\n\
@@ -115,7 +117,8 @@ impl ModelMethod for FrankWolfe {
                 ParamSpec::choice_of(
                     "granularity",
                     Granularity::Task,
-                    "Hard FW: one expert for the whole model, or one per tensor.",
+                    "Hard FW: one expert for the whole model, or one per tensor. Soft FW: one λ per vertex, or one per \
+                     vertex and tensor (FusionBench's layer-wise step).",
                 ),
                 ParamSpec::choice_of(
                     "init",
@@ -309,16 +312,23 @@ impl FrankWolfe {
             .iter()
             .map(|&i| combine(host, &[&experts[i], theta], |_, m| if m == 0 { 1.0 } else { -1.0 }))
             .collect::<Result<_>>()?;
-        let mut weights = match self.simplex {
+        let start = match self.simplex {
             Simplex::AtMostOne => algo::SoftWeights::Simplex(algo::SimplexWeights::new(k, true)),
             Simplex::Equal => algo::SoftWeights::Simplex(algo::SimplexWeights::new(k, false)),
             Simplex::None => algo::SoftWeights::Free(vec![0.0; k]),
         };
-        let mut adam = Adam::new(weights.params_mut().len(), self.soft_lr);
-        let candidate = |lambda: &[f64]| -> Result<Vec<Tensor>> {
+        let n_groups = if self.layer_wise { theta.len() } else { 1 };
+        let mut weights = algo::GroupedWeights::new(&start, n_groups, self.soft_lr);
+        let candidate = |lambda: &[Vec<f64>]| -> Result<Vec<Tensor>> {
             let mut refs: Vec<&[Tensor]> = vec![theta];
             refs.extend(dirs.iter().map(Vec::as_slice));
-            combine(host, &refs, |_, m| if m == 0 { 1.0 } else { lambda[m - 1] })
+            combine(host, &refs, |p, m| {
+                if m == 0 {
+                    1.0
+                } else {
+                    lambda[algo::group_of(lambda.len(), p)][m - 1]
+                }
+            })
         };
         for i in 0..self.soft_steps {
             host.check_cancelled()?;
@@ -328,24 +338,32 @@ impl FrankWolfe {
             let step = (iteration * self.soft_steps + i) as u64;
             let (_, g) =
                 session.loss_and_grad_minibatch(&c, Tasks::All, self.objective, self.batch_size, self.seed, step)?;
-            let grad: Vec<f64> = dirs
-                .iter()
-                .map(|dj| dots(host, &g, dj).map(|v| v.iter().sum()))
-                .collect::<Result<_>>()?;
-            let gp = weights.param_gradient(&grad);
-            adam.step(weights.params_mut(), &gp);
+            // grad[j][p] = ⟨∇_p ℓ, D_j,p⟩, summed over a group's tensors by the step.
+            let grad: Vec<Vec<f64>> = dirs.iter().map(|dj| dots(host, &g, dj)).collect::<Result<_>>()?;
+            weights.step(&grad);
             session.release_since(mark, &[])?;
         }
         let lambda = weights.lambda();
         let next = candidate(&lambda)?;
         let picks_json: Vec<String> = picks.iter().map(usize::to_string).collect();
-        let lambda_json: Vec<String> = lambda.iter().map(|v| json_number(*v)).collect();
+        let list = |v: &[f64]| v.iter().map(|x| json_number(*x)).collect::<Vec<_>>().join(",");
+        // Per vertex, its λ (task-wise) or its mean λ over tensors (layer-wise), and layer-wise
+        // the whole table, one row of k weights per tensor.
+        let mean: Vec<f64> = (0..k)
+            .map(|j| lambda.iter().map(|row| row[j]).sum::<f64>() / lambda.len() as f64)
+            .collect();
+        let per_tensor = if self.layer_wise {
+            let rows: Vec<String> = lambda.iter().map(|row| format!("[{}]", list(row))).collect();
+            format!(",\"lambda_per_tensor\":[{}]", rows.join(","))
+        } else {
+            String::new()
+        };
         Ok((
             next,
             format!(
-                "\"vertices\":[{}],\"lambda\":[{}]",
+                "\"vertices\":[{}],\"lambda\":[{}]{per_tensor}",
                 picks_json.join(","),
-                lambda_json.join(",")
+                list(&mean)
             ),
         ))
     }

@@ -303,6 +303,54 @@ fn frank_wolfe_soft_with_free_weights_lands_on_its_reported_combination() {
     assert!(after < init, "calibration loss {init} -> {after}");
 }
 
+/// `granularity=layer` with free weights (FusionBench's layer-wise soft step): every tensor has
+/// its own λ_j, the first iterate from the base is base_p + Σ_j λ_jp (s_j,p − base_p) with the
+/// table it reports, the tensors' λ differ, and the calibration loss falls.
+#[test]
+fn frank_wolfe_soft_layer_wise_weights_differ_per_tensor() {
+    let f = fixture();
+    let out = run(
+        "mergescope_plugin_frank_wolfe",
+        &f,
+        json!({"variant": "soft", "simplex": "none", "granularity": "layer", "iterations": 2, "init": "base",
+               "soft_steps": 8, "soft_lr": 0.1, "batch_size": 0}),
+    );
+    out.result.unwrap();
+    let its = &out.trajectory.iterates;
+    let first = &its[1].metrics;
+    let table: Vec<Vec<f64>> = first["lambda_per_tensor"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(numbers)
+        .collect();
+    let vertices: Vec<usize> = numbers(&first["vertices"]).iter().map(|v| *v as usize).collect();
+    assert_eq!(table.len(), f.base.len());
+    assert!(table.iter().all(|row| row.len() == 3));
+    // The reported λ is each vertex's mean over tensors.
+    let mean = numbers(&first["lambda"]);
+    for (j, m) in mean.iter().enumerate() {
+        let want = table.iter().map(|row| row[j]).sum::<f64>() / table.len() as f64;
+        assert!((m - want).abs() < 1e-12, "vertex {j}: {m} vs {want}");
+    }
+    assert!(
+        table.iter().any(|row| (row[0] - table[0][0]).abs() > 1e-6),
+        "every tensor has the same λ: {table:?}"
+    );
+    for (p, t) in its[1].tensors.iter().enumerate() {
+        let mut want = f.base[p].clone();
+        for (l, v) in table[p].iter().zip(&vertices) {
+            let dir = (&f.experts[*v][p] - &f.base[p]).unwrap();
+            want = (want + (dir * *l).unwrap()).unwrap();
+        }
+        let d = tensor_max_abs_diff(t, &want);
+        assert!(d < 1e-5, "tensor {p}: {d}");
+    }
+    let init = metric(&its[0].metrics, "loss");
+    let after = metric(&its[2].metrics, "loss_before");
+    assert!(after < init, "calibration loss {init} -> {after}");
+}
+
 /// A metric that is an array of numbers.
 fn numbers(v: &Value) -> Vec<f64> {
     v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
