@@ -23,14 +23,39 @@ pub enum Role {
 
 fn metric_lines(v: &serde_json::Value) -> Vec<String> {
     match v {
-        serde_json::Value::Object(m) => m
-            .iter()
-            .map(|(k, v)| match v.as_f64() {
-                Some(x) => format!("{k} = {}", format_number(x)),
-                None => format!("{k} = {v}"),
-            })
-            .collect(),
+        serde_json::Value::Object(m) => m.iter().map(|(k, v)| format!("{k} = {}", metric_text(v))).collect(),
         _ => Vec::new(),
+    }
+}
+
+/// Longest list of numbers a hover line shows in full.
+const HOVER_LIST: usize = 8;
+/// Longest other value a hover line shows before cutting it.
+const HOVER_CHARS: usize = 60;
+
+/// A metric's value as hover text: numbers formatted, short lists of numbers in full, longer
+/// lists and tables by their size (a layer-wise method reports a weight per tensor), anything
+/// else cut to a line.
+fn metric_text(v: &serde_json::Value) -> String {
+    if let Some(x) = v.as_f64() {
+        return format_number(x);
+    }
+    if let Some(items) = v.as_array() {
+        let numbers: Option<Vec<f64>> = items.iter().map(serde_json::Value::as_f64).collect();
+        match (numbers, items.first().and_then(serde_json::Value::as_array)) {
+            (Some(xs), _) if xs.len() <= HOVER_LIST => {
+                let shown: Vec<String> = xs.iter().map(|x| format_number(*x)).collect();
+                return format!("[{}]", shown.join(", "));
+            }
+            (Some(xs), _) => return format!("{} values", xs.len()),
+            (None, Some(row)) => return format!("{}×{} table", items.len(), row.len()),
+            (None, None) => {}
+        }
+    }
+    let text = v.to_string();
+    match text.char_indices().nth(HOVER_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
     }
 }
 
@@ -483,4 +508,34 @@ pub fn oracle_figure(report: &mergescope_lab::text_bench::OracleReport) -> Figur
         better: None,
         notes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn hover_lines_show_numbers_short_lists_and_the_size_of_large_ones() {
+        let lines = metric_lines(&json!({
+            "loss": 3.949_788_853_526_115_4,
+            "vertices": [1, 2, 0],
+            "lambda": [-0.112_257_029_624_983_55, 0.5],
+            "lambda_per_tensor": vec![vec![0.1; 5]; 103],
+            "history": vec![0.5; 40],
+            "note": "x".repeat(100),
+        }));
+        assert_eq!(
+            lines,
+            [
+                "history = 40 values".to_owned(),
+                "lambda = [-0.1123, 0.5]".to_owned(),
+                "lambda_per_tensor = 103×5 table".to_owned(),
+                "loss = 3.95".to_owned(),
+                format!("note = \"{}…", "x".repeat(59)),
+                "vertices = [1, 2, 0]".to_owned(),
+            ]
+        );
+        assert!(metric_lines(&json!(null)).is_empty());
+    }
 }
