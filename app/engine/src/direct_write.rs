@@ -41,9 +41,12 @@ pub(crate) const MIN_DIRECT_BYTES: u64 = 16 << 20;
 /// would go over waits until the disk has caught up (a write larger than this goes alone).
 const IN_FLIGHT_BYTES: usize = 64 << 20;
 
-/// Threads writing queued buffers: two, so that the disk has the next write while the last
-/// one completes.
-const WRITE_THREADS: usize = 2;
+/// Threads writing queued buffers: eight, so that the disk always has several writes queued
+/// (each thread waits on one direct write at a time). On the 2-core VM's virtio disk, a
+/// 1.5 GB output's linear merge took 0.67–1.08 s with eight against 0.89–1.82 s with two (five
+/// alternating rounds; task arithmetic 0.63–0.93 s against 0.93–2.13 s); the bytes in flight
+/// stay capped by [`IN_FLIGHT_BYTES`] either way.
+const WRITE_THREADS: usize = 8;
 
 /// Staging buffers kept for reuse once written (a new one is allocated and cleared: 4 % of a
 /// task-arithmetic merge's samples when the spares ran short).
