@@ -281,26 +281,12 @@ fn frank_wolfe_soft_with_free_weights_lands_on_its_reported_combination() {
         &f,
         json!({"variant": "soft", "simplex": "none", "iterations": 2, "init": "base", "soft_steps": 8, "soft_lr": 0.1, "batch_size": 0}),
     );
-    out.result.unwrap();
-    let its = &out.trajectory.iterates;
-    let first = &its[1].metrics;
-    let lambda = numbers(&first["lambda"]);
-    let vertices: Vec<usize> = numbers(&first["vertices"]).iter().map(|v| *v as usize).collect();
+    out.result.as_ref().unwrap();
+    let lambda = numbers(&out.trajectory.iterates[1].metrics["lambda"]);
     assert_eq!(lambda.len(), 3);
     // Adam's first steps move every λ by about soft_lr: none stays at its start, 0.
     assert!(lambda.iter().all(|l| l.abs() > 0.05), "{lambda:?}");
-    for (p, t) in its[1].tensors.iter().enumerate() {
-        let mut want = f.base[p].clone();
-        for (l, v) in lambda.iter().zip(&vertices) {
-            let dir = (&f.experts[*v][p] - &f.base[p]).unwrap();
-            want = (want + (dir * *l).unwrap()).unwrap();
-        }
-        let d = tensor_max_abs_diff(t, &want);
-        assert!(d < 1e-5, "tensor {p}: {d}");
-    }
-    let init = metric(&its[0].metrics, "loss");
-    let after = metric(&its[2].metrics, "loss_before");
-    assert!(after < init, "calibration loss {init} -> {after}");
+    assert_soft_step_from_base(&f, &out, |_| lambda.clone());
 }
 
 /// `granularity=layer` with free weights (FusionBench's layer-wise soft step): every tensor has
@@ -315,16 +301,14 @@ fn frank_wolfe_soft_layer_wise_weights_differ_per_tensor() {
         json!({"variant": "soft", "simplex": "none", "granularity": "layer", "iterations": 2, "init": "base",
                "soft_steps": 8, "soft_lr": 0.1, "batch_size": 0}),
     );
-    out.result.unwrap();
-    let its = &out.trajectory.iterates;
-    let first = &its[1].metrics;
+    out.result.as_ref().unwrap();
+    let first = &out.trajectory.iterates[1].metrics;
     let table: Vec<Vec<f64>> = first["lambda_per_tensor"]
         .as_array()
         .unwrap()
         .iter()
         .map(numbers)
         .collect();
-    let vertices: Vec<usize> = numbers(&first["vertices"]).iter().map(|v| *v as usize).collect();
     assert_eq!(table.len(), f.base.len());
     assert!(table.iter().all(|row| row.len() == 3));
     // The reported λ is each vertex's mean over tensors.
@@ -337,9 +321,21 @@ fn frank_wolfe_soft_layer_wise_weights_differ_per_tensor() {
         table.iter().any(|row| (row[0] - table[0][0]).abs() > 1e-6),
         "every tensor has the same λ: {table:?}"
     );
+    assert_soft_step_from_base(&f, &out, |p| table[p].clone());
+}
+
+/// A soft Frank-Wolfe run from the base: its first iterate is base_p + Σ_j λ_jp (s_j,p − base_p)
+/// for every tensor p, with `lambda(p)` the weights of the vertices it reports, and the
+/// calibration loss falls after it.
+fn assert_soft_step_from_base(f: &Fixture, out: &ModelRunOutput, lambda: impl Fn(usize) -> Vec<f64>) {
+    let its = &out.trajectory.iterates;
+    let vertices: Vec<usize> = numbers(&its[1].metrics["vertices"])
+        .iter()
+        .map(|v| *v as usize)
+        .collect();
     for (p, t) in its[1].tensors.iter().enumerate() {
         let mut want = f.base[p].clone();
-        for (l, v) in table[p].iter().zip(&vertices) {
+        for (l, v) in lambda(p).iter().zip(&vertices) {
             let dir = (&f.experts[*v][p] - &f.base[p]).unwrap();
             want = (want + (dir * *l).unwrap()).unwrap();
         }
