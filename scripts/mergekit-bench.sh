@@ -439,18 +439,19 @@ if [ -n "$threads" ]; then
   ms_flags+=(--threads "$threads")
 fi
 
-# Parses /usr/bin/time -v's report $1 into "wall user sys peak_kB".
+# Parses /usr/bin/time -v's report $1 into "wall user sys peak_kB minor_faults".
 parse_time() {
   awk -F': ' '
     /Elapsed \(wall clock\)/ { n = split($2, p, ":"); w = 0; for (i = 1; i <= n; i++) w = w * 60 + p[i] }
     /User time \(seconds\)/ { u = $2 }
     /System time \(seconds\)/ { s = $2 }
     /Maximum resident set size/ { r = $2 }
-    END { printf "%.2f %.2f %.2f %d\n", w, u, s, r }' "$1"
+    /Minor \(reclaiming a frame\) page faults/ { f = $2 }
+    END { printf "%.2f %.2f %.2f %d %d\n", w, u, s, r, f }' "$1"
 }
 
 results="$out/results.tsv"
-printf 'method\ttool\tround\twall_s\tuser_s\tsys_s\tpeak_rss_kb\n' >"$results"
+printf 'method\ttool\tround\twall_s\tuser_s\tsys_s\tpeak_rss_kb\tminor_faults\n' >"$results"
 # Runs tool $1 (mergekit|mergescope) on method $2, round $3.
 run_one() {
   local tool="$1" m="$2" r="$3" tag="$1-$2-r$3"
@@ -472,8 +473,8 @@ run_one() {
     die "$tool failed on $m (round $r)$keep_hint"
   fi
   rm -rf "$dest"
-  read -r wall user sys rss < <(parse_time "$logs/$tag.time")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$m" "$tool" "$r" "$wall" "$user" "$sys" "$rss" >>"$results"
+  read -r wall user sys rss faults < <(parse_time "$logs/$tag.time")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$m" "$tool" "$r" "$wall" "$user" "$sys" "$rss" "$faults" >>"$results"
   note "  $wall s wall, $(awk -v k="$rss" 'BEGIN {printf "%.2f", k * 1024 / 1e9}') GB peak RSS"
 }
 keep_hint=""
@@ -503,7 +504,7 @@ startup() {
   shift
   /usr/bin/time -v -o "$logs/$tag.time" "$@" >"$logs/$tag.stdout" 2>"$logs/$tag.stderr" ||
     die "'$*' failed: $(tail -n 5 "$logs/$tag.stderr")"
-  read -r wall _ _ rss < <(parse_time "$logs/$tag.time")
+  read -r wall _ _ rss _ < <(parse_time "$logs/$tag.time")
   echo "$wall s, $(awk -v k="$rss" 'BEGIN {printf "%.2f", k * 1024 / 1e9}') GB"
 }
 mk_startup=$(startup mergekit "${mk_env[@]}" "$mergekit_yaml" --help)
@@ -565,11 +566,11 @@ report=$(
       }
     }' "$results"
   echo
-  echo "Every run (wall, user and sys seconds from /usr/bin/time -v; peak RSS = its maximum resident set size):"
+  echo "Every run (wall, user and sys seconds and minor page faults from /usr/bin/time -v; peak RSS = its maximum resident set size):"
   echo
-  echo "| method | tool | round | wall s | user s | sys s | peak RSS GB |"
-  echo "|---|---|---:|---:|---:|---:|---:|"
-  awk -F'\t' 'NR > 1 { printf "| %s | %s | %s | %.2f | %.2f | %.2f | %.2f |\n", $1, $2, $3, $4, $5, $6, $7 * 1024 / 1e9 }' "$results"
+  echo "| method | tool | round | wall s | user s | sys s | peak RSS GB | minor faults |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|"
+  awk -F'\t' 'NR > 1 { printf "| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %d |\n", $1, $2, $3, $4, $5, $6, $7 * 1024 / 1e9, $8 }' "$results"
 )
 echo "$report"
 if [ -n "$table" ]; then
