@@ -164,11 +164,13 @@ impl GroupedWeights {
     /// `n_groups` copies of `start` (1 for task-wise weights, the tensor count for layer-wise),
     /// each stepped by its own Adam at learning rate `lr`.
     pub fn new(start: &SoftWeights, n_groups: usize, lr: f64) -> GroupedWeights {
-        let n = start.clone().params_mut().len();
+        let group = || {
+            let mut w = start.clone();
+            let n = w.params_mut().len();
+            (w, Adam::new(n, lr))
+        };
         GroupedWeights {
-            groups: (0..n_groups.max(1))
-                .map(|_| (start.clone(), Adam::new(n, lr)))
-                .collect(),
+            groups: (0..n_groups.max(1)).map(|_| group()).collect(),
         }
     }
 
@@ -180,10 +182,9 @@ impl GroupedWeights {
     /// One Adam step from `grad[j][p]` = ∂ℓ/∂λ_j restricted to tensor p (⟨∇_p ℓ, s_j,p − θ_p⟩):
     /// a group's gradient sums its tensors' terms.
     pub fn step(&mut self, grad: &[Vec<f64>]) {
-        let n_tensors = grad.first().map_or(0, Vec::len);
         let mut per_group = vec![vec![0.0; grad.len()]; self.groups.len()];
         for (j, row) in grad.iter().enumerate() {
-            for (p, g) in row.iter().enumerate().take(n_tensors) {
+            for (p, g) in row.iter().enumerate() {
                 per_group[group_of(self.groups.len(), p)][j] += g;
             }
         }
