@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mergescope_engine::recipe::Recipe;
+use mergescope_interop::recipe::Recipe;
 
 thread_local! {
     static DIR: tempfile::TempDir = tempfile::tempdir().expect("a temporary folder");

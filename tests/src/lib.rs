@@ -124,8 +124,9 @@ pub fn read_model(path: &std::path::Path) -> mergescope_engine::merge::MemModel 
 
 /// Runs `req` with the plugin library `lib` as the CLI does (default options, nothing
 /// observed); the error as text.
-pub fn merge_to_files(lib: &str, req: &mergescope_engine::merge::MergeRequest) -> Result<(), String> {
-    use mergescope_engine::merge::{ExecOptions, Observer, merge_files};
+pub fn merge_to_files(lib: &str, req: &mergescope_interop::request::MergeRequest) -> Result<(), String> {
+    use mergescope_engine::merge::{ExecOptions, Observer};
+    use mergescope_interop::request::merge_files;
     let cancel = std::sync::atomic::AtomicBool::new(false);
     merge_files(&load(lib), req, &ExecOptions::default(), Observer::silent(), &cancel)
         .map(|_| ())

@@ -117,7 +117,7 @@ pub enum RowFrom {
 }
 
 /// A tensor read with its rows (first axis) rearranged: vocabulary-indexed tensors of a model
-/// aligned to another vocabulary ([`crate::tokenizer_union`]). The rows are formed for the range
+/// aligned to another vocabulary (`mergescope-interop`'s tokenizer union). The rows are formed for the range
 /// being read, never for the whole tensor.
 #[derive(Clone, Debug)]
 pub struct RowMap {
@@ -161,7 +161,7 @@ pub struct Checkpoint {
     /// Tensors by name.
     pub tensors: BTreeMap<String, TensorEntry>,
     /// Low-rank updates added to some tensors when they are read (a LoRA adapter applied to a
-    /// base, [`crate::lora`]); empty for a plain checkpoint.
+    /// base, `mergescope-interop`'s LoRA reader); empty for a plain checkpoint.
     deltas: BTreeMap<String, LowRank>,
     /// Tensors read with their rows rearranged ([`RowMap`]); empty for a plain checkpoint.
     row_maps: BTreeMap<String, RowMap>,
@@ -183,7 +183,10 @@ fn require_regular_file(path: &Path, what: &str) -> Result<u64> {
     } else {
         "not a regular file (a pipe, socket or device)"
     };
-    Err(EngineError::Invalid(format!("'{}' is {kind}; {what}", path.display())))
+    Err(EngineError::input(
+        path,
+        format!("'{}' is {kind}; {what}", path.display()),
+    ))
 }
 
 fn open_file(path: &Path) -> Result<(File, u64)> {
@@ -489,20 +492,26 @@ impl Checkpoint {
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(EngineError::Invalid(format!(
-                    "'{}' does not exist; check the path (a .safetensors file or a folder of shards)",
-                    path.display()
-                )));
+                return Err(EngineError::input(
+                    path,
+                    format!(
+                        "'{}' does not exist; check the path (a .safetensors file or a folder of shards)",
+                        path.display()
+                    ),
+                ));
             }
             Err(e) => return Err(EngineError::io("cannot open", path, e)),
         };
         if meta.is_dir() {
             if is_lora_adapter(path) {
-                return Err(EngineError::Invalid(format!(
-                    "'{}' is a LoRA adapter (adapter_config.json), not a whole model; give it as an expert with the \
+                return Err(EngineError::input(
+                    path,
+                    format!(
+                        "'{}' is a LoRA adapter (adapter_config.json), not a whole model; give it as an expert with the \
                      model it was trained on as --base, which it is applied to",
-                    path.display()
-                )));
+                        path.display()
+                    ),
+                ));
             }
             let index = path.join("model.safetensors.index.json");
             if index.exists() {
@@ -516,16 +525,22 @@ impl Checkpoint {
             files.sort();
             return match files.as_slice() {
                 [one] => Self::open_files(path, std::slice::from_ref(one)),
-                [] => Err(EngineError::Invalid(format!(
-                    "'{}' is a folder without .safetensors files; point at a checkpoint file or a folder of shards",
-                    path.display()
-                ))),
-                _ => Err(EngineError::Invalid(format!(
-                    "'{}' holds {} .safetensors files but no model.safetensors.index.json saying how they fit together; \
+                [] => Err(EngineError::input(
+                    path,
+                    format!(
+                        "'{}' is a folder without .safetensors files; point at a checkpoint file or a folder of shards",
+                        path.display()
+                    ),
+                )),
+                _ => Err(EngineError::input(
+                    path,
+                    format!(
+                        "'{}' holds {} .safetensors files but no model.safetensors.index.json saying how they fit together; \
                      add the index or point at one file",
-                    path.display(),
-                    files.len()
-                ))),
+                        path.display(),
+                        files.len()
+                    ),
+                )),
             };
         }
         Self::open_files(path, &[path.to_path_buf()])
@@ -671,7 +686,7 @@ impl Checkpoint {
     }
 
     /// A checkpoint whose tensors named in `deltas` get their low-rank update when read.
-    pub(crate) fn with_deltas(
+    pub fn with_deltas(
         path: PathBuf,
         files: Vec<ShardFile>,
         tensors: BTreeMap<String, TensorEntry>,
@@ -804,13 +819,16 @@ impl Checkpoint {
         let shard = &self.files[t.file];
         let now =
             std::fs::metadata(&shard.path).map_or_else(|_| "is gone".to_owned(), |m| format!("has {} bytes", m.len()));
-        EngineError::Invalid(format!(
-            "'{}' changed while mergescope was reading it: tensor '{}' needs bytes up to {end} but the file now {now} \
+        EngineError::input(
+            &shard.path,
+            format!(
+                "'{}' changed while mergescope was reading it: tensor '{}' needs bytes up to {end} but the file now {now} \
              (it had {} when opened); another program is writing this input: wait until it has finished and run again",
-            shard.path.display(),
-            t.name,
-            shard.size
-        ))
+                shard.path.display(),
+                t.name,
+                shard.size
+            ),
+        )
     }
 
     /// Decodes `n` bytes at byte `offset` of tensor `t`'s data to f32 straight from a memory map

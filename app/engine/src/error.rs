@@ -25,6 +25,15 @@ pub enum EngineError {
         /// What is wrong with it.
         reason: String,
     },
+    /// An input (a checkpoint, an adapter, a tokenizer or configuration beside a model, a
+    /// slice of one) cannot be used as given; the message names it and what to give instead.
+    #[error("{message}")]
+    Input {
+        /// The input file or folder.
+        path: PathBuf,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
     /// The inputs do not fit together (missing tensors, shape or dtype mismatches).
     #[error("the input checkpoints are incompatible:\n{0}")]
     Incompatible(String),
@@ -41,6 +50,9 @@ pub enum EngineError {
         /// What went wrong.
         message: String,
     },
+    /// An evaluation failed: its suite, task data, external command or model family.
+    #[error("{0}")]
+    Evaluator(String),
     /// A tensor operation of the host failed.
     #[error("tensor operation failed: {0}")]
     Tensor(String),
@@ -69,7 +81,73 @@ pub enum EngineError {
     Bug(String),
 }
 
+/// What kind of failure an [`EngineError`] is, for callers that branch on it (the window
+/// names it beside the run, tests check it); the message is the same whatever the kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// An input file: unreadable as a checkpoint, unusable as given, or not fitting the others.
+    Input,
+    /// A method's parameter or an option.
+    Parameter,
+    /// A merge method's plugin failed or returned a bad result.
+    Plugin,
+    /// An evaluation failed.
+    Evaluator,
+    /// The user cancelled.
+    Cancelled,
+    /// A file could not be read or written.
+    FileSystem,
+    /// Anything else: an invalid request, a tensor operation, diverged training, a bug.
+    Other,
+}
+
+impl ErrorKind {
+    /// A short label: "input", "parameter", "plugin", "evaluator", "cancelled", "file system",
+    /// "other".
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Input => "input",
+            ErrorKind::Parameter => "parameter",
+            ErrorKind::Plugin => "plugin",
+            ErrorKind::Evaluator => "evaluator",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::FileSystem => "file system",
+            ErrorKind::Other => "other",
+        }
+    }
+}
+
 impl EngineError {
+    /// The kind of this failure.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            EngineError::BadCheckpoint { .. } | EngineError::Input { .. } | EngineError::Incompatible(_) => {
+                ErrorKind::Input
+            }
+            EngineError::Param(_) => ErrorKind::Parameter,
+            EngineError::Plugin { .. } => ErrorKind::Plugin,
+            EngineError::Evaluator(_) => ErrorKind::Evaluator,
+            EngineError::Cancelled => ErrorKind::Cancelled,
+            EngineError::Io { .. } => ErrorKind::FileSystem,
+            EngineError::Tensor(_) | EngineError::Diverged { .. } | EngineError::Invalid(_) | EngineError::Bug(_) => {
+                ErrorKind::Other
+            }
+        }
+    }
+
+    /// An evaluation error with this message (it names the suite, task or file and the fix).
+    pub fn evaluator(message: impl Into<String>) -> Self {
+        EngineError::Evaluator(message.into())
+    }
+
+    /// An error on the input `path` with this message (it names the input and the fix).
+    pub fn input(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        EngineError::Input {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
     /// An I/O error on `path`.
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         EngineError::Io {

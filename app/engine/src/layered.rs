@@ -30,7 +30,7 @@ pub fn layer_index(name: &str) -> Option<usize> {
 
 /// Where the layer number of a tensor name stands: (index of that component among the
 /// name's dot-separated `parts`, the layer). Slices renumber the layer there.
-pub(crate) fn layer_position(parts: &[&str]) -> Option<(usize, usize)> {
+pub fn layer_position(parts: &[&str]) -> Option<(usize, usize)> {
     let at = parts
         .windows(2)
         .position(|w| matches!(w[0], "layers" | "layer" | "h" | "blocks"))?

@@ -8,15 +8,12 @@
 //! - [`merge`] / [`executor`]: validated merge requests streamed tensor by tensor on worker
 //!   threads inside a memory budget, written atomically by [`writer`].
 //! - [`compat`], [`dtype`], [`role`]: input compatibility, dtypes, tensor roles.
-//! - [`hf_folder`]: Hugging Face model folders as outputs (config, tokenizer, model card).
-//! - [`recipe`]: the TOML recipe that the GUI saves and the CLI runs; [`layered`]: layer-wise
-//!   and filtered parameter values resolved per tensor.
-//! - [`lora`]: PEFT LoRA adapters applied to their base as merge inputs, and LoRA extraction.
-//! - [`mergekit`]: mergekit YAML configurations read as recipes; [`slices`]: models built from
-//!   layer ranges of several models (mergekit's `slices`).
+//! - [`layered`]: layer-wise and filtered parameter values resolved per tensor.
 //! - [`synthetic`]: synthetic LLM-shaped checkpoints for `mergescope bench`.
+//!
+//! Other tools' formats (merge requests by path, recipes, mergekit YAML, slices, LoRA, Hugging
+//! Face folders and tokenizers) live in `mergescope-interop`, on top of this crate.
 
-pub mod chat_templates;
 pub mod checkpoint;
 pub mod compat;
 pub mod device;
@@ -25,20 +22,14 @@ pub mod dtype;
 pub mod error;
 pub mod executor;
 pub mod finite;
-pub mod hf_folder;
 pub mod layered;
-pub mod lora;
 pub mod mapped_read;
 pub mod merge;
-pub mod mergekit;
 pub mod plugin;
-pub mod recipe;
 pub mod rng;
 pub mod role;
-pub mod slices;
 pub mod synthetic;
 pub mod sys;
-pub mod tokenizer_union;
 pub mod writer;
 
 pub use error::{EngineError, Result};

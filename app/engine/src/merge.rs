@@ -8,13 +8,11 @@ use crate::dtype::{DType, OutDType, decode_f32_vec};
 use crate::error::{EngineError, Result};
 pub use crate::executor::{ExecOptions, Observer, Phase, Progress};
 use crate::executor::{PlanItem, Run, Sink, Source};
-use crate::hf_folder::{CardInfo, FolderOutput, folder_files};
 use crate::layered;
 use crate::plugin::Plugin;
 use crate::plugin::instance::{CallEnv, Instance};
 use crate::plugin::schema::{ResolvedParams, resolve_params};
-use crate::slices::{self, Slice};
-use crate::writer::{OutputLayout, OutputTensor, OutputWriter};
+use crate::writer::{OutputTensor, OutputWriter};
 use mergescope_plugin_api::abi;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -47,7 +45,7 @@ pub type MemModel = BTreeMap<String, MemTensor>;
 
 /// `plugin`, if it merges tensor by tensor (what the merges of this module run); a model-level
 /// method is refused.
-pub(crate) fn per_tensor(plugin: &Plugin) -> Result<&Plugin> {
+pub fn per_tensor(plugin: &Plugin) -> Result<&Plugin> {
     if plugin.is_model_level() {
         return Err(EngineError::Invalid(format!(
             "method '{}' is a model-level method: it evaluates candidates on the tasks' calibration data, so it \
@@ -239,92 +237,6 @@ pub fn merge_in_memory_with(
         .collect())
 }
 
-/// Builder methods `name(field: Type)` that set `self.field` and return the request.
-macro_rules! setters {
-    ($($(#[$doc:meta])* $name:ident($field:ident: $ty:ty);)+) => {
-        $(
-            $(#[$doc])*
-            #[must_use]
-            pub fn $name(mut self, $field: $ty) -> Self {
-                self.$field = $field;
-                self
-            }
-        )+
-    };
-}
-
-/// A merge of checkpoint files, as the CLI, the GUI and recipes describe it.
-#[derive(Clone, Debug)]
-pub struct MergeRequest {
-    /// Parameters as given by the user (JSON object).
-    pub params: Value,
-    /// Seed recorded in the output and given to the plugin.
-    pub seed: u64,
-    /// Base checkpoint.
-    pub base: Option<PathBuf>,
-    /// Expert checkpoints.
-    pub experts: Vec<PathBuf>,
-    /// Output file (or folder for shards).
-    pub out: PathBuf,
-    /// Output dtype of merged tensors (default: the input's).
-    pub out_dtype: Option<OutDType>,
-    /// Largest shard in bytes (None: as the reference input; Some(0): one file).
-    pub shard_bytes: Option<u64>,
-    /// What to do with tensors not every input has.
-    pub on_missing: MissingPolicy,
-    /// Replace an existing output.
-    pub overwrite: bool,
-    /// Write a Hugging Face model folder (config, tokenizer, card beside the weights) instead of
-    /// a bare file; `None`: a `.safetensors` file (or a folder of shards when split).
-    pub folder: Option<FolderOutput>,
-    /// Layer slices of several models that stand for the inputs (mergekit's `slices`); empty:
-    /// the inputs are the whole base and expert checkpoints.
-    pub slices: Vec<Slice>,
-}
-
-impl MergeRequest {
-    /// A merge of `experts` into `out` with the defaults every caller starts from: no base, no
-    /// parameters (the method's defaults), seed 0, the inputs' dtype and sharding, an error
-    /// for tensors not every input has, and no overwriting.
-    pub fn new(experts: Vec<PathBuf>, out: impl Into<PathBuf>) -> MergeRequest {
-        MergeRequest {
-            params: Value::Object(serde_json::Map::new()),
-            seed: 0,
-            base: None,
-            experts,
-            out: out.into(),
-            out_dtype: None,
-            shard_bytes: None,
-            on_missing: MissingPolicy::Error,
-            overwrite: false,
-            folder: None,
-            slices: Vec::new(),
-        }
-    }
-
-    setters! {
-        /// Sets the base checkpoint.
-        with_base(base: Option<PathBuf>);
-        /// Sets the method's parameters (a JSON object of the user's values).
-        with_params(params: Value);
-        /// Sets the seed recorded in the output and given to the plugin.
-        with_seed(seed: u64);
-        /// Lets the merge replace an existing output (mergescope's own outputs only).
-        overwriting(overwrite: bool);
-    }
-
-    /// The largest shard in bytes for an output of `reference`: as asked, else as the reference
-    /// input's largest shard when it is sharded, else one file (`Some(0)` asks for one file).
-    pub fn shard_limit(&self, reference: &Checkpoint) -> Option<u64> {
-        match self.shard_bytes {
-            Some(0) => None,
-            Some(b) => Some(b),
-            None if reference.is_sharded() => reference.files.iter().map(|f| f.size).max(),
-            None => None,
-        }
-    }
-}
-
 /// What a finished merge did.
 #[derive(Clone, Debug)]
 pub struct MergeReport {
@@ -346,8 +258,10 @@ pub struct MergeReport {
     pub params: Value,
 }
 
-pub(crate) struct FileSource<'a> {
-    pub(crate) models: Vec<&'a Checkpoint>,
+/// Inputs read from checkpoint files (base first when the merge has one).
+pub struct FileSource<'a> {
+    /// The opened inputs.
+    pub models: Vec<&'a Checkpoint>,
 }
 
 impl FileSource<'_> {
@@ -402,8 +316,10 @@ impl Source for FileSource<'_> {
     }
 }
 
-pub(crate) struct FileSink<'a> {
-    pub(crate) writer: &'a OutputWriter,
+/// Merged values written by an output writer.
+pub struct FileSink<'a> {
+    /// The output's writer.
+    pub writer: &'a OutputWriter,
 }
 
 impl Sink for FileSink<'_> {
@@ -457,6 +373,7 @@ pub fn check_output_path(out: &Path, inputs: &[&Checkpoint]) -> Result<()> {
     Ok(())
 }
 
+/// The names, dtypes and shapes of a checkpoint's tensors, for the compatibility check.
 pub fn file_desc(c: &Checkpoint) -> ModelDesc {
     c.tensors
         .iter()
@@ -464,6 +381,7 @@ pub fn file_desc(c: &Checkpoint) -> ModelDesc {
         .collect()
 }
 
+/// How an input is named in messages: its path in quotes.
 pub fn file_label(p: &Path) -> String {
     format!("'{}'", p.display())
 }
@@ -563,104 +481,6 @@ pub fn output_metadata(
     metadata
 }
 
-/// Opens an expert: a checkpoint, or a LoRA adapter applied to the base.
-pub fn open_expert(path: &Path, base: Option<&Path>) -> Result<Checkpoint> {
-    if !crate::lora::is_adapter(path) {
-        return Checkpoint::open(path);
-    }
-    let base = base.ok_or_else(|| {
-        EngineError::Invalid(format!(
-            "the expert '{}' is a LoRA adapter; pass the model it was trained on as --base",
-            path.display()
-        ))
-    })?;
-    crate::lora::apply(Checkpoint::open(base)?, path)
-}
-
-/// Opens the inputs of `req`: the base (when given) and the experts, whole or assembled from
-/// their layer slices.
-pub fn open_inputs(req: &MergeRequest) -> Result<(Option<Checkpoint>, Vec<Checkpoint>)> {
-    let tokenizer = req.folder.as_ref().and_then(|f| f.tokenizer.as_ref());
-    if req.slices.is_empty() {
-        let mut base = req.base.as_deref().map(Checkpoint::open).transpose()?;
-        let mut experts: Vec<Checkpoint> = req
-            .experts
-            .iter()
-            .map(|p| open_expert(p, req.base.as_deref()))
-            .collect::<Result<_>>()?;
-        // Inputs with different tokenizers: their vocabulary tensors read aligned to the output's.
-        if let Some(spec) = tokenizer {
-            let paths: Vec<PathBuf> = req.base.iter().chain(req.experts.iter()).cloned().collect();
-            if let Some(plan) = crate::tokenizer_union::VocabPlan::build(spec, &paths)? {
-                let mut all: Vec<&mut Checkpoint> = base.iter_mut().chain(experts.iter_mut()).collect();
-                plan.align(&mut all)?;
-            }
-        }
-        return Ok((base, experts));
-    }
-    let has_base = usize::from(req.base.is_some());
-    let inputs = has_base + req.experts.len();
-    slices::check(&req.slices, req.base.is_some(), req.experts.len())?;
-    if slices::is_slice_by_slice(&req.slices, inputs) {
-        return Err(EngineError::Bug(
-            "the inputs of a merge slice by slice are each slice's own (slices::merge_slice_by_slice)".to_owned(),
-        ));
-    }
-    let mut opened: Vec<Checkpoint> = (0..inputs)
-        .map(|k| slices::open_input(&req.slices, k))
-        .collect::<Result<_>>()?;
-    if let Some(spec) = tokenizer {
-        slices::align(&req.slices, spec, &mut opened)?;
-    }
-    let experts = opened.split_off(has_base);
-    Ok((opened.pop(), experts))
-}
-
-/// Opens the writer of `req`'s output: a file (or shard folder), or a Hugging Face model folder
-/// whose config, tokenizer and card come from the inputs (`models`, base first when `has_base`).
-/// Returns notes on what a folder output could not find.
-pub fn open_output(
-    req: &MergeRequest,
-    outputs: &[OutputTensor],
-    metadata: &BTreeMap<String, String>,
-    reference: &Checkpoint,
-    models: &[&Checkpoint],
-    has_base: bool,
-) -> Result<(OutputWriter, Vec<String>)> {
-    let Some(folder) = &req.folder else {
-        let writer = OutputWriter::create(&req.out, outputs, metadata, req.shard_limit(reference), req.overwrite)?;
-        return Ok((writer, Vec::new()));
-    };
-    let params: Value = metadata
-        .get("mergescope.params")
-        .and_then(|p| serde_json::from_str(p).ok())
-        .unwrap_or(Value::Null);
-    let method = metadata.get("mergescope.method").map_or("", String::as_str);
-    let version = metadata.get("mergescope.plugin_version").map_or("", String::as_str);
-    let card = CardInfo {
-        method: (method, version),
-        inputs: models
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (if has_base && i == 0 { "base" } else { "expert" }, c.path.as_path()))
-            .collect(),
-        params: &params,
-        seed: req.seed,
-    };
-    let paths: Vec<&Path> = models.iter().map(|c| c.path.as_path()).collect();
-    let layers = (!req.slices.is_empty()).then(|| slices::layer_count(&req.slices));
-    let (files, notes) = folder_files(folder, &paths, req.out_dtype.map(OutDType::dtype), layers, &card)?;
-    let writer = OutputWriter::create_with_layout(
-        &req.out,
-        outputs,
-        metadata,
-        req.shard_limit(reference),
-        req.overwrite,
-        &OutputLayout::Folder(files),
-    )?;
-    Ok((writer, notes))
-}
-
 /// Writes tensors copied unchanged from `reference` (converted when the output dtype differs).
 pub fn write_copies(writer: &OutputWriter, reference: &Checkpoint, copies: &[TensorEntry]) -> Result<()> {
     for t in copies {
@@ -676,7 +496,7 @@ pub fn write_copies(writer: &OutputWriter, reference: &Checkpoint, copies: &[Ten
 
 /// A plugin instance and the tensors it merges: the whole model, or with layer-wise parameters
 /// ([`layered`]) one group of tensors that share parameter values.
-pub(crate) struct InstanceGroup<'p> {
+pub struct InstanceGroup<'p> {
     instance: Instance<'p>,
     resolved: ResolvedParams,
     items: Vec<PlanItem>,
@@ -687,7 +507,7 @@ pub(crate) struct InstanceGroup<'p> {
 /// layer-wise values resolved on `param_names` (the items' names unless given; a slice merged on
 /// its own gives them with its layers numbered from 0).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn instance_groups<'p>(
+pub fn instance_groups<'p>(
     plugin: &'p Plugin,
     params: &Value,
     single: Option<(Instance<'p>, ResolvedParams)>,
@@ -725,7 +545,7 @@ pub(crate) fn instance_groups<'p>(
 }
 
 /// What runs every group of a merge share.
-pub(crate) struct GroupRun<'a> {
+pub struct GroupRun<'a> {
     plugin_id: &'a str,
     has_base: bool,
     n_experts: usize,
@@ -738,13 +558,13 @@ pub(crate) struct GroupRun<'a> {
 }
 
 /// The elements of `items`, what progress counts.
-pub(crate) fn elements(items: &[PlanItem]) -> u64 {
+pub fn elements(items: &[PlanItem]) -> u64 {
     items.iter().map(|i| i.numel() as u64).sum()
 }
 
 impl<'a> GroupRun<'a> {
     /// A run of `plugin` over a merge of `n_experts` experts, with a base or not.
-    pub(crate) fn new(
+    pub fn new(
         plugin: &'a Plugin,
         has_base: bool,
         n_experts: usize,
@@ -765,7 +585,7 @@ impl<'a> GroupRun<'a> {
 
     /// This run as part of a larger whole of `total` elements, `done_before` of them done
     /// before it: its progress is reported shifted by `done_before`, out of `total`.
-    pub(crate) fn within(self, done_before: u64, total: u64) -> Self {
+    pub fn within(self, done_before: u64, total: u64) -> Self {
         GroupRun {
             span: Some((done_before, total)),
             ..self
@@ -775,7 +595,7 @@ impl<'a> GroupRun<'a> {
     /// Runs every group's instance over its tensors, reporting progress over the whole merge
     /// (each group's counts shifted by the elements of the groups before it, and by those
     /// before the run when it is [`GroupRun::within`] a larger whole).
-    pub(crate) fn execute(&self, groups: &[InstanceGroup<'_>], source: &dyn Source, sink: &dyn Sink) -> Result<()> {
+    pub fn execute(&self, groups: &[InstanceGroup<'_>], source: &dyn Source, sink: &dyn Sink) -> Result<()> {
         let (start, total) = self
             .span
             .unwrap_or_else(|| (0, groups.iter().map(|g| elements(&g.items)).sum()));
@@ -818,7 +638,7 @@ impl<'a> GroupRun<'a> {
 /// The parameters an output records: the resolved values with defaults; for a layer-wise merge,
 /// the user's layer-wise values (gradients, filters) in place of one group's numbers, so that
 /// the record replays the whole merge.
-pub(crate) fn recorded_params(groups: &[InstanceGroup<'_>], user: &Value, layer_wise: bool) -> Value {
+pub fn recorded_params(groups: &[InstanceGroup<'_>], user: &Value, layer_wise: bool) -> Value {
     let mut json = groups.first().map_or_else(|| user.clone(), |g| g.resolved.to_json());
     if layer_wise && let (Some(out), Some(given)) = (json.as_object_mut(), user.as_object()) {
         for (key, value) in given {
@@ -828,25 +648,50 @@ pub(crate) fn recorded_params(groups: &[InstanceGroup<'_>], user: &Value, layer_
     json
 }
 
-/// Merges checkpoint files with `plugin`, streaming tensor by tensor.
-pub fn merge_files(
+/// What a merge of opened checkpoints writes and records, beyond its inputs.
+#[derive(Clone, Copy, Debug)]
+pub struct MergeJob<'a> {
+    /// Parameters as given by the user (JSON object).
+    pub params: &'a Value,
+    /// Seed recorded in the output and given to the plugin.
+    pub seed: u64,
+    /// Output file (or folder); checked against every input before anything is merged.
+    pub out: &'a Path,
+    /// Output dtype of merged tensors (default: the input's).
+    pub out_dtype: Option<OutDType>,
+    /// What to do with tensors not every input has.
+    pub on_missing: MissingPolicy,
+}
+
+/// Opens the writer of a merge's output once its tensors and header metadata are known: given
+/// the output tensors, the metadata, the reference input and every input (base first when the
+/// merge has one). Returns the writer and notes on what the output could not include.
+pub type OpenOutput<'a> = &'a dyn Fn(
+    &[OutputTensor],
+    &BTreeMap<String, String>,
+    &Checkpoint,
+    &[&Checkpoint],
+) -> Result<(OutputWriter, Vec<String>)>;
+
+/// Merges opened checkpoints with `plugin`, streaming tensor by tensor: checks the output path
+/// and the parameters, checks the inputs fit together, plans the output, writes the copies and
+/// the merged tensors through the writer `open_output` gives, and commits it atomically.
+#[allow(clippy::too_many_arguments)]
+pub fn merge_checkpoints(
     plugin: &Plugin,
-    req: &MergeRequest,
+    job: &MergeJob<'_>,
+    base: Option<&Checkpoint>,
+    experts: &[Checkpoint],
+    open_output: OpenOutput<'_>,
     opts: &ExecOptions,
     observer: Observer<'_>,
     cancel: &AtomicBool,
 ) -> Result<MergeReport> {
     let started = Instant::now();
-    if !req.slices.is_empty()
-        && slices::is_slice_by_slice(&req.slices, usize::from(req.base.is_some()) + req.experts.len())
-    {
-        return slices::merge_slice_by_slice(plugin, req, opts, observer, cancel);
-    }
-    let (base, experts) = open_inputs(req)?;
     let mut models: Vec<&Checkpoint> = Vec::new();
-    models.extend(base.as_ref());
+    models.extend(base);
     models.extend(experts.iter());
-    check_output_path(&req.out, &models)?;
+    check_output_path(job.out, &models)?;
     let env = CallEnv {
         device: &opts.device,
         cancel,
@@ -855,14 +700,14 @@ pub fn merge_files(
     };
     // Plain parameters are checked before the inputs are; layer-wise ones once the tensors are
     // known (each group of tensors sharing values gets its own instance).
-    let layer_wise = layered::is_layered(&req.params, plugin.schema())?;
+    let layer_wise = layered::is_layered(job.params, plugin.schema())?;
     let single = if layer_wise {
         None
     } else {
         Some(create_instance(
             per_tensor(plugin)?,
-            &req.params,
-            req.seed,
+            job.params,
+            job.seed,
             base.is_some(),
             experts.len(),
             env,
@@ -872,7 +717,7 @@ pub fn merge_files(
     let descs: Vec<ModelDesc> = models.iter().map(|c| file_desc(c)).collect();
     let labels: Vec<String> = models.iter().map(|c| file_label(&c.path)).collect();
     let others: Vec<&ModelDesc> = descs[1..].iter().collect();
-    let report = compat::check(&labels, &descs[0], &others, req.on_missing).map_err(EngineError::Incompatible)?;
+    let report = compat::check(&labels, &descs[0], &others, job.on_missing).map_err(EngineError::Incompatible)?;
     let reference = models[0];
 
     let Plan {
@@ -880,23 +725,23 @@ pub fn merge_files(
         outputs,
         copies,
         skipped,
-    } = plan_outputs(&report.fates, reference, req.out_dtype);
+    } = plan_outputs(&report.fates, reference, job.out_dtype);
 
     let groups = instance_groups(
         plugin,
-        &req.params,
+        job.params,
         single,
-        req.seed,
+        job.seed,
         base.is_some(),
         experts.len(),
         env,
         &items,
         None,
     )?;
-    let params_json = recorded_params(&groups, &req.params, layer_wise);
-    let metadata = output_metadata(plugin, &params_json, req.seed, &models, base.is_some(), &report.notes);
+    let params_json = recorded_params(&groups, job.params, layer_wise);
+    let metadata = output_metadata(plugin, &params_json, job.seed, &models, base.is_some(), &report.notes);
 
-    let (writer, folder_notes) = open_output(req, &outputs, &metadata, reference, &models, base.is_some())?;
+    let (writer, output_notes) = open_output(&outputs, &metadata, reference, &models)?;
     write_copies(&writer, reference, &copies)?;
     let run = GroupRun::new(plugin, base.is_some(), experts.len(), opts, observer, cancel);
     run.execute(
@@ -911,7 +756,7 @@ pub fn merge_files(
         merged: items.len(),
         copied: copies.len(),
         skipped,
-        notes: report.notes.into_iter().chain(folder_notes).collect(),
+        notes: report.notes.into_iter().chain(output_notes).collect(),
         input_bytes: models.iter().map(|c| c.total_bytes()).sum(),
         seconds: started.elapsed().as_secs_f64(),
         params: params_json,

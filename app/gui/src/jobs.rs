@@ -5,9 +5,10 @@
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use mergescope_engine::device::{DeviceChoice, device_name, open_device};
-use mergescope_engine::error::{EngineError, Result};
-use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer, Phase, Progress};
+use mergescope_engine::error::{EngineError, ErrorKind, Result};
+use mergescope_engine::merge::{ExecOptions, MergeReport, Observer, Phase, Progress};
 use mergescope_engine::plugin::Plugin;
+use mergescope_interop::request::MergeRequest;
 use mergescope_lab::data::{SplitKind, TaskData, benchmark_tasks};
 use mergescope_lab::demo::{self, Benchmark, BuildProgress};
 use mergescope_lab::evaluate::{self, EvaluatorSpec, open_normalised};
@@ -104,8 +105,8 @@ pub enum Event {
     Built(JobId, Box<Benchmark>),
     /// A text benchmark build finished.
     BuiltText(JobId, Box<TextBenchmark>),
-    /// The job failed; the message says why and what to do.
-    Failed(JobId, String),
+    /// The job failed; the message says why and what to do, the kind what is at fault.
+    Failed(JobId, String, ErrorKind),
     /// The job was cancelled (queued or running); nothing was written.
     Cancelled(JobId),
 }
@@ -116,7 +117,7 @@ impl Event {
         match self {
             Event::Started(id) | Event::Cancelled(id) | Event::Merged(id, _) | Event::Built(id, _) => *id,
             Event::BuiltText(id, _) => *id,
-            Event::Failed(id, _) => *id,
+            Event::Failed(id, ..) => *id,
             Event::Progress { id, .. } | Event::Log { id, .. } => *id,
         }
     }
@@ -348,14 +349,15 @@ impl Worker {
                 Ok(Ok(e)) => e,
                 Ok(Err(_)) if q.cancel.load(Ordering::Relaxed) => Event::Cancelled(q.id),
                 Ok(Err(EngineError::Cancelled)) => Event::Cancelled(q.id),
-                Ok(Err(e)) => Event::Failed(q.id, e.to_string()),
+                Ok(Err(e)) => Event::Failed(q.id, e.to_string(), e.kind()),
                 Err(panic) => {
                     let what = panic
                         .downcast_ref::<String>()
                         .cloned()
                         .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                         .unwrap_or_else(|| "unknown panic".into());
-                    Event::Failed(q.id, EngineError::Bug(format!("the job panicked: {what}")).to_string())
+                    let e = EngineError::Bug(format!("the job panicked: {what}"));
+                    Event::Failed(q.id, e.to_string(), e.kind())
                 }
             };
             self.send(event);

@@ -104,6 +104,9 @@ pub struct RunRecord {
     pub eval_note: Option<String>,
     /// Why the run failed.
     pub error: Option<String>,
+    /// What was at fault when it failed (`ErrorKind::label`: input, parameter, plugin, …).
+    #[serde(default)]
+    pub error_kind: Option<String>,
     /// Notes of the engine and log lines of the plugin.
     pub log: Vec<String>,
     /// Progress while running.
@@ -111,7 +114,7 @@ pub struct RunRecord {
     pub live: Option<Live>,
     /// The layer slices the run merged (an opened recipe's; empty: whole models).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub slices: Vec<mergescope_engine::slices::Slice>,
+    pub slices: Vec<mergescope_interop::slices::Slice>,
 }
 
 impl RunRecord {
@@ -406,6 +409,7 @@ pub(crate) mod tests {
             eval,
             eval_note: None,
             error: None,
+            error_kind: None,
             log: Vec::new(),
             live: None,
             slices: Vec::new(),

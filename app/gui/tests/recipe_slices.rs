@@ -7,8 +7,8 @@ mod common;
 
 use common::{convert_recipe, merge_as_cli, open_recipe, same_tensors, wait_for_run};
 use egui_kittest::kittest::Queryable as _;
-use mergescope_engine::recipe::Recipe;
 use mergescope_gui::runs::RunStatus;
+use mergescope_interop::recipe::Recipe;
 use std::path::Path;
 
 #[test]

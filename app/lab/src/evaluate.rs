@@ -66,7 +66,7 @@ pub fn open(spec: &EvaluatorSpec, checkpoint: Option<&Path>) -> Result<Opened> {
         None => None,
     };
     let bench = resolve_benchmark(&spec.benchmark, arch).map_err(|e| match (checkpoint, arch) {
-        (Some(path), None) if spec.benchmark.starts_with("demo") => EngineError::Invalid(format!(
+        (Some(path), None) if spec.benchmark.starts_with("demo") => EngineError::Evaluator(format!(
             "'{}' is not a backbone of a demo architecture (mlp, cnn, vit), so the demo benchmark cannot \
              evaluate it; name a suite file (--benchmark suite.toml) whose evaluator knows this model ({e})",
             path.display()

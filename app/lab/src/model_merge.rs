@@ -18,12 +18,12 @@ use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::executor::{ExecOptions, Observer, Phase, Progress};
 use mergescope_engine::finite::{first_non_finite, non_finite_input, non_finite_output};
 use mergescope_engine::merge::{
-    MergeReport, MergeRequest, check_output_path, create_instance, file_desc, file_label, open_output, output_metadata,
-    plan_outputs, write_copies,
+    MergeReport, check_output_path, create_instance, file_desc, file_label, output_metadata, plan_outputs, write_copies,
 };
 use mergescope_engine::plugin::Plugin;
 use mergescope_engine::plugin::instance::CallEnv;
 use mergescope_engine::writer::{OutputTensor, OutputWriter};
+use mergescope_interop::request::{MergeRequest, open_output};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;

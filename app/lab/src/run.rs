@@ -6,8 +6,9 @@ pub use crate::model_merge::TaskSource;
 use crate::model_merge::{ModelRun, merge_model_files};
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::executor::{ExecOptions, Observer};
-use mergescope_engine::merge::{MergeReport, MergeRequest, merge_files};
+use mergescope_engine::merge::MergeReport;
 use mergescope_engine::plugin::Plugin;
+use mergescope_interop::request::{MergeRequest, merge_files};
 use std::sync::atomic::AtomicBool;
 
 /// What a finished merge left.

@@ -4,9 +4,10 @@
 
 use candle_core::Device;
 use mergescope_engine::error::{EngineError, Result};
-use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Progress};
+use mergescope_engine::merge::{ExecOptions, Observer, Progress};
 use mergescope_engine::plugin::loader::Plugin;
 use mergescope_engine::plugin::schema::ParamType;
+use mergescope_interop::request::MergeRequest;
 use mergescope_lab::data::{SplitKind, TaskData};
 use mergescope_lab::demo::Benchmark;
 use mergescope_lab::evaluator::suite::Suite;

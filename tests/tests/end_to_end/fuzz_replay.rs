@@ -7,7 +7,7 @@
 //! coverage guidance; their crashes, once fixed, belong in the seed corpus here.
 
 use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::recipe::Recipe;
+use mergescope_interop::recipe::Recipe;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::time::{Duration, Instant};

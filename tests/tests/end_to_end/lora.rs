@@ -9,8 +9,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
 use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::lora;
-use mergescope_engine::merge::{MemModel, MergeRequest, open_expert};
+use mergescope_engine::merge::MemModel;
+use mergescope_interop::lora;
+use mergescope_interop::request::{MergeRequest, open_expert};
 use mergescope_tests::{assert_contains, max_difference, merge_to_files};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -473,7 +474,7 @@ fn a_mergekit_config_names_adapters_as_model_plus_adapter() {
     let out = dir.path().join("ta");
     let text = "merge_method: task_arithmetic\nbase_model: mergekit/inputs/base\nmodels:\n  - model: \
                 mergekit/inputs/base+peft/adapter-rslora\n    parameters: {weight: 1.0}\nout_dtype: float32\n";
-    let converted = mergescope_engine::mergekit::convert(text, &fixtures().join("merge.yml"), &out).unwrap();
+    let converted = mergescope_interop::mergekit::convert(text, &fixtures().join("merge.yml"), &out).unwrap();
     assert_eq!(
         converted.recipe.experts,
         [fixtures().join("peft/adapter-rslora").canonicalize().unwrap()]
@@ -487,7 +488,7 @@ fn a_mergekit_config_names_adapters_as_model_plus_adapter() {
     assert!(max_difference(&read(&Checkpoint::open(&out).unwrap()), &peft) < 1e-6);
     // An adapter on another model than the base is refused, naming both.
     let text = text.replace("mergekit/inputs/base+", "mergekit/inputs/expert1+");
-    let e = mergescope_engine::mergekit::convert(&text, &fixtures().join("merge.yml"), &out)
+    let e = mergescope_interop::mergekit::convert(&text, &fixtures().join("merge.yml"), &out)
         .unwrap_err()
         .to_string();
     assert_contains(&e, &["adapter-rslora", "expert1", "not base_model"]);

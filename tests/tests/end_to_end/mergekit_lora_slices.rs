@@ -11,8 +11,9 @@
 
 use super::mergekit_tokenizer::{manifest_vocab, max_diff, run_yaml};
 use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::lora;
-use mergescope_engine::merge::{MemTensor, open_expert};
+use mergescope_engine::merge::MemTensor;
+use mergescope_interop::lora;
+use mergescope_interop::request::open_expert;
 use mergescope_tests::{assert_contains, max_difference, read_model, tensors_of, vocab_of};
 use serde_json::Value;
 use std::path::{Path, PathBuf};

@@ -638,7 +638,7 @@ fn modules_agree_with_mergekit() {
         let text = std::fs::read_to_string(root.join(cfg["config"].as_str().unwrap())).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out");
-        let converted = mergescope_engine::mergekit::convert(&text, &root.join("merge.yml"), &out)
+        let converted = mergescope_interop::mergekit::convert(&text, &root.join("merge.yml"), &out)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let lib = format!("mergescope_plugin_{}", converted.recipe.method.replace('-', "_"));
         mergescope_tests::merge_to_files(&lib, &converted.to_request(false).unwrap())
@@ -650,7 +650,7 @@ fn modules_agree_with_mergekit() {
         // `mergescope recipe convert` writes the same merge as a recipe (module-scoped slices).
         let toml_path = dir.path().join("recipe.toml");
         std::fs::write(&toml_path, converted.recipe.to_toml().unwrap()).unwrap();
-        let mut recipe = mergescope_engine::recipe::Recipe::load(&toml_path).unwrap();
+        let mut recipe = mergescope_interop::recipe::Recipe::load(&toml_path).unwrap();
         recipe.out = dir.path().join("from_toml");
         mergescope_tests::merge_to_files(&lib, &recipe.to_request(false).unwrap()).unwrap();
         assert_eq!(
@@ -694,7 +694,7 @@ fn bad_modules_configs_name_the_key() {
     ];
     for (body, needles) in cases {
         let e =
-            mergescope_engine::mergekit::convert(&format!("{head}{body}"), &root.join("merge.yml"), &root.join("x"))
+            mergescope_interop::mergekit::convert(&format!("{head}{body}"), &root.join("merge.yml"), &root.join("x"))
                 .map(|_| ())
                 .unwrap_err()
                 .to_string();
@@ -702,7 +702,7 @@ fn bad_modules_configs_name_the_key() {
             assert!(e.contains(n), "{body}: {n} in {e}");
         }
     }
-    let e = mergescope_engine::mergekit::convert(
+    let e = mergescope_interop::mergekit::convert(
         &format!("{head}{tv}tokenizer_source: union\n"),
         &root.join("merge.yml"),
         &root.join("x"),
@@ -711,7 +711,7 @@ fn bad_modules_configs_name_the_key() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("'tokenizer_source' with 'modules'"), "{e}");
-    let e = mergescope_engine::mergekit::convert(
+    let e = mergescope_interop::mergekit::convert(
         &format!("{head}{tv}models: [{{model: inputs/expert1}}]\n"),
         &root.join("merge.yml"),
         &root.join("x"),

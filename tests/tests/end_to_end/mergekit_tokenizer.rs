@@ -9,8 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed test is a panic by design
 
 use mergescope_engine::merge::MemModel;
-use mergescope_engine::mergekit;
-use mergescope_engine::recipe::Recipe;
+use mergescope_interop::mergekit;
+use mergescope_interop::recipe::Recipe;
 use mergescope_tests::{assert_contains, merge_to_files, read_model as read, vocab_of};
 use serde_json::Value;
 use std::collections::BTreeMap;

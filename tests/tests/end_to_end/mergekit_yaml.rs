@@ -8,7 +8,7 @@
 
 use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::merge::MemModel;
-use mergescope_engine::mergekit;
+use mergescope_interop::mergekit;
 use mergescope_tests::{assert_contains, merge_to_files};
 use std::path::{Path, PathBuf};
 

@@ -6,7 +6,7 @@
 use anyhow::Context as _;
 use clap::Args;
 use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::lora;
+use mergescope_interop::lora;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

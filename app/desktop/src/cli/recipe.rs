@@ -2,8 +2,8 @@
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
-use mergescope_engine::mergekit;
 use mergescope_engine::writer::write_atomic;
+use mergescope_interop::mergekit;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -244,7 +244,7 @@ impl Document {
                 );
                 self.use_suite(&bench.suite_path());
             }
-            Event::Failed(_, msg) => {
+            Event::Failed(_, msg, _) => {
                 let what = self.build.take().map(|b| b.what);
                 match what {
                     Some(BuildKind::Text) => self.note(

@@ -13,8 +13,8 @@ use crate::runs::{Live, RunRecord, RunStatus};
 use mergescope_engine::device::DeviceChoice;
 use mergescope_engine::dtype::OutDType;
 use mergescope_engine::error::{EngineError, Result};
-use mergescope_engine::merge::MergeRequest;
 use mergescope_engine::plugin::{Approvals, Plugin, PluginDirs, PluginOrigin, Registry};
+use mergescope_interop::request::MergeRequest;
 use mergescope_lab::demo::{self, Benchmark};
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::nn::Arch;
@@ -373,6 +373,7 @@ impl Document {
             eval: None,
             eval_note: None,
             error: None,
+            error_kind: None,
             log: Vec::new(),
             live: None,
             slices,
@@ -627,9 +628,10 @@ impl Document {
                     }
                 }
             }
-            Event::Failed(_, msg) => {
+            Event::Failed(_, msg, kind) => {
                 r.status = RunStatus::Failed;
                 r.live = None;
+                r.error_kind = Some(kind.label().to_owned());
                 notes.push((Level::Error, format!("{} failed: {msg}", r.title())));
                 r.error = Some(msg);
             }

@@ -115,7 +115,7 @@ impl Document {
             ))
         })?;
         mergescope_engine::writer::write_atomic(dest, &bytes)?;
-        let recipe = mergescope_engine::recipe::Recipe {
+        let recipe = mergescope_interop::recipe::Recipe {
             method: r.method.clone(),
             base: r.base.as_ref().map(|b| b.path.clone()),
             experts: r.experts.iter().map(|e| e.path.clone()).collect(),
@@ -125,9 +125,9 @@ impl Document {
             device: r.device,
             shard_size: None,
             on_missing: MissingPolicy::Error,
-            params: mergescope_engine::recipe::params_to_toml(&r.params),
+            params: mergescope_interop::recipe::params_to_toml(&r.params),
             slices: r.slices.clone(),
-            ..mergescope_engine::recipe::Recipe::default()
+            ..mergescope_interop::recipe::Recipe::default()
         };
         let recipe_path = PathBuf::from(format!("{}.recipe.toml", dest.display()));
         let text = toml::to_string_pretty(&recipe)
@@ -281,7 +281,7 @@ mod tests {
             r#"{"lambda": 0.5, "k": 3, "normalize": true, "trim_scope": "global", "w": [0.5, 1]}"#,
         )
         .unwrap();
-        let t = mergescope_engine::recipe::params_to_toml(&params);
+        let t = mergescope_interop::recipe::params_to_toml(&params);
         assert_eq!(t["lambda"], toml::Value::Float(0.5));
         assert_eq!(t["k"], toml::Value::Integer(3));
         assert_eq!(t["normalize"], toml::Value::Boolean(true));
@@ -293,7 +293,7 @@ mod tests {
         // Layer-wise values from an opened recipe are kept, as the recipe gave them.
         let layered: Map<String, Value> =
             serde_json::from_str(r#"{"t": [{"filter": "mlp", "value": [0, 1]}, {"value": 0.5}]}"#).unwrap();
-        let t = mergescope_engine::recipe::params_to_toml(&layered);
+        let t = mergescope_interop::recipe::params_to_toml(&layered);
         let back = toml::Value::Table(t).to_string();
         assert!(
             back.contains("filter = \"mlp\"") && back.contains("value = [0.0, 1.0]"),

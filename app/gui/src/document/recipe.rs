@@ -4,8 +4,8 @@
 use super::{Document, Level};
 use mergescope_engine::compat::MissingPolicy;
 use mergescope_engine::error::{EngineError, Result};
-use mergescope_engine::hf_folder::FolderOutput;
-use mergescope_engine::slices::Slice;
+use mergescope_interop::hf_folder::FolderOutput;
+use mergescope_interop::slices::Slice;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -51,12 +51,12 @@ impl Document {
     fn try_open_recipe(&mut self, path: &Path) -> Result<String> {
         // The merge request the recipe describes is what `mergescope merge` runs; its folder
         // output carries the tokenizer settings the form cannot show.
-        let (recipe, notes, request) = if mergescope_engine::mergekit::is_mergekit_config(path) {
-            let c = mergescope_engine::mergekit::load(path, &self.runs_dir)?;
+        let (recipe, notes, request) = if mergescope_interop::mergekit::is_mergekit_config(path) {
+            let c = mergescope_interop::mergekit::load(path, &self.runs_dir)?;
             let request = c.to_request(false)?;
             (c.recipe, c.notes, request)
         } else {
-            let r = mergescope_engine::recipe::Recipe::load(path)?;
+            let r = mergescope_interop::recipe::Recipe::load(path)?;
             let request = r.to_request(false)?;
             (r, Vec::new(), request)
         };
@@ -96,9 +96,9 @@ impl Document {
                 (Some(spec), _) => format!(
                     "its vocabularies are aligned to the {} tokenizer{}",
                     match &spec.source {
-                        mergescope_engine::tokenizer_union::Source::Union => "union".to_owned(),
-                        mergescope_engine::tokenizer_union::Source::Base => "base's".to_owned(),
-                        mergescope_engine::tokenizer_union::Source::Model(m) => format!("'{}'", m.display()),
+                        mergescope_interop::tokenizer_union::Source::Union => "union".to_owned(),
+                        mergescope_interop::tokenizer_union::Source::Base => "base's".to_owned(),
+                        mergescope_interop::tokenizer_union::Source::Model(m) => format!("'{}'", m.display()),
                     },
                     if f.chat_template.is_some() {
                         " and the chat template is set"
@@ -149,7 +149,7 @@ impl Document {
     /// Whether the inputs can be merged once the recipe's tokenizer settings align their
     /// vocabularies: as [`Inputs::ready`], but the vocabulary tensors may differ in size.
     pub(super) fn ready_with_aligned_vocabularies(&self) -> Result<()> {
-        use mergescope_engine::tokenizer_union::VOCAB_TENSORS;
+        use mergescope_interop::tokenizer_union::VOCAB_TENSORS;
         if self.inputs.experts.is_empty() {
             return Err(EngineError::invalid("add at least one expert checkpoint"));
         }

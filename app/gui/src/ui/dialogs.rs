@@ -21,7 +21,7 @@ pub fn is_library(path: &Path) -> bool {
 pub fn add_path(doc: &mut Document, view: &mut ViewState, path: &Path) {
     if is_library(path) {
         request_plugin(doc, view, path);
-    } else if mergescope_engine::mergekit::is_mergekit_config(path) {
+    } else if mergescope_interop::mergekit::is_mergekit_config(path) {
         doc.open_recipe(path);
     } else if !doc.inputs.add_expert(path, None) {
         view.toast(format!("'{}' is already an input", path.display()));

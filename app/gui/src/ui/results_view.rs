@@ -74,7 +74,11 @@ fn status_cell(ui: &mut Ui, r: &RunRecord) {
     match r.status {
         RunStatus::Failed => {
             let msg = r.error.clone().unwrap_or_default();
-            ui.label(RichText::new("failed ℹ").color(ui.visuals().error_fg_color))
+            let text = match &r.error_kind {
+                Some(kind) => format!("failed: {kind} ℹ"),
+                None => "failed ℹ".to_owned(),
+            };
+            ui.label(RichText::new(text).color(ui.visuals().error_fg_color))
                 .on_hover_text(msg);
         }
         RunStatus::Done if r.eval.is_none() => {

@@ -6,10 +6,11 @@
 
 use egui_kittest::Harness;
 use mergescope_engine::checkpoint::Checkpoint;
-use mergescope_engine::merge::{ExecOptions, MergeReport, MergeRequest, Observer, merge_files};
+use mergescope_engine::merge::{ExecOptions, MergeReport, Observer};
 use mergescope_gui::runs::{RunRecord, RunStatus};
 use mergescope_gui::settings::{Settings, Theme};
 use mergescope_gui::{DocumentConfig, MergescopeApp};
+use mergescope_interop::request::{MergeRequest, merge_files};
 use mergescope_lab::demo::{Benchmark, BuildRecipe, build};
 use mergescope_lab::nn::Arch;
 use mergescope_lab::train::Budget;
@@ -133,7 +134,7 @@ pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
 /// `mergescope recipe convert` converts it: the recipe file, and the output it names.
 pub fn convert_recipe(yaml: &str, config: &Path, dir: &Path) -> TestResult<(PathBuf, PathBuf)> {
     let out = dir.join("cli");
-    let converted = mergescope_engine::mergekit::convert(yaml, config, &out)?;
+    let converted = mergescope_interop::mergekit::convert(yaml, config, &out)?;
     let recipe_file = dir.join("recipe.toml");
     std::fs::write(&recipe_file, converted.recipe.to_toml()?)?;
     Ok((recipe_file, out))

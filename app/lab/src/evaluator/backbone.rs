@@ -51,13 +51,13 @@ impl BackboneEvaluator {
             .map(|t| {
                 let s = t.data.split(split);
                 if t.data.image_size != (crate::nn::IMAGE_SIDE, crate::nn::IMAGE_SIDE) {
-                    return Err(EngineError::Invalid(format!(
+                    return Err(EngineError::Evaluator(format!(
                         "task '{}' has {}×{} images; the demo architectures take 28×28",
                         t.data.name, t.data.image_size.0, t.data.image_size.1
                     )));
                 }
                 if t.head.classes() != t.data.classes.len() {
-                    return Err(EngineError::Invalid(format!(
+                    return Err(EngineError::Evaluator(format!(
                         "the head of task '{}' has {} outputs but the task has {} classes",
                         t.data.name,
                         t.head.classes(),
@@ -154,7 +154,7 @@ impl Evaluator for BackboneEvaluator {
     fn evaluate_file(&self, path: &Path, cancel: &AtomicBool) -> Result<EvalReport> {
         let params = load_params(path, &self.device)?;
         self.arch.check(&params).map_err(|e| {
-            EngineError::Invalid(format!(
+            EngineError::Evaluator(format!(
                 "'{}' cannot be evaluated as a {} backbone: {e}",
                 path.display(),
                 self.arch

@@ -191,7 +191,7 @@ pub(crate) fn variables(model: &Params, order: &[String]) -> Result<(Vec<Var>, P
         .map(|k| {
             let t = model
                 .get(k)
-                .ok_or_else(|| EngineError::Invalid(format!("the candidate has no tensor '{k}'")))?;
+                .ok_or_else(|| EngineError::Evaluator(format!("the candidate has no tensor '{k}'")))?;
             Ok(Var::from_tensor(&t.detach())?)
         })
         .collect::<Result<_>>()?;

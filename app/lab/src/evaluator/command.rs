@@ -135,7 +135,7 @@ impl CommandEvaluator {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| {
-                EngineError::Invalid(format!(
+                EngineError::Evaluator(format!(
                     "suite '{}': cannot start the evaluator command '{shown}' in '{}': {e}; check that \
                      '{program}' is installed and on PATH",
                     self.name,
@@ -165,7 +165,7 @@ impl CommandEvaluator {
             let stop = if cancel.load(Ordering::Relaxed) {
                 Some(EngineError::Cancelled)
             } else if started.elapsed() > self.timeout {
-                Some(EngineError::Invalid(format!(
+                Some(EngineError::Evaluator(format!(
                     "suite '{}': the evaluator command '{shown}' ran longer than {} s on '{}' and was stopped; \
                      raise timeout_s in the suite's [evaluator] table if it needs longer",
                     self.name,
@@ -187,7 +187,7 @@ impl CommandEvaluator {
         if !status.success() {
             let tail: Vec<&str> = err.lines().rev().take(STDERR_LINES).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::Evaluator(format!(
                 "suite '{}': the evaluator command '{shown}' failed on '{}' ({status}){}",
                 self.name,
                 model.display(),
@@ -227,7 +227,7 @@ impl Evaluator for CommandEvaluator {
             None => (stdout, "its standard output".to_owned()),
         };
         let tasks = parse_metrics_json(&text, &self.tasks, &self.metric)
-            .map_err(|e| EngineError::Invalid(format!("suite '{}': reading {source}: {e}", self.name)))?;
+            .map_err(|e| EngineError::Evaluator(format!("suite '{}': reading {source}: {e}", self.name)))?;
         Ok(summarise(SplitKind::Test, tasks))
     }
 }

@@ -164,7 +164,7 @@ impl<E: ClassifierFamily> CalibrationTasks for FamilyCalibration<E> {
         };
         let n = train.examples(task);
         if n == 0 {
-            return Err(EngineError::invalid(format!(
+            return Err(EngineError::evaluator(format!(
                 "task '{}' has no training examples",
                 self.names[task]
             )));

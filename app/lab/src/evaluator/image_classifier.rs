@@ -97,7 +97,7 @@ impl ImageClassifierEvaluator {
             if let Some(h) = &t.head
                 && h.dims().first() != Some(&t.classes.len())
             {
-                return Err(EngineError::invalid(format!(
+                return Err(EngineError::evaluator(format!(
                     "task '{}': its head has shape {:?} but the task has {} classes ({})",
                     t.name,
                     h.dims(),
@@ -141,7 +141,7 @@ impl ImageClassifierEvaluator {
             .or_else(|| self.spec.base.as_ref().and_then(|b| hf::beside(b, "config.json")))
             .or_else(|| self.spec.zeroshot_from.as_ref().and_then(|z| hf::beside(z, "config.json")))
             .ok_or_else(|| {
-                EngineError::invalid(format!(
+                EngineError::evaluator(format!(
                     "no config.json beside '{}'; name the CLIP model's config as config = \"...\" (or its folder as zeroshot_from) in the suite's [model] table",
                     checkpoint.display()
                 ))
@@ -172,7 +172,7 @@ impl ImageClassifierEvaluator {
                 .clone()
                 .or_else(|| hf::beside(&text_source, "tokenizer.json"))
                 .ok_or_else(|| {
-                    EngineError::invalid(format!(
+                    EngineError::evaluator(format!(
                         "no tokenizer.json beside '{}' for the zero-shot heads; name it as tokenizer = \"...\" in the suite's [model] table",
                         text_source.display()
                     ))

@@ -63,14 +63,14 @@ pub fn read_lm_task(name: &str, path: &Path) -> Result<LmTask> {
     let data = match ext.as_str() {
         "txt" => {
             if text.trim().is_empty() {
-                return Err(EngineError::invalid(format!("'{}' is empty", path.display())));
+                return Err(EngineError::evaluator(format!("'{}' is empty", path.display())));
             }
             LmTaskData::Text(text)
         }
         "jsonl" | "json" => {
             let mut qs = Vec::new();
             for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                let at = |what: &str| EngineError::invalid(format!("'{}', line {}: {what}", path.display(), i + 1));
+                let at = |what: &str| EngineError::evaluator(format!("'{}', line {}: {what}", path.display(), i + 1));
                 let v: serde_json::Value = serde_json::from_str(line).map_err(|e| at(&format!("not JSON ({e})")))?;
                 let question = v["question"]
                     .as_str()
@@ -93,12 +93,15 @@ pub fn read_lm_task(name: &str, path: &Path) -> Result<LmTask> {
                 });
             }
             if qs.is_empty() {
-                return Err(EngineError::invalid(format!("'{}' holds no questions", path.display())));
+                return Err(EngineError::evaluator(format!(
+                    "'{}' holds no questions",
+                    path.display()
+                )));
             }
             LmTaskData::MultipleChoice(qs)
         }
         _ => {
-            return Err(EngineError::invalid(format!(
+            return Err(EngineError::evaluator(format!(
                 "'{}': a causal-lm task's data is .jsonl multiple-choice questions ({{\"question\", \"choices\", \"answer\"}} a line) or a .txt text",
                 path.display()
             )));
@@ -253,7 +256,7 @@ impl LmEvaluator {
     fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>> {
         Ok(tokenizer
             .encode(text, true)
-            .map_err(|e| EngineError::invalid(format!("the tokenizer failed: {e}")))?
+            .map_err(|e| EngineError::evaluator(format!("the tokenizer failed: {e}")))?
             .get_ids()
             .to_vec())
     }
@@ -349,7 +352,7 @@ impl ScoresWeights for LmEvaluator {
                         }
                     }
                     if count == 0 {
-                        return Err(EngineError::invalid(format!(
+                        return Err(EngineError::evaluator(format!(
                             "task '{}': its text is a single token; give it more text",
                             task.name
                         )));
@@ -399,7 +402,7 @@ impl ClassifierFamily for LmEvaluator {
                     LmTaskData::Text(text) => {
                         let windows = Self::text_windows(&tokenizer, text, window)?;
                         if windows.is_empty() {
-                            return Err(EngineError::invalid(format!(
+                            return Err(EngineError::evaluator(format!(
                                 "suite '{}', task '{}': its text is a single token; give it more text",
                                 self.name, t.name
                             )));

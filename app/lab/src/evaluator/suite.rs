@@ -660,7 +660,7 @@ impl Suite {
             .or_else(|| model.templates.clone())
             .unwrap_or_else(|| vec![DEFAULT_TEMPLATE.to_owned()]);
         if templates.is_empty() || templates.iter().any(|t| !t.contains("{}")) {
-            return Err(within(EngineError::invalid(
+            return Err(within(EngineError::evaluator(
                 "templates must be prompts with {} where the class name goes, e.g. [\"a photo of a {}.\"]",
             )));
         }
@@ -673,7 +673,7 @@ impl Suite {
                     .get("weight")
                     .or_else(|| (c.tensors.len() == 1).then(|| c.tensors.values().next()).flatten())
                     .ok_or_else(|| {
-                        within(EngineError::invalid(format!(
+                        within(EngineError::evaluator(format!(
                             "head file '{}' has no tensor 'weight' ([classes, projection])",
                             path.display()
                         )))
@@ -701,7 +701,7 @@ impl Suite {
         if let (Some(h), Some(names)) = (&head, &t.labels)
             && h.classes() != names.len()
         {
-            return Err(within(EngineError::invalid(format!(
+            return Err(within(EngineError::evaluator(format!(
                 "labels lists {} classes but the head has {} rows; list every class of the head in its order",
                 names.len(),
                 h.classes()

@@ -82,7 +82,7 @@ impl TextClassifierEvaluator {
 fn check_labels(task: &TextTask, head: &ClassifierHead) -> Result<()> {
     let top = task.examples.iter().map(|e| e.label).max().unwrap_or(0);
     if top >= head.classes() {
-        return Err(EngineError::invalid(format!(
+        return Err(EngineError::evaluator(format!(
             "task '{}': '{}' has label {top} but the task's head has {} classes; give the head of the model fine-tuned on this data",
             task.name,
             task.data.display(),
@@ -164,7 +164,7 @@ impl ClassifierFamily for TextClassifierEvaluator {
                     (None, None) => return Err(EngineError::Bug("a task without a head reached scoring".into())),
                 };
                 if head.kind() != encoder.kind() {
-                    return Err(EngineError::invalid(format!(
+                    return Err(EngineError::evaluator(format!(
                         "the head of task '{}' is a {} classifier but '{}' is a {} model; the head must come from a fine-tune of this model",
                         task.name,
                         head.kind(),
@@ -173,7 +173,7 @@ impl ClassifierFamily for TextClassifierEvaluator {
                     )));
                 }
                 if head.hidden() != config.hidden_size() {
-                    return Err(EngineError::invalid(format!(
+                    return Err(EngineError::evaluator(format!(
                         "the head of task '{}' reads {} features but the model's hidden size is {}; the head must come from a fine-tune of this model",
                         task.name,
                         head.hidden(),

@@ -78,7 +78,7 @@ pub fn encode<'a>(
     let n = inputs.len();
     let encodings = tokenizer
         .encode_batch(inputs, true)
-        .map_err(|e| EngineError::invalid(format!("the tokenizer failed: {e}")))?;
+        .map_err(|e| EngineError::evaluator(format!("the tokenizer failed: {e}")))?;
     let len = encodings.iter().map(|e| e.get_ids().len()).max().unwrap_or(0);
     let (mut ids, mut types, mut mask) = (vec![pad_id; n * len], vec![0u32; n * len], vec![0u32; n * len]);
     for (row, e) in encodings.iter().enumerate() {
@@ -131,7 +131,7 @@ impl BertEncoder {
         };
         let vb = hf::var_builder(weights, device);
         let encoder = net::BertNet::load(vb, config, linears).map_err(|e| {
-            EngineError::invalid(format!(
+            EngineError::evaluator(format!(
                 "'{}' is not a BERT encoder of its config (hidden {}, {} layers): {e}",
                 source.display(),
                 config.hidden_size,

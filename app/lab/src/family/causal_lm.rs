@@ -49,9 +49,9 @@ impl LmConfig {
 pub fn read_config(path: &Path) -> Result<LmConfig> {
     let text = std::fs::read_to_string(path).map_err(|e| EngineError::io("cannot read", path, e))?;
     let mut v: Value = serde_json::from_str(&text)
-        .map_err(|e| EngineError::invalid(format!("'{}' is not JSON: {e}", path.display())))?;
+        .map_err(|e| EngineError::evaluator(format!("'{}' is not JSON: {e}", path.display())))?;
     let Some(map) = v.as_object_mut() else {
-        return Err(EngineError::invalid(format!(
+        return Err(EngineError::evaluator(format!(
             "'{}' is not a model config",
             path.display()
         )));
@@ -68,7 +68,7 @@ pub fn read_config(path: &Path) -> Result<LmConfig> {
         .unwrap_or_default()
         .to_owned();
     let bad = |e: serde_json::Error| {
-        EngineError::invalid(format!(
+        EngineError::evaluator(format!(
             "'{}' is not a {model_type} config this family reads: {e}",
             path.display()
         ))
@@ -115,7 +115,7 @@ pub fn read_config(path: &Path) -> Result<LmConfig> {
             Ok(LmConfig::Qwen2(serde_json::from_value(v).map_err(bad)?))
         }
         "gpt2" => Ok(LmConfig::Gpt2(gpt2::read_config(path, map)?)),
-        other => Err(EngineError::invalid(format!(
+        other => Err(EngineError::evaluator(format!(
             "'{}' is a '{other}' model; the causal-lm family reads model_type llama, mistral, qwen2 and gpt2",
             path.display()
         ))),
@@ -178,7 +178,7 @@ impl CausalLm {
             .filter(|n| !weights.contains_key(n))
             .collect();
         if let Some(first) = missing.first() {
-            return Err(EngineError::invalid(format!(
+            return Err(EngineError::evaluator(format!(
                 "'{}' lacks {} tensor(s) its config needs, e.g. '{first}': is it the model of this config (layers: {})?",
                 source.display(),
                 missing.len(),
@@ -186,7 +186,7 @@ impl CausalLm {
             )));
         }
         let bad = |e: candle_core::Error| {
-            EngineError::invalid(format!("'{}' does not match its config: {e}", source.display()))
+            EngineError::evaluator(format!("'{}' does not match its config: {e}", source.display()))
         };
         match config {
             LmConfig::Llama(c) => {
@@ -198,7 +198,7 @@ impl CausalLm {
                 // The tensors were checked above; a panic here would be a shape mismatch.
                 let model = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| llama::Llama::load(vb, &c)))
                     .map_err(|_| {
-                        EngineError::invalid(format!(
+                        EngineError::evaluator(format!(
                             "'{}': a tensor's shape does not match its config",
                             source.display()
                         ))

@@ -78,7 +78,7 @@ struct ConfigFile {
 /// key candle's CLIP cannot follow.
 pub fn read_config(path: &Path) -> Result<ClipConfigs> {
     let file: ConfigFile = hf::read_config(path, &[])?;
-    let bad = |what: String| EngineError::invalid(format!("'{}': {what}", path.display()));
+    let bad = |what: String| EngineError::evaluator(format!("'{}': {what}", path.display()));
     let (vision, text) = match file.model_type.as_deref() {
         Some("clip") => (file.vision_config, file.text_config),
         // A vision-only model's settings are the file's own keys.
@@ -179,20 +179,20 @@ impl ImageEncoder {
         let projection = linear_no_bias(weights, "visual_projection.weight")
             .or_else(|| fallback.and_then(|f| linear_no_bias(f, "visual_projection.weight")))
             .ok_or_else(|| {
-                EngineError::invalid(format!(
+                EngineError::evaluator(format!(
                     "'{}' has no visual_projection.weight (a CLIPVisionModel fine-tune): name the CLIPModel it was fine-tuned from as zeroshot_from in the suite's [model] table",
                     source.display()
                 ))
             })?;
         if !weights.contains_key("vision_model.embeddings.class_embedding") {
-            return Err(EngineError::invalid(format!(
+            return Err(EngineError::evaluator(format!(
                 "'{}' has no vision_model.embeddings.class_embedding: it is not a CLIP image tower",
                 source.display()
             )));
         }
         let vb = hf::var_builder(weights.clone(), device);
         let tower = ClipVisionTransformer::new(vb.pp("vision_model"), &config.vision).map_err(|e| {
-            EngineError::invalid(format!(
+            EngineError::evaluator(format!(
                 "'{}' is not a CLIP image tower of its config (width {}, {} layers): {e}",
                 source.display(),
                 config.vision.embed_dim,
@@ -223,7 +223,7 @@ impl TextEncoder {
         source: &Path,
     ) -> Result<TextEncoder> {
         let missing = || {
-            EngineError::invalid(format!(
+            EngineError::evaluator(format!(
                 "'{}' has no CLIP text tower (text_model.*, text_projection.weight) to build zero-shot heads from; name a CLIPModel folder as zeroshot_from in the suite's [model] table, or give each task a head file",
                 source.display()
             ))
@@ -232,7 +232,7 @@ impl TextEncoder {
         let projection = linear_no_bias(weights, "text_projection.weight").ok_or_else(missing)?;
         let vb = hf::var_builder(weights.clone(), device);
         let tower = ClipTextTransformer::new(vb.pp("text_model"), text).map_err(|e| {
-            EngineError::invalid(format!(
+            EngineError::evaluator(format!(
                 "'{}': the CLIP text tower does not match its config: {e}",
                 source.display()
             ))
@@ -255,7 +255,7 @@ impl TextEncoder {
             let prompts: Vec<String> = templates.iter().map(|t| t.replace("{}", class)).collect();
             let ids = tokenizer
                 .encode_batch(prompts.iter().map(String::as_str).collect::<Vec<_>>(), true)
-                .map_err(|e| EngineError::invalid(format!("the CLIP tokenizer failed on '{class}': {e}")))?;
+                .map_err(|e| EngineError::evaluator(format!("the CLIP tokenizer failed on '{class}': {e}")))?;
             let len = ids.iter().map(|e| e.get_ids().len()).max().unwrap_or(1);
             // Padding with 0 after the end-of-text token leaves its embedding unchanged: the
             // text tower is causal and pools at the largest id (the end-of-text token).

@@ -60,7 +60,7 @@ pub fn read_config(path: &Path) -> Result<Config> {
         "gelu_new" | "gelu_pytorch_tanh" => HiddenAct::GeluApproximate,
         "relu" => HiddenAct::Relu,
         other => {
-            return Err(EngineError::invalid(format!(
+            return Err(EngineError::evaluator(format!(
                 "'{}': DistilBERT activation {other:?} is not one this version runs; it runs \"gelu\", \"gelu_new\" and \"relu\"",
                 path.display()
             )));
@@ -118,7 +118,7 @@ pub fn bert_weights(
     let mut out = HashMap::new();
     let mut take = |from: String, to: String| -> Result<()> {
         let t = weights.get(&from).ok_or_else(|| {
-            EngineError::invalid(format!(
+            EngineError::evaluator(format!(
                 "'{}' has no tensor '{from}', which a DistilBERT encoder of its config ({} layers) has; evaluate a DistilBertForSequenceClassification checkpoint or its merge",
                 source.display(),
                 config.num_hidden_layers

@@ -102,7 +102,7 @@ impl SequenceEncoder {
             EncoderConfig::Bert(c) => {
                 let e = BertEncoder::load(c, weights, device, source)?;
                 if !e.has_pooler() {
-                    return Err(EngineError::invalid(format!(
+                    return Err(EngineError::evaluator(format!(
                         "'{}' has no pooler (pooler.dense.weight), which sequence classification reads; evaluate a BertForSequenceClassification checkpoint or its merge",
                         source.display()
                     )));
@@ -135,7 +135,7 @@ impl SequenceEncoder {
     pub fn features(&self, batch: &TokenBatch) -> Result<Tensor> {
         let len = batch.ids.dim(1)?;
         if len > self.max_tokens {
-            return Err(EngineError::invalid(format!(
+            return Err(EngineError::evaluator(format!(
                 "an input of {len} tokens is longer than the model's {} positions; set [model] max_length = {} or less in the suite",
                 self.max_tokens, self.max_tokens
             )));

@@ -58,7 +58,7 @@ pub fn read_config(path: &Path, map: &Map<String, Value>) -> Result<Gpt2Config> 
                 .as_u64()
                 .filter(|n| *n > 0)
                 .map(|n| n as usize)
-                .ok_or_else(|| EngineError::invalid(format!("'{file}': {key} = {v} is not a positive integer"))),
+                .ok_or_else(|| EngineError::evaluator(format!("'{file}': {key} = {v} is not a positive integer"))),
         }
     };
     let flag = |key: &str, default: bool| -> Result<bool> {
@@ -66,7 +66,7 @@ pub fn read_config(path: &Path, map: &Map<String, Value>) -> Result<Gpt2Config> 
             None => Ok(default),
             Some(v) => v
                 .as_bool()
-                .ok_or_else(|| EngineError::invalid(format!("'{file}': {key} = {v} is not true or false"))),
+                .ok_or_else(|| EngineError::evaluator(format!("'{file}': {key} = {v} is not true or false"))),
         }
     };
     let hidden = size("n_embd", 768)?;
@@ -80,12 +80,12 @@ pub fn read_config(path: &Path, map: &Map<String, Value>) -> Result<Gpt2Config> 
         tied: flag("tie_word_embeddings", true)?,
     };
     let refuse = |key: &str, v: &Value, runs: &str| {
-        Err(EngineError::invalid(format!(
+        Err(EngineError::evaluator(format!(
             "'{file}': GPT-2 {key} = {v} is not supported; the causal-lm family runs GPT-2 with {runs}"
         )))
     };
     if hidden % heads != 0 {
-        return Err(EngineError::invalid(format!(
+        return Err(EngineError::evaluator(format!(
             "'{file}': n_embd = {hidden} is not a multiple of n_head = {heads}"
         )));
     }
@@ -140,7 +140,7 @@ impl Names<'_> {
     fn get(&self, name: &str) -> Result<Tensor> {
         let full = format!("{}{name}", self.prefix);
         self.weights.get(&full).cloned().ok_or_else(|| {
-            EngineError::invalid(format!(
+            EngineError::evaluator(format!(
                 "'{}' has no tensor '{full}', which a GPT-2 of its config ({} layers) has; is it the model of this config?",
                 self.source.display(),
                 self.layers
@@ -171,13 +171,13 @@ impl Gpt2 {
         };
         let d = config.hidden;
         let bad = |e: candle_core::Error| {
-            EngineError::invalid(format!("'{}' does not match its GPT-2 config: {e}", source.display()))
+            EngineError::evaluator(format!("'{}' does not match its GPT-2 config: {e}", source.display()))
         };
         let shaped = |t: Tensor, dims: &[usize], name: &str| -> Result<Tensor> {
             if t.dims() == dims {
                 Ok(t)
             } else {
-                Err(EngineError::invalid(format!(
+                Err(EngineError::evaluator(format!(
                     "'{}': tensor '{}{name}' is {:?}, its config makes it {dims:?}",
                     source.display(),
                     names.prefix,
@@ -255,7 +255,7 @@ impl Gpt2 {
             wte
         } else {
             let t = weights.get("lm_head.weight").cloned().ok_or_else(|| {
-                EngineError::invalid(format!(
+                EngineError::evaluator(format!(
                     "'{}' has no 'lm_head.weight', which its config's tie_word_embeddings = false asks for",
                     source.display()
                 ))

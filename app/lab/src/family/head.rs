@@ -40,7 +40,7 @@ pub struct ClassifierHead {
 }
 
 fn missing_head(path: &Path, name: &str) -> EngineError {
-    EngineError::invalid(format!(
+    EngineError::evaluator(format!(
         "'{}' has no tensor '{name}'; a task's head is the classifier of its fine-tuned *ForSequenceClassification checkpoint (or a file with just those tensors): \
          {HEAD_WEIGHT}/.bias for BERT, {DISTILBERT_PRE}.* and {HEAD_WEIGHT}/.bias for DistilBERT, {ROBERTA_DENSE}.* and {ROBERTA_OUT}.* for RoBERTa",
         path.display()
@@ -76,7 +76,7 @@ impl ClassifierHead {
             let b = get(&bn)?.ok_or_else(|| missing_head(source, &bn))?;
             let (ws, bs) = (w.dims().to_vec(), b.dims().to_vec());
             if ws.len() != 2 || bs != [ws[0]] {
-                return Err(EngineError::invalid(format!(
+                return Err(EngineError::evaluator(format!(
                     "'{}': {wn} {ws:?} and {bn} {bs:?} are not a [outputs, inputs] weight and an [outputs] bias",
                     source.display()
                 )));
@@ -96,7 +96,7 @@ impl ClassifierHead {
         };
         let hidden = match &hidden_layer {
             Some((_, outputs, _)) if *outputs != out_in => {
-                return Err(EngineError::invalid(format!(
+                return Err(EngineError::evaluator(format!(
                     "'{}': the head's hidden layer gives {outputs} features but its output layer reads {out_in}",
                     source.display()
                 )));

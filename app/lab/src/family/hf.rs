@@ -32,14 +32,14 @@ pub fn locate(named: Option<&Path>, checkpoint: &Path, base: Option<&Path>, file
         return if p.is_file() {
             Ok(p.to_owned())
         } else {
-            Err(EngineError::invalid(format!(
+            Err(EngineError::evaluator(format!(
                 "{key} = '{}' is not a file; point it at the model's {file}",
                 p.display()
             )))
         };
     }
     beside(checkpoint, file).or_else(|| base.and_then(|b| beside(b, file))).ok_or_else(|| {
-        EngineError::invalid(format!(
+        EngineError::evaluator(format!(
             "no {file} beside '{}' (a merged file carries no config); name the base model's {file} as {key} = \"...\" in the suite's [model] table",
             checkpoint.display()
         ))
@@ -66,9 +66,9 @@ pub fn locate_config_and_tokenizer(
 pub fn read_config<T: DeserializeOwned>(path: &Path, defaults: &[(&str, serde_json::Value)]) -> Result<T> {
     let text = std::fs::read_to_string(path).map_err(|e| EngineError::io("cannot read", path, e))?;
     let mut value: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| EngineError::invalid(format!("'{}' is not JSON: {e}", path.display())))?;
+        .map_err(|e| EngineError::evaluator(format!("'{}' is not JSON: {e}", path.display())))?;
     let Some(map) = value.as_object_mut() else {
-        return Err(EngineError::invalid(format!(
+        return Err(EngineError::evaluator(format!(
             "'{}' is not a model config (a JSON object)",
             path.display()
         )));
@@ -79,7 +79,7 @@ pub fn read_config<T: DeserializeOwned>(path: &Path, defaults: &[(&str, serde_js
         }
     }
     serde_json::from_value(value)
-        .map_err(|e| EngineError::invalid(format!("'{}' is not a config this family reads: {e}", path.display())))
+        .map_err(|e| EngineError::evaluator(format!("'{}' is not a config this family reads: {e}", path.display())))
 }
 
 /// The model type a `config.json` declares (`bert`, `clip`, `llama`, ...), if any.
@@ -97,7 +97,7 @@ pub fn model_type(path: &Path) -> Result<Option<String>> {
 /// 128 tokens, would multiply the work for short texts).
 pub fn load_tokenizer(path: &Path, max_length: usize) -> Result<Tokenizer> {
     let mut t = Tokenizer::from_file(path).map_err(|e| {
-        EngineError::invalid(format!(
+        EngineError::evaluator(format!(
             "'{}' is not a tokenizer.json this version reads: {e}",
             path.display()
         ))
@@ -108,7 +108,7 @@ pub fn load_tokenizer(path: &Path, max_length: usize) -> Result<Tokenizer> {
         ..Default::default()
     }))
     .map_err(|e| {
-        EngineError::invalid(format!(
+        EngineError::evaluator(format!(
             "'{}': cannot truncate to {max_length} tokens: {e}",
             path.display()
         ))

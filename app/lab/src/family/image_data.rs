@@ -45,7 +45,7 @@ pub fn read_image_folder(dir: &Path, classes: Option<&[String]>) -> Result<(Vec<
         }
     };
     if names.is_empty() {
-        return Err(EngineError::invalid(format!(
+        return Err(EngineError::evaluator(format!(
             "'{}' has no class subfolders; put each class's images in a subfolder named after it",
             dir.display()
         )));
@@ -60,7 +60,7 @@ pub fn read_image_folder(dir: &Path, classes: Option<&[String]>) -> Result<(Vec<
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(EngineError::invalid(format!(
+            return Err(EngineError::evaluator(format!(
                 "class folder '{}' holds no .png or .jpg images",
                 sub.display()
             )));
@@ -73,11 +73,11 @@ pub fn read_image_folder(dir: &Path, classes: Option<&[String]>) -> Result<(Vec<
 /// One image as CLIP sees it: `[3, size, size]` values, channel-major.
 pub fn preprocess(path: &Path, size: usize) -> Result<Vec<f32>> {
     let img = image::open(path)
-        .map_err(|e| EngineError::invalid(format!("cannot read image '{}': {e}", path.display())))?
+        .map_err(|e| EngineError::evaluator(format!("cannot read image '{}': {e}", path.display())))?
         .to_rgb8();
     let (w, h) = (img.width() as usize, img.height() as usize);
     if w == 0 || h == 0 {
-        return Err(EngineError::invalid(format!("image '{}' is empty", path.display())));
+        return Err(EngineError::evaluator(format!("image '{}' is empty", path.display())));
     }
     // Shortest side to `size`, as CLIPImageProcessor does (the other side rounded).
     let img = if w.min(h) == size {

@@ -9,7 +9,7 @@ pub const MODEL_TYPES: &[&str] = &["bert", "distilbert", "roberta", "xlm-roberta
 
 /// The error for a `config.json` of a model type the bert family does not read.
 pub(crate) fn unknown_model_type(path: &Path, model_type: &str) -> EngineError {
-    EngineError::invalid(format!(
+    EngineError::evaluator(format!(
         "'{}' is a '{model_type}' model; the bert family reads model_type \"bert\" (BERT, MiniLM and their fine-tunes), \"distilbert\", \"roberta\" and \"xlm-roberta\"; evaluate it with the suite of its own family",
         path.display()
     ))

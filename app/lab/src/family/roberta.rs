@@ -36,7 +36,7 @@ fn config_defaults() -> Vec<(&'static str, serde_json::Value)> {
 pub fn read_config(path: &Path) -> Result<Config> {
     let c: Config = hf::read_config(path, &config_defaults())?;
     if c.position_embedding_type != "absolute" {
-        return Err(EngineError::invalid(format!(
+        return Err(EngineError::evaluator(format!(
             "'{}': position_embedding_type {:?} is not run by this version; RoBERTa models with \"absolute\" positions are",
             path.display(),
             c.position_embedding_type
@@ -65,7 +65,7 @@ impl RobertaEncoder {
         let vb = hf::var_builder(weights, device);
         let vb = if prefixed { vb.pp("roberta") } else { vb };
         let model = XLMRobertaModel::new(config, vb).map_err(|e| {
-            EngineError::invalid(format!(
+            EngineError::evaluator(format!(
                 "'{}' is not a RoBERTa encoder of its config (hidden {}, {} layers): {e}",
                 source.display(),
                 config.hidden_size,

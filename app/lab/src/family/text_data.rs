@@ -29,14 +29,14 @@ pub fn read_text_task(path: &Path, classes: Option<&[String]>) -> Result<Vec<Tex
         "jsonl" | "json" | "ndjson" => read_jsonl(path, classes)?,
         "csv" => read_csv(path, classes)?,
         _ => {
-            return Err(EngineError::invalid(format!(
+            return Err(EngineError::evaluator(format!(
                 "'{}': unknown data format; write the task's examples as .jsonl (one {{\"text\": ..., \"label\": ...}} a line) or .csv (header text,label)",
                 path.display()
             )));
         }
     };
     if examples.is_empty() {
-        return Err(EngineError::invalid(format!(
+        return Err(EngineError::evaluator(format!(
             "'{}' holds no examples; a task needs at least one",
             path.display()
         )));
@@ -64,7 +64,7 @@ fn label_index(raw: &str, classes: Option<&[String]>) -> std::result::Result<usi
 
 fn read_jsonl(path: &Path, classes: Option<&[String]>) -> Result<Vec<TextExample>> {
     let text = std::fs::read_to_string(path).map_err(|e| EngineError::io("cannot read", path, e))?;
-    let at = |line: usize, what: String| EngineError::invalid(format!("'{}', line {line}: {what}", path.display()));
+    let at = |line: usize, what: String| EngineError::evaluator(format!("'{}', line {line}: {what}", path.display()));
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -91,7 +91,7 @@ fn read_jsonl(path: &Path, classes: Option<&[String]>) -> Result<Vec<TextExample
 }
 
 fn read_csv(path: &Path, classes: Option<&[String]>) -> Result<Vec<TextExample>> {
-    let bad = |what: String| EngineError::invalid(format!("'{}': {what}", path.display()));
+    let bad = |what: String| EngineError::evaluator(format!("'{}': {what}", path.display()));
     let mut reader = csv::Reader::from_path(path).map_err(|e| bad(format!("cannot read CSV ({e})")))?;
     let header = reader
         .headers()

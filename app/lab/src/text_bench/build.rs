@@ -540,7 +540,7 @@ impl TextBenchmark {
                     needed.push(
                         dir.join("adapters")
                             .join(&t.name)
-                            .join(mergescope_engine::lora::WEIGHTS_FILE),
+                            .join(mergescope_interop::lora::WEIGHTS_FILE),
                     );
                 }
             }
@@ -1119,7 +1119,7 @@ pub(crate) mod tests {
                 (config["r"].as_u64(), config["lora_alpha"].as_f64()),
                 (Some(2), Some(4.0))
             );
-            let from_adapter = mergescope_engine::merge::open_expert(&adapter, Some(&base)).unwrap();
+            let from_adapter = mergescope_interop::request::open_expert(&adapter, Some(&base)).unwrap();
             let dense = Checkpoint::open(&out.join("experts").join(&t.name).join("model.safetensors")).unwrap();
             let base = Checkpoint::open(&base).unwrap();
             assert_eq!(

@@ -9,14 +9,14 @@
 //! vector is of rank ≤ r in each adapted weight and zero elsewhere), and beside it as a PEFT
 //! adapter (`adapters/<task>/`: `adapter_config.json`, `adapter_model.safetensors` with PEFT's
 //! names, `base_model.model.encoder.layer.N.attention.self.query.lora_A.weight`), which the
-//! engine reads as an expert over the base ([`mergescope_engine::merge::open_expert`]).
+//! engine reads as an expert over the base ([`mergescope_interop::request::open_expert`]).
 
 use crate::demo::save_params;
 use crate::family::bert::{Linears, SidePath};
 use crate::nn::Params;
 use candle_core::{DType, Device, Tensor, Var};
 use mergescope_engine::error::{EngineError, Result};
-use mergescope_engine::lora::peft_factor_name;
+use mergescope_interop::lora::peft_factor_name;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -275,11 +275,11 @@ impl LoraFactors {
         });
         let text = serde_json::to_string_pretty(&config)
             .map_err(|e| EngineError::Bug(format!("cannot encode adapter_config.json: {e}")))?;
-        let path = dir.join(mergescope_engine::lora::CONFIG_FILE);
+        let path = dir.join(mergescope_interop::lora::CONFIG_FILE);
         std::fs::write(&path, text).map_err(|e| EngineError::io("cannot write", &path, e))?;
         let meta = [("format".to_owned(), "pt".to_owned())].into_iter().collect();
         save_params(
-            &dir.join(mergescope_engine::lora::WEIGHTS_FILE),
+            &dir.join(mergescope_interop::lora::WEIGHTS_FILE),
             &self.adapter_tensors(),
             &meta,
         )

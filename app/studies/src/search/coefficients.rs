@@ -7,9 +7,9 @@
 use super::cmaes::CmaEs;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::executor::{ExecOptions, Observer};
-use mergescope_engine::merge::MergeRequest;
 use mergescope_engine::plugin::Plugin;
 use mergescope_engine::plugin::schema::{ParamSchema, ParamType};
+use mergescope_interop::request::MergeRequest;
 use mergescope_lab::evaluator::Evaluator;
 use mergescope_lab::run;
 use serde::Serialize;

@@ -12,8 +12,9 @@ use super::cells::{
 use super::spec::{EXPERT, Hyper, SweepSpec};
 use super::store::{ResultsFile, Row};
 use mergescope_engine::error::{EngineError, Result};
-use mergescope_engine::merge::{ExecOptions, MergeRequest, Observer, Progress};
+use mergescope_engine::merge::{ExecOptions, Observer, Progress};
 use mergescope_engine::plugin::loader::Plugin;
+use mergescope_interop::request::MergeRequest;
 use mergescope_lab::evaluator::Evaluator;
 use mergescope_lab::run;
 use rayon::prelude::*;

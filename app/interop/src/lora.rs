@@ -5,8 +5,8 @@
 //! the merge streams, never for the whole model at once; and the reverse, a LoRA adapter
 //! extracted from the difference of two models by truncated SVD ([`extract`]).
 
-use crate::checkpoint::{Checkpoint, LowRank, TensorEntry};
-use crate::error::{EngineError, Result};
+use mergescope_engine::checkpoint::{Checkpoint, LowRank, TensorEntry};
+use mergescope_engine::error::{EngineError, Result};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +29,7 @@ pub fn peft_factor_name(weight: &str, half: &str, embedding: bool) -> String {
 /// The prefix PEFT gives every tensor of a saved adapter.
 const PEFT_PREFIX: &str = "base_model.model.";
 
-pub use crate::checkpoint::is_lora_adapter as is_adapter;
+pub use mergescope_engine::checkpoint::is_lora_adapter as is_adapter;
 
 #[derive(Deserialize)]
 struct AdapterConfig {
@@ -112,15 +112,18 @@ pub fn apply(base: Checkpoint, dir: &Path) -> Result<Checkpoint> {
     }
     let weights = dir.join(WEIGHTS_FILE);
     if !weights.is_file() {
-        return Err(EngineError::Invalid(format!(
-            "the adapter '{}' has no {WEIGHTS_FILE}{}; save it with safe_serialization=True",
-            dir.display(),
-            if dir.join("adapter_model.bin").is_file() {
-                " (only a pickled adapter_model.bin, which mergescope does not read)"
-            } else {
-                ""
-            }
-        )));
+        return Err(EngineError::input(
+            dir,
+            format!(
+                "the adapter '{}' has no {WEIGHTS_FILE}{}; save it with safe_serialization=True",
+                dir.display(),
+                if dir.join("adapter_model.bin").is_file() {
+                    " (only a pickled adapter_model.bin, which mergescope does not read)"
+                } else {
+                    ""
+                }
+            ),
+        ));
     }
     let adapter = Checkpoint::open(&weights)?;
     let offset = base.files.len();
@@ -280,11 +283,14 @@ pub fn apply(base: Checkpoint, dir: &Path) -> Result<Checkpoint> {
 }
 
 fn unfitting(dir: &Path, tensor: &str, why: &str) -> EngineError {
-    EngineError::Invalid(format!(
-        "the LoRA adapter '{}' does not fit the base: '{tensor}': {why}; give the base model the adapter was trained on \
+    EngineError::input(
+        dir,
+        format!(
+            "the LoRA adapter '{}' does not fit the base: '{tensor}': {why}; give the base model the adapter was trained on \
          (adapter_config.json names it as base_model_name_or_path)",
-        dir.display()
-    ))
+            dir.display()
+        ),
+    )
 }
 
 /// What [`extract_with`] does besides the rank (mergekit-extract-lora's flags).
@@ -323,7 +329,7 @@ fn compile_patterns(patterns: &[String], flag: &str) -> Result<Vec<regex::Regex>
         .iter()
         .map(|p| {
             regex::Regex::new(p).map_err(|e| {
-                EngineError::Invalid(format!(
+                EngineError::Param(format!(
                     "{flag} '{p}' is not a regular expression this tool reads: {e}. Write it as for Python's re without \
                      look-around or back-references, e.g. 'self_attn\\.(q|v)_proj' or 'layers\\.(0|1)\\.'"
                 ))
@@ -365,7 +371,7 @@ pub struct Extracted {
 
 /// Whether `name` is a matrix of a transformer layer that LoRA adapts (`layers.N. … .weight`).
 fn adaptable(name: &str, shape: &[usize]) -> bool {
-    shape.len() == 2 && name.ends_with(".weight") && crate::layered::layer_index(name).is_some()
+    shape.len() == 2 && name.ends_with(".weight") && mergescope_engine::layered::layer_index(name).is_some()
 }
 
 /// Output heads: linear layers from the hidden size to the vocabulary.
@@ -390,8 +396,8 @@ fn is_input_embedding(name: &str, shape: &[usize]) -> bool {
     shape.len() == 2
         && name.ends_with(".weight")
         && !is_output_head(name, shape)
-        && crate::layered::layer_index(name).is_none()
-        && crate::role::role_of(name, shape) == mergescope_plugin_api::abi::ROLE_EMBEDDING
+        && mergescope_engine::layered::layer_index(name).is_none()
+        && mergescope_engine::role::role_of(name, shape) == mergescope_plugin_api::abi::ROLE_EMBEDDING
 }
 
 /// Whether a tensor of these shapes is the same vocabulary-indexed tensor with another number
@@ -469,11 +475,11 @@ pub fn extract(base: &Checkpoint, model: &Checkpoint, rank: usize, out: &Path, o
 /// other tensors (a bias) changed is saved whole instead. Tensors equal to the base's are left
 /// out. One matrix is in memory at a time.
 pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: &ExtractOptions) -> Result<Extracted> {
-    use crate::plugin::host_ext::linalg::truncated_svd;
-    use crate::writer::{OutputTensor, OutputWriter};
+    use mergescope_engine::plugin::host_ext::linalg::truncated_svd;
+    use mergescope_engine::writer::{OutputTensor, OutputWriter};
     let rank = options.rank;
     if rank == 0 {
-        return Err(EngineError::Invalid("--rank must be at least 1".to_owned()));
+        return Err(EngineError::Param("--rank must be at least 1".to_owned()));
     }
     let mut notes = Vec::new();
     // Names to save whole as PEFT matches them: module names, not tensor names.
@@ -486,7 +492,7 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
             .trim_end_matches(".bias")
             .to_owned();
         if n.is_empty() || !model.tensors.keys().any(|t| saved_by(t, std::slice::from_ref(&n))) {
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::Param(format!(
                 "--modules-to-save '{given}' names no module of '{}'; give a module name as PEFT takes it, such as \
                  lm_head, embed_tokens or model.layers.0.input_layernorm (a tensor's name without .weight)",
                 model.path.display()
@@ -501,20 +507,26 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
     let mut pairs = Vec::new();
     for (name, t) in &model.tensors {
         let Some(b) = base.tensors.get(name) else {
-            return Err(EngineError::Invalid(format!(
-                "'{}' has tensor '{name}' that the base '{}' lacks; extract from a model fine-tuned from this base",
-                model.path.display(),
-                base.path.display()
-            )));
+            return Err(EngineError::input(
+                &model.path,
+                format!(
+                    "'{}' has tensor '{name}' that the base '{}' lacks; extract from a model fine-tuned from this base",
+                    model.path.display(),
+                    base.path.display()
+                ),
+            ));
         };
         if b.shape != t.shape {
             if !vocab_resized(name, &t.shape, &b.shape) {
-                return Err(EngineError::Invalid(format!(
-                    "tensor '{name}' is {:?} in '{}' but {:?} in the base; the models must have one architecture",
-                    t.shape,
-                    model.path.display(),
-                    b.shape
-                )));
+                return Err(EngineError::input(
+                    &model.path,
+                    format!(
+                        "tensor '{name}' is {:?} in '{}' but {:?} in the base; the models must have one architecture",
+                        t.shape,
+                        model.path.display(),
+                        b.shape
+                    ),
+                ));
             }
             resized.push(format!("'{name}' {:?} -> {:?}", b.shape, t.shape));
         }
@@ -618,13 +630,16 @@ pub fn extract_with(base: &Checkpoint, model: &Checkpoint, out: &Path, options: 
                 filtered.len()
             )
         };
-        return Err(EngineError::Invalid(format!(
-            "'{}' has no layer matrices (names with layers.N and .weight) to extract a LoRA adapter from{hint}",
-            model.path.display()
-        )));
+        return Err(EngineError::input(
+            &model.path,
+            format!(
+                "'{}' has no layer matrices (names with layers.N and .weight) to extract a LoRA adapter from{hint}",
+                model.path.display()
+            ),
+        ));
     }
     if !(options.sv_epsilon >= 0.0 && options.sv_epsilon.is_finite()) {
-        return Err(EngineError::Invalid(format!(
+        return Err(EngineError::Param(format!(
             "--sv-epsilon {} is not a threshold; give a singular value (0, the default, keeps every one up to the \
              rank)",
             options.sv_epsilon

@@ -19,10 +19,10 @@
 use super::methods::Mapping;
 use super::sliced::{self, SliceDef, SourceDef, chain};
 use super::{add_new_notes, check_keys, invalid, params_of, read_models};
-use crate::checkpoint::Checkpoint;
-use crate::error::Result;
-use crate::layered::layer_index;
 use crate::slices::{ModuleScope, Slice};
+use mergescope_engine::checkpoint::Checkpoint;
+use mergescope_engine::error::Result;
+use mergescope_engine::layered::layer_index;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

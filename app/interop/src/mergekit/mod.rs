@@ -20,13 +20,13 @@ mod sliced;
 pub use methods::{MERGEKIT_METHODS, plugin_for};
 pub use models::resolve_model;
 
-use crate::dtype::OutDType;
-use crate::error::{EngineError, Result};
 use crate::recipe::{Recipe, TokenOverride, TokenizerTable, VocabSource, params_to_toml};
 use crate::slices::Slice;
 use crate::tokenizer_union::{
     ChatTemplate, EmbeddingSource, Source, TokenEmbedding, TokenRef, TokenizerSpec, VocabPlan,
 };
+use mergescope_engine::dtype::OutDType;
+use mergescope_engine::error::{EngineError, Result};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -62,7 +62,7 @@ impl Converted {
     /// The merge request: the recipe's (its `[tokenizer]` table and `chat_template` included,
     /// so that a converted recipe runs the same merge), with the configuration kept in the
     /// output folder.
-    pub fn to_request(&self, overwrite: bool) -> Result<crate::merge::MergeRequest> {
+    pub fn to_request(&self, overwrite: bool) -> Result<crate::request::MergeRequest> {
         let mut req = self.recipe.to_request(overwrite)?;
         if let Some(folder) = req.folder.as_mut() {
             folder.source_recipe = Some(("mergekit_config.yml".to_owned(), self.text.clone()));

@@ -28,15 +28,15 @@
 //! a `{filter, value}` list with an entry per output layer (its tensors' name prefix and number,
 //! e.g. `model.layers.7.`), each gradient evaluated at the layer's position in its slice, an entry
 //! per pre-layer tensor (from the first slice) and a last entry for the other tensors (from the
-//! last slice), which the host resolves per tensor for every plugin ([`crate::layered`]).
+//! last slice), which the host resolves per tensor for every plugin ([`mergescope_engine::layered`]).
 
 use super::methods::Mapping;
 use super::{Entry, add_new_notes, check_keys, invalid, params_of};
-use crate::checkpoint::Checkpoint;
-use crate::error::Result;
-use crate::layered::layer_position;
 use crate::recipe::params_to_toml;
 use crate::slices::{ModuleScope, Slice, SliceSource, from_first_slice};
+use mergescope_engine::checkpoint::Checkpoint;
+use mergescope_engine::error::Result;
+use mergescope_engine::layered::layer_position;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -609,7 +609,9 @@ impl<'a> Layout<'a> {
         }
         match &self.names {
             Some(n) => Ok(n),
-            None => Err(crate::error::EngineError::Bug("slice layer names not read".to_owned())),
+            None => Err(mergescope_engine::error::EngineError::Bug(
+                "slice layer names not read".to_owned(),
+            )),
         }
     }
 

@@ -4,18 +4,18 @@
 //! written atomically as any merge's. Inputs are read tensor by tensor as in any merge.
 
 use super::{Slice, align, check, open_slice_input};
-use crate::checkpoint::Checkpoint;
-use crate::compat;
-use crate::error::{EngineError, Result};
-use crate::executor::{ExecOptions, Observer};
-use crate::layered::{self, layer_position};
-use crate::merge::{
-    FileSink, FileSource, GroupRun, InstanceGroup, MergeReport, MergeRequest, Plan, check_output_path, create_instance,
-    elements, file_desc, file_label, instance_groups, open_output, output_metadata, per_tensor, plan_outputs,
-    recorded_params, write_copies,
+use crate::request::{MergeRequest, open_output};
+use mergescope_engine::checkpoint::Checkpoint;
+use mergescope_engine::compat;
+use mergescope_engine::error::{EngineError, Result};
+use mergescope_engine::executor::{ExecOptions, Observer};
+use mergescope_engine::layered::{self, layer_position};
+use mergescope_engine::merge::{
+    FileSink, FileSource, GroupRun, InstanceGroup, MergeReport, Plan, check_output_path, create_instance, elements,
+    file_desc, file_label, instance_groups, output_metadata, per_tensor, plan_outputs, recorded_params, write_copies,
 };
-use crate::plugin::Plugin;
-use crate::plugin::instance::CallEnv;
+use mergescope_engine::plugin::Plugin;
+use mergescope_engine::plugin::instance::CallEnv;
 use serde_json::Value;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
@@ -75,7 +75,7 @@ fn slice_local(name: &str, offset: usize) -> String {
 }
 
 /// Merges `req`, whose slices are merged one by one ([`super::is_slice_by_slice`]), with
-/// `plugin` into its output; what [`crate::merge::merge_files`] does for such a request.
+/// `plugin` into its output; what [`crate::request::merge_files`] does for such a request.
 pub(crate) fn merge_files(
     plugin: &Plugin,
     req: &MergeRequest,

@@ -67,14 +67,14 @@
 //! embeddings and output head are aligned with the tokenizer of the model they come from
 //! ([`crate::slices::align`]).
 
-use crate::compat::MissingPolicy;
-use crate::device::DeviceChoice;
-use crate::dtype::OutDType;
-use crate::error::{EngineError, Result};
 use crate::hf_folder::FolderOutput;
-use crate::merge::MergeRequest;
+use crate::request::MergeRequest;
 use crate::slices::Slice;
 use crate::tokenizer_union::{ChatTemplate, EmbeddingSource, Source, TokenEmbedding, TokenRef, TokenizerSpec};
+use mergescope_engine::compat::MissingPolicy;
+use mergescope_engine::device::DeviceChoice;
+use mergescope_engine::dtype::OutDType;
+use mergescope_engine::error::{EngineError, Result};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};

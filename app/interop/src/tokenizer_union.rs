@@ -3,7 +3,7 @@
 //! inputs' `tokenizer.json` files, and every vocabulary-indexed tensor (`embed_tokens`,
 //! `lm_head`, ...) of every input is read with its rows permuted into that vocabulary, so the
 //! merge method runs on aligned rows as on any tensor. The rows are rearranged per range read
-//! ([`crate::checkpoint::RowMap`]); only the rows some model lacks are held in memory.
+//! ([`mergescope_engine::checkpoint::RowMap`]); only the rows some model lacks are held in memory.
 //!
 //! What follows mergekit 0.1.5 (`mergekit/tokenizer/build.py`, `embed.py`, `merge.py`):
 //!
@@ -34,8 +34,8 @@
 //!   templates (`chatml`, `llama3`, ...) give mergescope's own templates that render the same
 //!   ([`crate::chat_templates`]).
 
-use crate::checkpoint::{Checkpoint, RowFrom, RowMap, TensorEntry, is_lora_adapter};
-use crate::error::{EngineError, Result};
+use mergescope_engine::checkpoint::{Checkpoint, RowFrom, RowMap, TensorEntry, is_lora_adapter};
+use mergescope_engine::error::{EngineError, Result};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -42,10 +42,10 @@ mod per_slice;
 
 pub(crate) use per_slice::merge_files as merge_slice_by_slice;
 
-use crate::checkpoint::Checkpoint;
-use crate::error::{EngineError, Result};
-use crate::layered::layer_position;
 use crate::tokenizer_union::{TokenizerSpec, VocabPlan};
+use mergescope_engine::checkpoint::Checkpoint;
+use mergescope_engine::error::{EngineError, Result};
+use mergescope_engine::layered::layer_position;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -414,8 +414,8 @@ pub fn align(slices: &[Slice], spec: &TokenizerSpec, inputs: &mut [Checkpoint]) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::DType;
-    use crate::writer::{OutputTensor, OutputWriter};
+    use mergescope_engine::dtype::DType;
+    use mergescope_engine::writer::{OutputTensor, OutputWriter};
 
     fn write(path: &std::path::Path, layers: usize, value: f32) {
         let mut names = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];

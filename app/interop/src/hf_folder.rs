@@ -3,10 +3,10 @@
 //! its tokenizer files, and a `README.md` model card saying how the folder was made, so that
 //! `AutoModelForCausalLM.from_pretrained(folder)` loads the merge as it loads its inputs.
 
-use crate::dtype::DType;
-use crate::error::{EngineError, Result};
 use crate::tokenizer_union::{ChatTemplate, TokenizerSpec, VocabPlan, chat_template_of};
-use crate::writer::ExtraFile;
+use mergescope_engine::dtype::DType;
+use mergescope_engine::error::{EngineError, Result};
+use mergescope_engine::writer::ExtraFile;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 

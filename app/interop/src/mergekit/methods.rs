@@ -2,7 +2,7 @@
 //! (mergekit 0.1.5's definitions and defaults; docs/mergekit.md lists the agreement of each).
 
 use super::{Entry, invalid};
-use crate::error::Result;
+use mergescope_engine::error::Result;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -468,7 +468,7 @@ impl Mapping {
     }
 
     /// The error of a method that needs a base without one.
-    pub(crate) fn no_base(&self, file: &Path) -> crate::error::EngineError {
+    pub(crate) fn no_base(&self, file: &Path) -> mergescope_engine::error::EngineError {
         invalid(
             file,
             format!(
