@@ -13,6 +13,7 @@ use mergescope_lab::demo::Benchmark;
 use mergescope_lab::evaluator::suite::Suite;
 use mergescope_lab::evaluator::{EvalReport, Evaluator, Normalised, References};
 use mergescope_lab::run::{self, TaskSource};
+use mergescope_plugin_api::abi;
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -341,6 +342,28 @@ pub fn final_merge(
     )?;
     progress(&format!("{}: evaluating", plugin.id()));
     Ok((resolved, inputs.test.evaluate_file(&out, cancel)?))
+}
+
+/// Leaves out of `plugins` those `drop` selects (methods not asked for by name that cannot run
+/// on these inputs); returns the note naming them and `why`, if any were.
+pub fn leave_out(plugins: &mut Vec<&Plugin>, drop: impl Fn(&Plugin) -> bool, why: &str) -> Option<String> {
+    let skipped: Vec<&str> = plugins.iter().filter(|p| drop(p)).map(|p| p.id()).collect();
+    if skipped.is_empty() {
+        return None;
+    }
+    let note = format!("note: not run ({}): {why}", skipped.join(", "));
+    plugins.retain(|p| !drop(p));
+    Some(note)
+}
+
+/// Leaves out of `plugins` the methods that merge the base with exactly one expert, unless
+/// there is `experts` = 1; returns the note naming them, if any were.
+pub fn leave_out_one_expert(plugins: &mut Vec<&Plugin>, experts: usize) -> Option<String> {
+    if experts == 1 {
+        return None;
+    }
+    let why = format!("they merge the base with exactly one expert and there are {experts}");
+    leave_out(plugins, |p| p.has_capability(abi::CAP_ONE_EXPERT), &why)
 }
 
 /// The grid for `plugin`'s `lambda` parameter, cut to its range; None when it has none (or the

@@ -15,16 +15,14 @@ use mergescope_lab::demo::resolve_benchmark;
 use mergescope_lab::evaluate::suite_models;
 use mergescope_lab::evaluator::References;
 use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
-use mergescope_plugin_api::abi;
 use mergescope_studies::compare::{
-    CompareConfig, CompareInputs, CompareTable, compare, default_lambda_grid, lambda_grid,
+    CompareConfig, CompareInputs, CompareTable, compare, default_lambda_grid, leave_out, leave_out_one_expert,
 };
-use mergescope_studies::grid::compare::{CompareCell, CompareJob, CompareMethod, SlurmCompare};
-use mergescope_studies::grid::{ExecutorKind, GridJob, JOB_FILE, mergescope_env};
+use mergescope_studies::grid::compare::{CompareCell, CompareJob, CompareModels, CompareOnSlurm, compare_on_slurm};
+use mergescope_studies::grid::{ExecutorKind, GridJob, JOB_FILE};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 #[derive(Args, Debug)]
 #[command(mut_arg("executor", |a| a.help(
@@ -90,6 +88,17 @@ fn grid(args: &CompareArgs) -> anyhow::Result<Vec<f64>> {
     }
 }
 
+/// The comparison's settings: the output folder, the λ grid searched, the seed.
+fn config(args: &CompareArgs, lambda_grid: Vec<f64>) -> CompareConfig {
+    CompareConfig {
+        out_dir: args.out_dir.clone(),
+        overwrite: args.overwrite,
+        lambda_grid,
+        extend_lambda: args.extends_lambda_search(),
+        seed: args.seed,
+    }
+}
+
 pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCode> {
     let executor = args.run.executor(&[])?;
     let arch = args.models.arch()?;
@@ -115,12 +124,13 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     let mut plugins: Vec<&Plugin> = chosen.iter().map(|p| &**p).collect();
     if let Some(why) = suite.as_ref().and_then(Suite::model_level_unavailable)
         && args.methods.is_none()
-    {
-        leave_out(
+        && let Some(note) = leave_out(
             &mut plugins,
             Plugin::is_model_level,
             &format!("model-level methods: {why}"),
-        );
+        )
+    {
+        eprintln!("{note}");
     }
     if plugins.is_empty() {
         bail!("no method plugins found; see `mergescope plugins list`");
@@ -149,16 +159,41 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
     }
     let cancel = super::cancel_on_ctrl_c();
     if executor == ExecutorKind::Slurm {
-        let run = SlurmRun {
-            args: &args,
-            plugin_dirs,
-            suite: suite.as_ref(),
+        let models = match &suite {
+            Some(suite) => CompareModels::Suite {
+                suite,
+                base: args.models.base.as_deref(),
+                experts: &args.models.experts,
+            },
+            None => CompareModels::Demo {
+                benchmark: &args.models.benchmark,
+                arch,
+            },
+        };
+        let slurm = args.run.slurm.settings();
+        let run = CompareOnSlurm {
             plugins,
-            lambda_grid,
+            named: args.methods.is_some(),
+            models,
+            config: config(&args, lambda_grid),
+            plugin_dirs,
+            device: &args.device,
             workdir,
             resuming,
+            slurm: &slurm,
         };
-        return run_on_slurm(run, &device, cancel);
+        let shown = super::sweep_slurm::shown(args.run.quiet);
+        let Some(ran) = compare_on_slurm(run, &device, &shown, cancel)? else {
+            return Ok(ExitCode::SUCCESS);
+        };
+        let grid = &ran.outcome.grid;
+        if !grid.cancelled {
+            match &ran.outcome.table {
+                Some(table) => write_tables(table, &args.out_dir, ran.calibration)?,
+                None => eprintln!("no table: the pretrained cell (0) has no result"),
+            }
+        }
+        return Ok(ExitCode::from(grid.exit_status()));
     }
     let bench;
     let tasks;
@@ -173,12 +208,10 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
             CompareInputs::of_benchmark(&bench, &tasks, &device)?
         }
     };
-    if args.methods.is_none() && inputs.experts.len() != 1 {
-        let why = format!(
-            "they merge the base with exactly one expert and there are {}",
-            inputs.experts.len()
-        );
-        leave_out(&mut plugins, |p| p.has_capability(abi::CAP_ONE_EXPERT), &why);
+    if args.methods.is_none()
+        && let Some(note) = leave_out_one_expert(&mut plugins, inputs.experts.len())
+    {
+        eprintln!("{note}");
     }
     if inputs.calibration.is_none() && !lambda_grid.is_empty() {
         eprintln!(
@@ -190,13 +223,7 @@ pub fn run(plugin_dirs: &[PathBuf], args: CompareArgs) -> anyhow::Result<ExitCod
         device,
         ..ExecOptions::default()
     };
-    let cfg = CompareConfig {
-        out_dir: args.out_dir.clone(),
-        overwrite: args.overwrite,
-        lambda_grid,
-        extend_lambda: args.extends_lambda_search(),
-        seed: args.seed,
-    };
+    let cfg = config(&args, lambda_grid);
     let bar = super::progress_bar(args.run.quiet);
     bar.set_length(plugins.len() as u64);
     let ids: Vec<String> = plugins.iter().map(|p| p.id().to_owned()).collect();
@@ -249,125 +276,6 @@ fn write_tables(table: &CompareTable, out_dir: &Path, calibration: bool) -> anyh
     println!("{markdown}");
     eprintln!("tables: {} and {}", md_path.display(), csv_path.display());
     Ok(())
-}
-
-/// What `compare --executor slurm` found before it submits.
-struct SlurmRun<'a> {
-    args: &'a CompareArgs,
-    plugin_dirs: &'a [PathBuf],
-    suite: Option<&'a Suite>,
-    plugins: Vec<&'a Plugin>,
-    lambda_grid: Vec<f64>,
-    workdir: PathBuf,
-    resuming: bool,
-}
-
-fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
-    std::path::absolute(p).with_context(|| format!("cannot make '{}' absolute", p.display()))
-}
-
-/// Runs the comparison as a grid of cells on Slurm and writes the gathered tables.
-fn run_on_slurm(
-    r: SlurmRun<'_>,
-    device: &mergescope_engine::device::Device,
-    cancel: &AtomicBool,
-) -> anyhow::Result<ExitCode> {
-    let args = r.args;
-    let (benchmark, mut plugins, experts, calibration) = match r.suite {
-        Some(suite) => {
-            let m = suite_models(suite, args.models.base.as_deref(), &args.models.experts)?;
-            let calibration = suite.calibration_evaluator(device)?.is_some();
-            (absolute(&suite.path)?, r.plugins, m.experts.len(), calibration)
-        }
-        None => {
-            let bench = resolve_benchmark(&args.models.benchmark, Some(args.models.arch()?))?;
-            (absolute(&bench.dir)?, r.plugins, bench.expert_paths().len(), true)
-        }
-    };
-    if args.methods.is_none() && experts != 1 {
-        let why = format!("they merge the base with exactly one expert and there are {experts}");
-        leave_out(&mut plugins, |p| p.has_capability(abi::CAP_ONE_EXPERT), &why);
-    }
-    if !calibration && !r.lambda_grid.is_empty() {
-        eprintln!(
-            "note: '{}' has no calibration data (give every [[task]] a calibration file), so λ keeps each method's default",
-            benchmark.display()
-        );
-    }
-    let methods: Vec<CompareMethod> = plugins
-        .iter()
-        .map(|p| CompareMethod {
-            id: p.id().to_owned(),
-            name: p.info.name.clone(),
-            model_level: p.is_model_level(),
-            lambdas: if calibration {
-                lambda_grid(p, &r.lambda_grid)
-            } else {
-                None
-            },
-        })
-        .collect();
-    if !r.resuming
-        && !args.overwrite
-        && let Some(p) = methods
-            .iter()
-            .map(|m| args.out_dir.join(format!("{}.safetensors", m.id)))
-            .find(|p| p.exists())
-    {
-        bail!(
-            "'{}' exists from an earlier comparison; pass --overwrite to replace it or choose another --out-dir",
-            p.display()
-        );
-    }
-    std::fs::create_dir_all(&args.out_dir)
-        .with_context(|| format!("cannot create the output folder '{}'", args.out_dir.display()))?;
-    let suite_models_given = r.suite.is_some() && args.models.base.is_some();
-    let job = CompareJob {
-        out_dir: args.out_dir.clone(),
-        workdir: r.workdir,
-        benchmark: benchmark.to_string_lossy().into_owned(),
-        base: if suite_models_given {
-            args.models.base.as_deref().map(absolute).transpose()?
-        } else {
-            None
-        },
-        experts: if suite_models_given {
-            args.models
-                .experts
-                .iter()
-                .map(|p| absolute(p))
-                .collect::<anyhow::Result<_>>()?
-        } else {
-            Vec::new()
-        },
-        plugin_dirs: r.plugin_dirs.to_vec(),
-        device: args.device.clone(),
-        seed: args.seed,
-        lambda_grid: r.lambda_grid,
-        extend_lambda: args.extends_lambda_search(),
-        cells: CompareJob::plan_cells(&methods),
-        methods,
-    };
-    let bin = super::sweep_slurm::node_binary(&args.run.slurm)?;
-    let plan = SlurmCompare::prepare(job, &bin, mergescope_env())?;
-    let opts = super::sweep_slurm::options(&args.run.slurm, "mergescope-compare")?;
-    let headline = format!(
-        "comparison of {} methods on '{}' into {}",
-        plan.job.methods.len(),
-        benchmark.display(),
-        args.out_dir.display()
-    );
-    let Some((outcome, grid)) = super::sweep_slurm::drive(&args.run, &plan, &opts, &headline, cancel)? else {
-        return Ok(ExitCode::SUCCESS);
-    };
-    if grid.cancelled {
-        return Ok(super::sweep_slurm::exit_code(&grid));
-    }
-    match &outcome.table {
-        Some(table) => write_tables(table, &args.out_dir, calibration)?,
-        None => eprintln!("no table: the pretrained cell (0) has no result"),
-    }
-    Ok(super::sweep_slurm::exit_code(&grid))
 }
 
 /// `mergescope grid run-cell` of a comparison: one λ candidate, final merge or the base's
@@ -443,14 +351,4 @@ fn write_atomic(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(&tmp, text).with_context(|| format!("cannot write '{}'", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot move '{}' into place", path.display()))?;
     Ok(())
-}
-
-/// Leaves out of `plugins` those `drop` selects (methods not asked for by name that cannot run
-/// on these inputs), naming them and `why` on stderr.
-fn leave_out(plugins: &mut Vec<&Plugin>, drop: impl Fn(&Plugin) -> bool, why: &str) {
-    let skipped: Vec<&str> = plugins.iter().filter(|p| drop(p)).map(|p| p.id()).collect();
-    if !skipped.is_empty() {
-        eprintln!("note: not run ({}): {why}", skipped.join(", "));
-        plugins.retain(|p| !drop(p));
-    }
 }

@@ -10,6 +10,7 @@ use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::demo::resolve_benchmark;
 use mergescope_lab::nn::Arch;
 use mergescope_studies::grid::ExecutorKind;
+use mergescope_studies::scaling::sweep::executor::drive_on_slurm;
 use mergescope_studies::scaling::sweep::run::{RESULTS_FILE, SPEC_FILE};
 use mergescope_studies::scaling::sweep::spec::TEXT_ARCH;
 use mergescope_studies::scaling::sweep::store::{Row, read_rows};
@@ -238,15 +239,16 @@ fn run_with(
         });
     }
     if executor == ExecutorKind::Slurm {
-        let draw = |rows: &[Row]| plots(out, spec, Some(rows), wh);
-        let run = super::sweep_slurm::SlurmRun {
-            args: &args.run,
-            plugin_dirs,
-            device: &args.device,
-            name,
-            draw: &draw,
+        let shown = super::sweep_slurm::shown(args.run.quiet);
+        let slurm = args.run.slurm.settings();
+        let ran = drive_on_slurm(inputs, &slurm, plugin_dirs, &args.device, name, &shown, cancel)?;
+        let Some(outcome) = ran else {
+            return Ok(ExitCode::SUCCESS);
         };
-        return super::sweep_slurm::run(&run, inputs, cancel);
+        if !outcome.cancelled {
+            plots(out, spec, Some(&outcome.rows), wh)?;
+        }
+        return Ok(ExitCode::from(outcome.grid().exit_status()));
     }
     let bar = super::progress_bar(args.run.quiet);
     let progress = |p: &SweepProgress| {

@@ -1,30 +1,25 @@
 //! The Slurm executor's door for every grid: `--executor slurm` of `mergescope sweep`,
 //! `mergescope compare` and `mergescope analyze landscape` (one set of options, [`SlurmArgs`],
-//! and one driver, [`drive`]: the grid's missing cells as one Slurm array job, watched until
-//! done, killed cells retried, failures reported with their logs), with `--quiet` and
-//! `--executor` ([`GridRunArgs`]), and
+//! handed to the studies' driver, `mergescope_studies::grid::drive`, whose reports [`shown`]
+//! prints), with `--quiet` and `--executor` ([`GridRunArgs`]), and
 //! `mergescope grid run-cell GRID.json INDEX`, what every array task runs (the job file's kind
 //! picks the sweep's, comparison's or landscape's per-cell code, the same as the local
 //! executor's). See docs/slurm.md.
 
 use anyhow::{Context as _, bail};
 use clap::Args;
+use indicatif::ProgressBar;
 use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
-use mergescope_studies::grid::slurm::{SlurmOptions, SlurmProgress};
-use mergescope_studies::grid::{ExecutorKind, GridJob, GridOutcome, GridPlan, SlurmJob};
-use mergescope_studies::scaling::sweep::executor::{
-    SlurmSweep, SlurmSweepSettings, SweepJob, mergescope_env, write_cell_result,
-};
+use mergescope_studies::grid::drive::{Report, SlurmSettings};
+use mergescope_studies::grid::{ExecutorKind, GridJob};
+use mergescope_studies::scaling::sweep::executor::{SweepJob, write_cell_result};
 use mergescope_studies::scaling::sweep::run::SPEC_FILE;
-use mergescope_studies::scaling::sweep::store::Row;
 use mergescope_studies::scaling::sweep::{OpenBench, SweepBench, SweepInputs, SweepProgress, SweepSpec, run_one_cell};
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 /// Options of the Slurm executor.
 #[derive(Args, Debug, Default)]
@@ -109,166 +104,51 @@ impl GridRunArgs {
     }
 }
 
-fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
-    std::path::absolute(p).with_context(|| format!("cannot make '{}' absolute", p.display()))
-}
-
-/// The binary the compute nodes run: --mergescope-bin, else this executable.
-pub fn node_binary(a: &SlurmArgs) -> anyhow::Result<PathBuf> {
-    match &a.mergescope_bin {
-        Some(b) => absolute(b),
-        None => std::env::current_exe().context("cannot find this executable's path: give --mergescope-bin"),
-    }
-}
-
-/// The Slurm options of `a`, for an array job named `job_name`.
-pub fn options(a: &SlurmArgs, job_name: &str) -> anyhow::Result<SlurmOptions> {
-    if !(a.poll_seconds.is_finite() && a.poll_seconds > 0.0) {
-        bail!("--poll-seconds {}: give a positive number of seconds", a.poll_seconds);
-    }
-    if a.cpus_per_task == 0 || a.array_parallelism == Some(0) {
-        bail!("--cpus-per-task and --array-parallelism must be at least 1");
-    }
-    Ok(SlurmOptions {
-        partition: a.partition.clone(),
-        time: a.time.clone(),
-        cpus_per_task: a.cpus_per_task,
-        gpus: a.gpus,
-        mem: a.mem.clone(),
-        array_parallelism: a.array_parallelism,
-        max_retries: a.max_retries,
-        poll: Duration::from_secs_f64(a.poll_seconds),
-        job_name: job_name.to_owned(),
-        setup: a.setup.clone(),
-        sbatch_args: a.sbatch_args.clone(),
-    })
-}
-
-/// How the sweep command runs the Slurm executor.
-pub struct SlurmRun<'a> {
-    /// `--quiet` and the Slurm options.
-    pub args: &'a GridRunArgs,
-    /// `--plugin-dir`s.
-    pub plugin_dirs: &'a [PathBuf],
-    /// `--device`, for the cells.
-    pub device: &'a str,
-    /// The sweep's name, for messages.
-    pub name: &'a str,
-    /// Draws the plots and fits from the gathered rows.
-    pub draw: &'a dyn Fn(&[Row]) -> anyhow::Result<()>,
-}
-
-/// Drives `plan` on Slurm (`headline` says what it is): with --dry-run prints the batch script
-/// and returns None; else submits the missing cells, shows their progress (unless --quiet),
-/// and prints what became of them (the summary, the submit-to-first-result time, each failure
-/// with its log). The caller writes the gathered results and chooses the exit code (see
-/// [`exit_code`]).
-pub fn drive<J: SlurmJob>(
-    a: &GridRunArgs,
-    plan: &GridPlan<J>,
-    opts: &SlurmOptions,
-    headline: &str,
-    cancel: &AtomicBool,
-) -> anyhow::Result<Option<(J::Outcome, GridOutcome)>> {
-    let cells = plan.cells();
-    let todo = &plan.todo;
-    if a.slurm.dry_run {
-        let script = plan.dry_run(opts)?;
-        if todo.is_empty() {
-            eprintln!("all {cells} cells are finished: nothing to submit");
-        } else {
-            eprintln!(
-                "{} of {cells} cells to submit (job file {}); the script sbatch would get:",
-                todo.len(),
-                plan.job_path().display()
-            );
-            print!("{script}");
+impl SlurmArgs {
+    /// The settings the studies' Slurm executor takes.
+    pub fn settings(&self) -> SlurmSettings {
+        SlurmSettings {
+            partition: self.partition.clone(),
+            time: self.time.clone(),
+            cpus_per_task: self.cpus_per_task,
+            gpus: self.gpus,
+            mem: self.mem.clone(),
+            array_parallelism: self.array_parallelism,
+            max_retries: self.max_retries,
+            workdir: self.workdir.clone(),
+            mergescope_bin: self.mergescope_bin.clone(),
+            setup: self.setup.clone(),
+            sbatch_args: self.sbatch_args.clone(),
+            poll_seconds: self.poll_seconds,
+            dry_run: self.dry_run,
         }
-        return Ok(None);
-    }
-    eprintln!("{headline} on Slurm (work folder {})", plan.workdir().display());
-    let reused = cells - todo.len();
-    let bar = super::progress_bar(a.quiet || todo.is_empty());
-    // Cells done in earlier array jobs of this run (a later stage, a resubmission).
-    let jobs = std::cell::RefCell::new((String::new(), 0usize, 0usize));
-    let progress = |p: &SlurmProgress| {
-        if let Some(e) = &p.event {
-            bar.suspend(|| eprintln!("{e}"));
-        }
-        let mut j = jobs.borrow_mut();
-        if j.0 != p.job {
-            j.1 += j.2;
-            j.0.clone_from(&p.job);
-        }
-        j.2 = p.done;
-        let done = reused + j.1 + j.2;
-        bar.set_position((done * 1000 / cells.max(1)) as u64);
-        bar.set_message(format!(
-            "{done}/{cells} cells (job {}: {} running, {} pending)",
-            p.job, p.running, p.pending
-        ));
-    };
-    let outcome = plan.run(opts, &progress, cancel);
-    bar.finish_and_clear();
-    let outcome = outcome?;
-    let grid = GridPlan::<J>::grid_outcome(&outcome);
-    eprintln!("{}", grid.summary());
-    if grid.cancelled {
-        return Ok(Some((outcome, grid)));
-    }
-    if let Some(s) = grid.run.as_ref().and_then(|r| r.first_result) {
-        eprintln!("first cell result {s:.1} s after submission");
-    }
-    for f in grid.failures() {
-        eprintln!("{f}");
-    }
-    if !grid.missing.is_empty() {
-        eprintln!(
-            "{} of {cells} cells have no result; fix what their logs say and run the same command again: only they are submitted",
-            grid.missing.len(),
-        );
-    }
-    Ok(Some((outcome, grid)))
-}
-
-/// 130 when cancelled, 1 when cells have no result, else success.
-pub fn exit_code(grid: &GridOutcome) -> ExitCode {
-    if grid.cancelled {
-        ExitCode::from(130)
-    } else if grid.missing.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
     }
 }
 
-/// Runs the sweep `inputs` on Slurm: submits its missing cells, watches them, gathers the rows
-/// (the work is the lab's [`SlurmSweep`]; this prints it).
-pub fn run(r: &SlurmRun<'_>, inputs: &SweepInputs<'_>, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
-    let SlurmRun {
-        args: a,
-        plugin_dirs,
-        device,
-        name,
-        draw,
-    } = *r;
-    let opts = options(&a.slurm, "mergescope-sweep")?;
-    let settings = SlurmSweepSettings {
-        workdir: a.slurm.workdir.clone(),
-        bin: node_binary(&a.slurm)?,
-        plugin_dirs: plugin_dirs.to_vec(),
-        device: device.to_owned(),
-        env: mergescope_env(),
-    };
-    let sweep = SlurmSweep::prepare(inputs, &settings)?;
-    let headline = format!("sweep '{name}' into {}", sweep.job.out_dir.display());
-    let Some((outcome, grid)) = drive(a, &sweep, &opts, &headline, cancel)? else {
-        return Ok(ExitCode::SUCCESS);
-    };
-    if !grid.cancelled {
-        draw(&outcome.rows)?;
+/// Shows what the studies' Slurm driver reports in the terminal: lines on stderr (above the
+/// bar), a dry run's batch script on stdout, the cells' progress as a bar (none when `quiet`
+/// or when no cell is to run).
+pub fn shown(quiet: bool) -> impl Fn(Report<'_>) {
+    let bar: RefCell<Option<ProgressBar>> = RefCell::new(None);
+    move |r| match r {
+        Report::Line(text) => match &*bar.borrow() {
+            Some(b) => b.suspend(|| eprintln!("{text}")),
+            None => eprintln!("{text}"),
+        },
+        Report::Script(script) => print!("{script}"),
+        Report::Watch { running } => *bar.borrow_mut() = Some(super::progress_bar(quiet || !running)),
+        Report::Progress { done, cells, status } => {
+            if let Some(b) = &*bar.borrow() {
+                b.set_position((done * 1000 / cells.max(1)) as u64);
+                b.set_message(status.to_owned());
+            }
+        }
+        Report::Watched => {
+            if let Some(b) = bar.borrow_mut().take() {
+                b.finish_and_clear();
+            }
+        }
     }
-    Ok(exit_code(&grid))
 }
 
 /// A sweep's cell on this node: runs cell `index` of `job` and writes its rows to its result

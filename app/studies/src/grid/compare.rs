@@ -5,19 +5,25 @@
 //! data. A final merge needs its method's candidates first (and, for a suite, the pretrained
 //! cell, which computes the experts' reference scores), so it goes in a later array job. The
 //! gathered table is the one the local executor writes: same values, same order (only the
-//! `seconds` column, the time the cells took, differs).
+//! `seconds` column, the time the cells took, differs). [`compare_on_slurm`] is what the
+//! command runs: the grid planned from the methods and models, driven on Slurm.
 
+use super::drive::{Report, RunError, RunResult, SlurmSettings, absolute_path, drive};
 use super::slurm::{SlurmOptions, SlurmProgress, run_in_stages};
-use super::{CellState, GridJob, GridOutcome, GridPlan, SlurmJob, absolute, settle};
+use super::{CellState, GridJob, GridOutcome, GridPlan, SlurmJob, absolute, mergescope_env, settle};
 use crate::compare::{
     CompareConfig, CompareInputs, CompareTable, LambdaChoice, MethodResult, choose_lambda, extend_lambda_search,
-    final_merge, lambda_max, lambda_trial,
+    final_merge, lambda_grid, lambda_max, lambda_trial, leave_out_one_expert,
 };
+use mergescope_engine::device::Device;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
-use mergescope_lab::evaluator::suite::is_suite_path;
+use mergescope_lab::demo::resolve_benchmark;
+use mergescope_lab::evaluate::suite_models;
+use mergescope_lab::evaluator::suite::{Suite, is_suite_path};
 use mergescope_lab::evaluator::{EvalReport, References};
+use mergescope_lab::nn::Arch;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -512,6 +518,163 @@ impl SlurmJob for CompareJob {
     }
 }
 
+/// Where a comparison's models come from.
+#[derive(Clone, Copy, Debug)]
+pub enum CompareModels<'a> {
+    /// A suite's, with the base and experts given on the command line (no base: the suite's own).
+    Suite {
+        /// The suite.
+        suite: &'a Suite,
+        /// The base given.
+        base: Option<&'a Path>,
+        /// The experts given.
+        experts: &'a [PathBuf],
+    },
+    /// A demo benchmark's.
+    Demo {
+        /// Its name or folder.
+        benchmark: &'a str,
+        /// Its backbone.
+        arch: Arch,
+    },
+}
+
+/// A comparison to run as a grid of cells on Slurm (`mergescope compare --executor slurm`).
+pub struct CompareOnSlurm<'a> {
+    /// The methods, in the table's order.
+    pub plugins: Vec<&'a Plugin>,
+    /// Whether the methods were named (else those that merge the base with exactly one expert
+    /// are left out when there are more).
+    pub named: bool,
+    /// The models.
+    pub models: CompareModels<'a>,
+    /// Output folder, λ grid, seed; `overwrite` replaces checkpoints of an earlier comparison.
+    pub config: CompareConfig,
+    /// `--plugin-dir`s, which the cells search too.
+    pub plugin_dirs: &'a [PathBuf],
+    /// `cpu`, `cuda` or `metal`, for the cells.
+    pub device: &'a str,
+    /// The work folder.
+    pub workdir: PathBuf,
+    /// Whether the work folder holds this comparison's job file from an earlier run (which it
+    /// resumes: its checkpoints are replaced).
+    pub resuming: bool,
+    /// The Slurm executor's settings.
+    pub slurm: &'a SlurmSettings,
+}
+
+/// What a comparison on Slurm came to.
+#[derive(Clone, Debug)]
+pub struct ComparedOnSlurm {
+    /// The cells and the gathered table.
+    pub outcome: SlurmCompareOutcome,
+    /// Whether λ was chosen on calibration data (else methods kept their defaults).
+    pub calibration: bool,
+}
+
+/// Runs the comparison `r` as a grid of cells on Slurm: finds how many experts its models have
+/// and whether they have calibration data (on `device`), leaves out the methods that cannot run
+/// on them, plans the cells and [`drive`]s them (`report` hears what the user is told, notes
+/// included); None after a dry run. The caller writes the gathered table.
+pub fn compare_on_slurm(
+    r: CompareOnSlurm<'_>,
+    device: &Device,
+    report: &dyn Fn(Report<'_>),
+    cancel: &AtomicBool,
+) -> RunResult<Option<ComparedOnSlurm>> {
+    let (benchmark, experts, calibration) = match r.models {
+        CompareModels::Suite { suite, base, experts } => {
+            let m = suite_models(suite, base, experts)?;
+            let calibration = suite.calibration_evaluator(device)?.is_some();
+            (absolute_path(&suite.path)?, m.experts.len(), calibration)
+        }
+        CompareModels::Demo { benchmark, arch } => {
+            let bench = resolve_benchmark(benchmark, Some(arch))?;
+            (absolute_path(&bench.dir)?, bench.expert_paths().len(), true)
+        }
+    };
+    let mut plugins = r.plugins;
+    if !r.named
+        && let Some(note) = leave_out_one_expert(&mut plugins, experts)
+    {
+        report(Report::Line(&note));
+    }
+    let cfg = r.config;
+    if !calibration && !cfg.lambda_grid.is_empty() {
+        report(Report::Line(&format!(
+            "note: '{}' has no calibration data (give every [[task]] a calibration file), so λ keeps each method's default",
+            benchmark.display()
+        )));
+    }
+    let methods: Vec<CompareMethod> = plugins
+        .iter()
+        .map(|p| CompareMethod {
+            id: p.id().to_owned(),
+            name: p.info.name.clone(),
+            model_level: p.is_model_level(),
+            lambdas: if calibration {
+                lambda_grid(p, &cfg.lambda_grid)
+            } else {
+                None
+            },
+        })
+        .collect();
+    if !r.resuming
+        && !cfg.overwrite
+        && let Some(p) = methods
+            .iter()
+            .map(|m| cfg.out_dir.join(format!("{}.safetensors", m.id)))
+            .find(|p| p.exists())
+    {
+        return Err(EngineError::Invalid(format!(
+            "'{}' exists from an earlier comparison; pass --overwrite to replace it or choose another --out-dir",
+            p.display()
+        ))
+        .into());
+    }
+    std::fs::create_dir_all(&cfg.out_dir).map_err(|e| {
+        RunError::os(
+            format!("cannot create the output folder '{}'", cfg.out_dir.display()),
+            e,
+        )
+    })?;
+    let (base, experts) = match r.models {
+        CompareModels::Suite {
+            base: Some(base),
+            experts,
+            ..
+        } => (
+            Some(absolute_path(base)?),
+            experts.iter().map(|p| absolute_path(p)).collect::<RunResult<_>>()?,
+        ),
+        _ => (None, Vec::new()),
+    };
+    let job = CompareJob {
+        out_dir: cfg.out_dir.clone(),
+        workdir: r.workdir,
+        benchmark: benchmark.to_string_lossy().into_owned(),
+        base,
+        experts,
+        plugin_dirs: r.plugin_dirs.to_vec(),
+        device: r.device.to_owned(),
+        seed: cfg.seed,
+        lambda_grid: cfg.lambda_grid,
+        extend_lambda: cfg.extend_lambda,
+        cells: CompareJob::plan_cells(&methods),
+        methods,
+    };
+    let plan = SlurmCompare::prepare(job, &r.slurm.node_binary()?, mergescope_env())?;
+    let opts = r.slurm.options("mergescope-compare")?;
+    let headline = format!(
+        "comparison of {} methods on '{}' into {}",
+        plan.job.methods.len(),
+        benchmark.display(),
+        cfg.out_dir.display()
+    );
+    Ok(drive(&plan, &opts, r.slurm.dry_run, &headline, report, cancel)?
+        .map(|(outcome, _)| ComparedOnSlurm { outcome, calibration }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -646,5 +809,76 @@ mod tests {
         other.seed = 1;
         assert!(other.result(0).is_none());
         assert_eq!(CompareJob::read(&job.write().unwrap()).unwrap(), job);
+    }
+
+    /// What a dry run reports: the cells to submit, then the first stage's script (the final
+    /// merges wait for their candidates); once every cell has a result, that nothing is to be
+    /// submitted.
+    #[test]
+    fn a_dry_run_reports_the_first_stage_script_or_nothing_to_submit() {
+        let dir = tempfile::tempdir().unwrap();
+        let dry_run = |job: CompareJob| {
+            let plan = SlurmCompare::prepare(job, Path::new("/shared/mergescope"), Vec::new()).unwrap();
+            let said = std::cell::RefCell::new(Vec::new());
+            let hear = |r: Report<'_>| {
+                said.borrow_mut().push(match r {
+                    Report::Line(l) => format!("line: {l}"),
+                    Report::Script(s) => format!("script: {s}"),
+                    other => format!("{other:?}"),
+                });
+            };
+            let ran = drive(
+                &plan,
+                &SlurmOptions::default(),
+                true,
+                "comparison",
+                &hear,
+                &AtomicBool::new(false),
+            );
+            assert!(ran.unwrap().is_none(), "a dry run runs nothing");
+            said.into_inner()
+        };
+        let said = dry_run(job(dir.path()));
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert!(
+            said[0].starts_with("line: 5 of 5 cells to submit (job file "),
+            "{said:?}"
+        );
+        assert!(
+            said[0].ends_with("grid.json); the script sbatch would get:"),
+            "{said:?}"
+        );
+        assert!(said[1].starts_with("script: #!/bin/bash"), "{said:?}");
+        assert!(said[1].contains("#SBATCH --array=0-2,4\n"), "{said:?}");
+        assert!(
+            said[1].ends_with("a second array job of the final merges: 3\n"),
+            "{said:?}"
+        );
+        let job = job(dir.path());
+        let lambda = CellResult::Lambda {
+            accuracy: 0.5,
+            seconds: 1.0,
+        };
+        let merged = CellResult::Final {
+            lambda: None,
+            extension: Vec::new(),
+            params: Value::Null,
+            report: report(0.5),
+            seconds: 1.0,
+        };
+        let pretrained = CellResult::Pretrained {
+            source: dir.path().join("bench"),
+            kind: "mlp".into(),
+            tasks: vec!["t".into()],
+            individual: vec![0.9],
+            report: report(0.1),
+        };
+        for (i, r) in [&pretrained, &lambda, &lambda, &merged, &merged]
+            .into_iter()
+            .enumerate()
+        {
+            job.write_result(i, r).unwrap();
+        }
+        assert_eq!(dry_run(job), ["line: all 5 cells are finished: nothing to submit"]);
     }
 }

@@ -11,10 +11,11 @@
 //! writer and reader of the job file, one place for its cells' files and keys). [`GridPlan`] is
 //! what the CLI drives: a grid prepared for Slurm, whatever its kind
 //! ([`crate::scaling::sweep::executor::SlurmSweep`], [`compare::SlurmCompare`],
-//! [`landscape::SlurmLandscape`]; what differs between them is their [`SlurmJob`]), and
-//! [`GridOutcome`] what it says at the end.
+//! [`landscape::SlurmLandscape`]; what differs between them is their [`SlurmJob`]), through the
+//! one driver [`drive::drive`], and [`GridOutcome`] what it says at the end.
 
 pub mod compare;
+pub mod drive;
 pub mod landscape;
 pub mod slurm;
 
@@ -404,6 +405,17 @@ impl GridOutcome {
             .flat_map(|o| &o.failed)
             .map(|f| self.failure_text(f))
             .collect()
+    }
+
+    /// The command's exit status: 130 when cancelled, 1 when cells have no result, else 0.
+    pub fn exit_status(&self) -> u8 {
+        if self.cancelled {
+            130
+        } else if self.missing.is_empty() {
+            0
+        } else {
+            1
+        }
     }
 }
 

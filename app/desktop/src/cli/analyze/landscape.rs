@@ -5,7 +5,7 @@
 //! gathered into the same cache entry and figure).
 
 use super::{Common, short_name};
-use crate::cli::sweep_slurm::{GridRunArgs, drive, node_binary, options};
+use crate::cli::sweep_slurm::{GridRunArgs, shown};
 use crate::cli::{cancel_on_ctrl_c, progress_bar};
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
@@ -14,6 +14,7 @@ use mergescope_lab::data::benchmark_tasks;
 use mergescope_lab::evaluator::suite::is_suite_path;
 use mergescope_studies::analysis::landscape::Metric;
 use mergescope_studies::analysis::landscape_run::{LandscapeKind, LandscapeSource, LandscapeSpec, prepare_landscape};
+use mergescope_studies::grid::drive::drive;
 use mergescope_studies::grid::landscape::{LandscapeJob, SlurmLandscape};
 use mergescope_studies::grid::{ExecutorKind, mergescope_env};
 use std::path::PathBuf;
@@ -246,21 +247,23 @@ fn run_on_slurm(
     };
     let cancel = cancel_on_ctrl_c();
     let results = output.cloned().unwrap_or_else(|| PathBuf::from("(stdout)"));
+    let slurm = a.run.slurm.settings();
     let plan = SlurmLandscape::prepare(
         job,
-        &node_binary(&a.run.slurm)?,
+        &slurm.node_binary()?,
         mergescope_env(),
         !a.no_cache,
         results,
         cancel,
     )?;
-    let opts = options(&a.run.slurm, "mergescope-landscape")?;
+    let opts = slurm.options("mergescope-landscape")?;
     let headline = format!(
         "landscape of {} points in {} cells",
         plan.job.nx * plan.job.ny,
         plan.cells()
     );
-    let Some((outcome, grid)) = drive(&a.run, &plan, &opts, &headline, cancel)? else {
+    let shown = shown(a.run.quiet);
+    let Some((outcome, grid)) = drive(&plan, &opts, slurm.dry_run, &headline, &shown, cancel)? else {
         return Ok(());
     };
     if grid.cancelled {

@@ -4,6 +4,7 @@
 
 use super::run::{CellRun, RESULTS_FILE, SweepInputs, prepare_cells, rows_per_cell};
 use super::store::{ResultsFile, Row, parse_rows, rows_text, write_rows};
+use crate::grid::drive::{Report, RunResult, SlurmSettings, drive};
 use crate::grid::slurm::{CellFailure, SlurmOptions, SlurmOutcome, SlurmProgress, run_array};
 use crate::grid::{CellFiles, CellState, GridJob, GridOutcome, GridPlan, SlurmJob, absolute, settle};
 pub use crate::grid::{JOB_FILE, mergescope_env};
@@ -286,6 +287,31 @@ impl SlurmJob for SweepJob {
     fn grid_outcome(outcome: &SlurmSweepOutcome) -> GridOutcome {
         outcome.grid()
     }
+}
+
+/// Runs the sweep `inputs` (`name` in the headline) on Slurm as a command asks it, its cells
+/// on `device` with the plugins of `plugin_dirs` too: [`drive`]s its missing cells (`report`
+/// hears what the user is told); None after a dry run. The caller draws the gathered rows.
+pub fn drive_on_slurm(
+    inputs: &SweepInputs<'_>,
+    slurm: &SlurmSettings,
+    plugin_dirs: &[PathBuf],
+    device: &str,
+    name: &str,
+    report: &dyn Fn(Report<'_>),
+    cancel: &AtomicBool,
+) -> RunResult<Option<SlurmSweepOutcome>> {
+    let opts = slurm.options("mergescope-sweep")?;
+    let settings = SlurmSweepSettings {
+        workdir: slurm.workdir.clone(),
+        bin: slurm.node_binary()?,
+        plugin_dirs: plugin_dirs.to_vec(),
+        device: device.to_owned(),
+        env: mergescope_env(),
+    };
+    let sweep = SlurmSweep::prepare(inputs, &settings)?;
+    let headline = format!("sweep '{name}' into {}", sweep.job.out_dir.display());
+    Ok(drive(&sweep, &opts, slurm.dry_run, &headline, report, cancel)?.map(|(outcome, _)| outcome))
 }
 
 /// Runs the sweep `inputs` on Slurm: its missing cells as one array job running
