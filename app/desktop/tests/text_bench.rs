@@ -94,8 +94,12 @@ fn a_reduced_text_benchmark_builds_and_its_suite_evaluates_and_merges() {
     }
     // Golden: the build is a function of its seed on one matrix-kernel path (the same bytes
     // twice on x86_64-fma, whatever the thread count); the mean loss of each expert's last
-    // steps fingerprints the whole run (probe, batches, every update).
-    if manifest["kernel_path"] == "x86_64-fma" {
+    // steps fingerprints the whole run (probe, batches, every update). The same losses on an AMD
+    // EPYC and an Intel Xeon (48 KiB 12-way L1): the L1 cache's blocking leaves these sums whole.
+    if manifest["kernel_path"]
+        .as_str()
+        .is_some_and(|p| p.starts_with("x86_64-fma-"))
+    {
         let losses: Vec<f64> = tasks.iter().map(|t| t["expert_final_loss"].as_f64().unwrap()).collect();
         assert_eq!(
             losses,

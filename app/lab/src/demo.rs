@@ -164,9 +164,16 @@ pub fn kernel_path_on(device: &Device) -> String {
 
 /// The CPU matrix-kernel path this process trains with, which decides the order float sums
 /// accumulate in: `x86_64-fma` (every x86-64 CPU with FMA, AVX2 or AVX-512 alike: the matrix
-/// kernels do not use AVX-512), `x86_64-scalar`, `aarch64-neon`, or the architecture's name.
-/// Thread counts do not change it: each output element is summed by one thread, in one order.
+/// kernels do not use AVX-512), `x86_64-scalar`, `aarch64-neon`, or the architecture's name,
+/// followed by the L1 data cache the matrix kernels size their blocks by (`-l1d48k12w`: 48 KiB,
+/// 12-way, [`l1_blocking`]), since the length of the blocks a long sum is split into depends on
+/// it. Thread counts do not change it: each output element is summed by one thread, in one order.
 pub fn kernel_path() -> String {
+    format!("{}-{}", kernel_isa(), l1_blocking())
+}
+
+/// The instruction path of the CPU's matrix kernels ([`kernel_path`] without the cache).
+fn kernel_isa() -> String {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("fma") {
@@ -187,6 +194,20 @@ pub fn kernel_path() -> String {
     {
         std::env::consts::ARCH.to_owned()
     }
+}
+
+/// The L1 data cache as the CPU matrix kernels (gemm) read it, which sets how many terms of a
+/// dot product each block sums before the next block adds on (`kc`): `l1d{KiB}k{ways}w`, with
+/// the line size when it is not 64 bytes. Two CPUs that differ here sum products of long
+/// vectors (the MLP's 784 inputs) in other orders, so they differ in the last bits.
+pub fn l1_blocking() -> String {
+    let l1 = gemm_common::cache::CACHE_INFO[0];
+    let line = if l1.cache_line_bytes == 64 {
+        String::new()
+    } else {
+        format!("{}b", l1.cache_line_bytes)
+    };
+    format!("l1d{}k{}w{line}", l1.cache_bytes / 1024, l1.associativity)
 }
 
 /// A built benchmark on disk.
