@@ -261,7 +261,10 @@ mod tests {
         let missing = dir.path().join("nowhere.safetensors");
         let e = open_expert(&missing, Some(&base)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Input, "{e}");
-        assert!(matches!(&e, EngineError::Input { path, .. } if path == &missing), "{e:?}");
+        assert!(
+            matches!(&e, EngineError::Input { path, .. } if path == &missing),
+            "{e:?}"
+        );
         assert!(e.to_string().contains("does not exist"), "{e}");
 
         // A LoRA adapter saved without its safetensors weights.
@@ -271,7 +274,10 @@ mod tests {
         std::fs::write(adapter.join("adapter_model.bin"), b"pickle").unwrap();
         let e = open_expert(&adapter, Some(&base)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Input, "{e}");
-        assert!(matches!(&e, EngineError::Input { path, .. } if path == &adapter), "{e:?}");
+        assert!(
+            matches!(&e, EngineError::Input { path, .. } if path == &adapter),
+            "{e:?}"
+        );
         assert!(e.to_string().contains("safe_serialization=True"), "{e}");
     }
 }
