@@ -99,6 +99,26 @@ pub fn create_instance<'p>(
     Ok((instance, resolved))
 }
 
+/// Whether some parameter of a per-tensor merge is layer-wise, and when none is, the merge's one
+/// instance: plain parameters are checked before the inputs are, layer-wise ones once the
+/// tensors are known, each group of tensors sharing values getting its own instance
+/// ([`instance_groups`]).
+#[allow(clippy::type_complexity)]
+pub fn plain_instance<'p>(
+    plugin: &'p Plugin,
+    params: &Value,
+    seed: u64,
+    has_base: bool,
+    n_experts: usize,
+    env: CallEnv<'_>,
+) -> Result<(bool, Option<(Instance<'p>, ResolvedParams)>)> {
+    if layered::is_layered(params, plugin.schema())? {
+        return Ok((true, None));
+    }
+    let single = create_instance(per_tensor(plugin)?, params, seed, has_base, n_experts, env)?;
+    Ok((false, Some(single)))
+}
+
 struct MemSource<'a> {
     models: Vec<&'a MemModel>,
 }
@@ -173,19 +193,7 @@ pub fn merge_in_memory_with(
         log: observer.log,
         threads: opts.threads,
     };
-    let layer_wise = layered::is_layered(params, plugin.schema())?;
-    let single = if layer_wise {
-        None
-    } else {
-        Some(create_instance(
-            per_tensor(plugin)?,
-            params,
-            seed,
-            base.is_some(),
-            experts.len(),
-            env,
-        )?)
-    };
+    let (_, single) = plain_instance(plugin, params, seed, base.is_some(), experts.len(), env)?;
     let mut models: Vec<&MemModel> = Vec::new();
     models.extend(base);
     models.extend(experts.iter());
@@ -698,21 +706,7 @@ pub fn merge_checkpoints(
         log: observer.log,
         threads: opts.threads,
     };
-    // Plain parameters are checked before the inputs are; layer-wise ones once the tensors are
-    // known (each group of tensors sharing values gets its own instance).
-    let layer_wise = layered::is_layered(job.params, plugin.schema())?;
-    let single = if layer_wise {
-        None
-    } else {
-        Some(create_instance(
-            per_tensor(plugin)?,
-            job.params,
-            job.seed,
-            base.is_some(),
-            experts.len(),
-            env,
-        )?)
-    };
+    let (layer_wise, single) = plain_instance(plugin, job.params, job.seed, base.is_some(), experts.len(), env)?;
 
     let descs: Vec<ModelDesc> = models.iter().map(|c| file_desc(c)).collect();
     let labels: Vec<String> = models.iter().map(|c| file_label(&c.path)).collect();

@@ -9,10 +9,10 @@ use mergescope_engine::checkpoint::Checkpoint;
 use mergescope_engine::compat;
 use mergescope_engine::error::{EngineError, Result};
 use mergescope_engine::executor::{ExecOptions, Observer};
-use mergescope_engine::layered::{self, layer_position};
+use mergescope_engine::layered::layer_position;
 use mergescope_engine::merge::{
-    FileSink, FileSource, GroupRun, InstanceGroup, MergeReport, Plan, check_output_path, create_instance, elements,
-    file_desc, file_label, instance_groups, output_metadata, per_tensor, plan_outputs, recorded_params, write_copies,
+    FileSink, FileSource, GroupRun, InstanceGroup, MergeReport, Plan, check_output_path, elements, file_desc,
+    file_label, instance_groups, output_metadata, plain_instance, plan_outputs, recorded_params, write_copies,
 };
 use mergescope_engine::plugin::Plugin;
 use mergescope_engine::plugin::instance::CallEnv;
@@ -137,15 +137,8 @@ pub(crate) fn merge_files(
             continue;
         }
         let params = slice_params(&req.params, &req.slices[si], &what)?;
-        let layer_wise = layered::is_layered(&params, plugin.schema()).map_err(|e| in_slice(&what, e))?;
-        let single = if layer_wise {
-            None
-        } else {
-            Some(
-                create_instance(per_tensor(plugin)?, &params, req.seed, has_base, n_experts, env)
-                    .map_err(|e| in_slice(&what, e))?,
-            )
-        };
+        let (layer_wise, single) =
+            plain_instance(plugin, &params, req.seed, has_base, n_experts, env).map_err(|e| in_slice(&what, e))?;
         let descs: Vec<_> = inputs.iter().map(file_desc).collect();
         let labels: Vec<String> = inputs
             .iter()
