@@ -597,10 +597,11 @@ def make_causal_lm(out: str, arch: str, tk=None, model=None) -> None:
                 full = tk.encode(q + " " + c).ids
                 lp = token_logprobs(full)
                 lls.append(sum(float(lp[i - 1, full[i]]) for i in range(len(ctx), len(full))))
-            records.append({"lls": lls, "answer": answer, "bytes": [len((" " + c).encode()) for c in choices]})
+            # lm-evaluation-harness's acc_norm divides by len(choice): characters, no delimiter.
+            records.append({"lls": lls, "answer": answer, "lengths": [len(c) for c in choices]})
     acc = sum(int(max(range(len(r["lls"])), key=lambda i: r["lls"][i]) == r["answer"]) for r in records) / len(records)
     acc_norm = sum(
-        int(max(range(len(r["lls"])), key=lambda i: r["lls"][i] / r["bytes"][i]) == r["answer"]) for r in records
+        int(max(range(len(r["lls"])), key=lambda i: r["lls"][i] / r["lengths"][i]) == r["answer"]) for r in records
     ) / len(records)
     with open(os.path.join(folder, "text.txt"), "w") as f:
         f.write(LM_TEXT + "\n")

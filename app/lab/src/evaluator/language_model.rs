@@ -129,13 +129,20 @@ pub struct LmModelSpec {
     pub batch_size: usize,
 }
 
+/// What `acc_norm` divides a choice's log-likelihood by, as lm-evaluation-harness does
+/// (`process_results`: `completion_len = len(choice)`): the choice's length in characters
+/// (Unicode scalar values, as Python's `len`), without the space that joins it to the question.
+/// An empty choice counts as 1, where lm-eval would divide by zero.
+fn acc_norm_length(choice: &str) -> f64 {
+    choice.chars().count().max(1) as f64
+}
+
 /// A token sequence whose tokens from `from` on are scored.
 #[derive(Clone, Debug)]
 struct Scored {
     tokens: Vec<u32>,
     from: usize,
-    /// What its log-likelihood is divided by for `acc_norm` (the choice's length in bytes,
-    /// with its leading space).
+    /// What its log-likelihood is divided by for `acc_norm` ([`acc_norm_length`]).
     norm: f64,
 }
 
@@ -197,7 +204,7 @@ impl LmEvaluator {
                 Ok(Scored {
                     from: context.max(cut + 1).min(full.len()) - cut,
                     tokens: full[cut..].to_vec(),
-                    norm: (choice.len() + 1) as f64,
+                    norm: acc_norm_length(choice),
                 })
             })
             .collect()
@@ -488,5 +495,37 @@ impl ClassifierFamily for LmEvaluator {
                 Ok((logits, labels))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::acc_norm_length;
+
+    /// The choice `acc_norm` picks from per-choice log-likelihoods.
+    fn acc_norm_pick(choices: &[&str], log_likelihoods: &[f64]) -> usize {
+        let scores: Vec<f64> = choices
+            .iter()
+            .zip(log_likelihoods)
+            .map(|(c, ll)| ll / acc_norm_length(c))
+            .collect();
+        (0..scores.len()).fold(0, |best, i| if scores[i] > scores[best] { i } else { best })
+    }
+
+    #[test]
+    fn acc_norm_divides_by_characters_without_the_delimiter_as_lm_eval() {
+        // lm-eval's completion_len = len(choice) in Python: code points.
+        assert_eq!(acc_norm_length("green"), 5.0);
+        assert_eq!(acc_norm_length("é"), 1.0);
+        assert_eq!(acc_norm_length("über"), 4.0);
+        assert_eq!(acc_norm_length("日本語"), 3.0);
+        assert_eq!(acc_norm_length(""), 1.0);
+        // By hand with lm-eval's rule: "é" -2.0 / 1 = -2.0, "ab" -3.9 / 2 = -1.95, so "ab"; the
+        // former rule (bytes with the leading space) gave -2.0 / 3 = -0.67 and -3.9 / 3 = -1.3,
+        // so "é".
+        assert_eq!(acc_norm_pick(&["é", "ab"], &[-2.0, -3.9]), 1);
+        // "日本" -4.0 / 2 = -2.0 against "abc" -6.3 / 3 = -2.1: "日本" (by its 7 bytes with the
+        // space, -0.57 against -1.58, it won as well).
+        assert_eq!(acc_norm_pick(&["日本", "abc"], &[-4.0, -6.3]), 0);
     }
 }
