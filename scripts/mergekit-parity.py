@@ -40,7 +40,7 @@ It creates a virtualenv (default ~/.cache/mergescope/mergekit-venv, reused when 
 pip-installs mergekit into it from the default package index (that pulls torch), then runs
 itself again inside that virtualenv to generate the inputs, run `mergekit-yaml` on the CPU
 for every config and write the manifest. OUT_DIR's inputs/, mergekit/, manifest.json and
-tokenizer_union/, modules/ and slices/ are replaced (with --only NAME: that folder only); nothing
+tokenizer_union/, modules/, slices/ and frontier/ are replaced (with --only NAME: that folder only); nothing
 else in OUT_DIR is touched. Any failure exits non-zero.
 """
 
@@ -514,7 +514,41 @@ def tied_topk(out: Path, cfg: dict) -> dict[str, list[str]]:
     return dict(sorted(res.items()))
 
 
-def inside_venv(out: Path, venv: Path) -> None:
+def frontier_configs() -> dict[str, dict]:
+    """mergekit 0.1.5's newest methods (nearswap, ram, ramplus_tl, arcee_fusion) on the same
+    tiny inputs; paths relative to OUT_DIR/frontier."""
+    dtypes = {"dtype": "float32", "out_dtype": "float32"}
+    base = "inputs/base"
+    experts = [{"model": f"inputs/{e}"} for e in EXPERTS]
+    return {
+        "nearswap": {
+            "merge_method": "nearswap",
+            "base_model": base,
+            "models": experts[:1],
+            "parameters": {"t": 0.002},
+            **dtypes,
+        },
+        "ram": {"merge_method": "ram", "base_model": base, "models": experts, **dtypes},
+        # A larger epsilon, so that some task-vector elements count as unchanged.
+        "ram_epsilon": {
+            "merge_method": "ram",
+            "base_model": base,
+            "models": experts,
+            "parameters": {"epsilon": 0.004},
+            **dtypes,
+        },
+        "ramplus_tl": {
+            "merge_method": "ramplus_tl",
+            "base_model": base,
+            "models": experts,
+            "parameters": {"r": 0.5, "alpha": 0.8, "epsilon": 0.004},
+            **dtypes,
+        },
+        "arcee_fusion": {"merge_method": "arcee_fusion", "base_model": base, "models": experts[:1], **dtypes},
+    }
+
+
+def inside_venv(out: Path, venv: Path, configs=None) -> None:
     import importlib.metadata as md
 
     import yaml
@@ -539,7 +573,7 @@ def inside_venv(out: Path, venv: Path) -> None:
                TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
     (out / "mergekit").mkdir()
     results, warnings = [], {}
-    for name, cfg in merge_configs().items():
+    for name, cfg in (configs or merge_configs()).items():
         rel_yaml, rel_out = f"mergekit/{name}.yml", f"mergekit/{name}"
         (out / rel_yaml).write_text(yaml.safe_dump(cfg, sort_keys=False))
         r = run([mergekit_yaml, rel_yaml, rel_out, *MERGEKIT_FLAGS], cwd=out, env=env,
@@ -1275,10 +1309,10 @@ def main() -> None:
     ap.add_argument("--mergekit", metavar="VERSION", default=None,
                     help="install exactly this mergekit version (default: the latest, or "
                     "whatever the reused virtualenv has)")
-    ap.add_argument("--only", choices=["tokenizer-union", "modules", "slices"], default=None,
+    ap.add_argument("--only", choices=["tokenizer-union", "modules", "slices", "frontier"], default=None,
                     help="make only this case (tokenizer-union: OUT_DIR/tokenizer_union/, modules: "
-                    "OUT_DIR/modules/, slices: OUT_DIR/slices/, leaving the other fixtures as they are); "
-                    "default: every fixture")
+                    "OUT_DIR/modules/, slices: OUT_DIR/slices/, frontier: OUT_DIR/frontier/, mergekit's "
+                    "newest methods, leaving the other fixtures as they are); default: every fixture")
     args = ap.parse_args()
     out, venv = args.out_dir.resolve(), args.venv.expanduser().absolute()
 
@@ -1291,6 +1325,8 @@ def main() -> None:
             inside_venv_modules(out, venv)
         if args.only in (None, "slices"):
             inside_venv_slices(out, venv)
+        if args.only in (None, "frontier"):
+            inside_venv(out / "frontier", venv, frontier_configs())
         return
     if sys.version_info < (3, 10):
         die("Python 3.10 or newer is needed (mergekit requires it)")

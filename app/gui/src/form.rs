@@ -142,13 +142,14 @@ impl ParamForm {
         }
     }
 
-    /// Parameters that differ from their defaults, as JSON (what a run records), with the
-    /// layer-wise values as given.
+    /// Parameters that differ from their defaults, and required ones (the form's value is the
+    /// user's, default or not), as JSON (what a run records), with the layer-wise values as
+    /// given.
     pub fn to_json(&self) -> Map<String, Value> {
         let mut out: Map<String, Value> = self
             .fields
             .iter()
-            .filter(|f| !f.is_default())
+            .filter(|f| f.schema.required || !f.is_default())
             .map(|f| (f.schema.name.clone(), f.to_json()))
             .collect();
         out.extend(self.layer_wise.clone());

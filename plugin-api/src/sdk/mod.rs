@@ -7,6 +7,7 @@ pub mod disjoint;
 mod gram;
 mod host;
 mod params;
+pub mod ram;
 mod simd;
 mod stats;
 pub mod sums;

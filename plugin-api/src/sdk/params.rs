@@ -51,6 +51,9 @@ pub struct ParamSpec {
     pub help: &'static str,
     /// Float parameters only: one value per expert (a single value is broadcast).
     pub per_task: bool,
+    /// The user must give it (the default only fills the window's form): a method whose
+    /// result has no sensible value without it, like mergekit's required parameters.
+    pub required: bool,
 }
 
 impl ParamSpec {
@@ -65,6 +68,7 @@ impl ParamSpec {
             },
             help,
             per_task: false,
+            required: false,
         }
     }
 
@@ -79,6 +83,7 @@ impl ParamSpec {
             },
             help,
             per_task: false,
+            required: false,
         }
     }
 
@@ -89,6 +94,7 @@ impl ParamSpec {
             ty: ParamType::Bool { default },
             help,
             per_task: false,
+            required: false,
         }
     }
 
@@ -102,6 +108,7 @@ impl ParamSpec {
             },
             help,
             per_task: false,
+            required: false,
         }
     }
 
@@ -116,6 +123,7 @@ impl ParamSpec {
             },
             help,
             per_task: false,
+            required: false,
         }
     }
 
@@ -148,6 +156,13 @@ impl ParamSpec {
     /// Marks a float parameter as per-task (one value per expert).
     pub fn per_task(mut self) -> Self {
         self.per_task = true;
+        self
+    }
+
+    /// Marks the parameter as required: the host refuses a merge that does not give it, naming
+    /// it; its default only fills the window's form.
+    pub fn required(mut self) -> Self {
+        self.required = true;
         self
     }
 }
@@ -218,6 +233,9 @@ pub fn schema_json(params: &[ParamSpec]) -> String {
                 s.push_str("],\"default\":");
                 json_escape(default, &mut s);
             }
+        }
+        if p.required {
+            s.push_str(",\"required\":true");
         }
         if p.per_task {
             s.push_str(",\"per_task\":true");

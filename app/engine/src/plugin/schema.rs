@@ -45,6 +45,8 @@ pub struct ParamSchema {
     pub help: String,
     /// One value per expert (float only).
     pub per_task: bool,
+    /// The user must give it; the default only fills the window's form.
+    pub required: bool,
 }
 
 /// A validated value.
@@ -138,6 +140,7 @@ pub fn parse_schema(json: &str) -> Result<Vec<ParamSchema>, String> {
         if per_task && !matches!(ty, ParamType::Float { .. }) {
             return Err(format!("parameter '{name}': only float parameters can be per-task"));
         }
+        let required = p.get("required").and_then(Value::as_bool).unwrap_or(false);
         let default = p.get("default").cloned().unwrap_or(Value::Null);
         let help = p.get("help").and_then(Value::as_str).unwrap_or("").to_owned();
         let schema = ParamSchema {
@@ -146,6 +149,7 @@ pub fn parse_schema(json: &str) -> Result<Vec<ParamSchema>, String> {
             default,
             help,
             per_task,
+            required,
         };
         // The default must itself be valid (checked for one expert).
         check_value(&schema, &schema.default, 1).map_err(|e| format!("the schema's default is invalid: {e}"))?;
@@ -282,8 +286,9 @@ fn check_value(p: &ParamSchema, v: &Value, n_experts: usize) -> Result<ParamValu
     }
 }
 
-/// Validates user parameters against a schema: unknown keys get a did-you-mean, values are
-/// type- and range-checked, missing ones take the default. `method` names the plugin in errors.
+/// Validates user parameters against a schema: unknown keys get a did-you-mean, a missing
+/// required one is refused, values are type- and range-checked, other missing ones take the
+/// default. `method` names the plugin in errors.
 pub fn resolve_params(
     method: &str,
     schema: &[ParamSchema],
@@ -307,6 +312,15 @@ pub fn resolve_params(
         }
     }
     let mut values = Vec::new();
+    if let Some(p) = schema.iter().find(|p| p.required && !user.contains_key(&p.name)) {
+        return Err(format!(
+            "method '{method}' needs parameter '{}' ({}); it has no default: give it, e.g. --param {}=VALUE (in a \
+             recipe or mergekit YAML, under parameters)",
+            p.name,
+            p.help.trim_end_matches('.'),
+            p.name
+        ));
+    }
     for p in schema {
         let v = user.get(&p.name).unwrap_or(&p.default);
         let checked = check_value(p, v, n_experts).map_err(|e| format!("method '{method}': {e}"))?;
@@ -362,6 +376,26 @@ mod tests {
         assert!(e.contains("not an integer"), "{e}");
         let e = resolve(json!({"density": "abc"})).unwrap_err();
         assert!(e.contains("not a number"), "{e}");
+    }
+
+    #[test]
+    fn a_required_parameter_must_be_given() {
+        let schema = parse_schema(
+            r#"[{"name":"t","type":"float","default":0.001,"min":0.0,"required":true,"help":"Distance scale."},
+                {"name":"w","type":"float","default":1.0,"help":"w"}]"#,
+        )
+        .unwrap();
+        assert!(schema[0].required && !schema[1].required);
+        let resolve = |user: Value| resolve_params("nearswap", &schema, user.as_object().unwrap(), 1);
+        let e = resolve(json!({"w": 2.0})).unwrap_err();
+        assert!(
+            e.contains("method 'nearswap' needs parameter 't' (Distance scale)") && e.contains("--param t=VALUE"),
+            "{e}"
+        );
+        let ok = resolve(json!({"t": 0.5})).unwrap();
+        assert_eq!(ok.to_json(), json!({"t": 0.5, "w": 1.0}));
+        // Given, it is range-checked like any other.
+        assert!(resolve(json!({"t": -1.0})).unwrap_err().contains("out of range"));
     }
 
     #[test]

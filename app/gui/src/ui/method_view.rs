@@ -23,6 +23,9 @@ fn device_label(d: DeviceChoice) -> &'static str {
     }
 }
 
+/// The most methods of one kind listed in one column of the method list.
+const METHODS_PER_COLUMN: usize = 12;
+
 /// The panel.
 pub fn method_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
     ui.heading("Merge method");
@@ -50,13 +53,17 @@ pub fn method_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
                     if group.is_empty() {
                         continue;
                     }
-                    ui.vertical(|ui| {
-                        ui.label(RichText::new(heading).weak().small());
-                        for p in group {
-                            ui.selectable_value(&mut chosen, p.id().to_owned(), &p.info.name)
-                                .on_hover_text(&p.info.description);
-                        }
-                    });
+                    // Columns of at most METHODS_PER_COLUMN, so that a long kind stays in view.
+                    let rows = group.len().div_ceil(group.len().div_ceil(METHODS_PER_COLUMN));
+                    for (i, column) in group.chunks(rows).enumerate() {
+                        ui.vertical(|ui| {
+                            ui.label(RichText::new(if i == 0 { heading } else { " " }).weak().small());
+                            for p in column {
+                                ui.selectable_value(&mut chosen, p.id().to_owned(), &p.info.name)
+                                    .on_hover_text(&p.info.description);
+                            }
+                        });
+                    }
                 }
             });
         });

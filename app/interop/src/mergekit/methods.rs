@@ -295,6 +295,39 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
+        mergekit: "nearswap",
+        plugin: "nearswap",
+        base: Base::Required,
+        experts: Some(1),
+        fixed: &[],
+        // Required by mergekit and by the plugin: a config without t is refused, naming it.
+        params: &[shared("t", "t")],
+    },
+    Mapping {
+        mergekit: "ram",
+        plugin: "ram",
+        base: Base::Required,
+        experts: None,
+        fixed: &[],
+        params: &[shared("epsilon", "epsilon")],
+    },
+    Mapping {
+        mergekit: "ramplus_tl",
+        plugin: "ramplus-tl",
+        base: Base::Required,
+        experts: None,
+        fixed: &[],
+        params: &[shared("r", "r"), shared("alpha", "alpha"), shared("epsilon", "epsilon")],
+    },
+    Mapping {
+        mergekit: "arcee_fusion",
+        plugin: "arcee-fusion",
+        base: Base::Required,
+        experts: Some(1),
+        fixed: &[],
+        params: &[],
+    },
+    Mapping {
         mergekit: "passthrough",
         plugin: "passthrough",
         base: Base::Ignored,
@@ -322,6 +355,10 @@ pub const MERGEKIT_METHODS: &[&str] = &[
     "model_stock",
     "sce",
     "karcher",
+    "nearswap",
+    "ram",
+    "ramplus_tl",
+    "arcee_fusion",
     "passthrough",
 ];
 

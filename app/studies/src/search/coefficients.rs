@@ -425,6 +425,7 @@ mod tests {
             default: Value::from(default),
             help: String::new(),
             per_task,
+            required: false,
         }
     }
 
@@ -441,6 +442,7 @@ mod tests {
                 default: Value::from("a"),
                 help: String::new(),
                 per_task: false,
+                required: false,
             },
         ];
         let parse = |s: &str| Searched::parse(s).unwrap();
