@@ -4,6 +4,8 @@
 //! element one expert alone changes keeps that expert's τ_i (scaled by its λ_i in RAM+), an
 //! element several change gets their mean. All in f32, in mergekit's order of operations.
 
+use super::{Host, Result, Tensor, TensorInput};
+
 /// Which experts change each element: `|τ_i| > epsilon`, and how many do.
 struct Contributions {
     /// Per expert, per element: whether it contributes.
@@ -58,6 +60,27 @@ pub enum UniqueScale {
         /// α, the cap of ρ_i.
         alpha: f32,
     },
+}
+
+/// Merges one tensor of the host's inputs with RAM (`scale` [`UniqueScale::One`]) or RAM+;
+/// `method` names the plugin in the error when the merge has no base.
+pub fn merge_tensor(
+    host: &Host<'_>,
+    input: &TensorInput<'_>,
+    method: &str,
+    epsilon: f32,
+    scale: UniqueScale,
+) -> Result<Tensor> {
+    let base = input.require_base(method)?;
+    let shape = host.shape(base)?;
+    let b = host.view_f32(base)?;
+    let experts = input
+        .experts
+        .iter()
+        .map(|e| host.view_f32(*e))
+        .collect::<Result<Vec<_>>>()?;
+    let views: Vec<&[f32]> = experts.iter().map(|e| e.as_ref()).collect();
+    host.from_f32(&ram_merge(&b, &views, epsilon, scale), &shape)
 }
 
 /// The merged tensor θ_0 + Σ_i merged τ_i of one tensor's values (`base`, each expert's).

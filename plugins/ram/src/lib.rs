@@ -3,7 +3,7 @@
 //! in magnitude contribute; one contributor's value is kept whole, several are averaged.
 
 use mergescope_plugin_api::abi::{CAP_ELEMENTWISE, CAP_NEEDS_BASE, CAP_THREAD_SAFE};
-use mergescope_plugin_api::sdk::ram::{UniqueScale, ram_merge};
+use mergescope_plugin_api::sdk::ram::{self, UniqueScale};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
@@ -44,16 +44,7 @@ impl MergeMethod for Ram {
     }
 
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
-        let base = input.require_base("ram")?;
-        let shape = host.shape(base)?;
-        let b = host.view_f32(base)?;
-        let experts = input
-            .experts
-            .iter()
-            .map(|e| host.view_f32(*e))
-            .collect::<Result<Vec<_>>>()?;
-        let views: Vec<&[f32]> = experts.iter().map(|e| e.as_ref()).collect();
-        host.from_f32(&ram_merge(&b, &views, self.epsilon, UniqueScale::One), &shape)
+        ram::merge_tensor(host, input, "ram", self.epsilon, UniqueScale::One)
     }
 }
 

@@ -3,7 +3,7 @@
 //! λ_i = 1 + r·clamp(ρ_i, 0, α), ρ_i its shared ÷ unique elements counted over the tensor.
 
 use mergescope_plugin_api::abi::{CAP_NEEDS_BASE, CAP_THREAD_SAFE};
-use mergescope_plugin_api::sdk::ram::{UniqueScale, ram_merge};
+use mergescope_plugin_api::sdk::ram::{self, UniqueScale};
 use mergescope_plugin_api::{
     CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
@@ -52,20 +52,11 @@ impl MergeMethod for RamPlus {
     }
 
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
-        let base = input.require_base("ramplus-tl")?;
-        let shape = host.shape(base)?;
-        let b = host.view_f32(base)?;
-        let experts = input
-            .experts
-            .iter()
-            .map(|e| host.view_f32(*e))
-            .collect::<Result<Vec<_>>>()?;
-        let views: Vec<&[f32]> = experts.iter().map(|e| e.as_ref()).collect();
         let scale = UniqueScale::Plus {
             r: self.r,
             alpha: self.alpha,
         };
-        host.from_f32(&ram_merge(&b, &views, self.epsilon, scale), &shape)
+        ram::merge_tensor(host, input, "ramplus-tl", self.epsilon, scale)
     }
 }
 
