@@ -57,74 +57,71 @@ pub struct ParamSpec {
 }
 
 impl ParamSpec {
-    /// A shared float parameter.
-    pub fn float(name: &'static str, default: f64, help: &'static str) -> Self {
+    /// A shared, optional parameter of type `ty`.
+    fn of(name: &'static str, ty: ParamType, help: &'static str) -> Self {
         ParamSpec {
             name,
-            ty: ParamType::Float {
+            ty,
+            help,
+            per_task: false,
+            required: false,
+        }
+    }
+
+    /// A shared float parameter.
+    pub fn float(name: &'static str, default: f64, help: &'static str) -> Self {
+        ParamSpec::of(
+            name,
+            ParamType::Float {
                 default,
                 min: None,
                 max: None,
             },
             help,
-            per_task: false,
-            required: false,
-        }
+        )
     }
 
     /// An integer parameter.
     pub fn int(name: &'static str, default: i64, help: &'static str) -> Self {
-        ParamSpec {
+        ParamSpec::of(
             name,
-            ty: ParamType::Int {
+            ParamType::Int {
                 default,
                 min: None,
                 max: None,
             },
             help,
-            per_task: false,
-            required: false,
-        }
+        )
     }
 
     /// A bool parameter.
     pub fn bool(name: &'static str, default: bool, help: &'static str) -> Self {
-        ParamSpec {
-            name,
-            ty: ParamType::Bool { default },
-            help,
-            per_task: false,
-            required: false,
-        }
+        ParamSpec::of(name, ParamType::Bool { default }, help)
     }
 
     /// A choice parameter.
     pub fn choice(name: &'static str, choices: &[&'static str], default: &'static str, help: &'static str) -> Self {
-        ParamSpec {
+        ParamSpec::of(
             name,
-            ty: ParamType::Choice {
+            ParamType::Choice {
                 choices: choices.to_vec(),
                 default,
             },
             help,
-            per_task: false,
-            required: false,
-        }
+        )
     }
 
     /// A choice parameter whose values are the Rust enum `T` (see [`Choice`]): the schema's
     /// choices and the value [`Params::choice_of`] returns come from the one list `T::CHOICES`.
     pub fn choice_of<T: Choice>(name: &'static str, default: T, help: &'static str) -> Self {
-        ParamSpec {
+        ParamSpec::of(
             name,
-            ty: ParamType::Choice {
+            ParamType::Choice {
                 choices: T::CHOICES.iter().map(|(text, _)| *text).collect(),
                 default: default.text(),
             },
             help,
-            per_task: false,
-            required: false,
-        }
+        )
     }
 
     /// Inclusive range for float and int parameters.
