@@ -13,6 +13,7 @@ use mergescope_engine::device::{DeviceChoice, open_device};
 use mergescope_engine::merge::ExecOptions;
 use mergescope_engine::plugin::loader::Plugin;
 use mergescope_studies::grid::drive::{Report, SlurmSettings};
+use mergescope_studies::grid::slurm::SlurmOptions;
 use mergescope_studies::grid::{ExecutorKind, GridJob};
 use mergescope_studies::scaling::sweep::executor::{SweepJob, write_cell_result};
 use mergescope_studies::scaling::sweep::run::SPEC_FILE;
@@ -108,17 +109,20 @@ impl SlurmArgs {
     /// The settings the studies' Slurm executor takes.
     pub fn settings(&self) -> SlurmSettings {
         SlurmSettings {
-            partition: self.partition.clone(),
-            time: self.time.clone(),
-            cpus_per_task: self.cpus_per_task,
-            gpus: self.gpus,
-            mem: self.mem.clone(),
-            array_parallelism: self.array_parallelism,
-            max_retries: self.max_retries,
+            job: SlurmOptions {
+                partition: self.partition.clone(),
+                time: self.time.clone(),
+                cpus_per_task: self.cpus_per_task,
+                gpus: self.gpus,
+                mem: self.mem.clone(),
+                array_parallelism: self.array_parallelism,
+                max_retries: self.max_retries,
+                setup: self.setup.clone(),
+                sbatch_args: self.sbatch_args.clone(),
+                ..SlurmOptions::default()
+            },
             workdir: self.workdir.clone(),
             mergescope_bin: self.mergescope_bin.clone(),
-            setup: self.setup.clone(),
-            sbatch_args: self.sbatch_args.clone(),
             poll_seconds: self.poll_seconds,
             dry_run: self.dry_run,
         }

@@ -75,29 +75,15 @@ pub fn absolute_path(p: &Path) -> RunResult<PathBuf> {
 /// the nodes' binary are.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SlurmSettings {
-    /// Slurm partition (None: the cluster's default).
-    pub partition: Option<String>,
-    /// Time limit per cell, as sbatch takes it.
-    pub time: Option<String>,
-    /// CPUs per cell.
-    pub cpus_per_task: usize,
-    /// GPUs per cell.
-    pub gpus: Option<u32>,
-    /// Memory per cell, as sbatch takes it.
-    pub mem: Option<String>,
-    /// At most this many cells at once.
-    pub array_parallelism: Option<usize>,
-    /// Times a cell the scheduler killed is submitted again.
-    pub max_retries: usize,
+    /// The array job as asked for (partition, time, CPUs, GPUs, memory, parallelism, retries,
+    /// setup lines, more `#SBATCH` options); [`Self::options`] checks it and sets its poll
+    /// interval and name.
+    pub job: SlurmOptions,
     /// Shared folder for the job file, batch script, logs and cell results (None: the grid
     /// kind's default).
     pub workdir: Option<PathBuf>,
     /// The mergescope binary the compute nodes run (None: this executable).
     pub mergescope_bin: Option<PathBuf>,
-    /// Shell lines each cell runs first.
-    pub setup: Vec<String>,
-    /// More `#SBATCH` options.
-    pub sbatch_args: Vec<String>,
     /// Seconds between two looks at the queue.
     pub poll_seconds: f64,
     /// Print the batch script of the cells still to run, and submit nothing.
@@ -122,23 +108,15 @@ impl SlurmSettings {
                 self.poll_seconds
             )));
         }
-        if self.cpus_per_task == 0 || self.array_parallelism == Some(0) {
+        if self.job.cpus_per_task == 0 || self.job.array_parallelism == Some(0) {
             return Err(EngineError::Param(
                 "--cpus-per-task and --array-parallelism must be at least 1".into(),
             ));
         }
         Ok(SlurmOptions {
-            partition: self.partition.clone(),
-            time: self.time.clone(),
-            cpus_per_task: self.cpus_per_task,
-            gpus: self.gpus,
-            mem: self.mem.clone(),
-            array_parallelism: self.array_parallelism,
-            max_retries: self.max_retries,
             poll: Duration::from_secs_f64(self.poll_seconds),
             job_name: job_name.to_owned(),
-            setup: self.setup.clone(),
-            sbatch_args: self.sbatch_args.clone(),
+            ..self.job.clone()
         })
     }
 }
@@ -261,17 +239,16 @@ mod tests {
 
     fn settings() -> SlurmSettings {
         SlurmSettings {
-            partition: Some("gpu".into()),
-            time: None,
-            cpus_per_task: 2,
-            gpus: None,
-            mem: Some("4G".into()),
-            array_parallelism: Some(3),
-            max_retries: 2,
+            job: SlurmOptions {
+                partition: Some("gpu".into()),
+                cpus_per_task: 2,
+                mem: Some("4G".into()),
+                array_parallelism: Some(3),
+                setup: vec!["module load cuda".into()],
+                ..SlurmOptions::default()
+            },
             workdir: None,
             mergescope_bin: Some(PathBuf::from("bin/mergescope")),
-            setup: vec!["module load cuda".into()],
-            sbatch_args: Vec::new(),
             poll_seconds: 0.5,
             dry_run: false,
         }
@@ -297,10 +274,8 @@ mod tests {
                 format!("--poll-seconds {poll}: give a positive number of seconds")
             );
         }
-        let bad = SlurmSettings {
-            array_parallelism: Some(0),
-            ..settings()
-        };
+        let mut bad = settings();
+        bad.job.array_parallelism = Some(0);
         assert!(bad.options("x").unwrap_err().to_string().contains("at least 1"));
         let bin = s.node_binary().unwrap();
         assert!(bin.is_absolute() && bin.ends_with("bin/mergescope"));
