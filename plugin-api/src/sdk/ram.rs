@@ -6,43 +6,39 @@
 
 use super::{Host, Result, Tensor, TensorInput};
 
-/// Which experts change each element: `|τ_i| > epsilon`, and how many do.
-struct Contributions {
-    /// Per expert, per element: whether it contributes.
-    nonzero: Vec<Vec<bool>>,
-    /// Per element: how many experts contribute.
-    counts: Vec<u32>,
+/// Expert `i`'s task-vector element `j` when it counts as a change (|τ| > ε), else `None`.
+fn change(base: &[f32], expert: &[f32], j: usize, epsilon: f32) -> Option<f32> {
+    let tv = expert[j] - base[j];
+    (tv.abs() > epsilon).then_some(tv)
 }
 
-fn task_vectors(base: &[f32], experts: &[&[f32]]) -> Vec<Vec<f32>> {
-    experts
-        .iter()
-        .map(|e| e.iter().zip(base).map(|(x, b)| x - b).collect())
-        .collect()
-}
-
-fn contributions(tvs: &[Vec<f32>], epsilon: f32) -> Contributions {
-    let n = tvs.first().map_or(0, Vec::len);
-    let nonzero: Vec<Vec<bool>> = tvs
-        .iter()
-        .map(|tv| tv.iter().map(|v| v.abs() > epsilon).collect())
-        .collect();
-    let counts = (0..n)
-        .map(|j| nonzero.iter().filter(|nz| nz[j]).count() as u32)
-        .collect();
-    Contributions { nonzero, counts }
+/// How many experts change element `j`.
+fn contributors(base: &[f32], experts: &[&[f32]], j: usize, epsilon: f32) -> u32 {
+    experts.iter().filter(|e| change(base, e, j, epsilon).is_some()).count() as u32
 }
 
 /// RAM+'s per-expert scale of its unique elements (mergekit's `ramplus_tl`):
 /// λ_i = 1 + r·clamp(ρ_i, 0, α), ρ_i = (elements expert i shares with another) ÷ max(elements
 /// it changes alone, ε), counted over the whole tensor.
-fn ramplus_scales(c: &Contributions, r: f32, alpha: f32, epsilon: f32) -> Vec<f32> {
-    c.nonzero
+fn ramplus_scales(base: &[f32], experts: &[&[f32]], r: f32, alpha: f32, epsilon: f32) -> Vec<f32> {
+    let (mut shared, mut unique) = (vec![0u64; experts.len()], vec![0u64; experts.len()]);
+    for j in 0..base.len() {
+        let count = contributors(base, experts, j, epsilon);
+        for (i, e) in experts.iter().enumerate() {
+            if change(base, e, j, epsilon).is_some() {
+                if count > 1 {
+                    shared[i] += 1;
+                } else {
+                    unique[i] += 1;
+                }
+            }
+        }
+    }
+    shared
         .iter()
-        .map(|nz| {
-            let shared = nz.iter().zip(&c.counts).filter(|(z, k)| **z && **k > 1).count() as f32;
-            let unique = nz.iter().zip(&c.counts).filter(|(z, k)| **z && **k == 1).count() as f32;
-            let rho = shared / unique.max(epsilon);
+        .zip(&unique)
+        .map(|(s, u)| {
+            let rho = *s as f32 / (*u as f32).max(epsilon);
             1.0 + r * rho.clamp(0.0, alpha)
         })
         .collect()
@@ -85,20 +81,20 @@ pub fn merge_tensor(
 
 /// The merged tensor θ_0 + Σ_i merged τ_i of one tensor's values (`base`, each expert's).
 pub fn ram_merge(base: &[f32], experts: &[&[f32]], epsilon: f32, scale: UniqueScale) -> Vec<f32> {
-    let tvs = task_vectors(base, experts);
-    let c = contributions(&tvs, epsilon);
+    // Task vectors and masks are recomputed where needed rather than held: the output is the
+    // only tensor-sized allocation.
     let lambdas = match scale {
         UniqueScale::One => vec![1.0; experts.len()],
-        UniqueScale::Plus { r, alpha } => ramplus_scales(&c, r, alpha, epsilon),
+        UniqueScale::Plus { r, alpha } => ramplus_scales(base, experts, r, alpha, epsilon),
     };
     (0..base.len())
         .map(|j| {
-            let count = c.counts[j];
+            let count = contributors(base, experts, j, epsilon);
             let mut merged = 0f32;
-            for (i, tv) in tvs.iter().enumerate() {
-                let z = if c.nonzero[i][j] { tv[j] } else { 0.0 };
+            for (e, lambda) in experts.iter().zip(&lambdas) {
+                let z = change(base, e, j, epsilon).unwrap_or(0.0);
                 // (τ·unique·λ) + (τ·overlap / max(count, 1)), as mergekit adds them.
-                let unique = if count == 1 { z * lambdas[i] } else { 0.0 };
+                let unique = if count == 1 { z * lambda } else { 0.0 };
                 let overlap = if count > 1 { z } else { 0.0 } / count.max(1) as f32;
                 merged += unique + overlap;
             }
