@@ -10,6 +10,7 @@ mod params;
 pub mod ram;
 mod simd;
 mod stats;
+pub mod subspace;
 pub mod sums;
 pub mod testing;
 

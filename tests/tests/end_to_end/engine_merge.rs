@@ -118,6 +118,10 @@ fn outputs_do_not_depend_on_threads_chunks_or_budget() {
         ),
         ("mergescope_plugin_slerp", serde_json::json!({"t": 0.3}), one),
         ("mergescope_plugin_c_example", serde_json::json!({}), all),
+        ("mergescope_plugin_tsv_m", serde_json::json!({}), all),
+        ("mergescope_plugin_iso_c", serde_json::json!({}), all),
+        ("mergescope_plugin_iso_cts", serde_json::json!({}), all),
+        ("mergescope_plugin_wudi", serde_json::json!({"iterations": 20}), all),
     ] {
         let plugin = load_plugin(&plugin_path(method)).unwrap();
         let mut outputs = Vec::new();

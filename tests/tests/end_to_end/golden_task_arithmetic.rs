@@ -179,3 +179,42 @@ fn chunked_equals_unchunked() {
         .collect();
     assert_close(&whole, "big.weight", &by_hand);
 }
+
+/// LiNeS (Wang et al., ICLR 2025) as a λ gradient: `lambda = [α, α + β]` scales layer ℓ of L by
+/// α + β·ℓ/(L − 1) (0-based ℓ), and tensors outside the layers by α. The same holds for every
+/// per-tensor method with a `lambda` (TIES and consensus: docs/methods.md, "LiNeS").
+#[test]
+fn lines_scales_each_layer_by_alpha_plus_beta_times_its_depth() {
+    let (alpha, beta) = (0.2, 0.9);
+    let names = ["embed.weight", "layers.0.w", "layers.1.w", "layers.2.w", "layers.3.w"];
+    let tensors = |v: f32| {
+        names
+            .iter()
+            .map(|n| (*n, &[2usize][..], vec![v, 2.0 * v]))
+            .collect::<Vec<_>>()
+    };
+    let mk = |v: f32| {
+        let t = tensors(v);
+        model(&t.iter().map(|(n, s, d)| (*n, *s, d.as_slice())).collect::<Vec<_>>())
+    };
+    let (base, e1, e2) = (mk(0.0), mk(1.0), mk(0.5));
+    let out = merge_in_memory(
+        &plugin(),
+        &json!({"lambda": [alpha, alpha + beta]}),
+        0,
+        Some(&base),
+        &[e1, e2],
+    )
+    .unwrap();
+    // Σ_t τ_t = (1.5, 3.0) in every tensor.
+    for (name, depth) in [
+        ("embed.weight", 0.0),
+        ("layers.0.w", 0.0),
+        ("layers.1.w", 1.0 / 3.0),
+        ("layers.2.w", 2.0 / 3.0),
+        ("layers.3.w", 1.0),
+    ] {
+        let lambda = alpha + beta * depth;
+        assert_close(&out, name, &[1.5 * lambda, 3.0 * lambda]);
+    }
+}

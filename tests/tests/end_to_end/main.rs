@@ -14,6 +14,7 @@ mod families_encoders;
 mod fuzz_replay;
 mod golden_consensus;
 mod golden_della;
+mod golden_fusionbench;
 mod golden_mergekit_frontier;
 mod golden_mergekit_methods;
 mod golden_slerp_model_stock;
