@@ -2,7 +2,7 @@
  * mergescope_plugin.h: the C ABI, version 1, of mergescope merge-method plugins.
  *
  * This header mirrors plugin-api/src/abi.rs one to one (same constants, same structs, same
- * field order and types); the test tests/tests/abi_header_sync.rs compiles
+ * field order and types); the test tests/tests/end_to_end/abi_header_sync.rs compiles
  * tests/c/layout_probe.c against it and compares every size, offset and constant with the
  * Rust definitions. Change both files together.
  *

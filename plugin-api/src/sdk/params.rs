@@ -308,6 +308,20 @@ impl<'a> Params<'a> {
         }
     }
 
+    /// A float parameter that must lie strictly between `lo` and `hi` (an open interval, which
+    /// the schema's inclusive `range` cannot say); the error names the parameter, its value and
+    /// the interval, then `hint` (what the ends mean, the usual value).
+    pub fn float_strictly_between(&self, name: &str, lo: f64, hi: f64, hint: &str) -> Result<f64> {
+        let x = self.float(name)?;
+        if x > lo && x < hi {
+            Ok(x)
+        } else {
+            Err(Error::Message(format!(
+                "parameter '{name}' is {x}, but it must lie strictly between {lo} and {hi}; {hint}"
+            )))
+        }
+    }
+
     /// An int parameter.
     pub fn int(&self, name: &str) -> Result<i64> {
         let p = self.find(name)?;

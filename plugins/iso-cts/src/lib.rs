@@ -5,7 +5,7 @@
 use mergescope_plugin_api::abi::{CAP_NEEDS_BASE, CAP_THREAD_SAFE};
 use mergescope_plugin_api::sdk::subspace::{self, Spectrum, Triplets};
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
+    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 const HELP: &str = "Iso-CTS, isotropic merging in common and task-specific subspaces (Marczak et al., ICML \
@@ -73,14 +73,12 @@ impl MergeMethod for IsoCts {
     }
 
     fn create(_host: &Host<'_>, params: &Params<'_>, _ctx: CreateContext) -> Result<Self> {
-        let fraction = params.float("common_space_fraction")?;
-        if fraction <= 0.0 || fraction >= 1.0 {
-            return Err(Error::Message(format!(
-                "parameter 'common_space_fraction' is {fraction}, but it must lie strictly between 0 and 1 \
-                 (0 leaves no common subspace, 1 no task-specific one; for the latter use iso-c); the \
-                 paper's default is 0.8"
-            )));
-        }
+        let fraction = params.float_strictly_between(
+            "common_space_fraction",
+            0.0,
+            1.0,
+            "0 leaves no common subspace and 1 no task-specific one (for that, use iso-c); the paper's default is 0.8",
+        )?;
         Ok(IsoCts {
             lambda: params.float("lambda")?,
             fraction,

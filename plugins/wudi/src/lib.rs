@@ -5,7 +5,7 @@
 use mergescope_plugin_api::abi::{CAP_NEEDS_BASE, CAP_THREAD_SAFE};
 use mergescope_plugin_api::sdk::subspace;
 use mergescope_plugin_api::{
-    CreateContext, Descriptor, Error, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
+    CreateContext, Descriptor, Host, MergeMethod, ParamSpec, Params, Result, Tensor, TensorInput,
 };
 
 const HELP: &str = "WUDI (Cheng et al., ICML 2025): data-free merging that removes the interference the task \
@@ -204,13 +204,12 @@ impl MergeMethod for Wudi {
     }
 
     fn create(_host: &Host<'_>, params: &Params<'_>, _ctx: CreateContext) -> Result<Self> {
-        let lr = params.float("lr")?;
-        if lr <= 0.0 {
-            return Err(Error::Message(format!(
-                "parameter 'lr' is {lr}, but Adam needs a learning rate greater than 0 (FusionBench uses 1e-5); \
-                 for no optimisation set iterations=0"
-            )));
-        }
+        let lr = params.float_strictly_between(
+            "lr",
+            0.0,
+            f64::INFINITY,
+            "Adam needs a learning rate greater than 0 (FusionBench uses 1e-5); for no optimisation set iterations=0",
+        )?;
         let iterations = params.int("iterations")?;
         Ok(Wudi {
             iterations: usize::try_from(iterations)

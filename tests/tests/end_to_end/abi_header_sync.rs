@@ -672,3 +672,46 @@ fn header_helpers_agree() {
         offset_of!(PluginApiV1, instance_capabilities) + size_of::<usize>()
     );
 }
+
+/// plugin-api/README.md documents every function of the host's core table (`ms_host_api_v1`),
+/// every plugin-table field a C author fills (`ms_plugin_api_v1`), and every host extension id:
+/// a function added to the header without a line in the README fails here.
+#[test]
+fn the_readme_lists_every_host_operation_and_plugin_table_field() {
+    const README: &str = include_str!("../../../plugin-api/README.md");
+    let functions_of = |table: &str| -> Vec<String> {
+        let start = HEADER.find(&format!("typedef struct {table} {{")).expect(table);
+        let end = start + HEADER[start..].find(&format!("}} {table};")).expect(table);
+        HEADER[start..end]
+            .split("(*")
+            .skip(1)
+            .map(|rest| rest.split(')').next().unwrap().trim().to_owned())
+            .collect()
+    };
+    let host = functions_of("ms_host_api_v1");
+    assert!(host.len() >= 30, "{host:?}");
+    for f in &host {
+        assert!(
+            README.contains(&format!("`{f}(")) || README.contains(&format!("`{f}`")),
+            "plugin-api/README.md does not document the host function `{f}`"
+        );
+    }
+    for f in functions_of("ms_plugin_api_v1") {
+        assert!(
+            README.contains(&format!("{f} "))
+                || README.contains(&format!("{f},"))
+                || README.contains(&format!("`{f}`")),
+            "plugin-api/README.md does not mention the plugin-table field `{f}`"
+        );
+    }
+    for id in ABI_RS
+        .lines()
+        .filter_map(|l| l.split("EXT_").nth(1))
+        .filter_map(|l| l.split('"').nth(1))
+    {
+        assert!(
+            README.contains(id),
+            "plugin-api/README.md does not document the extension '{id}'"
+        );
+    }
+}

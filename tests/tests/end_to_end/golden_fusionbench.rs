@@ -132,5 +132,5 @@ fn wudi_without_iterations_is_task_arithmetic_on_matrices_and_refuses_a_zero_rat
     let err = merge_in_memory(&wudi, &json!({"lr": 0.0}), 0, Some(&base), &[e1, e2])
         .unwrap_err()
         .to_string();
-    assert_contains(&err, &["'lr'", "greater than 0", "iterations=0"]);
+    assert_contains(&err, &["'lr'", "strictly between 0 and inf", "greater than 0", "iterations=0"]);
 }
