@@ -132,5 +132,84 @@ fn wudi_without_iterations_is_task_arithmetic_on_matrices_and_refuses_a_zero_rat
     let err = merge_in_memory(&wudi, &json!({"lr": 0.0}), 0, Some(&base), &[e1, e2])
         .unwrap_err()
         .to_string();
-    assert_contains(&err, &["'lr'", "strictly between 0 and inf", "greater than 0", "iterations=0"]);
+    assert_contains(
+        &err,
+        &["'lr'", "strictly between 0 and inf", "greater than 0", "iterations=0"],
+    );
+}
+
+/// mergekit YAML may name a loaded plugin by its own id (`merge_method: tsv-m`): the top-level
+/// parameters go to the plugin as they are, per-model ones as one value per expert, and the
+/// merge equals the plugin's run with the same parameters. Without the plugin among the loaded
+/// ones, or with slices, the config is refused and says why.
+#[test]
+fn mergekit_yaml_names_a_plugin_by_its_own_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, values: &[f32]| {
+        let p = dir.path().join(format!("{name}.safetensors"));
+        mergescope_tests::write_model(&p, &[("w", &[2, 3], values)]);
+        p
+    };
+    let base = write("base", &[0.0, 0.1, 0.2, 0.3, 0.4, 0.5]);
+    let e1 = write("e1", &[1.0, 0.1, 0.2, 0.3, 0.9, 0.5]);
+    let e2 = write("e2", &[0.0, 0.6, 0.2, -0.3, 0.4, 0.8]);
+    let config = dir.path().join("merge.yml");
+    let out = dir.path().join("out.safetensors");
+    let (b, x, y) = (base.display(), e1.display(), e2.display());
+    let ids = ["tsv-m", "iso-c", "weight-average"];
+    let yaml = format!(
+        "merge_method: iso-c\nbase_model: {b}\nmodels: [{x}, {y}]\nparameters: {{lambda: 0.7}}\ndtype: float32\n"
+    );
+    let converted = mergescope_interop::mergekit::convert_with_plugins(&yaml, &config, &out, &ids).unwrap();
+    assert_eq!(converted.recipe.method, "iso-c");
+    mergescope_tests::merge_to_files("mergescope_plugin_iso_c", &converted.to_request(true).unwrap()).unwrap();
+    let direct = merge_in_memory(
+        &load("mergescope_plugin_iso_c"),
+        &json!({"lambda": 0.7}),
+        0,
+        Some(&read_model(&base)),
+        &[read_model(&e1), read_model(&e2)],
+    )
+    .unwrap();
+    assert_eq!(read_model(&out)["w"].data, direct["w"].data);
+
+    // Per-model parameters become one value per expert.
+    let yaml = format!(
+        "merge_method: weight-average\nmodels:\n  - model: {x}\n    parameters: {{weights: 1.0}}\n  - model: {y}\n    parameters: {{weights: 3.0}}\n"
+    );
+    let converted = mergescope_interop::mergekit::convert_with_plugins(&yaml, &config, &out, &ids).unwrap();
+    assert_eq!(converted.recipe.method, "weight-average");
+    assert_eq!(
+        converted
+            .recipe
+            .params
+            .get("weights")
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("[1.0, 3.0]")
+    );
+
+    // Not loaded: the usual refusal, now naming the loaded ids too.
+    let yaml = format!("merge_method: wudi\nbase_model: {b}\nmodels: [{x}, {y}]\n");
+    let err = mergescope_interop::mergekit::convert_with_plugins(&yaml, &config, &out, &ids)
+        .unwrap_err()
+        .to_string();
+    assert_contains(
+        &err,
+        &[
+            "merge_method 'wudi' is not one mergescope reproduces",
+            "task_arithmetic",
+            "a loaded plugin's id: tsv-m, iso-c",
+        ],
+    );
+    let yaml = format!(
+        "merge_method: tsv-m\nbase_model: {b}\nslices:\n  - sources:\n      - model: {x}\n        layer_range: [0, 1]\n"
+    );
+    let err = mergescope_interop::mergekit::convert_with_plugins(&yaml, &config, &out, &ids)
+        .unwrap_err()
+        .to_string();
+    assert_contains(
+        &err,
+        &["'slices' with merge_method 'tsv-m'", "list the models under 'models'"],
+    );
 }

@@ -122,7 +122,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 /// The mergekit configuration given (by --config or as a .yml recipe), converted; its notes
 /// are printed.
-fn mergekit_config(args: &MergeArgs) -> anyhow::Result<Option<mergekit::Converted>> {
+fn mergekit_config(args: &MergeArgs, plugin_ids: &[&str]) -> anyhow::Result<Option<mergekit::Converted>> {
     let path = match (&args.config, &args.recipe) {
         (Some(p), _) => p,
         (None, Some(p)) if mergekit::is_mergekit_config(p) => p,
@@ -134,15 +134,15 @@ fn mergekit_config(args: &MergeArgs) -> anyhow::Result<Option<mergekit::Converte
             path.display()
         )
     })?;
-    let converted = mergekit::load(path, out)?;
+    let converted = mergekit::load_with_plugins(path, out, plugin_ids)?;
     for n in &converted.notes {
         eprintln!("note: {n}");
     }
     Ok(Some(converted))
 }
 
-fn build(args: &MergeArgs) -> anyhow::Result<(String, MergeRequest, DeviceChoice)> {
-    let converted = mergekit_config(args)?;
+fn build(args: &MergeArgs, plugin_ids: &[&str]) -> anyhow::Result<(String, MergeRequest, DeviceChoice)> {
+    let converted = mergekit_config(args, plugin_ids)?;
     let mut recipe = match (&converted, &args.recipe) {
         (Some(c), _) => Some(c.recipe.clone()),
         (None, Some(p)) => Some(Recipe::load(p)?),
@@ -224,8 +224,9 @@ fn display(p: &Path) -> String {
 }
 
 pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode> {
-    let (method, req, device_choice) = build(&args)?;
     let registry = super::registry(plugin_dirs)?;
+    let ids: Vec<&str> = registry.plugins.iter().map(|p| p.id()).collect();
+    let (method, req, device_choice) = build(&args, &ids)?;
     let plugin = registry.find(&method).map_err(anyhow::Error::msg)?;
     let (device, note) = open_device(device_choice);
     if let Some(n) = note {

@@ -148,7 +148,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
     match cli.command {
         Some(Command::Merge(args)) => merge::run(&cli.plugin_dirs, args),
         Some(Command::Plugins { command }) => plugins::run(&cli.plugin_dirs, command),
-        Some(Command::Recipe { command }) => recipe::run(command),
+        Some(Command::Recipe { command }) => recipe::run(&cli.plugin_dirs, command),
         Some(Command::ExtractLora(args)) => extract_lora::run(&args),
         Some(Command::Inspect(args)) => inspect::run(&args),
         Some(Command::Bench(args)) => bench::run(&cli.plugin_dirs, args),

@@ -29,9 +29,11 @@ pub struct ConvertArgs {
     pub overwrite: bool,
 }
 
-pub fn run(command: RecipeCommand) -> anyhow::Result<ExitCode> {
+pub fn run(plugin_dirs: &[PathBuf], command: RecipeCommand) -> anyhow::Result<ExitCode> {
     let RecipeCommand::Convert(args) = command;
-    let converted = mergekit::load(&args.config, &args.out)?;
+    let registry = super::registry(plugin_dirs)?;
+    let ids: Vec<&str> = registry.plugins.iter().map(|p| p.id()).collect();
+    let converted = mergekit::load_with_plugins(&args.config, &args.out, &ids)?;
     for n in &converted.notes {
         eprintln!("note: {n}");
     }

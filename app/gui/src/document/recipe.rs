@@ -52,7 +52,8 @@ impl Document {
         // The merge request the recipe describes is what `mergescope merge` runs; its folder
         // output carries the tokenizer settings the form cannot show.
         let (recipe, notes, request) = if mergescope_interop::mergekit::is_mergekit_config(path) {
-            let c = mergescope_interop::mergekit::load(path, &self.runs_dir)?;
+            let ids: Vec<&str> = self.registry.plugins.iter().map(|p| p.id()).collect();
+            let c = mergescope_interop::mergekit::load_with_plugins(path, &self.runs_dir, &ids)?;
             let request = c.to_request(false)?;
             (c.recipe, c.notes, request)
         } else {

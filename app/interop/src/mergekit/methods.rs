@@ -98,6 +98,8 @@ use DefaultValue::{Bool, Number};
 /// A mergekit method as a mergescope plugin.
 #[derive(Clone, Copy, Debug)]
 pub struct Mapping {
+    /// A loaded plugin named by its own id ([`PLUGIN_ID`]): every parameter passes through.
+    any_params: bool,
     /// mergekit's `merge_method`.
     pub mergekit: &'static str,
     /// The mergescope plugin id.
@@ -142,6 +144,7 @@ const BREADCRUMBS_PARAMS: &[Param] = &[
 
 const MAPPINGS: &[Mapping] = &[
     Mapping {
+        any_params: false,
         mergekit: "linear",
         plugin: "weight-average",
         base: Base::Ignored,
@@ -150,6 +153,7 @@ const MAPPINGS: &[Mapping] = &[
         params: &[per_model("weight", "weights"), shared("normalize", "normalize")],
     },
     Mapping {
+        any_params: false,
         mergekit: "task_arithmetic",
         plugin: "task-arithmetic",
         base: Base::Required,
@@ -158,6 +162,7 @@ const MAPPINGS: &[Mapping] = &[
         params: &[LAMBDA, WEIGHT, shared("normalize", "normalize")],
     },
     Mapping {
+        any_params: false,
         mergekit: "ties",
         plugin: "ties",
         base: Base::Required,
@@ -174,6 +179,7 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
+        any_params: false,
         mergekit: "dare_ties",
         plugin: "dare",
         base: Base::Required,
@@ -182,6 +188,7 @@ const MAPPINGS: &[Mapping] = &[
         params: DARE_PARAMS,
     },
     Mapping {
+        any_params: false,
         mergekit: "dare_linear",
         plugin: "dare",
         base: Base::Required,
@@ -190,6 +197,7 @@ const MAPPINGS: &[Mapping] = &[
         params: DARE_PARAMS,
     },
     Mapping {
+        any_params: false,
         mergekit: "breadcrumbs",
         plugin: "breadcrumbs",
         base: Base::Required,
@@ -198,6 +206,7 @@ const MAPPINGS: &[Mapping] = &[
         params: BREADCRUMBS_PARAMS,
     },
     Mapping {
+        any_params: false,
         mergekit: "breadcrumbs_ties",
         plugin: "breadcrumbs",
         base: Base::Required,
@@ -206,6 +215,7 @@ const MAPPINGS: &[Mapping] = &[
         params: BREADCRUMBS_PARAMS,
     },
     Mapping {
+        any_params: false,
         mergekit: "della",
         plugin: "della",
         base: Base::Required,
@@ -221,6 +231,7 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
+        any_params: false,
         mergekit: "della_linear",
         plugin: "della",
         base: Base::Required,
@@ -236,6 +247,7 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
+        any_params: false,
         mergekit: "slerp",
         plugin: "slerp",
         base: Base::Required,
@@ -244,6 +256,7 @@ const MAPPINGS: &[Mapping] = &[
         params: &[shared("t", "t")],
     },
     Mapping {
+        any_params: false,
         mergekit: "nuslerp",
         plugin: "nuslerp",
         base: Base::Optional,
@@ -256,6 +269,7 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
+        any_params: false,
         mergekit: "multislerp",
         plugin: "multislerp",
         base: Base::Optional,
@@ -268,6 +282,7 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
+        any_params: false,
         mergekit: "model_stock",
         plugin: "model-stock",
         base: Base::Required,
@@ -276,6 +291,7 @@ const MAPPINGS: &[Mapping] = &[
         params: &[shared("filter_wise", "filter_wise")],
     },
     Mapping {
+        any_params: false,
         mergekit: "sce",
         plugin: "sce",
         base: Base::Required,
@@ -284,6 +300,7 @@ const MAPPINGS: &[Mapping] = &[
         params: &[implied(shared("select_topk", "select_topk"), Number(1.0))],
     },
     Mapping {
+        any_params: false,
         mergekit: "karcher",
         plugin: "karcher",
         base: Base::Ignored,
@@ -295,6 +312,7 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
+        any_params: false,
         mergekit: "nearswap",
         plugin: "nearswap",
         base: Base::Required,
@@ -304,6 +322,7 @@ const MAPPINGS: &[Mapping] = &[
         params: &[shared("t", "t")],
     },
     Mapping {
+        any_params: false,
         mergekit: "ram",
         plugin: "ram",
         base: Base::Required,
@@ -312,6 +331,7 @@ const MAPPINGS: &[Mapping] = &[
         params: &[shared("epsilon", "epsilon")],
     },
     Mapping {
+        any_params: false,
         mergekit: "ramplus_tl",
         plugin: "ramplus-tl",
         base: Base::Required,
@@ -320,6 +340,7 @@ const MAPPINGS: &[Mapping] = &[
         params: &[shared("r", "r"), shared("alpha", "alpha"), shared("epsilon", "epsilon")],
     },
     Mapping {
+        any_params: false,
         mergekit: "arcee_fusion",
         plugin: "arcee-fusion",
         base: Base::Required,
@@ -328,6 +349,7 @@ const MAPPINGS: &[Mapping] = &[
         params: &[],
     },
     Mapping {
+        any_params: false,
         mergekit: "passthrough",
         plugin: "passthrough",
         base: Base::Ignored,
@@ -362,6 +384,19 @@ pub const MERGEKIT_METHODS: &[&str] = &[
     "passthrough",
 ];
 
+/// A `merge_method` that is not one of mergekit's names but a loaded plugin's own id: the models'
+/// roles as the plugin's (a `base_model` is its base), the top-level `parameters` passed to it
+/// as they are and the models' own `parameters` as one value per expert.
+pub static PLUGIN_ID: Mapping = Mapping {
+    any_params: true,
+    mergekit: "",
+    plugin: "",
+    base: Base::Optional,
+    experts: None,
+    fixed: &[],
+    params: &[],
+};
+
 /// The plugin and parameters that reproduce mergekit's `merge_method`.
 pub fn plugin_for(merge_method: &str) -> Option<&'static Mapping> {
     MAPPINGS.iter().find(|m| m.mergekit == merge_method)
@@ -382,7 +417,44 @@ fn map_numbers(v: &Value, f: &dyn Fn(f64) -> f64) -> Value {
     }
 }
 
+/// A plugin id's parameters ([`PLUGIN_ID`]): the top-level ones as they are; a key some model
+/// gives in its own `parameters` becomes one value per expert (the model's, else the top-level
+/// one), or one value when they agree. The plugin's schema checks them when the merge starts.
+fn passthrough_params(file: &Path, shared: &Map<String, Value>, experts: &[&Entry]) -> Result<Map<String, Value>> {
+    let mut out = shared.clone();
+    let per_model: BTreeSet<&String> = experts.iter().flat_map(|e| e.params.keys()).collect();
+    for key in per_model {
+        let mut list = Vec::with_capacity(experts.len());
+        for e in experts {
+            let v = e.params.get(key).or_else(|| shared.get(key)).ok_or_else(|| {
+                invalid(
+                    file,
+                    format!(
+                        "'{key}' is given for some models but not for '{}'; give it for every model (or once under \
+                         the top-level parameters)",
+                        e.model.display()
+                    ),
+                )
+            })?;
+            list.push(v.clone());
+        }
+        let first = list[0].clone();
+        let value = if list.iter().all(|v| *v == first) {
+            first
+        } else {
+            Value::Array(list)
+        };
+        out.insert(key.clone(), value);
+    }
+    Ok(out)
+}
+
 impl Mapping {
+    /// Whether this is a loaded plugin named by its own id ([`PLUGIN_ID`]).
+    pub(crate) fn is_plugin_id(&self) -> bool {
+        self.any_params
+    }
+
     /// Whether the plugin parameter `ours` is given per model (one value per expert).
     pub(crate) fn is_per_model(&self, ours: &str) -> bool {
         self.params.iter().any(|p| p.ours == ours && p.per_model)
@@ -425,7 +497,7 @@ impl Mapping {
             }
             return Ok(());
         }
-        if self.params.iter().any(|p| p.mergekit == key) {
+        if self.any_params || self.params.iter().any(|p| p.mergekit == key) {
             return Ok(());
         }
         let known: BTreeSet<&str> = self.params.iter().map(|p| p.mergekit).collect();
@@ -556,6 +628,9 @@ impl Mapping {
         experts: &[&Entry],
         notes: &mut Vec<String>,
     ) -> Result<Map<String, Value>> {
+        if self.any_params {
+            return passthrough_params(file, shared_params, experts);
+        }
         let mut out = Map::new();
         for (k, v) in self.fixed {
             out.insert((*k).to_owned(), json!(v));

@@ -95,13 +95,27 @@ pub fn is_mergekit_config(path: &Path) -> bool {
 
 /// Reads the mergekit configuration at `file` and converts it; `out` is the output folder.
 pub fn load(file: &Path, out: &Path) -> Result<Converted> {
+    load_with_plugins(file, out, &[])
+}
+
+/// [`load`], where `merge_method` may also name any of the loaded plugins `plugin_ids` by its
+/// own id (see [`convert_with_plugins`]).
+pub fn load_with_plugins(file: &Path, out: &Path, plugin_ids: &[&str]) -> Result<Converted> {
     let text = std::fs::read_to_string(file).map_err(|e| EngineError::io("cannot read", file, e))?;
-    convert(&text, file, out)
+    convert_with_plugins(&text, file, out, plugin_ids)
 }
 
 /// Converts the mergekit configuration `text` (read from `file`, whose folder relative model
 /// paths may also be taken from) into a recipe writing a Hugging Face folder at `out`.
 pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
+    convert_with_plugins(text, file, out, &[])
+}
+
+/// [`convert`], where `merge_method` may also be the id of one of the loaded plugins
+/// `plugin_ids` that is not one of mergekit's names (`merge_method: tsv-m`): its top-level
+/// `parameters` go to the plugin as they are, a model's own `parameters` as one value per expert,
+/// and `base_model` is its base. With `models` only (not `slices` or `modules`).
+pub fn convert_with_plugins(text: &str, file: &Path, out: &Path, plugin_ids: &[&str]) -> Result<Converted> {
     let doc: Value = serde_yaml_ng::from_str(text).map_err(|e| invalid(file, format!("is not valid YAML: {e}")))?;
     let Value::Object(top) = doc else {
         return Err(invalid(
@@ -122,15 +136,24 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
         .get("merge_method")
         .and_then(Value::as_str)
         .ok_or_else(|| invalid(file, "has no merge_method (e.g. merge_method: ties)"))?;
-    let mapping = plugin_for(method).ok_or_else(|| {
-        invalid(
-            file,
-            format!(
-                "merge_method '{method}' is not one mergescope reproduces; it has {}",
-                MERGEKIT_METHODS.join(", ")
-            ),
-        )
-    })?;
+    let (mapping, plugin) = match plugin_for(method) {
+        Some(m) => (m, m.plugin),
+        None if plugin_ids.contains(&method) => (&methods::PLUGIN_ID, method),
+        None => {
+            let plugins = if plugin_ids.is_empty() {
+                String::new()
+            } else {
+                format!(", or a loaded plugin's id: {}", plugin_ids.join(", "))
+            };
+            return Err(invalid(
+                file,
+                format!(
+                    "merge_method '{method}' is not one mergescope reproduces; it has {}{plugins}",
+                    MERGEKIT_METHODS.join(", ")
+                ),
+            ));
+        }
+    };
     let plain_ref = |key: &str, v: &Value| -> Result<PathBuf> {
         let s = v.as_str().ok_or_else(|| {
             invalid(
@@ -187,6 +210,17 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
             _ => true,
         })
     };
+    if mapping.is_plugin_id()
+        && let Some(k) = ["slices", "modules"].into_iter().find(|k| given(k).is_some())
+    {
+        return Err(invalid(
+            file,
+            format!(
+                "'{k}' with merge_method '{method}', a plugin's own id: mergescope converts slices and modules for \
+                 mergekit's methods only; list the models under 'models', or write a recipe with [[slices]]"
+            ),
+        ));
+    }
     let layout = match (given("models"), given("slices"), given("modules")) {
         (None, None, Some(m)) => {
             if let Some(k) = ["tokenizer_source", "tokenizer"]
@@ -301,7 +335,7 @@ pub fn convert(text: &str, file: &Path, out: &Path) -> Result<Converted> {
     };
     let base_path_for_table = base_path.clone();
     let recipe = Recipe {
-        method: mapping.plugin.to_owned(),
+        method: plugin.to_owned(),
         base: base_path,
         experts,
         out: out.to_path_buf(),
