@@ -223,6 +223,24 @@ fn plugins_outside_the_app_folder_need_approval() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     close(&read(&out, "w"), &[1.5, 3.0, 3.0, 3.5]);
+
+    // A rebuilt library (other bytes) needs approving again, and `plugins list` says why.
+    let mut bytes = std::fs::read(extra.join(&lib)).unwrap();
+    bytes.extend_from_slice(b"rebuilt");
+    std::fs::write(extra.join(&lib), bytes).unwrap();
+    let o = run(&["plugins", "list"]);
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(listed.contains("changed since you approved it"), "{listed}");
+    let o = run(&["plugins", "list", "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["needs_approval"][0]["changed"], true);
+    // A trusted development folder loads whatever is built into it, now and after rebuilds.
+    let o = run(&["plugins", "approve", "--folder", extra.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&["plugins", "list", "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["plugins"].as_array().unwrap().len(), 1, "{j}");
+    assert!(j["needs_approval"].as_array().unwrap().is_empty(), "{j}");
 }
 
 #[test]

@@ -23,9 +23,15 @@ pub enum PluginsCommand {
     },
     /// Approve plugin libraries from outside the app's folder (loading a library runs its code).
     Approve {
-        /// Library files to approve.
-        #[arg(required = true)]
+        /// Library files to approve (each approval holds for these exact contents: a rebuilt
+        /// library needs approving again, or a trusted --folder).
+        #[arg(required_unless_present = "folder")]
         paths: Vec<PathBuf>,
+        /// Trust a development folder instead: every library built into it loads without
+        /// approval, also after each rebuild (for the plugin you are writing; give it to
+        /// --plugin-dir too).
+        #[arg(long, value_name = "DIR", conflicts_with = "paths")]
+        folder: Option<PathBuf>,
     },
 }
 
@@ -91,8 +97,14 @@ pub fn run(plugin_dirs: &[PathBuf], cmd: PluginsCommand) -> anyhow::Result<ExitC
                 }
             }
             for p in &reg.pending {
+                let why = if p.changed {
+                    "changed since you approved it (rebuilt or replaced)"
+                } else {
+                    "needs approval"
+                };
                 println!(
-                    "needs approval: {} (approve with: mergescope plugins approve '{}')",
+                    "{why}: {} (approve with: mergescope plugins approve '{}'; for a folder you build into, \
+                     mergescope plugins approve --folder DIR)",
                     p.path.display(),
                     p.path.display()
                 );
@@ -119,7 +131,18 @@ pub fn run(plugin_dirs: &[PathBuf], cmd: PluginsCommand) -> anyhow::Result<ExitC
             println!("\nLibrary: {}", p.path.display());
             Ok(ExitCode::SUCCESS)
         }
-        PluginsCommand::Approve { paths } => {
+        PluginsCommand::Approve { folder: Some(dir), .. } => {
+            let mut approvals = Approvals::load().map_err(anyhow::Error::msg)?;
+            let abs = approvals.trust_folder(&dir).map_err(anyhow::Error::msg)?;
+            println!(
+                "trusted {}: every plugin library built into it loads without approval, also after a rebuild \
+                 (run with --plugin-dir {})",
+                abs.display(),
+                abs.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        PluginsCommand::Approve { paths, folder: None } => {
             let mut approvals = Approvals::load().map_err(anyhow::Error::msg)?;
             for path in paths {
                 // Validate before approving (the user named this file, so loading it is what

@@ -70,6 +70,10 @@ pub struct Approval {
 pub struct Approvals {
     /// Approved files.
     pub approved: Vec<Approval>,
+    /// Development folders (absolute) whose libraries load without approval, rebuilt or not:
+    /// a plugin author's own build output (`plugins approve --folder DIR`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trusted_folders: Vec<PathBuf>,
     #[serde(skip)]
     file: Option<PathBuf>,
 }
@@ -95,9 +99,21 @@ impl Approvals {
         Ok(a)
     }
 
-    /// Whether this exact file (path and content) was approved.
+    /// Whether this exact file (path and content) was approved, or lies in a trusted folder.
     pub fn is_approved(&self, path: &Path, sha256: &str) -> bool {
-        self.approved.iter().any(|a| a.path == path && a.sha256 == sha256)
+        self.is_trusted(path) || self.approved.iter().any(|a| a.path == path && a.sha256 == sha256)
+    }
+
+    /// Whether the absolute `path` lies in a trusted development folder.
+    pub fn is_trusted(&self, path: &Path) -> bool {
+        path.parent()
+            .is_some_and(|dir| self.trusted_folders.iter().any(|t| t == dir))
+    }
+
+    /// Whether `path` was approved with other contents (the library was rebuilt or replaced
+    /// since).
+    pub fn changed_since_approval(&self, path: &Path, sha256: &str) -> bool {
+        self.approved.iter().any(|a| a.path == path && a.sha256 != sha256)
     }
 
     /// Approves a library file and saves the list atomically.
@@ -107,6 +123,28 @@ impl Approvals {
         self.approved.retain(|a| a.path != abs);
         let a = Approval { path: abs, sha256 };
         self.approved.push(a.clone());
+        self.save()?;
+        Ok(a)
+    }
+
+    /// Trusts the folder `dir`: every library in it (not in its subfolders) loads from now on
+    /// without approval, whatever it contains. Saves the list atomically; the absolute folder.
+    pub fn trust_folder(&mut self, dir: &Path) -> Result<PathBuf, String> {
+        let abs = std::fs::canonicalize(dir).map_err(|e| format!("cannot trust '{}': {e}", dir.display()))?;
+        if !abs.is_dir() {
+            return Err(format!(
+                "'{}' is not a folder; give the folder your plugin is built into",
+                abs.display()
+            ));
+        }
+        if !self.trusted_folders.contains(&abs) {
+            self.trusted_folders.push(abs.clone());
+        }
+        self.save()?;
+        Ok(abs)
+    }
+
+    fn save(&self) -> Result<(), String> {
         let file = self
             .file
             .clone()
@@ -117,8 +155,7 @@ impl Approvals {
         let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
         let tmp = file.with_extension("json.tmp");
         std::fs::write(&tmp, text).map_err(|e| format!("cannot write '{}': {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &file).map_err(|e| format!("cannot write '{}': {e}", file.display()))?;
-        Ok(a)
+        std::fs::rename(&tmp, &file).map_err(|e| format!("cannot write '{}': {e}", file.display()))
     }
 }
 
@@ -159,6 +196,8 @@ pub struct Pending {
     pub path: PathBuf,
     /// Where it was found.
     pub origin: PluginOrigin,
+    /// Approved before with other contents: the file changed (was rebuilt) since.
+    pub changed: bool,
 }
 
 /// A library that failed to load, with the reason.
@@ -228,9 +267,18 @@ impl Registry {
                 continue;
             }
             if origin != PluginOrigin::Bundled {
-                let approved = file_sha256(&abs).is_ok_and(|h| approvals.is_approved(&abs, &h));
+                let hash = file_sha256(&abs).ok();
+                let approved =
+                    approvals.is_trusted(&abs) || hash.as_deref().is_some_and(|h| approvals.is_approved(&abs, h));
                 if !approved {
-                    reg.pending.push(Pending { path: abs, origin });
+                    let changed = hash
+                        .as_deref()
+                        .is_some_and(|h| approvals.changed_since_approval(&abs, h));
+                    reg.pending.push(Pending {
+                        path: abs,
+                        origin,
+                        changed,
+                    });
                     continue;
                 }
             }

@@ -161,7 +161,12 @@ pub fn method_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
 fn approvals_ui(ui: &mut Ui, doc: &mut Document, view: &mut ViewState) {
     for p in &doc.registry.pending {
         ui.horizontal_wrapped(|ui| {
-            ui.label(RichText::new("⚠ needs approval:").color(ui.visuals().warn_fg_color));
+            let why = if p.changed {
+                "⚠ changed since you approved it:"
+            } else {
+                "⚠ needs approval:"
+            };
+            ui.label(RichText::new(why).color(ui.visuals().warn_fg_color));
             ui.label(RichText::new(p.path.display().to_string()).monospace().small());
             if ui.small_button("Review…").clicked() {
                 view.approval = Some(p.path.clone());
