@@ -243,6 +243,78 @@ fn plugins_outside_the_app_folder_need_approval() {
     assert!(j["needs_approval"].as_array().unwrap().is_empty(), "{j}");
 }
 
+/// `plugins new` makes a Rust and a C project that build out of the tree, offline, with nothing
+/// but cargo and a C compiler; trusting their build folders loads them, and each merges like the
+/// plugin it was made from (weighted averaging). An id that is not one, or a folder in the way,
+/// is refused with nothing written.
+#[test]
+fn plugins_new_makes_rust_and_c_projects_that_build_and_merge() {
+    let env = Env::new();
+    let (_, e1, e2) = three_models(&env);
+    let build = |dir: &std::path::Path, program: &str, args: &[&str]| {
+        let o = std::process::Command::new(program)
+            .args(args)
+            .current_dir(dir)
+            .env_remove("CARGO_TARGET_DIR")
+            .output()
+            .unwrap_or_else(|e| panic!("{program}: {e}"));
+        assert!(
+            o.status.success(),
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    for (id, flag, program, args, lib_dir) in [
+        (
+            "my-rust-method",
+            "--rust",
+            cargo.as_str(),
+            &["build", "--release", "--offline"][..],
+            "target/release",
+        ),
+        ("my-c-method", "--c", "make", &[][..], ""),
+    ] {
+        let dir = env.path(id);
+        env.ok(&["plugins", "new", id, flag, "--dir", dir.to_str().unwrap()]);
+        build(&dir, program, args);
+        let libs = dir.join(lib_dir);
+        env.ok(&["plugins", "approve", "--folder", libs.to_str().unwrap()]);
+        let out = env.path(&format!("{id}.safetensors"));
+        env.ok(&[
+            "--plugin-dir",
+            libs.to_str().unwrap(),
+            "merge",
+            "--method",
+            id,
+            "--expert",
+            &e1,
+            "--expert",
+            &e2,
+            "--param",
+            "weights=1,3",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        // (e1 + 3·e2)/4 with e1 = (2, 2, 3, 5) and e2 = (1, 4, 3, 2).
+        close(&read(&out, "w"), &[1.25, 3.5, 3.0, 2.75]);
+    }
+    let err = env.fails(&["plugins", "new", "My_Method"]);
+    assert!(err.contains("is not a method id") && err.contains("my-method"), "{err}");
+    let err = env.fails(&[
+        "plugins",
+        "new",
+        "my-c-method",
+        "--c",
+        "--dir",
+        env.path("my-c-method").to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("already exists and is not empty") && err.contains("nothing was written"),
+        "{err}"
+    );
+}
+
 #[test]
 fn bad_inputs_fail_with_actionable_messages() {
     let env = Env::new();

@@ -11,6 +11,7 @@ mod gui;
 mod inputs;
 mod inspect;
 mod merge;
+mod plugin_new;
 mod plugins;
 mod recipe;
 mod search;

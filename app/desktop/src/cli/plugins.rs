@@ -1,5 +1,6 @@
 //! `mergescope plugins list|show|approve`.
 
+use super::plugin_new::Language;
 use anyhow::Context as _;
 use clap::Subcommand;
 use mergescope_engine::plugin::discovery::user_plugin_dir;
@@ -20,6 +21,21 @@ pub enum PluginsCommand {
     Show {
         /// Method id.
         id: String,
+    },
+    /// Make a new plugin project that builds anywhere, offline: a Cargo crate with the Rust SDK
+    /// beside it (default), or a C file with the header and a Makefile.
+    New {
+        /// The method id users will type after --method (lowercase, dashes: my-method).
+        id: String,
+        /// A Rust crate (the default).
+        #[arg(long, conflicts_with = "c")]
+        rust: bool,
+        /// A C file instead.
+        #[arg(long)]
+        c: bool,
+        /// Folder to create (default: the id, in the current folder); must not exist or be empty.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
     /// Approve plugin libraries from outside the app's folder (loading a library runs its code).
     Approve {
@@ -129,6 +145,33 @@ pub fn run(plugin_dirs: &[PathBuf], cmd: PluginsCommand) -> anyhow::Result<ExitC
                 println!("  {}", param_line(param));
             }
             println!("\nLibrary: {}", p.path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        PluginsCommand::New { id, rust: _, c, dir } => {
+            let language = if c { Language::C } else { Language::Rust };
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&id));
+            let written = super::plugin_new::create(&id, language, &dir)?;
+            println!("created {} ({} files)", dir.display(), written.len());
+            let build = match language {
+                Language::Rust => format!(
+                    "cd {d} && cargo build --release
+  mergescope plugins approve --folder {d}/target/release
+  mergescope --plugin-dir {d}/target/release merge --method {id} ...",
+                    d = dir.display()
+                ),
+                Language::C => format!(
+                    "cd {d} && make
+  mergescope plugins approve --folder {d}
+  mergescope --plugin-dir {d} merge --method {id} ...",
+                    d = dir.display()
+                ),
+            };
+            println!(
+                "next:
+  {build}
+(see {}/README.md)",
+                dir.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         PluginsCommand::Approve { folder: Some(dir), .. } => {
