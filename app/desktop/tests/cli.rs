@@ -279,6 +279,17 @@ fn plugins_new_makes_rust_and_c_projects_that_build_and_merge() {
         env.ok(&["plugins", "new", id, flag, "--dir", dir.to_str().unwrap()]);
         build(&dir, program, args);
         let libs = dir.join(lib_dir);
+        let lib = libs.join(format!(
+            "{}mergescope_plugin_{}{}",
+            std::env::consts::DLL_PREFIX,
+            id.replace('-', "_"),
+            std::env::consts::DLL_SUFFIX
+        ));
+        let tested = env.ok(&["plugins", "test", lib.to_str().unwrap()]);
+        assert!(
+            tested.contains(" properties hold") && !tested.contains("FAIL"),
+            "{tested}"
+        );
         env.ok(&["plugins", "approve", "--folder", libs.to_str().unwrap()]);
         let out = env.path(&format!("{id}.safetensors"));
         env.ok(&[

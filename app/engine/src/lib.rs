@@ -16,6 +16,7 @@
 
 pub mod checkpoint;
 pub mod compat;
+pub mod conformance;
 pub mod device;
 mod direct_write;
 pub mod dtype;

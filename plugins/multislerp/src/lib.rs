@@ -196,6 +196,10 @@ impl MergeMethod for Multislerp {
                 experts.len()
             )));
         }
+        if n == 0 {
+            // An empty tensor has no direction to interpolate: its merge is empty too.
+            return host.from_f32(&[], &shape);
+        }
         let refs: Vec<&[f32]> = experts.iter().map(AsRef::as_ref).collect();
         let merged = multislerp(base.as_deref(), &refs, &self.weights, self.eps).map_err(|z| {
             let (what, short, example) = if base.is_some() {

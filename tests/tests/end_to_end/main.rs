@@ -30,3 +30,4 @@ mod mergekit_yaml;
 mod model_level;
 mod model_level_lm;
 mod oracle_task_vectors;
+mod plugin_conformance;
