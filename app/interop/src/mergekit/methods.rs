@@ -98,11 +98,10 @@ use DefaultValue::{Bool, Number};
 /// A mergekit method as a mergescope plugin.
 #[derive(Clone, Copy, Debug)]
 pub struct Mapping {
-    /// A loaded plugin named by its own id ([`PLUGIN_ID`]): every parameter passes through.
-    any_params: bool,
     /// mergekit's `merge_method`.
     pub mergekit: &'static str,
-    /// The mergescope plugin id.
+    /// The mergescope plugin id (empty for [`PLUGIN_ID`], whose plugin is the one the
+    /// configuration names).
     pub plugin: &'static str,
     base: Base,
     /// Exactly this many non-base inputs, when the method says so.
@@ -144,7 +143,6 @@ const BREADCRUMBS_PARAMS: &[Param] = &[
 
 const MAPPINGS: &[Mapping] = &[
     Mapping {
-        any_params: false,
         mergekit: "linear",
         plugin: "weight-average",
         base: Base::Ignored,
@@ -153,7 +151,6 @@ const MAPPINGS: &[Mapping] = &[
         params: &[per_model("weight", "weights"), shared("normalize", "normalize")],
     },
     Mapping {
-        any_params: false,
         mergekit: "task_arithmetic",
         plugin: "task-arithmetic",
         base: Base::Required,
@@ -162,7 +159,6 @@ const MAPPINGS: &[Mapping] = &[
         params: &[LAMBDA, WEIGHT, shared("normalize", "normalize")],
     },
     Mapping {
-        any_params: false,
         mergekit: "ties",
         plugin: "ties",
         base: Base::Required,
@@ -179,7 +175,6 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
-        any_params: false,
         mergekit: "dare_ties",
         plugin: "dare",
         base: Base::Required,
@@ -188,7 +183,6 @@ const MAPPINGS: &[Mapping] = &[
         params: DARE_PARAMS,
     },
     Mapping {
-        any_params: false,
         mergekit: "dare_linear",
         plugin: "dare",
         base: Base::Required,
@@ -197,7 +191,6 @@ const MAPPINGS: &[Mapping] = &[
         params: DARE_PARAMS,
     },
     Mapping {
-        any_params: false,
         mergekit: "breadcrumbs",
         plugin: "breadcrumbs",
         base: Base::Required,
@@ -206,7 +199,6 @@ const MAPPINGS: &[Mapping] = &[
         params: BREADCRUMBS_PARAMS,
     },
     Mapping {
-        any_params: false,
         mergekit: "breadcrumbs_ties",
         plugin: "breadcrumbs",
         base: Base::Required,
@@ -215,7 +207,6 @@ const MAPPINGS: &[Mapping] = &[
         params: BREADCRUMBS_PARAMS,
     },
     Mapping {
-        any_params: false,
         mergekit: "della",
         plugin: "della",
         base: Base::Required,
@@ -231,7 +222,6 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
-        any_params: false,
         mergekit: "della_linear",
         plugin: "della",
         base: Base::Required,
@@ -247,7 +237,6 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
-        any_params: false,
         mergekit: "slerp",
         plugin: "slerp",
         base: Base::Required,
@@ -256,7 +245,6 @@ const MAPPINGS: &[Mapping] = &[
         params: &[shared("t", "t")],
     },
     Mapping {
-        any_params: false,
         mergekit: "nuslerp",
         plugin: "nuslerp",
         base: Base::Optional,
@@ -269,7 +257,6 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
-        any_params: false,
         mergekit: "multislerp",
         plugin: "multislerp",
         base: Base::Optional,
@@ -282,7 +269,6 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
-        any_params: false,
         mergekit: "model_stock",
         plugin: "model-stock",
         base: Base::Required,
@@ -291,7 +277,6 @@ const MAPPINGS: &[Mapping] = &[
         params: &[shared("filter_wise", "filter_wise")],
     },
     Mapping {
-        any_params: false,
         mergekit: "sce",
         plugin: "sce",
         base: Base::Required,
@@ -300,7 +285,6 @@ const MAPPINGS: &[Mapping] = &[
         params: &[implied(shared("select_topk", "select_topk"), Number(1.0))],
     },
     Mapping {
-        any_params: false,
         mergekit: "karcher",
         plugin: "karcher",
         base: Base::Ignored,
@@ -312,7 +296,6 @@ const MAPPINGS: &[Mapping] = &[
         ],
     },
     Mapping {
-        any_params: false,
         mergekit: "nearswap",
         plugin: "nearswap",
         base: Base::Required,
@@ -322,7 +305,6 @@ const MAPPINGS: &[Mapping] = &[
         params: &[shared("t", "t")],
     },
     Mapping {
-        any_params: false,
         mergekit: "ram",
         plugin: "ram",
         base: Base::Required,
@@ -331,7 +313,6 @@ const MAPPINGS: &[Mapping] = &[
         params: &[shared("epsilon", "epsilon")],
     },
     Mapping {
-        any_params: false,
         mergekit: "ramplus_tl",
         plugin: "ramplus-tl",
         base: Base::Required,
@@ -340,7 +321,6 @@ const MAPPINGS: &[Mapping] = &[
         params: &[shared("r", "r"), shared("alpha", "alpha"), shared("epsilon", "epsilon")],
     },
     Mapping {
-        any_params: false,
         mergekit: "arcee_fusion",
         plugin: "arcee-fusion",
         base: Base::Required,
@@ -349,7 +329,6 @@ const MAPPINGS: &[Mapping] = &[
         params: &[],
     },
     Mapping {
-        any_params: false,
         mergekit: "passthrough",
         plugin: "passthrough",
         base: Base::Ignored,
@@ -388,7 +367,6 @@ pub const MERGEKIT_METHODS: &[&str] = &[
 /// roles as the plugin's (a `base_model` is its base), the top-level `parameters` passed to it
 /// as they are and the models' own `parameters` as one value per expert.
 pub static PLUGIN_ID: Mapping = Mapping {
-    any_params: true,
     mergekit: "",
     plugin: "",
     base: Base::Optional,
@@ -452,7 +430,7 @@ fn passthrough_params(file: &Path, shared: &Map<String, Value>, experts: &[&Entr
 impl Mapping {
     /// Whether this is a loaded plugin named by its own id ([`PLUGIN_ID`]).
     pub(crate) fn is_plugin_id(&self) -> bool {
-        self.any_params
+        self.plugin.is_empty()
     }
 
     /// Whether the plugin parameter `ours` is given per model (one value per expert).
@@ -497,7 +475,7 @@ impl Mapping {
             }
             return Ok(());
         }
-        if self.any_params || self.params.iter().any(|p| p.mergekit == key) {
+        if self.is_plugin_id() || self.params.iter().any(|p| p.mergekit == key) {
             return Ok(());
         }
         let known: BTreeSet<&str> = self.params.iter().map(|p| p.mergekit).collect();
@@ -628,7 +606,7 @@ impl Mapping {
         experts: &[&Entry],
         notes: &mut Vec<String>,
     ) -> Result<Map<String, Value>> {
-        if self.any_params {
+        if self.is_plugin_id() {
             return passthrough_params(file, shared_params, experts);
         }
         let mut out = Map::new();
