@@ -722,6 +722,17 @@ mod tests {
     /// Cells: the base, each λ candidate, each final merge; a final merge waits for its
     /// candidates; the table picks the λ of the best calibration accuracy and reports a method
     /// whose cell failed with that cell's error.
+    /// The pretrained cell's result of a one-task job in `dir`.
+    fn pretrained_cell(dir: &Path) -> CellResult {
+        CellResult::Pretrained {
+            source: dir.join("bench"),
+            kind: "mlp".into(),
+            tasks: vec!["t".into()],
+            individual: vec![0.9],
+            report: report(0.1),
+        }
+    }
+
     #[test]
     fn cells_are_planned_chained_and_gathered_into_the_table() {
         let dir = tempfile::tempdir().unwrap();
@@ -730,13 +741,7 @@ mod tests {
         assert_eq!(job.needs(3), [1, 2]);
         assert!(job.needs(4).is_empty() && job.needs(1).is_empty());
         assert!(job.table().is_none());
-        let pretrained = CellResult::Pretrained {
-            source: dir.path().join("bench"),
-            kind: "mlp".into(),
-            tasks: vec!["t".into()],
-            individual: vec![0.9],
-            report: report(0.1),
-        };
+        let pretrained = pretrained_cell(dir.path());
         job.write_result(0, &pretrained).unwrap();
         job.write_result(
             1,
@@ -866,13 +871,7 @@ mod tests {
             report: report(0.5),
             seconds: 1.0,
         };
-        let pretrained = CellResult::Pretrained {
-            source: dir.path().join("bench"),
-            kind: "mlp".into(),
-            tasks: vec!["t".into()],
-            individual: vec![0.9],
-            report: report(0.1),
-        };
+        let pretrained = pretrained_cell(dir.path());
         for (i, r) in [&pretrained, &lambda, &lambda, &merged, &merged]
             .into_iter()
             .enumerate()
