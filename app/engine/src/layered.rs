@@ -60,10 +60,9 @@ fn bad(name: &str, what: impl std::fmt::Display) -> EngineError {
 fn number(name: &str, v: &Value) -> Result<f64> {
     match v {
         Value::Number(n) => n.as_f64().ok_or_else(|| bad(name, format!("{n} is not a number"))),
-        Value::String(s) => s
-            .trim()
-            .parse()
-            .map_err(|_| bad(name, format!("'{s}' is not a number"))),
+        Value::String(s) => Err(EngineError::Param(crate::plugin::schema::text_is_not(
+            name, s, "a number", "0.5",
+        ))),
         other => Err(bad(name, format!("{other} is not a number"))),
     }
 }
@@ -103,14 +102,6 @@ fn parse(name: &str, v: &Value) -> Result<Option<Setting>> {
                 _ => Ok(Some(Setting::Gradient(anchors))),
             }
         }
-        Value::String(s) if s.trim_start().starts_with('[') => {
-            let parsed: Value = serde_json::from_str(s).map_err(|e| bad(name, format!("'{s}' is not JSON ({e})")))?;
-            parse(name, &parsed)
-        }
-        Value::String(s) if s.contains(',') => parse(
-            name,
-            &Value::Array(s.split(',').map(|x| Value::String(x.to_owned())).collect()),
-        ),
         _ => Ok(None),
     }
 }
@@ -147,18 +138,10 @@ enum Layered {
 /// items are not all numbers and not all filter entries (a list of filter entries is one
 /// layer-wise value for every expert; a list of numbers is one number per expert).
 fn per_expert_layered(v: &Value) -> bool {
-    let items = match v {
-        Value::Array(items) => items.clone(),
-        Value::String(s) if s.trim_start().starts_with('[') => match serde_json::from_str::<Value>(s) {
-            Ok(Value::Array(items)) => items,
-            _ => return false,
-        },
-        _ => return false,
+    let Value::Array(items) = v else {
+        return false;
     };
-    !items
-        .iter()
-        .all(|i| i.is_number() || i.as_str().is_some_and(|s| s.trim().parse::<f64>().is_ok()))
-        && !items.iter().all(Value::is_object)
+    !items.iter().all(Value::is_number) && !items.iter().all(Value::is_object)
 }
 
 /// The layer-wise parameters of `params` (a JSON object of the user's values), by name. Shared
@@ -184,11 +167,7 @@ fn layered(params: &Value, schema: &[ParamSchema]) -> Result<BTreeMap<String, La
             continue;
         }
         if per_expert_layered(v) {
-            let items = match v {
-                Value::String(s) => serde_json::from_str::<Value>(s).unwrap_or(Value::Null),
-                other => other.clone(),
-            };
-            let settings = items
+            let settings = v
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -371,7 +350,7 @@ mod tests {
         // 5 layers, anchors [0, 1, 0.5]: layer l at position l/4·2 = l/2 along the anchors:
         // layer 0 → 0, 1 → 0.5, 2 → 1, 3 → 0.75, 4 → 0.5; outside the layers → the first anchor.
         let n = names(5);
-        let groups = split(&json!({"t": "0,1,0.5"}), &schema(), &n).unwrap().unwrap();
+        let groups = split(&json!({"t": [0, 1, 0.5]}), &schema(), &n).unwrap().unwrap();
         let expected = [0.0, 0.5, 1.0, 0.75, 0.5];
         for (l, e) in expected.iter().enumerate() {
             assert_eq!(value_of(&groups, 1 + 2 * l, "t"), Some(*e), "layer {l}");
@@ -405,10 +384,10 @@ mod tests {
     #[test]
     fn plain_and_per_task_values_are_not_layer_wise() {
         let n = names(2);
-        assert_eq!(split(&json!({"t": 0.3, "w": "1,2,3"}), &schema(), &n).unwrap(), None);
+        assert_eq!(split(&json!({"t": 0.3, "w": [1, 2, 3]}), &schema(), &n).unwrap(), None);
         assert_eq!(split(&json!({"w": [1, 2]}), &schema(), &n).unwrap(), None);
         // Integer gradients take the integer part.
-        let groups = split(&json!({"k": "1,4"}), &schema(), &n).unwrap().unwrap();
+        let groups = split(&json!({"k": [1, 4]}), &schema(), &n).unwrap().unwrap();
         let k: Vec<i64> = groups.iter().map(|g| g.params["k"].as_i64().unwrap()).collect();
         assert_eq!(k, vec![1, 4]);
     }
@@ -417,13 +396,18 @@ mod tests {
     fn malformed_values_name_the_parameter() {
         let n = names(2);
         for (p, needle) in [
-            (json!({"t": "0,x"}), "'x' is not a number"),
+            (json!({"t": [0, "x"]}), "'x' is not a number"),
+            // Text is not a number, even when it reads as one (a recipe's t = "0.5").
+            (
+                json!({"t": [0, "0.5"]}),
+                "the text \"0.5\", not a number: write it without quotes",
+            ),
             (json!({"t": [{"filter": "mlp"}]}), "no 'value'"),
             (
                 json!({"t": [{"filter": "mlp", "value": 1, "weight": 2}]}),
                 "unknown key 'weight'",
             ),
-            (json!({"t": "[{\"filter\": 1"}), "is not JSON"),
+            (json!({"t": [{"filter": 1, "value": 1}]}), "filter 1 is not a string"),
         ] {
             let e = split(&p, &schema(), &n).unwrap_err().to_string();
             assert!(e.contains("parameter 't'") && e.contains(needle), "{e}");

@@ -96,20 +96,59 @@ pub struct MergeArgs {
 
 pub(crate) fn parse_params(items: &[String]) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
     let mut map = serde_json::Map::new();
+    let mut given: Vec<(&str, &str)> = Vec::new();
     for item in items {
         let Some((k, v)) = item.split_once('=') else {
             bail!("--param '{item}' must look like name=value, e.g. --param lambda=0.3");
         };
         let (k, v) = (k.trim(), v.trim());
-        if let Some(first) = map.get(k) {
-            bail!(
-                "--param {k} is given twice ({k}={} and {k}={v}); give each parameter once",
-                first.as_str().unwrap_or_default()
-            );
+        if let Some((_, first)) = given.iter().find(|(name, _)| *name == k) {
+            bail!("--param {k} is given twice ({k}={first} and {k}={v}); give each parameter once");
         }
-        map.insert(k.to_owned(), serde_json::Value::String(v.to_owned()));
+        given.push((k, v));
+        map.insert(k.to_owned(), typed_value(v));
     }
     Ok(map)
+}
+
+/// A `--param` value as the JSON value it stands for, the one place command-line text becomes
+/// typed (recipes and the window give typed values; the engine refuses text where a number or
+/// a bool is due): `0.3` a number, `true`/`false` a bool, `0,0.5,1` a list of numbers (a
+/// gradient, or one value per expert), `[...]` or `{...}` JSON (filter lists); anything else
+/// stays text (a choice).
+fn typed_value(v: &str) -> serde_json::Value {
+    use serde_json::Value;
+    if let Ok(x) = v.parse::<f64>()
+        && let Some(n) = serde_json::Number::from_f64(x)
+    {
+        return Value::Number(n);
+    }
+    match v {
+        "true" => return Value::Bool(true),
+        "false" => return Value::Bool(false),
+        _ => {}
+    }
+    if (v.starts_with('[') || v.starts_with('{'))
+        && let Ok(json) = serde_json::from_str::<Value>(v)
+    {
+        return json;
+    }
+    if v.contains(',') {
+        let items: Option<Vec<Value>> = v
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(serde_json::Number::from_f64)
+                    .map(Value::Number)
+            })
+            .collect();
+        if let Some(items) = items {
+            return Value::Array(items);
+        }
+    }
+    Value::String(v.to_owned())
 }
 
 /// Peak resident memory of this process in bytes (Linux), for reports.
@@ -371,4 +410,29 @@ pub fn run(plugin_dirs: &[PathBuf], args: MergeArgs) -> anyhow::Result<ExitCode>
 enum Calibration {
     Benchmark(Box<Benchmark>, Vec<TaskData>),
     Suite(Box<Suite>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::typed_value;
+    use serde_json::json;
+
+    #[test]
+    fn param_text_becomes_the_value_it_stands_for() {
+        assert_eq!(typed_value("0.3"), json!(0.3));
+        assert_eq!(typed_value("-2"), json!(-2.0));
+        assert_eq!(typed_value("true"), json!(true));
+        assert_eq!(typed_value("0, 0.5,1"), json!([0.0, 0.5, 1.0]));
+        assert_eq!(
+            typed_value(r#"[{"filter": "mlp", "value": 0.2}, {"value": 1}]"#)[1]["value"],
+            json!(1)
+        );
+        assert_eq!(
+            typed_value(r#"[{"filter": "mlp", "value": 0.2}]"#)[0]["filter"],
+            json!("mlp")
+        );
+        assert_eq!(typed_value("global"), json!("global"));
+        assert_eq!(typed_value("0,x"), json!("0,x"));
+        assert_eq!(typed_value("nan"), json!("nan"));
+    }
 }

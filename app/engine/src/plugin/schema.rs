@@ -187,11 +187,22 @@ fn parse_f64(name: &str, v: &Value) -> Result<f64, String> {
         Value::Number(n) => n
             .as_f64()
             .ok_or_else(|| format!("parameter '{name}': {n} is not a number")),
-        Value::String(s) => s
-            .trim()
-            .parse::<f64>()
-            .map_err(|_| format!("parameter '{name}': '{s}' is not a number; write e.g. {name}=0.5")),
+        Value::String(s) => Err(text_is_not(name, s, "a number", "0.5")),
         other => Err(format!("parameter '{name}': expected a number, got {other}")),
+    }
+}
+
+/// The error for text given where a number or a bool is due (`t = "0.05"` in a recipe): the
+/// value must be written without quotes.
+pub fn text_is_not(name: &str, text: &str, what: &str, example: &str) -> String {
+    let looks = text.trim().parse::<f64>().is_ok() || matches!(text.trim(), "true" | "false");
+    if looks {
+        format!(
+            "parameter '{name}' is the text \"{text}\", not {what}: write it without quotes ({name} = {})",
+            text.trim()
+        )
+    } else {
+        format!("parameter '{name}': '{text}' is not {what}; write e.g. {name}={example}")
     }
 }
 
@@ -223,13 +234,6 @@ fn check_value(p: &ParamSchema, v: &Value, n_experts: usize) -> Result<ParamValu
         ParamType::Float { min, max } if p.per_task => {
             let list: Vec<f64> = match v {
                 Value::Array(a) => a.iter().map(|x| parse_f64(name, x)).collect::<Result<_, _>>()?,
-                Value::String(s) if s.contains(',') || s.trim_start().starts_with('[') => s
-                    .trim()
-                    .trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .split(',')
-                    .map(|x| parse_f64(name, &Value::String(x.to_owned())))
-                    .collect::<Result<_, _>>()?,
                 other => vec![parse_f64(name, other)?; n_experts],
             };
             if list.len() != n_experts {
@@ -260,11 +264,7 @@ fn check_value(p: &ParamSchema, v: &Value, n_experts: usize) -> Result<ParamValu
         }
         ParamType::Bool => match v {
             Value::Bool(b) => Ok(ParamValue::Bool(*b)),
-            Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" | "on" => Ok(ParamValue::Bool(true)),
-                "false" | "0" | "no" | "off" => Ok(ParamValue::Bool(false)),
-                _ => Err(format!("parameter '{name}': '{s}' is not true or false")),
-            },
+            Value::String(s) => Err(text_is_not(name, s, "true or false", "true")),
             other => Err(format!("parameter '{name}': expected true or false, got {other}")),
         },
         ParamType::Choice { choices } => {
@@ -351,8 +351,8 @@ mod tests {
     }
 
     #[test]
-    fn defaults_fill_in_and_strings_parse() {
-        let r = resolve(json!({"density": "0.5", "normalize": "true", "weights": "1,2,3"})).unwrap();
+    fn defaults_fill_in_and_text_is_not_a_number() {
+        let r = resolve(json!({"density": 0.5, "normalize": true, "weights": [1, 2, 3]})).unwrap();
         assert_eq!(r.values[0], ("density".into(), ParamValue::Float(0.5)));
         assert_eq!(r.values[2].1, ParamValue::List(vec![1.0, 2.0, 3.0]));
         assert_eq!(r.values[3].1, ParamValue::Int(2));
@@ -360,6 +360,29 @@ mod tests {
         assert_eq!(r.values[5].1, ParamValue::Choice("dis-mean".into()));
         let r = resolve(json!({"weights": 0.5})).unwrap();
         assert_eq!(r.values[2].1, ParamValue::List(vec![0.5; 3]));
+        // A recipe's `density = "0.5"` or `normalize = "true"` is text: refused, saying how to
+        // write it.
+        for (user, needle) in [
+            (
+                json!({"density": "0.5"}),
+                "parameter 'density' is the text \"0.5\", not a number: write it without quotes (density = 0.5)",
+            ),
+            (
+                json!({"normalize": "true"}),
+                "parameter 'normalize' is the text \"true\", not true or false",
+            ),
+            (
+                json!({"weights": "1,2,3"}),
+                "parameter 'weights': '1,2,3' is not a number",
+            ),
+            (
+                json!({"density": "half"}),
+                "'half' is not a number; write e.g. density=0.5",
+            ),
+        ] {
+            let e = resolve(user).unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        }
     }
 
     #[test]
