@@ -65,6 +65,18 @@ pub struct Approval {
     pub sha256: String,
 }
 
+/// Whether a plugin library outside the app's folder may be loaded ([`Approvals::state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApprovalState {
+    /// Approved as it is, or in a trusted folder.
+    Approved,
+    /// Needs the user's approval; `changed`: it was approved with other contents before.
+    Pending {
+        /// Approved before with other contents (rebuilt or replaced since).
+        changed: bool,
+    },
+}
+
 /// The list of approved plugin files, kept in `approved-plugins.json` in the config folder.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Approvals {
@@ -99,21 +111,27 @@ impl Approvals {
         Ok(a)
     }
 
-    /// Whether this exact file (path and content) was approved, or lies in a trusted folder.
-    pub fn is_approved(&self, path: &Path, sha256: &str) -> bool {
-        self.is_trusted(path) || self.approved.iter().any(|a| a.path == path && a.sha256 == sha256)
-    }
-
-    /// Whether the absolute `path` lies in a trusted development folder.
-    pub fn is_trusted(&self, path: &Path) -> bool {
-        path.parent()
+    /// Whether the library at the absolute `path` may load: it lies in a trusted folder (not
+    /// read), or this exact file (path and SHA-256) was approved; else whether it was approved
+    /// with other contents before (it changed since).
+    pub fn state(&self, path: &Path) -> ApprovalState {
+        if path
+            .parent()
             .is_some_and(|dir| self.trusted_folders.iter().any(|t| t == dir))
-    }
-
-    /// Whether `path` was approved with other contents (the library was rebuilt or replaced
-    /// since).
-    pub fn changed_since_approval(&self, path: &Path, sha256: &str) -> bool {
-        self.approved.iter().any(|a| a.path == path && a.sha256 != sha256)
+        {
+            return ApprovalState::Approved;
+        }
+        let Ok(sha256) = file_sha256(path) else {
+            return ApprovalState::Pending { changed: false };
+        };
+        let mut changed = false;
+        for a in self.approved.iter().filter(|a| a.path == path) {
+            if a.sha256 == sha256 {
+                return ApprovalState::Approved;
+            }
+            changed = true;
+        }
+        ApprovalState::Pending { changed }
     }
 
     /// Approves a library file and saves the list atomically.
@@ -266,21 +284,15 @@ impl Registry {
             if reg.plugins.iter().any(|p| p.path == abs) {
                 continue;
             }
-            if origin != PluginOrigin::Bundled {
-                let hash = file_sha256(&abs).ok();
-                let approved =
-                    approvals.is_trusted(&abs) || hash.as_deref().is_some_and(|h| approvals.is_approved(&abs, h));
-                if !approved {
-                    let changed = hash
-                        .as_deref()
-                        .is_some_and(|h| approvals.changed_since_approval(&abs, h));
-                    reg.pending.push(Pending {
-                        path: abs,
-                        origin,
-                        changed,
-                    });
-                    continue;
-                }
+            if origin != PluginOrigin::Bundled
+                && let ApprovalState::Pending { changed } = approvals.state(&abs)
+            {
+                reg.pending.push(Pending {
+                    path: abs,
+                    origin,
+                    changed,
+                });
+                continue;
             }
             reg.add(&abs, origin);
         }

@@ -243,8 +243,7 @@ impl Document {
             return false;
         }
         let approvals = Approvals::load().unwrap_or_default();
-        let sha = mergescope_engine::plugin::discovery::file_sha256(&abs).unwrap_or_default();
-        !approvals.is_approved(&abs, &sha)
+        approvals.state(&abs) != mergescope_engine::plugin::discovery::ApprovalState::Approved
     }
 
     /// Approves (when asked) and loads a plugin file; selects its method.
