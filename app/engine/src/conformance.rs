@@ -97,35 +97,15 @@ fn options(threads: usize, chunk_elems: usize, memory_budget_bytes: u64) -> Exec
 /// or a threshold may only matter far from its default), to see whether it changes the result.
 fn other_values(ty: &ParamType, default: &Value) -> Vec<Value> {
     match ty {
-        ParamType::Float { min, max } => {
-            let Some(d) = default.as_f64() else { return Vec::new() };
-            let mut v = vec![d * 0.5, d + 0.37, d * 1000.0, d - 0.37];
-            v.extend(min.iter().chain(max.iter()).copied());
-            let mut seen = Vec::new();
-            for x in v {
-                if x != d
-                    && x.is_finite()
-                    && min.is_none_or(|m| x >= m)
-                    && max.is_none_or(|m| x <= m)
-                    && !seen.contains(&x)
-                {
-                    seen.push(x);
-                }
-            }
-            seen.into_iter().map(|x| json!(x)).collect()
-        }
-        ParamType::Int { min, max } => {
-            let Some(d) = default.as_i64() else { return Vec::new() };
-            let mut v = vec![d + 1, d - 1, d * 2, 0, 1];
-            v.extend(min.iter().copied());
-            let mut seen = Vec::new();
-            for x in v {
-                if x != d && min.is_none_or(|m| x >= m) && max.is_none_or(|m| x <= m) && !seen.contains(&x) {
-                    seen.push(x);
-                }
-            }
-            seen.into_iter().map(|x| json!(x)).collect()
-        }
+        ParamType::Float { min, max } => default.as_f64().map_or_else(Vec::new, |d| {
+            let mut candidates = vec![d * 0.5, d + 0.37, d * 1000.0, d - 0.37];
+            candidates.extend(min.iter().chain(max.iter()).copied());
+            distinct_in_range(d, candidates.into_iter().filter(|x| x.is_finite()), *min, *max)
+        }),
+        ParamType::Int { min, max } => default.as_i64().map_or_else(Vec::new, |d| {
+            let candidates = [d + 1, d - 1, d * 2, 0, 1].into_iter().chain(min.iter().copied());
+            distinct_in_range(d, candidates, *min, *max)
+        }),
         ParamType::Bool => default.as_bool().map(|b| vec![json!(!b)]).unwrap_or_default(),
         ParamType::Choice { choices } => choices
             .iter()
@@ -133,6 +113,22 @@ fn other_values(ty: &ParamType, default: &Value) -> Vec<Value> {
             .map(|c| json!(c))
             .collect(),
     }
+}
+
+/// The `candidates` other than `default` within [`min`, `max`], each once, in order, as JSON.
+fn distinct_in_range<T: Copy + PartialOrd + Into<Value>>(
+    default: T,
+    candidates: impl IntoIterator<Item = T>,
+    min: Option<T>,
+    max: Option<T>,
+) -> Vec<Value> {
+    let mut kept: Vec<T> = Vec::new();
+    for x in candidates {
+        if x != default && min.is_none_or(|m| x >= m) && max.is_none_or(|m| x <= m) && !kept.contains(&x) {
+            kept.push(x);
+        }
+    }
+    kept.into_iter().map(Into::into).collect()
 }
 
 /// A value of `p` outside its bounds, when it has bounds.
@@ -267,6 +263,28 @@ pub fn check_plugin(plugin: &Plugin, params: &Map<String, Value>, n_experts: Opt
         run(params, &empty(0.25), &empty_experts, &ExecOptions::default()).map(|_| String::new()),
     ));
 
+    // The merges the parameter checks compare against: the user's settings, and each other
+    // value of a choice or bool parameter (a parameter may matter only with one: CART's `rank`
+    // with rank_mode = absolute, NuSLERP's `row_wise` with flatten = false). Each runs once.
+    let mut settings = vec![(None, params.clone(), reference)];
+    for q in plugin.schema() {
+        let values: Vec<Value> = match &q.ty {
+            ParamType::Choice { choices } => choices.iter().map(|c| json!(c)).collect(),
+            ParamType::Bool => vec![json!(true), json!(false)],
+            _ => Vec::new(),
+        };
+        if params.contains_key(&q.name) {
+            continue;
+        }
+        for v in values {
+            let mut s = params.clone();
+            s.insert(q.name.clone(), v);
+            if let Ok(merged) = run(&s, &base, &experts, &ExecOptions::default()) {
+                settings.push((Some(q.name.as_str()), s, merged));
+            }
+        }
+    }
+
     for p in plugin.schema() {
         if params.contains_key(&p.name) {
             continue;
@@ -295,33 +313,15 @@ pub fn check_plugin(plugin: &Plugin, params: &Map<String, Value>, n_experts: Opt
                 *other = Value::Array(list);
             }
         }
-        // The parameter may matter only with another value of a choice or bool parameter
-        // (CART's `rank` with rank_mode = absolute, NuSLERP's `row_wise` with flatten = false).
-        let mut settings = vec![params.clone()];
-        for q in plugin.schema() {
-            let values: Vec<Value> = match &q.ty {
-                ParamType::Choice { choices } => choices.iter().map(|c| json!(c)).collect(),
-                ParamType::Bool => vec![json!(true), json!(false)],
-                _ => Vec::new(),
-            };
-            if q.name == p.name || params.contains_key(&q.name) {
-                continue;
-            }
-            for v in values {
-                let mut s = params.clone();
-                s.insert(q.name.clone(), v);
-                settings.push(s);
-            }
-        }
         let mut effect = None;
-        'search: for s in &settings {
-            let Ok(a) = run(s, &base, &experts, &ExecOptions::default()) else {
+        'search: for (varied, s, a) in &settings {
+            if *varied == Some(p.name.as_str()) {
                 continue;
-            };
+            }
             for other in &others {
                 let mut with = s.clone();
                 with.insert(p.name.clone(), other.clone());
-                if run(&with, &base, &experts, &ExecOptions::default()).is_ok_and(|b| a != b) {
+                if run(&with, &base, &experts, &ExecOptions::default()).is_ok_and(|b| *a != b) {
                     effect = Some(other.clone());
                     break 'search;
                 }

@@ -112,7 +112,6 @@ impl Triplets {
         // Scale the columns of polar(U) by σ (a mean spectrum scales the product once).
         let mut left = host.read_f32(pu)?;
         host.release(pu)?;
-        let mean = (self.s.iter().map(|&x| f64::from(x)).sum::<f64>() / k as f64) as f32;
         if spectrum == Spectrum::Own {
             for row in left.chunks_exact_mut(k) {
                 for (x, s) in row.iter_mut().zip(&self.s) {
@@ -125,6 +124,7 @@ impl Triplets {
         host.release(left)?;
         host.release(pv)?;
         if spectrum == Spectrum::Mean {
+            let mean = (self.s.iter().map(|&x| f64::from(x)).sum::<f64>() / k as f64) as f32;
             let scaled = host.scale(product, f64::from(mean))?;
             host.release(product)?;
             return Ok(scaled);
@@ -133,26 +133,21 @@ impl Triplets {
     }
 }
 
-/// θ0 + λ·(1/T)·Σ_t (θ_t − θ0): what the subspace merges do with tensors that are not matrices,
-/// as one fused weighted sum.
-pub fn base_plus_mean_task_vector(host: &Host<'_>, base: Tensor, experts: &[Tensor], lambda: f64) -> Result<Tensor> {
-    let t = experts.len() as f64;
-    let mut all = Vec::with_capacity(experts.len() + 1);
-    all.push(base);
-    all.extend_from_slice(experts);
+/// θ0 + λ·(1/T)·Σ_t (θ_t − θ0) over `all` = [θ0, θ_1, …, θ_T] (as
+/// [`TensorInput::base_and_experts`](crate::TensorInput::base_and_experts) gives them): what the
+/// subspace merges do with tensors that are not matrices, as one fused weighted sum.
+pub fn base_plus_mean_task_vector(host: &Host<'_>, all: &[Tensor], lambda: f64) -> Result<Tensor> {
+    let t = all.len().saturating_sub(1).max(1) as f64;
     let mut coefficients = vec![lambda / t; all.len()];
     coefficients[0] = 1.0 - lambda;
-    host.weighted_sum(&all, Some(&coefficients))
+    host.weighted_sum(all, Some(&coefficients))
 }
 
-/// Σ_t (θ_t − θ0), as one fused weighted sum.
-pub fn task_vector_sum(host: &Host<'_>, base: Tensor, experts: &[Tensor]) -> Result<Tensor> {
-    let mut all = Vec::with_capacity(experts.len() + 1);
-    all.push(base);
-    all.extend_from_slice(experts);
+/// Σ_t (θ_t − θ0) over `all` = [θ0, θ_1, …, θ_T], as one fused weighted sum.
+pub fn task_vector_sum(host: &Host<'_>, all: &[Tensor]) -> Result<Tensor> {
     let mut coefficients = vec![1.0; all.len()];
-    coefficients[0] = -(experts.len() as f64);
-    host.weighted_sum(&all, Some(&coefficients))
+    coefficients[0] = -(all.len().saturating_sub(1) as f64);
+    host.weighted_sum(all, Some(&coefficients))
 }
 
 /// θ0 + λ·τ for a merged task vector τ (released).

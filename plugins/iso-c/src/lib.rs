@@ -50,12 +50,12 @@ impl MergeMethod for IsoC {
     }
 
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
-        let base = input.require_base("iso-c")?;
-        let experts = input.experts;
+        let all = input.base_and_experts("iso-c")?;
+        let base = all[0];
         let Some((m, n)) = subspace::matrix_shape(&host.shape(base)?) else {
-            return subspace::base_plus_mean_task_vector(host, base, experts, self.lambda);
+            return subspace::base_plus_mean_task_vector(host, &all, self.lambda);
         };
-        let sum = subspace::task_vector_sum(host, base, experts)?;
+        let sum = subspace::task_vector_sum(host, &all)?;
         let (u, s, vt) = host.svd(sum, m.min(n))?;
         host.release(sum)?;
         let sigma = host.read_f32(s)?;

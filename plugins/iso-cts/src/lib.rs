@@ -86,14 +86,14 @@ impl MergeMethod for IsoCts {
     }
 
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
-        let base = input.require_base("iso-cts")?;
-        let experts = input.experts;
+        let all = input.base_and_experts("iso-cts")?;
+        let (base, experts) = (all[0], &all[1..]);
         let Some((m, n)) = subspace::matrix_shape(&host.shape(base)?) else {
-            return subspace::base_plus_mean_task_vector(host, base, experts, self.lambda);
+            return subspace::base_plus_mean_task_vector(host, &all, self.lambda);
         };
         let (common, per_task) = subspace_sizes(m.min(n), experts.len(), self.fraction);
         let common_svd = if common > 0 {
-            let sum = subspace::task_vector_sum(host, base, experts)?;
+            let sum = subspace::task_vector_sum(host, &all)?;
             let svd = host.svd(sum, common)?;
             host.release(sum)?;
             Some(svd)
@@ -102,12 +102,15 @@ impl MergeMethod for IsoCts {
         };
         let mut triplets = Triplets::new(m, n);
         if per_task > 0 {
-            let common_t = common_svd.map(|(u, _, _)| host.transpose(u)).transpose()?;
+            // U_c and U_cᵀ, to project the common part out of each task vector.
+            let projection = common_svd
+                .map(|(u, _, _)| host.transpose(u).map(|ut| (u, ut)))
+                .transpose()?;
             for e in experts {
                 host.check_cancelled()?;
                 let tau = host.sub(*e, base)?;
-                let own = match (common_svd, common_t) {
-                    (Some((u, _, _)), Some(ut)) => {
+                let own = match projection {
+                    Some((u, ut)) => {
                         let coordinates = host.matmul(ut, tau)?;
                         let projected = host.matmul(u, coordinates)?;
                         let own = host.sub(tau, projected)?;
@@ -116,12 +119,12 @@ impl MergeMethod for IsoCts {
                         }
                         own
                     }
-                    _ => tau,
+                    None => tau,
                 };
                 triplets.append(host, host.svd(own, per_task)?, per_task)?;
                 host.release(own)?;
             }
-            if let Some(ut) = common_t {
+            if let Some((_, ut)) = projection {
                 host.release(ut)?;
             }
         }

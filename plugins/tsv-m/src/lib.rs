@@ -53,10 +53,10 @@ impl MergeMethod for TsvM {
     }
 
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
-        let base = input.require_base("tsv-m")?;
-        let experts = input.experts;
+        let all = input.base_and_experts("tsv-m")?;
+        let (base, experts) = (all[0], &all[1..]);
         let Some((m, n)) = subspace::matrix_shape(&host.shape(base)?) else {
-            return subspace::base_plus_mean_task_vector(host, base, experts, self.lambda);
+            return subspace::base_plus_mean_task_vector(host, &all, self.lambda);
         };
         let t = experts.len();
         // The reference's int(r · (1/T)), in the same floating-point operations.

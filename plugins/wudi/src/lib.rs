@@ -92,7 +92,10 @@ enum Form {
 }
 
 impl Interference {
-    fn new(host: &Host<'_>, taus: &[Tensor], m: usize, n: usize) -> Result<Self> {
+    /// The fixed parts for the task vectors `taus` of an m×n matrix; `None` when every one is 0
+    /// there, so that the loss is 0 for every τ and Adam would not move (its first and second
+    /// moments stay 0).
+    fn new(host: &Host<'_>, taus: &[Tensor], m: usize, n: usize) -> Result<Option<Self>> {
         let mut grams = Vec::new();
         let mut b_terms = Vec::new();
         let mut weights = Vec::new();
@@ -116,39 +119,31 @@ impl Interference {
                 host.release(tau_t)?;
             }
         }
-        let b = if b_terms.is_empty() {
-            vec![0.0; m * n]
-        } else {
-            let b = host.weighted_sum(&b_terms, Some(&weights))?;
-            let data = host.read_f32(b)?;
-            host.release(b)?;
-            data
-        };
-        for t in b_terms {
+        if b_terms.is_empty() {
+            return Ok(None);
+        }
+        let b_sum = host.weighted_sum(&b_terms, Some(&weights))?;
+        let b = host.read_f32(b_sum)?;
+        for t in b_terms.into_iter().chain([b_sum]) {
             host.release(t)?;
         }
         let form = if gram_form {
-            if grams.is_empty() {
-                Form::Rows(Vec::new())
-            } else {
-                let a = host.weighted_sum(&grams, Some(&weights))?;
-                for g in grams {
-                    host.release(g)?;
-                }
-                Form::Gram(a)
+            let a = host.weighted_sum(&grams, Some(&weights))?;
+            for g in grams {
+                host.release(g)?;
             }
+            Form::Gram(a)
         } else {
             Form::Rows(rows)
         };
-        Ok(Interference { form, b })
+        Ok(Some(Interference { form, b }))
     }
 
     /// ∇L at `tau` (m×n, row-major) into `grad`.
     fn gradient(&self, host: &Host<'_>, tau: &[f32], shape: &[usize], grad: &mut [f32]) -> Result<()> {
         let current = host.from_f32(tau, shape)?;
         let first = match &self.form {
-            Form::Gram(a) => Some(host.matmul(current, *a)?),
-            Form::Rows(rows) if rows.is_empty() => None,
+            Form::Gram(a) => host.matmul(current, *a)?,
             Form::Rows(rows) => {
                 let mut terms = Vec::with_capacity(rows.len());
                 for (scaled_t, task) in rows {
@@ -160,22 +155,16 @@ impl Interference {
                 for t in terms {
                     host.release(t)?;
                 }
-                Some(sum)
+                sum
             }
         };
         host.release(current)?;
-        match first {
-            Some(first) => {
-                let data = host.view_f32(first)?;
-                for ((g, x), b) in grad.iter_mut().zip(data.iter()).zip(&self.b) {
-                    *g = 2.0 * (x - b);
-                }
-                drop(data);
-                host.release(first)?;
-            }
-            None => grad.fill(0.0),
+        let data = host.view_f32(first)?;
+        for ((g, x), b) in grad.iter_mut().zip(data.iter()).zip(&self.b) {
+            *g = 2.0 * (x - b);
         }
-        Ok(())
+        drop(data);
+        host.release(first)
     }
 
     fn release(self, host: &Host<'_>) -> Result<()> {
@@ -220,27 +209,28 @@ impl MergeMethod for Wudi {
     }
 
     fn merge_tensor(&mut self, host: &Host<'_>, input: &TensorInput<'_>) -> Result<Tensor> {
-        let base = input.require_base("wudi")?;
-        let experts = input.experts;
+        let all = input.base_and_experts("wudi")?;
+        let (base, experts) = (all[0], &all[1..]);
         let shape = host.shape(base)?;
         let Some((m, n)) = subspace::matrix_shape(&shape) else {
-            return subspace::base_plus_mean_task_vector(host, base, experts, self.lambda);
+            return subspace::base_plus_mean_task_vector(host, &all, self.lambda);
         };
-        let start = subspace::task_vector_sum(host, base, experts)?;
+        let start = subspace::task_vector_sum(host, &all)?;
         let mut tau = host.read_f32(start)?;
         host.release(start)?;
         if self.iterations > 0 {
             let taus = experts.iter().map(|e| host.sub(*e, base)).collect::<Result<Vec<_>>>()?;
-            let interference = Interference::new(host, &taus, m, n)?;
-            let mut adam = Adam::new(tau.len(), self.lr);
-            let mut grad = vec![0f32; tau.len()];
-            for step in 0..self.iterations {
-                host.check_cancelled()?;
-                interference.gradient(host, &tau, &shape, &mut grad)?;
-                adam.step(&mut tau, &grad);
-                host.report_progress((step + 1) as f64 / self.iterations as f64);
+            if let Some(interference) = Interference::new(host, &taus, m, n)? {
+                let mut adam = Adam::new(tau.len(), self.lr);
+                let mut grad = vec![0f32; tau.len()];
+                for step in 0..self.iterations {
+                    host.check_cancelled()?;
+                    interference.gradient(host, &tau, &shape, &mut grad)?;
+                    adam.step(&mut tau, &grad);
+                    host.report_progress((step + 1) as f64 / self.iterations as f64);
+                }
+                interference.release(host)?;
             }
-            interference.release(host)?;
             for t in taus {
                 host.release(t)?;
             }

@@ -95,9 +95,9 @@ fn display_name(id: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Replaces `from` by `to` in `text`, failing when the template no longer holds `from` (so a
-/// change to the template plugins cannot silently leave their id in new projects).
-fn replace_once(text: &str, from: &str, to: &str, template: &str) -> anyhow::Result<String> {
+/// Replaces every `from` by `to` in `text`, failing when the template no longer holds `from`
+/// (so a change to the template plugins cannot silently leave their id in new projects).
+fn replace_required(text: &str, from: &str, to: &str, template: &str) -> anyhow::Result<String> {
     if !text.contains(from) {
         bail!("the {template} template no longer contains {from:?}; mergescope's plugins new needs updating");
     }
@@ -113,14 +113,14 @@ pub fn project_files(id: &str, language: Language) -> anyhow::Result<Vec<(PathBu
     let mut files = Vec::new();
     match language {
         Language::Rust => {
-            let mut src = replace_once(
+            let mut src = replace_required(
                 RUST_TEMPLATE,
                 "id: \"weight-average\"",
                 &format!("id: \"{id}\""),
                 "Rust",
             )?;
-            src = replace_once(&src, "name: \"Weight averaging\"", &format!("name: \"{name}\""), "Rust")?;
-            src = replace_once(
+            src = replace_required(&src, "name: \"Weight averaging\"", &format!("name: \"{name}\""), "Rust")?;
+            src = replace_required(
                 &src,
                 "//! `weight-average`:",
                 &format!("//! `{id}` (made by `mergescope plugins new`; as written, weighted averaging):"),
@@ -202,19 +202,19 @@ The SDK's guide: `plugin-api/README.md` in mergescope's repository.
             ));
         }
         Language::C => {
-            let mut src = replace_once(
+            let mut src = replace_required(
                 C_TEMPLATE,
                 "#define ID \"c-example\"",
                 &format!("#define ID \"{id}\""),
                 "C",
             )?;
-            src = replace_once(
+            src = replace_required(
                 &src,
                 "MS_STR_LIT(\"Weight averaging (C example)\")",
                 &format!("MS_STR_LIT(\"{name}\")"),
                 "C",
             )?;
-            src = replace_once(
+            src = replace_required(
                 &src,
                 " * c-example: weight averaging written in plain C",
                 &format!(" * {id} (made by `mergescope plugins new`; as written, weight averaging) in plain C"),

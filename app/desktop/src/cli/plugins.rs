@@ -195,13 +195,11 @@ pub fn run(plugin_dirs: &[PathBuf], cmd: PluginsCommand) -> anyhow::Result<ExitC
             experts,
         } => {
             // A file the user names is loaded: that is what they asked for (as `approve` does).
-            let loaded;
             let plugin = if std::path::Path::new(&plugin).is_file() {
-                loaded = std::sync::Arc::new(
+                std::sync::Arc::new(
                     mergescope_engine::plugin::load_plugin(std::path::Path::new(&plugin))
                         .with_context(|| format!("cannot load '{plugin}'"))?,
-                );
-                loaded
+                )
             } else {
                 super::registry(plugin_dirs)?
                     .find(&plugin)
